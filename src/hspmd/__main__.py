@@ -1,0 +1,5 @@
+import sys
+
+from hspmd.cli import main
+
+sys.exit(main())

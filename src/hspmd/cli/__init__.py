@@ -1,0 +1,45 @@
+"""`hspmd ...`: a thin command-line layer over the library.
+
+Each subcommand lives in its own module of this package and exposes
+``register(subparsers) -> None``; the parser it adds sets ``func`` to a function
+``(args) -> int`` that returns the exit status. User errors (``HspmdError``)
+print one line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from hspmd.errors import HspmdError
+
+# Subcommand modules, in the order `hspmd --help` lists them.
+COMMANDS = (
+    "reshard",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hspmd",
+        description="Hierarchical, heterogeneous SPMD training and op-graph partitioning.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"hspmd.cli.{name}").register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except HspmdError as error:
+        print(f"hspmd {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
