@@ -1,0 +1,231 @@
+"""A single-process simulator of many ranks: runs a CommPlan on numpy arrays.
+
+``scatter`` makes every rank's local tensor from a global one (splitting partial values at
+random), ``simulate`` applies a plan step by step, and ``assemble`` rebuilds the global tensor
+from local ones, checking that copies agree. The runtime executors must give exactly what
+this module gives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from hspmd.annotation import Annotation, Piece
+from hspmd.comm.plan import (
+    AllGather,
+    AllReduce,
+    AllToAll,
+    BatchedSendRecv,
+    CommPlan,
+    Local,
+    ReduceScatter,
+    SendRecv,
+    SplitAllGather,
+    SplitAllReduce,
+    SplitReduceScatter,
+    Step,
+    intersect,
+    local_box,
+)
+
+Locals = dict[int, np.ndarray]
+Shape = tuple[int, ...]
+
+
+def scatter(
+    annotation: Annotation, value: np.ndarray, *, rng: np.random.Generator | None = None
+) -> Locals:
+    """Every rank's local tensor of ``value`` under ``annotation``.
+
+    Partial values are split into random summands (or, with ``rng=None``, the first summand
+    holds everything and the others zeros).
+    """
+    pieces = annotation.pieces(value.shape)
+    summands = sorted({p.partial for p in pieces.values()})
+    fields: dict[tuple[int, ...], np.ndarray] = {}
+    rest = value.astype(np.float64, copy=True)
+    for key in summands[:-1]:
+        part = rng.standard_normal(value.shape) if rng is not None else np.zeros(value.shape)
+        if rng is None and not fields:
+            part = value.astype(np.float64, copy=True)
+        fields[key] = part
+        rest = rest - part
+    fields[summands[-1]] = rest if rng is not None or len(summands) == 1 else np.zeros(value.shape)
+    return {r: fields[p.partial][_box(p)].copy() for r, p in pieces.items()}
+
+
+def _box(piece: Piece) -> tuple[slice, ...]:
+    return tuple(slice(a, b) for a, b in piece.region)
+
+
+def assemble(
+    annotation: Annotation, shape: tuple[int, ...], locals_: Mapping[int, np.ndarray]
+) -> np.ndarray:
+    """The global tensor, summing partial summands; raises AssertionError if copies differ."""
+    out = np.zeros(shape)
+    seen: dict[tuple, np.ndarray] = {}
+    for rank, piece in annotation.pieces(shape).items():
+        data = locals_[rank]
+        assert data.shape == piece.shape, f"rank {rank}: {data.shape} != {piece.shape}"
+        key = (piece.region, piece.partial)
+        if key in seen:
+            np.testing.assert_allclose(data, seen[key], err_msg=f"copy on rank {rank} differs")
+            continue
+        seen[key] = data
+        out[_box(piece)] += data
+    return out
+
+
+def simulate(plan: CommPlan, locals_: Mapping[int, np.ndarray]) -> Locals:
+    """Apply ``plan`` to the source locals; returns the destination locals."""
+    state = {r: np.asarray(locals_[r], dtype=np.float64) for r in plan.src.ranks}
+    for before, step, after in zip(plan.layouts[:-1], plan.steps, plan.layouts[1:], strict=True):
+        state = _RUNNERS[type(step)](step, state, before, after, plan.shape)
+    return {r: state[r] for r in plan.dst.ranks}
+
+
+Runner = Callable[[Any, Locals, Annotation, Annotation, Shape], Locals]
+
+
+def _carry(state: Locals, step: Step, after: Annotation) -> Locals:
+    """Ranks a step does not touch keep their tensors (if they hold a piece after it)."""
+    return {r: t for r, t in state.items() if r not in step.ranks and r in after}
+
+
+def _all_reduce(
+    step: Any, state: Locals, before: Annotation, after: Annotation, shape: Shape
+) -> Locals:
+    out = _carry(state, step, after)
+    for group in step.groups:
+        total = sum(state[r] for r in group)
+        out.update({r: np.array(total) for r in group})
+    return out
+
+
+def _reduce_scatter(
+    step: Any, state: Locals, before: Annotation, after: Annotation, shape: Shape
+) -> Locals:
+    out = _carry(state, step, after)
+    for group in step.groups:
+        chunks = np.split(sum(state[r] for r in group), len(group), axis=step.dim)
+        out.update({r: chunks[i].copy() for i, r in enumerate(group)})
+    return out
+
+
+def _all_gather(
+    step: Any, state: Locals, before: Annotation, after: Annotation, shape: Shape
+) -> Locals:
+    out = _carry(state, step, after)
+    for group in step.groups:
+        whole = np.concatenate([state[r] for r in group], axis=step.dim)
+        out.update({r: whole.copy() for r in group})
+    return out
+
+
+def _all_to_all(
+    step: Any, state: Locals, before: Annotation, after: Annotation, shape: Shape
+) -> Locals:
+    out = _carry(state, step, after)
+    for group in step.groups:
+        chunks = {r: np.split(state[r], len(group), axis=step.split_dim) for r in group}
+        for j, r in enumerate(group):
+            out[r] = np.concatenate([chunks[s][j] for s in group], axis=step.concat_dim)
+    return out
+
+
+def _send_recv(
+    step: Any, state: Locals, before: Annotation, after: Annotation, shape: Shape
+) -> Locals:
+    out = _carry(state, step, after)
+    for src, dst in step.pairs:
+        out[dst] = state[src].copy()
+    return out
+
+
+def _local(step: Any, state: Locals, before: Annotation, after: Annotation, shape: Shape) -> Locals:
+    out = _carry(state, step, after)
+    for rank in step.zero:
+        out[rank] = np.zeros(after.piece(rank, shape).shape)
+    for rank in step.keep:
+        old, new = before.piece(rank, shape), after.piece(rank, shape)
+        data = np.zeros(new.shape)
+        common = intersect(old.region, new.region)
+        if common is not None:
+            data[local_box(new, common)] = state[rank][local_box(old, common)]
+        out[rank] = data
+    return out
+
+
+def _split_all_reduce(
+    step: Any, state: Locals, before: Annotation, after: Annotation, shape: Shape
+) -> Locals:
+    out = {r: t.copy() for r, t in state.items() if r in after}
+    for s in step.slices:
+        total = sum(
+            state[r][local_box(before.piece(r, shape), s.region)]
+            for r in s.ranks
+            if r not in s.zero
+        )
+        for r in s.ranks:
+            out[r][local_box(after.piece(r, shape), s.region)] = total
+    return out
+
+
+def _split_reduce_scatter(
+    step: Any, state: Locals, before: Annotation, after: Annotation, shape: Shape
+) -> Locals:
+    out = _carry(state, step, after)
+    fresh = {r: np.full(after.piece(r, shape).shape, np.nan) for r in step.ranks if r in after}
+    for s in step.slices:
+        total = sum(
+            state[r][local_box(before.piece(r, shape), s.region)]
+            for r in s.ranks
+            if r not in s.zero
+        )
+        fresh[s.root][local_box(after.piece(s.root, shape), s.region)] = total
+    assert not any(np.isnan(t).any() for t in fresh.values()), "split-reduce-scatter left a gap"
+    out.update(fresh)
+    return out
+
+
+def _split_all_gather(
+    step: Any, state: Locals, before: Annotation, after: Annotation, shape: Shape
+) -> Locals:
+    out = _carry(state, step, after)
+    fresh = {r: np.full(after.piece(r, shape).shape, np.nan) for r in step.ranks if r in after}
+    for s in step.slices:
+        for owner, region in s.owners:
+            data = state[owner][local_box(before.piece(owner, shape), region)]
+            for r in s.ranks:
+                fresh[r][local_box(after.piece(r, shape), region)] = data
+    assert not any(np.isnan(t).any() for t in fresh.values()), "split-all-gather left a gap"
+    out.update(fresh)
+    return out
+
+
+def _bsr(step: Any, state: Locals, before: Annotation, after: Annotation, shape: Shape) -> Locals:
+    out = _carry(state, step, after)
+    fresh = {t.dst: np.full(after.piece(t.dst, shape).shape, np.nan) for t in step.transfers}
+    for t in step.transfers:
+        data = state[t.src][local_box(before.piece(t.src, shape), t.region)]
+        fresh[t.dst][local_box(after.piece(t.dst, shape), t.region)] = data
+    assert not any(np.isnan(t).any() for t in fresh.values()), "bsr left a gap"
+    out.update(fresh)
+    return out
+
+
+_RUNNERS: dict[type, Runner] = {
+    AllReduce: _all_reduce,
+    ReduceScatter: _reduce_scatter,
+    AllGather: _all_gather,
+    AllToAll: _all_to_all,
+    SendRecv: _send_recv,
+    Local: _local,
+    SplitAllReduce: _split_all_reduce,
+    SplitReduceScatter: _split_reduce_scatter,
+    SplitAllGather: _split_all_gather,
+    BatchedSendRecv: _bsr,
+}
