@@ -7,3 +7,14 @@ The package is layered; each module depends only on those above it:
 """
 
 __version__ = "0.1.0"
+
+__all__ = ["__version__", "reshard"]
+
+
+def __getattr__(name: str) -> object:
+    # Lazy, so that importing a pure module (hspmd.annotation, ...) does not import torch.
+    if name == "reshard":
+        from hspmd.markers import reshard
+
+        return reshard
+    raise AttributeError(f"module 'hspmd' has no attribute {name!r}")

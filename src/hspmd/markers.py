@@ -1,0 +1,47 @@
+"""The reshard marker: an identity on one device, a named node in a torch.fx graph.
+
+The user's single-device program marks the points where a plan may change a tensor's
+annotation::
+
+    x = reshard(embed(tokens), "embed")
+
+Run eagerly, ``reshard`` returns ``x`` unchanged. Traced by ``torch.fx.symbolic_trace``, it
+is a leaf: the graph gets one ``call_function`` node whose target is this function
+(qualified name ``hspmd.markers.reshard``) and whose args are ``(x, "embed")``. Deduction
+reads the name to look the annotation up in the plan; specialization replaces the node
+with the resolved communication.
+
+The leaf behaviour does not depend on how the function was imported (``hspmd.reshard``,
+``from hspmd.markers import reshard``...): when its input is an fx ``Proxy`` it records
+itself instead of running. (``torch.fx.wrap`` would only patch the name in one module's
+globals, which misses the other import paths.)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+__all__ = ["MARKER_TARGET", "is_reshard_node", "reshard"]
+
+
+def reshard(x: torch.Tensor, name: str) -> torch.Tensor:
+    """Mark ``x`` as the reshard point ``name``; the identity on one device.
+
+    >>> import torch
+    >>> t = torch.ones(2)
+    >>> reshard(t, "embed") is t
+    True
+    """
+    if isinstance(x, torch.fx.Proxy):
+        return x.tracer.create_proxy("call_function", reshard, (x, name), {})
+    return x
+
+
+MARKER_TARGET = "hspmd.markers.reshard"
+"""The qualified name fx prints for a marker node's target."""
+
+
+def is_reshard_node(node: torch.fx.Node) -> bool:
+    """True for an fx node created by ``reshard``; its name is ``node.args[1]``."""
+    return node.op == "call_function" and node.target is reshard

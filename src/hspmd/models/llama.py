@@ -1,0 +1,344 @@
+"""A plain PyTorch Llama: RMSNorm, RoPE, SwiGLU, grouped-query attention.
+
+It knows nothing of parallelism except the identity ``reshard`` markers, placed where a
+plan may change the layout of the residual stream or of a sublayer's output::
+
+    x = reshard(embed(tokens), "embed")                     # (B, T, H)
+    per layer i:
+      x = reshard(x, "layers.{i}.input")                    # pipeline boundary
+      h = reshard(attn_norm(x), "layers.{i}.attn_in")
+      x = x + reshard(attn(h), "layers.{i}.attn_out")
+      h = reshard(mlp_norm(x), "layers.{i}.mlp_in")
+      x = x + reshard(mlp(h), "layers.{i}.mlp_out")
+    x = reshard(norm(x), "head_in")
+    logits = reshard(head(x), "logits")                     # (B, T, V)
+    loss = cross_entropy(logits, targets)                   # mean over tokens
+
+Parameter names (``model.named_parameters()``; ``head.weight`` is absent when tied)::
+
+    embed.weight                          (V, H)
+    layers.{i}.attn_norm.weight           (H,)
+    layers.{i}.attn.wq.weight             (nh*hd, H)
+    layers.{i}.attn.wk.weight / wv        (nkv*hd, H)
+    layers.{i}.attn.wo.weight             (H, nh*hd)
+    layers.{i}.mlp_norm.weight            (H,)
+    layers.{i}.mlp.w_gate.weight / w_up   (F, H)
+    layers.{i}.mlp.w_down.weight          (H, F)
+    norm.weight                           (H,)
+    head.weight                           (V, H)
+
+``parameter_shapes(config)`` lists them without building the model, and
+``init_parameter`` draws any one of them from the seed at its global shape, so initial
+weights never depend on a plan (DESIGN decision 5).
+
+The big presets (``llama-32b``, ``llama-70b``) are ``config_only``: build them only on the
+meta device (``with torch.device("meta"): Llama(config)``), e.g. to trace their graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import zlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hspmd.errors import HspmdError
+from hspmd.markers import reshard
+
+__all__ = [
+    "PRESETS",
+    "Llama",
+    "LlamaConfig",
+    "ModelConfigError",
+    "get_config",
+    "init_parameter",
+    "init_weights",
+    "parameter_shapes",
+]
+
+
+class ModelConfigError(HspmdError, ValueError):
+    """A model configuration or preset that cannot be built or used as asked."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LlamaConfig:
+    vocab_size: int = 256  # tokens; 256 = raw bytes
+    hidden_size: int = 64  # H, width of the residual stream
+    intermediate_size: int = 128  # F, SwiGLU hidden width
+    num_layers: int = 4  # transformer blocks
+    num_heads: int = 4  # query heads; head_dim = H / num_heads
+    num_kv_heads: int = 2  # key/value heads (grouped-query attention); divides num_heads
+    rope_theta: float = 10000.0  # RoPE base
+    norm_eps: float = 1e-5  # RMSNorm epsilon
+    tie_embeddings: bool = False  # head.weight is embed.weight
+    max_seq_len: int = 512  # length of the precomputed RoPE tables
+    config_only: bool = False  # too big to allocate: metadata and meta-device tracing only
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ModelConfigError(
+                f"hidden_size={self.hidden_size} is not a multiple of num_heads={self.num_heads}"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ModelConfigError(
+                f"num_heads={self.num_heads} is not a multiple of "
+                f"num_kv_heads={self.num_kv_heads}: grouped-query attention needs whole groups"
+            )
+        if (self.hidden_size // self.num_heads) % 2:
+            raise ModelConfigError(f"head_dim={self.head_dim} must be even for RoPE")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+PRESETS: dict[str, LlamaConfig] = {
+    # Fast on CPU; byte-level vocabulary.
+    "llama-tiny": LlamaConfig(),
+    # For benchmarks on CPU: still byte-level, about 6.4M parameters.
+    "llama-small": LlamaConfig(
+        hidden_size=256, intermediate_size=768, num_layers=8, num_heads=8, num_kv_heads=4,
+        max_seq_len=1024,
+    ),
+    # The paper's Table 6 (60 layers, hidden 6656, 64 heads, 64 query groups, FFN 17920,
+    # vocab 50304, context 4096). Assumed (not in the paper): rope_theta, norm_eps, untied.
+    "llama-32b": LlamaConfig(
+        vocab_size=50304, hidden_size=6656, intermediate_size=17920, num_layers=60,
+        num_heads=64, num_kv_heads=64, norm_eps=1e-5, max_seq_len=4096, config_only=True,
+    ),
+    # The standard Llama-2-70B shape; vocab 50304 assumed to match the 32B model, as are
+    # rope_theta, norm_eps and untied embeddings.
+    "llama-70b": LlamaConfig(
+        vocab_size=50304, hidden_size=8192, intermediate_size=28672, num_layers=80,
+        num_heads=64, num_kv_heads=8, norm_eps=1e-5, max_seq_len=4096, config_only=True,
+    ),
+}  # fmt: skip
+
+
+def get_config(name: str, **overrides: object) -> LlamaConfig:
+    """A preset by name, with fields overridden: ``get_config("llama-tiny", num_layers=2)``."""
+    if name not in PRESETS:
+        raise ModelConfigError(f"unknown model {name!r}: choose one of {', '.join(PRESETS)}")
+    try:
+        return dataclasses.replace(PRESETS[name], **overrides)  # type: ignore[arg-type]
+    except TypeError as error:
+        raise ModelConfigError(f"bad override for {name}: {error}") from None
+
+
+# -- building blocks ------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.type_as(x)
+
+
+def rope_tables(config: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos, sin`` of shape ``(max_seq_len, head_dim)``, halves repeated as HF does."""
+    dim, cpu = config.head_dim, torch.device("cpu")  # on CPU even under a meta device context
+    steps = torch.arange(0, dim, 2, dtype=torch.float32, device=cpu)
+    inv_freq = 1.0 / (config.rope_theta ** (steps / dim))
+    positions = torch.arange(config.max_seq_len, dtype=torch.float32, device=cpu)
+    angles = torch.outer(positions, inv_freq)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x`` is (B, heads, T, hd); ``cos``/``sin`` (T, hd) broadcast over B and heads."""
+    return x * cos + rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.head_dim = config.head_dim
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.wq = nn.Linear(config.hidden_size, q_size, bias=False)
+        self.wk = nn.Linear(config.hidden_size, kv_size, bias=False)
+        self.wv = nn.Linear(config.hidden_size, kv_size, bias=False)
+        self.wo = nn.Linear(q_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # B and T are read from x, so fx records them as getitem on x.shape and they stay
+        # whatever the local tensor holds. The head counts are constants in the traced
+        # graph: under tensor parallelism each rank holds num_heads / TP heads, and
+        # specialization rewrites these view sizes to the local head counts.
+        B, T = x.shape[0], x.shape[1]
+        q = self.wq(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B,nh,T,hd)
+        k = self.wk(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B,nkv,T,hd)
+        v = self.wv(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B,nkv,T,hd)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=self.num_kv_heads != self.num_heads
+        )  # (B, nh, T, hd)
+        y = y.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)  # (B, T, nh*hd)
+        return self.wo(y)  # (B, T, H), a partial sum under tensor parallelism
+
+
+class MLP(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.w_gate = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.w_up = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.w_down = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))  # (B, T, F) -> (B, T, H)
+
+
+class Block(nn.Module):
+    def __init__(self, config: LlamaConfig, index: int) -> None:
+        super().__init__()
+        self.prefix = f"layers.{index}"
+        self.attn_norm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.attn = Attention(config)
+        self.mlp_norm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        p = self.prefix
+        x = reshard(x, f"{p}.input")  # (B, T, H) residual: pipeline boundary, SP layout
+        h = reshard(self.attn_norm(x), f"{p}.attn_in")  # TP: duplicate (SP: gather seq)
+        x = x + reshard(self.attn(h, cos, sin), f"{p}.attn_out")  # TP: partial -> duplicate
+        h = reshard(self.mlp_norm(x), f"{p}.mlp_in")
+        x = x + reshard(self.mlp(h), f"{p}.mlp_out")
+        return x
+
+
+class Llama(nn.Module):
+    """The whole model; ``forward(tokens, targets)`` is the mean token cross-entropy.
+
+    Weights are ``init_weights(model, seed)`` (skipped on the meta device).
+
+    >>> model = Llama(LlamaConfig(num_layers=1))
+    >>> tokens = torch.zeros(2, 8, dtype=torch.long)
+    >>> model(tokens, tokens).shape
+    torch.Size([])
+    """
+
+    rope_cos: torch.Tensor  # (max_seq_len, head_dim) buffers, not parameters
+    rope_sin: torch.Tensor
+
+    def __init__(self, config: LlamaConfig, *, seed: int = 0) -> None:
+        super().__init__()
+        on_meta = torch.get_default_device().type == "meta"
+        if config.config_only and not on_meta:
+            raise ModelConfigError(
+                "this preset is config_only (too big to allocate): build it under "
+                'torch.device("meta") to trace it, or use parameter_shapes(config)'
+            )
+        self.config = config
+        # _weight skips nn.Embedding's own normal_ init (slow on meta); init_weights follows.
+        empty = torch.empty(config.vocab_size, config.hidden_size)
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size, _weight=empty)
+        self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.head.weight = self.embed.weight
+        cos, sin = (t.to(torch.get_default_device()) for t in rope_tables(config))
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        if not on_meta:
+            init_weights(self, seed)
+
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T) int64 -> (B, T, V)."""
+        T = tokens.shape[1]
+        # torch.narrow, not [:T]: fx can slice a buffer by a traced size only this way.
+        cos, sin = torch.narrow(self.rope_cos, 0, 0, T), torch.narrow(self.rope_sin, 0, 0, T)
+        x = reshard(self.embed(tokens), "embed")  # (B, T, H) residual stream
+        cos, sin = cos.type_as(x), sin.type_as(x)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        x = reshard(self.norm(x), "head_in")  # (B, T, H)
+        return reshard(self.head(x), "logits")  # (B, T, V) vocab-parallel head: split dim 2
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy over all B*T tokens, computed in fp32."""
+        logits = self.logits(tokens)
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+# -- parameters without a model, and plan-independent init ----------------------------------
+
+
+def parameter_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter's global shape, in ``named_parameters()`` order, allocating nothing.
+
+    >>> shapes = parameter_shapes(LlamaConfig(num_layers=1))
+    >>> shapes["layers.0.attn.wk.weight"], len(shapes)
+    ((32, 64), 12)
+    """
+    H, F_, V = config.hidden_size, config.intermediate_size, config.vocab_size
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"embed.weight": (V, H)}
+    for i in range(config.num_layers):
+        p = f"layers.{i}"
+        shapes |= {
+            f"{p}.attn_norm.weight": (H,),
+            f"{p}.attn.wq.weight": (q, H),
+            f"{p}.attn.wk.weight": (kv, H),
+            f"{p}.attn.wv.weight": (kv, H),
+            f"{p}.attn.wo.weight": (H, q),
+            f"{p}.mlp_norm.weight": (H,),
+            f"{p}.mlp.w_gate.weight": (F_, H),
+            f"{p}.mlp.w_up.weight": (F_, H),
+            f"{p}.mlp.w_down.weight": (H, F_),
+        }
+    shapes["norm.weight"] = (H,)
+    if not config.tie_embeddings:
+        shapes["head.weight"] = (V, H)
+    return shapes
+
+
+INIT_STD = 0.02
+
+
+def init_parameter(name: str, config: LlamaConfig, *, seed: int) -> torch.Tensor:
+    """The initial fp32 value of parameter ``name`` at its global shape.
+
+    Each parameter has its own generator, seeded from ``seed`` and the name, so any rank
+    can draw any parameter (and slice it) without drawing the others. Norm weights are
+    ones; output projections (``wo``, ``w_down``) use std 0.02 / sqrt(2 * num_layers);
+    everything else std 0.02.
+    """
+    shape = parameter_shapes(config).get(name)
+    if shape is None:
+        raise ModelConfigError(f"no parameter {name!r} in this model: see parameter_shapes()")
+    if name.endswith("norm.weight"):
+        return torch.ones(shape)
+    std = INIT_STD
+    if name.endswith(("attn.wo.weight", "mlp.w_down.weight")):
+        std /= math.sqrt(2 * config.num_layers)
+    generator = torch.Generator().manual_seed(
+        (seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63
+    )
+    return torch.randn(shape, generator=generator) * std
+
+
+@torch.no_grad()
+def init_weights(model: Llama, seed: int) -> Llama:
+    """Overwrite every parameter with ``init_parameter``; returns ``model``."""
+    for name, param in model.named_parameters():
+        param.copy_(init_parameter(name, model.config, seed=seed))
+    return model
