@@ -15,9 +15,7 @@ import sys
 from hspmd.errors import HspmdError
 
 # Subcommand modules, in the order `hspmd --help` lists them.
-COMMANDS = (
-    "reshard",
-)
+COMMANDS = ("reshard", "partition_capture")
 
 
 def build_parser() -> argparse.ArgumentParser:
