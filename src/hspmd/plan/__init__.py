@@ -1,0 +1,1 @@
+"""Plans: strategy strings, parameter and activation annotations, the JSON schema."""

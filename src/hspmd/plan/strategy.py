@@ -1,0 +1,386 @@
+"""The compact strategy string, in the paper's notation (HSPMD Tables 9, 11, 12).
+
+Pipelines are separated by ``;``. Each starts with ``COUNTxSIZE:`` (its number of
+micro-batches and the micro-batch size), then its stages in order, each
+``R<ranks>:L<first>-<last>``. The ranks of a stage form its tensor-parallel group, in
+that order; ranks are written ``0-3``, ``0,2,5`` or mixed, ``0-3,8``. Layers are
+inclusive. The embedding lives with layer 0's stage, the final norm and head with the
+last layer's. The paper's C2 on 31 ranks::
+
+    33x1: R0-3:L0-14 R4-7:L15-29 R8-11:L30-44 R12-15:L45-59; 31x1: R16-19:L0-15 R20-23:L16-31 R24-27:L32-47 R28-29:L48-55 R30:L56-59
+
+    pipeline  micro-batches  stages (TP degree: layers)
+    0         33 x 1         4:0-14  4:15-29  4:30-44  4:45-59
+    1         31 x 1         4:0-15  4:16-31  4:32-47  2:48-55  1:56-59
+
+``str(parse_strategy(text))`` is the canonical text: ``"; "`` between pipelines, one
+space between stages, consecutive ascending ranks as ``a-b``, layers always ``a-b``.
+``parse_strategy`` also accepts ``L5`` for one layer and any spacing.
+``check_strategy`` refuses what cannot work on a model and batch, before any process
+starts, with a StrategyError that names the value and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from hspmd.errors import StrategyError
+
+if TYPE_CHECKING:
+    from hspmd.models.llama import LlamaConfig
+
+__all__ = [
+    "Pipeline",
+    "Stage",
+    "Strategy",
+    "StrategyOptions",
+    "check_strategy",
+    "format_ranks",
+    "parse_ranks",
+    "parse_strategy",
+]
+
+Schedule = Literal["1f1b", "gpipe"]
+Dtype = Literal["fp32", "bf16"]
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One pipeline stage: its tensor-parallel ranks and its inclusive layer range."""
+
+    ranks: tuple[int, ...]
+    first_layer: int
+    last_layer: int
+
+    @property
+    def tp(self) -> int:
+        """The tensor-parallel degree: the number of ranks."""
+        return len(self.ranks)
+
+    @property
+    def layers(self) -> range:
+        return range(self.first_layer, self.last_layer + 1)
+
+    def __str__(self) -> str:
+        return f"R{format_ranks(self.ranks)}:L{self.first_layer}-{self.last_layer}"
+
+
+@dataclass(frozen=True, slots=True)
+class Pipeline:
+    """Stages in order, run on ``num_micro_batches`` micro-batches of ``micro_batch_size``."""
+
+    num_micro_batches: int
+    micro_batch_size: int
+    stages: tuple[Stage, ...]
+
+    @property
+    def batch_size(self) -> int:
+        """Samples this pipeline processes per step: count x size."""
+        return self.num_micro_batches * self.micro_batch_size
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return tuple(r for stage in self.stages for r in stage.ranks)
+
+    def stage_of_layer(self, layer: int) -> Stage:
+        """The stage that holds ``layer`` (assumes a checked strategy)."""
+        for stage in self.stages:
+            if stage.first_layer <= layer <= stage.last_layer:
+                return stage
+        raise StrategyError(f"no stage of pipeline {self} holds layer {layer}")
+
+    def __str__(self) -> str:
+        stages = " ".join(map(str, self.stages))
+        return f"{self.num_micro_batches}x{self.micro_batch_size}: {stages}"
+
+
+@dataclass(frozen=True, slots=True)
+class Strategy:
+    """Pipelines that run side by side; data parallel across pipelines.
+
+    >>> s = parse_strategy("2x1: R0-1:L0-3; 1x2: R2:L0-1 R3:L2-3")
+    >>> s.global_batch, s.ranks, [st.tp for st in s.pipelines[0].stages]
+    (4, (0, 1, 2, 3), [2])
+    >>> str(s)
+    '2x1: R0-1:L0-3; 1x2: R2:L0-1 R3:L2-3'
+    """
+
+    pipelines: tuple[Pipeline, ...]
+
+    @staticmethod
+    def parse(text: str) -> Strategy:
+        return parse_strategy(text)
+
+    @staticmethod
+    def uniform(
+        *, dp: int, tp: int, pp: int, num_layers: int, num_micro_batches: int = 1,
+        micro_batch_size: int = 1,
+    ) -> Strategy:  # fmt: skip
+        """The homogeneous DP x TP x PP strategy, ranks numbered pipeline-major, layers as
+        even as possible (the first stages take the remainder).
+
+        >>> str(Strategy.uniform(dp=2, tp=2, pp=2, num_layers=4))
+        '1x1: R0-1:L0-1 R2-3:L2-3; 1x1: R4-5:L0-1 R6-7:L2-3'
+        """
+        if pp > num_layers:
+            raise StrategyError(f"pp={pp} stages but only {num_layers} layers: use pp <= layers")
+        bounds = [num_layers * s // pp for s in range(pp + 1)]
+        counts = [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
+        counts.sort(reverse=True)
+        pipelines = []
+        for d in range(dp):
+            stages, layer = [], 0
+            for s, count in enumerate(counts):
+                base = (d * pp + s) * tp
+                stages.append(Stage(tuple(range(base, base + tp)), layer, layer + count - 1))
+                layer += count
+            pipelines.append(Pipeline(num_micro_batches, micro_batch_size, tuple(stages)))
+        return Strategy(tuple(pipelines))
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """Every rank, sorted."""
+        return tuple(sorted(r for p in self.pipelines for r in p.ranks))
+
+    @property
+    def num_ranks(self) -> int:
+        return sum(len(p.ranks) for p in self.pipelines)
+
+    @property
+    def global_batch(self) -> int:
+        return sum(p.batch_size for p in self.pipelines)
+
+    def stages(self) -> Iterator[tuple[int, int, Stage]]:
+        """``(pipeline index, stage index, stage)`` for every stage."""
+        for p, pipeline in enumerate(self.pipelines):
+            for s, stage in enumerate(pipeline.stages):
+                yield p, s, stage
+
+    def __str__(self) -> str:
+        return "; ".join(map(str, self.pipelines))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StrategyOptions:
+    """Switches that apply to every pipeline (CLI: ``--zero1`` ``--sequence-parallel``
+    ``--recompute`` ``--schedule`` ``--dtype``)."""
+
+    zero1: bool = False  # shard fp32 masters and Adam states over data-parallel replicas
+    sequence_parallel: bool = False  # split the residual stream's seq dim inside a stage
+    recompute: bool = False  # recompute each layer's activations in backward
+    schedule: Schedule = "1f1b"  # pipeline schedule
+    dtype: Dtype = "fp32"  # compute dtype; bf16 keeps fp32 masters
+
+    def __post_init__(self) -> None:
+        if self.schedule not in ("1f1b", "gpipe"):
+            raise StrategyError(f"unknown schedule {self.schedule!r}: use 1f1b or gpipe")
+        if self.dtype not in ("fp32", "bf16"):
+            raise StrategyError(f"unknown dtype {self.dtype!r}: use fp32 or bf16")
+
+    def __str__(self) -> str:
+        flags = [
+            name for name in ("zero1", "sequence_parallel", "recompute") if getattr(self, name)
+        ]
+        return " ".join([*flags, f"schedule={self.schedule}", f"dtype={self.dtype}"])
+
+
+# -- ranks -----------------------------------------------------------------------------------
+
+
+def format_ranks(ranks: Sequence[int]) -> str:
+    """``(0, 1, 2, 3, 8)`` -> ``'0-3,8'``; only ascending runs of 2 or more use ``-``."""
+    parts: list[str] = []
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts.append(f"{ranks[i]}-{ranks[j]}" if j > i else str(ranks[i]))
+        i = j + 1
+    return ",".join(parts)
+
+
+def parse_ranks(text: str) -> tuple[int, ...]:
+    """``'0-3,8'`` -> ``(0, 1, 2, 3, 8)``; order is kept (it is the device order)."""
+    ranks: list[int] = []
+    for item in text.split(","):
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", item.strip())
+        if not match:
+            raise StrategyError(f"bad ranks {text!r}: expected e.g. 0-3, 0,2,5 or 0-3,8")
+        first = int(match.group(1))
+        last = first if match.group(2) is None else int(match.group(2))
+        if last < first:
+            raise StrategyError(f"bad rank range {item!r} in {text!r}: write it low-high")
+        ranks.extend(range(first, last + 1))
+    if len(set(ranks)) != len(ranks):
+        raise StrategyError(f"a rank is listed twice in R{text}: list each rank once")
+    return tuple(ranks)
+
+
+# -- parsing ---------------------------------------------------------------------------------
+
+_HEAD = re.compile(r"\s*(\d+)\s*x\s*(\d+)\s*:")
+_STAGE = re.compile(r"R([0-9,\-]+):L(\d+)(?:-(\d+))?")
+_EXAMPLE = "e.g. '4x2: R0-3:L0-11 R4-7:L12-23; 8x1: R8,9:L0-23'"
+
+
+def _syntax_error(text: str, column: int, what: str) -> StrategyError:
+    pointer = " " * column + "^"
+    return StrategyError(f"{what} at column {column}:\n  {text}\n  {pointer}\n{_EXAMPLE}")
+
+
+def parse_strategy(text: str) -> Strategy:
+    """Parse the strategy string (module docstring); syntax only, see ``check_strategy``."""
+    if not text.strip():
+        raise StrategyError(f"empty strategy: give at least one pipeline, {_EXAMPLE}")
+    pipelines, offset = [], 0
+    for part in text.split(";"):
+        pipelines.append(_parse_pipeline(text, part, offset))
+        offset += len(part) + 1
+    return Strategy(tuple(pipelines))
+
+
+def _parse_pipeline(text: str, part: str, offset: int) -> Pipeline:
+    head = _HEAD.match(part)
+    if not head:
+        column = offset + len(part) - len(part.lstrip())
+        if not part.strip():
+            raise _syntax_error(text, column, "empty pipeline (two ';' or a trailing ';')")
+        token = part.split()[0]
+        raise _syntax_error(
+            text, column, f"found {token!r} where a pipeline starts with COUNTxSIZE: (e.g. 33x1:)"
+        )
+    stages = []
+    for found in re.finditer(r"\S+", part[head.end() :]):
+        column = offset + head.end() + found.start()
+        match = _STAGE.fullmatch(found.group())
+        if not match:
+            raise _syntax_error(
+                text, column, f"bad stage {found.group()!r}, expected R<ranks>:L<first>-<last>"
+            )
+        try:
+            ranks = parse_ranks(match.group(1))
+        except StrategyError as error:
+            raise _syntax_error(text, column, str(error)) from None
+        first = int(match.group(2))
+        last = first if match.group(3) is None else int(match.group(3))
+        stages.append(Stage(ranks, first, last))
+    if not stages:
+        raise _syntax_error(text, offset + head.end(), "pipeline without stages")
+    return Pipeline(int(head.group(1)), int(head.group(2)), tuple(stages))
+
+
+# -- checking against a model and a batch ----------------------------------------------------
+
+
+def check_strategy(
+    strategy: Strategy,
+    config: LlamaConfig,
+    *,
+    global_batch: int | None = None,
+    options: StrategyOptions | None = None,
+    seq_len: int | None = None,
+    world_size: int | None = None,
+) -> None:
+    """Raise StrategyError unless ``strategy`` can train ``config``.
+
+    Checks: at least one pipeline, each with micro-batches and stages; no rank in two
+    stages; ranks below ``world_size``; in each pipeline the stages cover layers
+    0..num_layers-1 in order without gap or overlap; each stage's TP degree divides the
+    heads, kv heads and FFN size, and the vocabulary on the stages holding the embedding
+    or head; tied embeddings share one stage; the micro-batches add up to
+    ``global_batch``; under sequence parallelism the TP degree divides ``seq_len``.
+    """
+    options = options or StrategyOptions()
+    if not strategy.pipelines:
+        raise StrategyError(f"strategy has no pipelines: {_EXAMPLE}")
+    _check_ranks(strategy, world_size)
+    for p, pipeline in enumerate(strategy.pipelines):
+        if pipeline.num_micro_batches < 1 or pipeline.micro_batch_size < 1:
+            raise StrategyError(
+                f"pipeline {p} ({pipeline}) has {pipeline.num_micro_batches}x"
+                f"{pipeline.micro_batch_size} micro-batches: both numbers must be at least 1"
+            )
+        _check_layers(p, pipeline, config)
+        for s, stage in enumerate(pipeline.stages):
+            _check_tp(p, s, stage, config, last=s == len(pipeline.stages) - 1)
+            if options.sequence_parallel and seq_len is not None and seq_len % stage.tp:
+                raise StrategyError(
+                    f"sequence parallel splits seq_len={seq_len} over the {stage.tp} ranks of "
+                    f"stage {stage} (pipeline {p}), which does not divide: change seq_len or TP"
+                )
+        if config.tie_embeddings and len(pipeline.stages) > 1:
+            raise StrategyError(
+                f"tied embeddings need layer 0 and layer {config.num_layers - 1} on one stage, "
+                f"but pipeline {p} ({pipeline}) has {len(pipeline.stages)} stages: "
+                "untie them (tie_embeddings=False) or use one stage per pipeline"
+            )
+    if global_batch is not None and strategy.global_batch != global_batch:
+        sums = " + ".join(f"{p.num_micro_batches}x{p.micro_batch_size}" for p in strategy.pipelines)
+        raise StrategyError(
+            f"the pipelines process {sums} = {strategy.global_batch} samples per step, but the "
+            f"global batch is {global_batch}: change the micro-batch counts or the global batch"
+        )
+
+
+def _check_ranks(strategy: Strategy, world_size: int | None) -> None:
+    owner: dict[int, Stage] = {}
+    for p, s, stage in strategy.stages():
+        for rank in stage.ranks:
+            if rank in owner:
+                raise StrategyError(
+                    f"rank {rank} is in two stages, {owner[rank]} and {stage} (pipeline {p}, "
+                    f"stage {s}): each rank runs exactly one stage"
+                )
+            if world_size is not None and rank >= world_size:
+                raise StrategyError(
+                    f"rank {rank} in stage {stage} does not exist with {world_size} processes: "
+                    f"use ranks 0-{world_size - 1} or more processes"
+                )
+            owner[rank] = stage
+
+
+def _check_layers(p: int, pipeline: Pipeline, config: LlamaConfig) -> None:
+    num_layers, expected = config.num_layers, 0
+    for stage in pipeline.stages:
+        if stage.last_layer < stage.first_layer:
+            raise StrategyError(
+                f"stage {stage} of pipeline {p} ends before it starts: write L<first>-<last>"
+            )
+        if stage.last_layer >= num_layers:
+            raise StrategyError(
+                f"stage {stage} of pipeline {p} holds layers up to {stage.last_layer}, but the "
+                f"model has {num_layers} layers (0-{num_layers - 1}): end the last stage at "
+                f"L{num_layers - 1}"
+            )
+        if stage.first_layer != expected:
+            what = "a gap before" if stage.first_layer > expected else "an overlap at"
+            raise StrategyError(
+                f"pipeline {p} has {what} stage {stage}: it should start at layer {expected} "
+                f"(stages cover layers 0-{num_layers - 1} in order, each layer once)"
+            )
+        expected = stage.last_layer + 1
+    if expected != num_layers:
+        raise StrategyError(
+            f"pipeline {p} ({pipeline}) stops at layer {expected - 1}, but the model has "
+            f"{num_layers} layers: the last stage must end at L{num_layers - 1}"
+        )
+
+
+def _check_tp(p: int, s: int, stage: Stage, config: LlamaConfig, *, last: bool) -> None:
+    sizes = {
+        "num_heads": config.num_heads,
+        "num_kv_heads": config.num_kv_heads,
+        "intermediate_size": config.intermediate_size,
+    }
+    if s == 0 or last:
+        sizes["vocab_size"] = config.vocab_size
+    for name, size in sizes.items():
+        if size % stage.tp:
+            raise StrategyError(
+                f"stage {stage} (pipeline {p}) has TP degree {stage.tp}, which does not divide "
+                f"{name}={size}: use a TP degree that divides it"
+            )
