@@ -1,0 +1,126 @@
+"""`hspmd train`: train a Llama preset under a strategy on local processes.
+
+    hspmd train --model llama-tiny --strategy "2x2: R0-1:L0-3; 4x1: R2:L0-3" \\
+        --global-batch 8 --seq-len 64 --steps 5 --seed 0 [--json] [--reference]
+
+The strategy is checked before any process starts. ``--json`` prints one JSON object per
+step (``step``, ``loss``: the global mean token loss, ``tokens``, ``seconds``);
+``--reference`` trains the plain model on this process instead, on the same data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from hspmd.models.llama import PRESETS
+from hspmd.train.config import AdamConfig, StepRecord, TrainConfig
+from hspmd.train.reference import TrainResult, run_reference
+from hspmd.train.trainer import check_config, train
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | None) -> None:
+    """The arguments of a training run (shared with `hspmd demo`)."""
+    trainable = [name for name, c in PRESETS.items() if not c.config_only]
+    parser.add_argument("--model", default="llama-tiny", choices=trainable)
+    parser.add_argument(
+        "--strategy",
+        default=strategy,
+        help="pipelines 'COUNTxSIZE: R<ranks>:L<first>-<last> ...' separated by ';'",
+    )
+    parser.add_argument("--global-batch", type=int, default=8, help="sequences per step")
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate")
+    parser.add_argument("--data", default=None, help="text or JSONL file (default: stdlib)")
+    parser.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe"])
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--zero1", action="store_true")
+    parser.add_argument("--sequence-parallel", action="store_true")
+    parser.add_argument("--recompute", action="store_true")
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(
+        model=args.model,
+        strategy=args.strategy,
+        global_batch=args.global_batch,
+        seq_len=args.seq_len,
+        steps=args.steps,
+        seed=args.seed,
+        adam=AdamConfig(lr=args.lr),
+        data=args.data,
+        schedule=args.schedule,
+        dtype=args.dtype,
+        zero1=args.zero1,
+        sequence_parallel=args.sequence_parallel,
+        recompute=args.recompute,
+    )
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="train a Llama preset under a strategy on local processes",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_config_arguments(parser, strategy=None)
+    parser.add_argument("--json", action="store_true", help="one JSON object per step")
+    parser.add_argument(
+        "--reference", action="store_true", help="plain model on one process, no hspmd"
+    )
+    parser.set_defaults(func=run)
+
+
+@contextmanager
+def progress(
+    config: TrainConfig, *, title: str, as_json: bool
+) -> Iterator[Callable[[StepRecord], None]]:
+    """A step callback: JSON lines, or a rich progress bar with the latest loss."""
+    if as_json:
+        yield lambda record: print(json.dumps(record.to_json()), flush=True)
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, transient=False) as bar:
+        task = bar.add_task(title, total=config.steps, loss="-")
+
+        def update(record: StepRecord) -> None:
+            bar.update(task, advance=1, loss=f"{record.loss:.6f}")
+            bar.console.print(
+                f"step {record.step:>3}  loss {record.loss:.6f}  "
+                f"{record.tokens / max(record.seconds, 1e-9):,.0f} tokens/s"
+            )
+
+        yield update
+
+
+def run_config(config: TrainConfig, *, reference: bool, as_json: bool) -> TrainResult:
+    """Train (or run the reference) with the progress display; the CLI's core."""
+    if reference:
+        with progress(config, title="reference", as_json=as_json) as on_step:
+            return run_reference(config, on_step=on_step)
+    strategy = check_config(config)  # before any process starts
+    title = f"{strategy.num_ranks} ranks"
+    with progress(config, title=title, as_json=as_json) as on_step:
+        return train(config, on_step=on_step)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    result = run_config(config, reference=args.reference, as_json=args.json)
+    if not args.json:
+        print(f"final loss {result.records[-1].loss:.6f}", file=sys.stderr)
+    return 0

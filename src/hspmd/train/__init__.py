@@ -1,0 +1,22 @@
+"""Training: the reference run, the per-rank loop, the local-process trainer.
+
+>>> from hspmd.train import TrainConfig
+>>> TrainConfig(strategy="4x2: R0:L0-3", global_batch=8).tokens_per_step
+512
+"""
+
+from hspmd.train.config import AdamConfig, StepRecord, TrainConfig, TrainError
+from hspmd.train.reference import TrainResult, run_reference
+from hspmd.train.trainer import check_config, train, train_many
+
+__all__ = [
+    "AdamConfig",
+    "StepRecord",
+    "TrainConfig",
+    "TrainError",
+    "TrainResult",
+    "check_config",
+    "run_reference",
+    "train",
+    "train_many",
+]

@@ -1,0 +1,99 @@
+"""What a training run is: a typed, frozen config, and the per-step record it produces.
+
+>>> config = TrainConfig(strategy="2x2: R0:L0-3; 2x2: R1:L0-3", global_batch=8, steps=2)
+>>> config.tokens_per_step
+512
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hspmd.errors import HspmdError
+from hspmd.models.llama import LlamaConfig, get_config
+
+__all__ = ["AdamConfig", "StepRecord", "TrainConfig", "TrainError"]
+
+
+class TrainError(HspmdError, ValueError):
+    """A training run that cannot start as configured (sizes, data, options)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdamConfig:
+    """Adam hyperparameters; the defaults are the paper's (Table 6)."""
+
+    lr: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainConfig:
+    """One training run. ``strategy`` is the compact strategy text (None: one rank).
+
+    ``global_batch`` counts sequences of ``seq_len`` tokens per optimizer step, summed
+    over every pipeline's micro-batches.
+    """
+
+    model: str = "llama-tiny"  # a preset of hspmd.models.llama.PRESETS
+    model_overrides: tuple[tuple[str, Any], ...] = ()  # e.g. (("num_layers", 2),)
+    strategy: str | None = None  # e.g. "2x2: R0-1:L0-1 R2:L2-3; 4x1: R3:L0-3"
+    global_batch: int = 8
+    seq_len: int = 64
+    steps: int = 5
+    seed: int = 0
+    adam: AdamConfig = field(default_factory=AdamConfig)
+    data: str | None = None  # a text or JSONL file; None: the stdlib sources
+    schedule: str = "1f1b"  # or "gpipe"
+    dtype: str = "fp32"
+    zero1: bool = False
+    sequence_parallel: bool = False
+    recompute: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("global_batch", "seq_len", "steps"):
+            if getattr(self, name) < 1:
+                raise TrainError(f"{name}={getattr(self, name)} must be at least 1")
+        if self.schedule not in ("1f1b", "gpipe"):
+            raise TrainError(f"schedule={self.schedule!r}: choose 1f1b or gpipe")
+        if self.dtype not in ("fp32", "bf16"):
+            raise TrainError(f"dtype={self.dtype!r}: choose fp32 or bf16")
+        model = self.model_config()
+        if model.config_only:
+            raise TrainError(
+                f"model {self.model!r} is metadata-only (too big to train here): "
+                "use llama-tiny or llama-small, or `hspmd explain` for this one"
+            )
+        if self.seq_len > model.max_seq_len:
+            raise TrainError(
+                f"seq_len={self.seq_len} exceeds the model's max_seq_len={model.max_seq_len}"
+            )
+
+    def model_config(self) -> LlamaConfig:
+        return get_config(self.model, **dict(self.model_overrides))
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepRecord:
+    """One optimizer step as reported: the global mean token loss and timing."""
+
+    step: int  # 1-based
+    loss: float
+    tokens: int
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "loss": self.loss,
+            "tokens": self.tokens,
+            "seconds": round(self.seconds, 6),
+        }

@@ -1,0 +1,130 @@
+"""Train on local processes: check the strategy, launch one process per rank, collect.
+
+>>> config = TrainConfig(strategy="2x2: R0:L0-3; 2x2: R1:L0-3", global_batch=8, steps=1)
+>>> check_config(config).ranks
+(0, 1)
+
+Several configs can share one launch (``train_many``): processes start once and run the
+configs one after another; ranks a config does not use only join its loss all-reduce.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue as queue_module
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from hspmd.plan.strategy import Strategy, StrategyOptions, check_strategy, parse_strategy
+from hspmd.runtime.launch import launch
+from hspmd.runtime.world import World
+from hspmd.train.config import StepRecord, TrainConfig, TrainError
+from hspmd.train.loop import run_rank
+from hspmd.train.reference import TrainResult
+
+__all__ = ["check_config", "train", "train_many"]
+
+
+def check_config(config: TrainConfig) -> Strategy:
+    """The parsed strategy, refused with a StrategyError if it cannot train ``config``."""
+    if config.strategy is None:
+        raise TrainError("no strategy: give --strategy '...' or use --reference")
+    strategy = parse_strategy(config.strategy)
+    options = StrategyOptions(
+        zero1=config.zero1,
+        sequence_parallel=config.sequence_parallel,
+        recompute=config.recompute,
+        schedule=config.schedule,  # type: ignore[arg-type]
+        dtype=config.dtype,  # type: ignore[arg-type]
+    )
+    check_strategy(
+        strategy,
+        config.model_config(),
+        global_batch=config.global_batch,
+        options=options,
+        seq_len=config.seq_len,
+    )
+    if strategy.ranks != tuple(range(strategy.num_ranks)):
+        raise TrainError(
+            f"strategy uses ranks {list(strategy.ranks)}: number them 0..{strategy.num_ranks - 1} "
+            "without gaps (one local process per rank)"
+        )
+    unsupported = [f for f in ("zero1", "sequence_parallel", "recompute") if getattr(config, f)]
+    if unsupported or config.dtype != "fp32":
+        what = ", ".join(
+            unsupported + ([f"dtype={config.dtype}"] if config.dtype != "fp32" else [])
+        )
+        raise TrainError(f"{what}: not supported by the trainer yet; train in fp32 without them")
+    return strategy
+
+
+def _rank_work(world: World, configs: Sequence[TrainConfig], events: Any) -> list[dict[str, Any]]:
+    def report_for(index: int) -> Callable[[StepRecord], None]:
+        return lambda record: events.put((index, record))
+
+    outcomes = [run_rank(world, c, report=report_for(i)) for i, c in enumerate(configs)]
+    if world.rank == 0:
+        events.put(None)
+    return outcomes
+
+
+def train_many(
+    configs: Sequence[TrainConfig],
+    *,
+    on_step: Callable[[int, StepRecord], None] | None = None,
+    timeout_s: float = 600.0,
+) -> list[TrainResult]:
+    """Train every config in one launch of ``max(ranks)`` processes; results in order."""
+    nproc = max(check_config(c).num_ranks for c in configs)
+    events = mp.get_context("forkserver").Queue()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["results"] = launch(
+                _rank_work, nproc, args=(list(configs), events), timeout_s=timeout_s
+            )
+        except BaseException as error:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = error
+        finally:
+            events.put(None)
+
+    thread = threading.Thread(target=run, name="hspmd-train-launch", daemon=True)
+    thread.start()
+    while True:
+        try:
+            event = events.get(timeout=0.5)
+        except queue_module.Empty:
+            if not thread.is_alive():
+                break
+            continue
+        if event is None:
+            break
+        if on_step is not None:
+            on_step(*event)
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return _assemble(box["results"], len(configs))
+
+
+def _assemble(per_rank: list[list[dict[str, Any]]], count: int) -> list[TrainResult]:
+    results = []
+    for index in range(count):
+        params: dict[str, Any] = {}
+        for outcome in per_rank:
+            params.update({k: torch.from_numpy(v) for k, v in outcome[index]["params"].items()})
+        records = tuple(per_rank[0][index]["records"])
+        results.append(TrainResult(records=records, params=params))
+    return results
+
+
+def train(
+    config: TrainConfig, *, on_step: Callable[[StepRecord], None] | None = None
+) -> TrainResult:
+    """Train one config on local processes (one per rank of its strategy)."""
+    callback = None if on_step is None else (lambda _index, record: on_step(record))
+    return train_many([config], on_step=callback)[0]

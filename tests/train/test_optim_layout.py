@@ -1,0 +1,68 @@
+"""Unit tests without processes: per-slice Adam, rank roles, refusing bad strategies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hspmd.errors import StrategyError
+from hspmd.train.config import AdamConfig, TrainConfig, TrainError
+from hspmd.train.layout import Layout
+from hspmd.train.optim import Adam
+from hspmd.train.trainer import check_config
+
+
+def test_adam_equals_torch_adam_bitwise_on_every_slice() -> None:
+    torch.manual_seed(0)
+    full = torch.randn(6, 5)
+    ours_pieces = [full[:4].clone().requires_grad_(), full[4:].clone().requires_grad_()]
+    theirs = full.clone().requires_grad_()
+    config = AdamConfig(lr=1e-2, weight_decay=0.1)
+    ours = Adam(ours_pieces, config)
+    torch_adam = torch.optim.Adam(
+        [theirs], lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1, foreach=False
+    )
+    for _ in range(4):
+        grad = torch.randn(6, 5)
+        ours_pieces[0].grad, ours_pieces[1].grad = grad[:4].clone(), grad[4:].clone()
+        theirs.grad = grad.clone()
+        ours.step()
+        torch_adam.step()
+    assert torch.equal(torch.cat([p.detach() for p in ours_pieces]), theirs.detach())
+
+
+def test_roles_of_a_heterogeneous_strategy() -> None:
+    layout = Layout.from_text("2x2: R0:L0-1 R1:L2-3; 4x1: R2:L0-3", num_layers=4)
+    first, last, other = layout.role(0), layout.role(1), layout.role(2)
+    assert first is not None and last is not None and other is not None
+    assert (first.is_first, first.is_last, first.next_ranks) == (True, False, (1,))
+    assert (last.stage, last.prev_ranks, last.layers) == (1, (0,), (2, 3))
+    assert (other.row_offset, other.micro_batches, other.micro_batch_size) == (4, 4, 1)
+    assert layout.role(3) is None
+    assert layout.holders(2) == (1, 2)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "error", "words"),
+    [
+        ("2x2: R0:L0-1 R1:L3-3; 4x1: R2:L0-3", StrategyError, "gap"),
+        ("2x2: R0:L0-3; 3x1: R1:L0-3", StrategyError, "global batch is 8"),
+        ("8x1: R0:L0-5", StrategyError, "layer"),
+        ("8x1: R0,1,2:L0-3", StrategyError, "divide"),
+        ("4x1: R0:L0-3; 4x1: R0:L0-3", StrategyError, "rank"),
+        ("8x1: R1:L0-3", TrainError, "without gaps"),
+        ("8x1 R0:L0-3", StrategyError, "COUNTxSIZE"),
+    ],
+)
+def test_bad_strategies_are_refused_before_any_process(
+    strategy: str, error: type[Exception], words: str
+) -> None:
+    with pytest.raises(error, match=words):
+        check_config(TrainConfig(strategy=strategy, global_batch=8, seq_len=16))
+
+
+def test_bad_sizes_are_refused() -> None:
+    with pytest.raises(TrainError, match="seq_len"):
+        TrainConfig(seq_len=0)
+    with pytest.raises(TrainError, match="metadata-only"):
+        TrainConfig(model="llama-32b")

@@ -1,0 +1,98 @@
+"""Every strategy trains exactly like the single-device reference (fp32).
+
+Checks: first-step loss within 1e-5 relative; every parameter after 3 Adam steps within
+1e-4 relative (norm of the difference over the norm of the reference). The learning rate
+is 1e-3 so that 3 steps move the weights by far more than the tolerance.
+
+All strategies that work share one launch (processes start once, configs run in turn).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hspmd.train.config import AdamConfig, TrainConfig
+from hspmd.train.reference import TrainResult, run_reference
+from hspmd.train.trainer import train_many
+
+pytestmark = pytest.mark.multiproc
+
+ADAM = AdamConfig(lr=1e-3)
+
+# name -> (strategy, global batch, schedule)
+WORKING = {
+    "single rank": ("4x1: R0:L0-3", 4, "1f1b"),
+    "DP 2": ("2x2: R0:L0-3; 2x2: R1:L0-3", 8, "1f1b"),
+    "DP 4": ("1x2: R0:L0-3; 1x2: R1:L0-3; 1x2: R2:L0-3; 1x2: R3:L0-3", 8, "1f1b"),
+    "PP 4 1f1b": ("4x1: R0:L0 R1:L1 R2:L2 R3:L3", 4, "1f1b"),
+    "PP 2 gpipe": ("3x2: R0:L0-1 R1:L2-3", 6, "gpipe"),
+    "PP uneven": ("4x1: R0:L0-2 R1:L3-3", 4, "1f1b"),
+    "DP x PP": ("2x1: R0:L0-1 R1:L2-3; 2x1: R2:L0-1 R3:L2-3", 4, "1f1b"),
+    "micro-batch counts and sizes differ": (
+        "3x1: R0:L0-1 R1:L2-3; 1x3: R2:L0-3",
+        6,
+        "1f1b",
+    ),
+    "layer splits and depths differ": (
+        "2x1: R0:L0 R1:L1-3; 2x2: R2:L0-2 R3:L3; 1x2: R4:L0-3",
+        8,
+        "1f1b",
+    ),
+}
+
+NEEDS_TP = "tensor parallel stages need hspmd.specialize's executables (not landed yet)"
+XFAIL = {
+    "TP 2": ("4x1: R0-1:L0-3", 4),
+    "DP x TP x PP": ("2x1: R0-1:L0-1 R2-3:L2-3; 2x1: R4-5:L0-1 R6-7:L2-3", 4),
+    "TP differs per stage": ("4x1: R0-1:L0-1 R2:L2-3", 4),
+    "TP differs per pipeline": ("2x2: R0-1:L0-3; 4x1: R2:L0-3", 8),
+    "C2-like on 7 ranks": ("4x1: R0-1:L0-1 R2-3:L2-3; 3x1: R4-5:L0-1 R6:L2-3", 7),
+}
+
+
+def config(strategy: str, batch: int, schedule: str = "1f1b") -> TrainConfig:
+    return TrainConfig(
+        strategy=strategy, global_batch=batch, seq_len=16, steps=3, adam=ADAM, schedule=schedule
+    )
+
+
+@pytest.fixture(scope="module")
+def trained() -> dict[str, TrainResult]:
+    configs = [config(*spec) for spec in WORKING.values()]
+    return dict(zip(WORKING, train_many(configs), strict=True))
+
+
+def assert_equal_to_reference(result: TrainResult, reference: TrainResult) -> None:
+    first, expected = result.losses[0], reference.losses[0]
+    assert abs(first - expected) <= 1e-5 * abs(expected), (first, expected)
+    assert len(result.losses) == len(reference.losses)
+    assert set(result.params) == set(reference.params)
+    for name, want in reference.params.items():
+        got = result.params[name]
+        assert got.shape == want.shape, name
+        error = float((got - want).norm() / want.norm())
+        assert error <= 1e-4, (name, error)
+
+
+@pytest.mark.parametrize("name", list(WORKING))
+def test_strategy_equals_reference(name: str, trained: dict[str, TrainResult]) -> None:
+    reference = run_reference(config(*WORKING[name]))
+    assert_equal_to_reference(trained[name], reference)
+
+
+@pytest.mark.parametrize("name", list(XFAIL))
+@pytest.mark.xfail(reason=NEEDS_TP, strict=True)
+def test_tensor_parallel_strategy_equals_reference(name: str) -> None:
+    strategy, batch = XFAIL[name]
+    (result,) = train_many([config(strategy, batch)])
+    assert_equal_to_reference(result, run_reference(config(strategy, batch)))
+
+
+def test_reference_moves_the_weights_far_beyond_the_tolerance() -> None:
+    from hspmd.train.reference import build_reference_model
+
+    cfg = config("4x1: R0:L0-3", 4)
+    start = dict(build_reference_model(cfg).named_parameters())
+    end = run_reference(cfg).params
+    moved = min(float((end[n] - start[n].detach()).norm() / start[n].norm()) for n in end)
+    assert moved > 1e-3
