@@ -1,0 +1,257 @@
+"""Start N local worker processes with a process group each; collect their results.
+
+The embedded default: gloo on CPU, one thread per rank, a TCPStore rendezvous on 127.0.0.1
+at a free port, hosted by the launcher itself (not by rank 0, so any rank may die)::
+
+    def work(world, scale):             # a module-level function (it is pickled)
+        return world.rank * scale
+
+    launch(work, 4, args=(10,))         # -> [0, 10, 20, 30]
+
+A worker that raises (or dies) makes the launcher kill the others and raise ``LaunchError``
+naming the rank, the exception and its traceback. Every wait is bounded: the process-group
+timeout, the launcher's ``timeout_s``, and a short grace period before SIGKILL.
+
+Workers are started with the "forkserver" method by default: a clean server process (never
+a fork of the caller) imports torch once, and every worker is forked from it. That is as
+safe as "spawn" but avoids importing torch in every worker: 8 workers start in about 0.2 s
+instead of 13-18 s with "spawn" on a loaded 2-core machine (after the first launch, which
+starts the server). Pass ``start_method="spawn"`` to get fresh interpreters.
+
+Across machines, run the same worker function under torchrun with ``run_from_env``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import multiprocessing as mp
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hspmd.errors import HspmdError
+from hspmd.runtime.world import World
+
+_PRELOAD = ["torch", "torch.distributed", "numpy", "hspmd.runtime.execute"]
+_GRACE_S = 2.0
+
+
+class LaunchError(HspmdError, RuntimeError):
+    """A worker raised, died, or did not finish in time."""
+
+    def __init__(self, message: str, *, rank: int | None = None, remote_traceback: str = ""):
+        super().__init__(message)
+        self.rank = rank
+        self.remote_traceback = remote_traceback
+
+
+@dataclass(frozen=True, slots=True)
+class _WorkerSpec:
+    rank: int
+    world_size: int
+    port: int
+    backend: str
+    pg_timeout_s: float
+    threads: int
+
+
+def launch(
+    fn: Callable[..., Any],
+    nproc: int,
+    *,
+    args: Sequence[Any] = (),
+    backend: str = "gloo",
+    timeout_s: float = 300.0,
+    pg_timeout_s: float | None = None,
+    threads: int | None = None,
+    start_method: str = "forkserver",
+) -> list[Any]:
+    """Run ``fn(world, *args)`` on ``nproc`` local processes; return the results by rank.
+
+    Results travel back pickled: keep them small (numbers, numpy arrays, CPU tensors).
+    ``threads`` is torch's intra-op thread count per worker (default: cores // nproc, at
+    least 1). ``pg_timeout_s`` (default ``timeout_s``) bounds every collective.
+    """
+    if nproc < 1:
+        raise LaunchError(f"nproc={nproc}: start at least one process")
+    if backend == "nccl" and torch.cuda.device_count() < nproc:
+        raise LaunchError(
+            f"backend nccl needs one GPU per rank: {nproc} ranks but "
+            f"{torch.cuda.device_count()} GPUs; use backend='gloo'"
+        )
+    ctx: Any = mp.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload(_PRELOAD)
+    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+    threads = threads or max(1, (os.cpu_count() or 1) // nproc)
+    procs, conns = [], []
+    try:
+        for rank in range(nproc):
+            spec = _WorkerSpec(rank, nproc, store.port, backend, pg_timeout_s or timeout_s, threads)
+            reader, writer = ctx.Pipe(duplex=False)
+            proc = ctx.Process(
+                target=_worker_main, args=(fn, tuple(args), spec, writer), name=f"hspmd-rank{rank}"
+            )
+            proc.start()
+            writer.close()
+            procs.append(proc)
+            conns.append(reader)
+        return _collect(procs, conns, deadline=time.monotonic() + timeout_s)
+    finally:
+        _stop(procs)
+        for conn in conns:
+            conn.close()
+        del store
+
+
+def _collect(procs: list[Any], conns: list[Connection], *, deadline: float) -> list[Any]:
+    """Wait for one message per rank; raise on the first error, death or the deadline."""
+    results: dict[int, Any] = {}
+    waiting = {id(c): r for r, c in enumerate(conns)}
+    sentinels = {p.sentinel: r for r, p in enumerate(procs)}
+    while len(results) < len(procs):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            missing = sorted(set(range(len(procs))) - set(results))
+            raise LaunchError(f"timed out: ranks {missing} did not finish; raise timeout_s")
+        ready = wait([c for c in conns if id(c) in waiting] + list(sentinels), timeout=left)
+        for item in ready:
+            if isinstance(item, Connection):
+                rank = waiting.pop(id(item))
+                _take(item, rank, results)
+        for item in ready:
+            if not isinstance(item, Connection) and item in sentinels:
+                rank = sentinels.pop(item)
+                _check_exit(procs[rank], rank, conns[rank], waiting, results)
+    return [results[r] for r in range(len(procs))]
+
+
+def _take(conn: Connection, rank: int, results: dict[int, Any]) -> None:
+    try:
+        status, payload = conn.recv()
+    except EOFError:
+        raise LaunchError(f"rank {rank} closed its pipe without a result", rank=rank) from None
+    if status == "ok":
+        results[rank] = payload
+        return
+    kind, text, trace = payload
+    raise LaunchError(
+        f"rank {rank} raised {kind}: {text}\n--- traceback of rank {rank} ---\n{trace}",
+        rank=rank,
+        remote_traceback=trace,
+    )
+
+
+def _check_exit(
+    proc: Any, rank: int, conn: Connection, waiting: dict[int, int], results: dict[int, Any]
+) -> None:
+    """A process ended: fine if its result arrived (or is still in the pipe), else an error."""
+    if id(conn) in waiting and conn.poll(0.2):
+        waiting.pop(id(conn))
+        _take(conn, rank, results)
+    proc.join(_GRACE_S)
+    if rank not in results:
+        raise LaunchError(
+            f"rank {rank} died with exit code {proc.exitcode} and no result", rank=rank
+        )
+
+
+def _stop(procs: list[Any]) -> None:
+    """Terminate what still runs, then kill what ignores it; reap everything."""
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    deadline = time.monotonic() + _GRACE_S
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+            proc.join(_GRACE_S)
+
+
+def _worker_main(
+    fn: Callable[..., Any], args: tuple[Any, ...], spec: _WorkerSpec, conn: Any
+) -> None:
+    _watch_parent()
+    torch.set_num_threads(spec.threads)
+    try:
+        store = dist.TCPStore(
+            "127.0.0.1",
+            spec.port,
+            None,
+            False,
+            timeout=datetime.timedelta(seconds=spec.pg_timeout_s),
+        )
+        dist.init_process_group(
+            spec.backend,
+            store=store,
+            rank=spec.rank,
+            world_size=spec.world_size,
+            timeout=datetime.timedelta(seconds=spec.pg_timeout_s),
+            device_id=_device_for(spec),
+        )
+        world = World.create(timeout_s=spec.pg_timeout_s)
+        result = fn(world, *args)
+        conn.send(("ok", result))
+    except BaseException as error:  # noqa: BLE001 - every failure goes back to the launcher
+        conn.send(("error", (type(error).__name__, str(error), traceback.format_exc())))
+        conn.close()
+        os._exit(1)
+    conn.close()
+    dist.destroy_process_group()
+
+
+def _device_for(spec: _WorkerSpec) -> torch.device | None:
+    if spec.backend != "nccl":
+        return None
+    torch.cuda.set_device(spec.rank % torch.cuda.device_count())
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _watch_parent() -> None:
+    """Exit when the parent process goes away (no orphans if the launcher is killed)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(3)
+
+    threading.Thread(target=watch, daemon=True, name="hspmd-parent-watch").start()
+
+
+def run_from_env(fn: Callable[..., Any], *args: Any, backend: str | None = None) -> Any:
+    """Run ``fn(world, *args)`` on this process under torchrun (RANK, WORLD_SIZE, ... set)."""
+    world = World.from_env(backend=backend)
+    try:
+        return fn(world, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``torchrun ... -m hspmd.runtime.launch package.module:function [args...]``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or ":" not in argv[0]:
+        print("usage: python -m hspmd.runtime.launch package.module:function [ARG...]")
+        return 2
+    module, _, name = argv[0].partition(":")
+    fn = getattr(importlib.import_module(module), name)
+    result = run_from_env(fn, *argv[1:])
+    if result is not None and int(os.environ.get("RANK", "0")) == 0:
+        print(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

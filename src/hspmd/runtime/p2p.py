@@ -1,0 +1,83 @@
+"""One ``batch_isend_irecv`` with one packed buffer per peer and direction.
+
+Executors queue tensors (often views of a region) per peer; ``run`` packs each peer's sends
+contiguously in queue order, receives into one buffer per peer, waits, and unpacks in the
+same order. Both sides queue a pair's tensors in the same (plan) order, so the layouts agree::
+
+    exchange = Exchange(world)
+    exchange.send(1, [x[0:2], x[4:6]])    # packed: 2 regions, 1 buffer to rank 1
+    exchange.recv(1, [out[0:2]])          # received from rank 1 straight into a view
+    exchange.run()
+
+A single contiguous tensor is sent or received in place (no copy).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from hspmd.runtime.world import World
+
+
+class Exchange:
+    """Sends and receives queued per peer, issued as one batch by ``run``."""
+
+    __slots__ = ("world", "sends", "recvs")
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.sends: dict[int, list[torch.Tensor]] = {}
+        self.recvs: dict[int, list[torch.Tensor]] = {}
+
+    def send(self, peer: int, tensors: list[torch.Tensor]) -> None:
+        self.sends.setdefault(peer, []).extend(tensors)
+
+    def recv(self, peer: int, tensors: list[torch.Tensor]) -> None:
+        """``tensors`` (views allowed) are overwritten with what ``peer`` sends, in order."""
+        self.recvs.setdefault(peer, []).extend(tensors)
+
+    def run(self) -> None:
+        """Issue every queued transfer as one batch and wait for it."""
+        ops = []
+        unpack: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
+        for peer in sorted(self.sends):
+            buffer = _pack(self.sends[peer])
+            self.world.record("send", group=(self.world.rank, peer), nbytes=_nbytes(buffer))
+            ops.append(dist.P2POp(dist.isend, buffer, peer))
+        for peer in sorted(self.recvs):
+            targets = self.recvs[peer]
+            if len(targets) == 1 and targets[0].is_contiguous():
+                buffer = targets[0]
+            else:
+                buffer = _empty_flat(targets)
+                unpack.append((buffer, targets))
+            self.world.record("recv", group=(peer, self.world.rank), nbytes=_nbytes(buffer))
+            ops.append(dist.P2POp(dist.irecv, buffer, peer))
+        if not ops:
+            return
+        self.world.record("batch", group=(self.world.rank,), nbytes=0)
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        for buffer, targets in unpack:
+            offset = 0
+            for target in targets:
+                size = target.numel()
+                target.copy_(buffer[offset : offset + size].view(target.shape))
+                offset += size
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _pack(tensors: list[torch.Tensor]) -> torch.Tensor:
+    if len(tensors) == 1 and tensors[0].is_contiguous():
+        return tensors[0]
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def _empty_flat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    first = tensors[0]
+    size = sum(t.numel() for t in tensors)
+    return torch.empty(size, dtype=first.dtype, device=first.device)
