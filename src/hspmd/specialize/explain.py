@@ -1,0 +1,249 @@
+"""What each rank would run under a strategy, computed from metadata only.
+
+``explain(config, strategy, options, seq_len=...)`` resolves every reshard site's forward
+and backward plan and every parameter's gradient sync, constructs the pipelines from the
+forward communication (checked against the strategy), and summarizes each rank: its
+pipeline and stage, op count, held parameters, communication ops by kind, and schedule.
+Nothing is allocated: the graph is traced on the meta device.
+
+Communication counts are per micro-batch for F and B, per step for Post. A step of a
+plan counts once for every rank it names; ``local`` steps (slicing, no traffic) and
+identities are not communication.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from hspmd.comm.plan import CommPlan
+from hspmd.models.llama import LlamaConfig
+from hspmd.plan.strategy import Strategy, StrategyOptions
+from hspmd.specialize.pipeline import PipelineLayout, check_pipelines, construct_pipelines
+from hspmd.specialize.schedule import make_schedule
+from hspmd.specialize.sites import ParamLayout, Site, llama_params, llama_sites
+
+__all__ = ["Explanation", "RankSummary", "explain"]
+
+NOT_COMM = ("local",)
+
+
+@dataclass(frozen=True, slots=True)
+class RankSummary:
+    rank: int
+    pipeline: int
+    stage: int
+    tp_group: tuple[int, ...]
+    layers: tuple[int, int]
+    num_ops: int
+    num_params: int  # parameter tensors held
+    param_elements: int  # their local elements
+    forward_comm: tuple[tuple[str, int], ...]  # (kind, count) per micro-batch
+    backward_comm: tuple[tuple[str, int], ...]
+    post_comm: tuple[tuple[str, int], ...]
+    schedule: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "pipeline": self.pipeline,
+            "stage": self.stage,
+            "tp_group": list(self.tp_group),
+            "layers": list(self.layers),
+            "num_ops": self.num_ops,
+            "num_params": self.num_params,
+            "param_elements": self.param_elements,
+            "param_mib_fp32": round(self.param_elements * 4 / 2**20, 1),
+            "forward_comm": dict(self.forward_comm),
+            "backward_comm": dict(self.backward_comm),
+            "post_comm": dict(self.post_comm),
+            "schedule": self.schedule,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    strategy: Strategy
+    options: StrategyOptions
+    seq_len: int
+    pipelines: PipelineLayout
+    ranks: tuple[RankSummary, ...]
+    post_kinds: tuple[tuple[str, int], ...]  # gradient sync plans by kind (over all params)
+    post_examples: tuple[tuple[str, str], ...] = field(default=())  # (param, plan text)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "strategy": str(self.strategy),
+            "options": str(self.options),
+            "seq_len": self.seq_len,
+            "pipelines": self.pipelines.to_json(),
+            "gradient_sync": dict(self.post_kinds),
+            "ranks": [r.to_json() for r in self.ranks],
+        }
+
+
+def _kinds(plans: list[CommPlan], rank: int) -> tuple[tuple[str, int], ...]:
+    counts: Counter[str] = Counter()
+    for plan in plans:
+        for _, step in plan.for_rank(rank):
+            if step.kind not in NOT_COMM:
+                counts[step.kind] += 1
+    return tuple(sorted(counts.items()))
+
+
+@functools.cache
+def _ops_per_part(config: LlamaConfig) -> tuple[int, int, int]:
+    """Ops (fx call nodes) of (embedding part, one layer, final norm + head + loss).
+
+    Every layer has the same ops, so a 1- and a 2-layer trace on the meta device give them.
+    """
+    import dataclasses
+
+    import torch
+    import torch.fx
+
+    from hspmd.markers import is_reshard_node
+    from hspmd.models.llama import Llama
+
+    totals, embed_ops = [], 0
+    for layers in (1, 2):
+        small = dataclasses.replace(config, num_layers=layers, max_seq_len=8)
+        with torch.device("meta"):
+            nodes = list(torch.fx.symbolic_trace(Llama(small)).graph.nodes)
+        calls = [n for n in nodes if n.op.startswith("call")]
+        totals.append(len(calls))
+        first = next(
+            i for i, n in enumerate(calls) if is_reshard_node(n) and n.args[1] == "layers.0.input"
+        )
+        embed_ops = first
+    per_layer = totals[1] - totals[0]
+    return embed_ops, per_layer, totals[0] - per_layer - embed_ops
+
+
+def explain(
+    config: LlamaConfig,
+    strategy: Strategy,
+    options: StrategyOptions | None = None,
+    *,
+    seq_len: int,
+) -> Explanation:
+    """Metadata-only specialization summary of every rank (module docstring)."""
+    options = options or StrategyOptions()
+    sites = llama_sites(strategy, config, options, seq_len=seq_len)
+    params = llama_params(strategy, config, options)
+    forward = [(s.name, s.forward_plan()) for s in sites]
+    layout = construct_pipelines(forward, ranks=strategy.ranks)
+    check_pipelines(layout, strategy)
+    post = {name: p.sync_plan() for name, p in params.items()}
+    summaries = tuple(
+        _summary(rank, strategy, config, options, layout, sites, params, post)
+        for rank in strategy.ranks
+    )
+    kinds: Counter[str] = Counter()
+    for plan in post.values():
+        kinds.update(k for k in plan.kinds if k not in NOT_COMM)
+    examples = _examples(post)
+    return Explanation(
+        strategy, options, seq_len, layout, summaries, tuple(sorted(kinds.items())), examples
+    )
+
+
+def _examples(post: dict[str, CommPlan]) -> tuple[tuple[str, str], ...]:
+    seen, out = set(), []
+    for name, plan in post.items():
+        key = plan.kinds
+        if key not in seen:
+            seen.add(key)
+            out.append((name, f"{plan.src} -> {plan.dst}: {' + '.join(plan.kinds)}"))
+    return tuple(out)
+
+
+def _summary(
+    rank: int,
+    strategy: Strategy,
+    config: LlamaConfig,
+    options: StrategyOptions,
+    layout: PipelineLayout,
+    sites: tuple[Site, ...],
+    params: dict[str, ParamLayout],
+    post: dict[str, CommPlan],
+) -> RankSummary:
+    p, s = layout.locate(rank)
+    pipeline = strategy.pipelines[p]
+    stage = next(st for st in pipeline.stages if rank in st.ranks)
+    embed_ops, layer_ops, head_ops = _ops_per_part(config)
+    num_ops = layer_ops * len(stage.layers)
+    num_ops += embed_ops if stage.first_layer == 0 else 0
+    num_ops += head_ops if stage.last_layer == config.num_layers - 1 else 0
+    held = [x for x in params.values() if rank in x.annotation]
+    elements = sum(_numel(x.annotation.piece(rank, x.shape).shape) for x in held)
+    schedule = make_schedule(options.schedule, len(pipeline.stages), s, pipeline.num_micro_batches)
+    return RankSummary(
+        rank=rank,
+        pipeline=p,
+        stage=s,
+        tp_group=stage.ranks,
+        layers=(stage.first_layer, stage.last_layer),
+        num_ops=num_ops,
+        num_params=len(held),
+        param_elements=elements,
+        forward_comm=_kinds([x.forward_plan() for x in sites], rank),
+        backward_comm=_kinds([x.backward_plan() for x in sites], rank),
+        post_comm=_kinds([post[x.name] for x in held], rank),
+        schedule=_compact(str(schedule)),
+    )
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    out = 1
+    for n in shape:
+        out *= n
+    return out
+
+
+def _compact(schedule: str, *, limit: int = 14) -> str:
+    """Shorten a long action list: ``Pre F0 F1 F2 ... B32 Post`` keeps both ends."""
+    words = schedule.split()
+    if len(words) <= limit:
+        return schedule
+    half = limit // 2
+    return " ".join([*words[:half], f"... ({len(words) - limit} more) ...", *words[-half:]])
+
+
+def _comm_text(kinds: tuple[tuple[str, int], ...]) -> str:
+    return ", ".join(f"{k} x{n}" for k, n in kinds) or "-"
+
+
+def render(explanation: Explanation, *, rank: int | None = None) -> str:
+    """The text ``hspmd explain`` prints."""
+    e = explanation
+    lines = [f"strategy: {e.strategy}", f"options:  {e.options}, seq_len={e.seq_len}", ""]
+    lines.append("pipelines (constructed from the forward communication; match the strategy):")
+    for p, stages in enumerate(e.pipelines.pipelines):
+        pipe = e.strategy.pipelines[p]
+        chain = " -> ".join("[" + ",".join(map(str, st)) + "]" for st in stages)
+        lines.append(f"  pipeline {p} ({pipe.num_micro_batches}x{pipe.micro_batch_size}): {chain}")
+    lines += [
+        "",
+        "gradient sync (Post), plans by kind over all parameters: " + _comm_text(e.post_kinds),
+    ]
+    lines += [f"  e.g. {name}: {text}" for name, text in e.post_examples]
+    lines.append("")
+    chosen = [r for r in e.ranks if rank is None or r.rank == rank]
+    if rank is not None and not chosen:
+        from hspmd.errors import StrategyError
+
+        raise StrategyError(f"rank {rank} is not in the strategy (ranks {list(e.strategy.ranks)})")
+    for r in chosen:
+        lines += [
+            f"rank {r.rank}: pipeline {r.pipeline} stage {r.stage} tp={len(r.tp_group)} "
+            f"layers {r.layers[0]}-{r.layers[1]} ops={r.num_ops} params={r.num_params} "
+            f"({r.param_elements * 4 / 2**20:.1f} MiB fp32)",
+            f"  F (per micro-batch): {_comm_text(r.forward_comm)}",
+            f"  B (per micro-batch): {_comm_text(r.backward_comm)}",
+            f"  Post:                {_comm_text(r.post_comm)}",
+            f"  schedule: {r.schedule}",
+        ]
+    return "\n".join(lines)

@@ -1,0 +1,170 @@
+"""The reshard sites and parameter layouts of the Llama model under a strategy.
+
+A *site* is one reshard marker with the four annotations specialization needs: the
+marker's input (``src``) and output (``dst``) annotations, and those of the gradients that
+flow back through it (``grad_out`` arrives, ``grad_in`` leaves). Its forward plan is
+``resolve(src, dst, shape)`` and its backward plan ``resolve(grad_out, grad_in, shape)``.
+
+The Llama model's markers fix where sites are, so their annotations follow from the
+strategy alone (Megatron's layout, t = a stage's TP degree, residual = ``{D:t}``, or
+``{1:t}`` under sequence parallelism)::
+
+    site              src (input)       dst (output)   grad_out      grad_in
+    embed             {P:t}             residual       residual      {D:t}
+    layers.i.input    residual (prev)   residual       residual      residual (prev)
+    layers.i.attn_in  residual          {D:t}          {P:t}         residual
+    layers.i.attn_out {P:t}             residual       residual      {D:t}
+    (mlp_in / mlp_out as attn_in / attn_out)
+    head_in           residual          {D:t}          {P:t}         residual
+    logits            {2:t}             {D:t}          {D:t}         {2:t}
+
+Across pipelines every activation is ``h0(b0,b1,..)``: dim 0 (batch) cut into the
+pipelines' micro-batch sizes, one subgroup per pipeline (the ranks of the stage holding
+that layer there). Parameters are ``hD`` over the pipelines, and their gradients ``hP``.
+
+This is the deduction's answer for this one model, derived directly so that ``hspmd
+explain`` needs no graph; ``hspmd.deduce`` computes the same annotations for any graph
+(tests compare the two).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from hspmd.annotation import DUP, PARTIAL, Annotation, DeviceGroup, DistributedStates
+from hspmd.comm.plan import CommPlan
+from hspmd.models.llama import LlamaConfig
+from hspmd.plan.strategy import Stage, Strategy, StrategyOptions
+
+__all__ = ["ParamLayout", "Site", "llama_params", "llama_sites", "resolve_cached"]
+
+
+@dataclass(frozen=True, slots=True)
+class Site:
+    """One reshard marker: ``name``, global ``shape`` and its four annotations."""
+
+    name: str
+    shape: tuple[int, ...]
+    src: Annotation
+    dst: Annotation
+    grad_out: Annotation
+    grad_in: Annotation
+
+    def forward_plan(self) -> CommPlan:
+        return resolve_cached(self.src, self.dst, self.shape)
+
+    def backward_plan(self) -> CommPlan:
+        return resolve_cached(self.grad_out, self.grad_in, self.shape)
+
+
+@dataclass(frozen=True, slots=True)
+class ParamLayout:
+    """A parameter's global shape, annotation, and its gradient's annotation."""
+
+    name: str
+    shape: tuple[int, ...]
+    annotation: Annotation
+    grad: Annotation
+
+    def sync_plan(self) -> CommPlan:
+        """Post's gradient sync: ``resolve(grad, annotation)``."""
+        return resolve_cached(self.grad, self.annotation, self.shape)
+
+
+@functools.cache
+def resolve_cached(src: Annotation, dst: Annotation, shape: tuple[int, ...]) -> CommPlan:
+    """``hspmd.comm.resolve.resolve``, cached on its (frozen) arguments."""
+    from hspmd.comm.resolve import resolve
+
+    return resolve(src, dst, shape)
+
+
+def _ds(*entries: tuple[int, int]) -> DistributedStates:
+    return DistributedStates(tuple(entries))
+
+
+def _residual(tp: int, sequence_parallel: bool) -> DistributedStates:
+    return _ds((1, tp)) if sequence_parallel else _ds((DUP, tp))
+
+
+def _union(
+    stages: list[Stage], states: list[DistributedStates], *, hdim: int, sizes: tuple[int, ...]
+) -> Annotation:
+    groups = tuple(DeviceGroup(s.ranks) for s in stages)
+    hsizes = sizes if hdim >= 0 and len(set(sizes)) > 1 else None
+    return Annotation(groups, tuple(states), hdim=hdim, hsizes=hsizes)
+
+
+class _Builder:
+    def __init__(self, strategy: Strategy, config: LlamaConfig, options: StrategyOptions) -> None:
+        self.strategy, self.config, self.sp = strategy, config, options.sequence_parallel
+        self.sizes = tuple(p.micro_batch_size for p in strategy.pipelines)
+
+    def stages(self, layer: int) -> list[Stage]:
+        return [p.stage_of_layer(layer) for p in self.strategy.pipelines]
+
+    def act(self, layer: int, kind: str) -> Annotation:
+        """Activation annotation on the stages of ``layer``: residual, D, P or S(2)."""
+        stages = self.stages(layer)
+        make = {
+            "residual": lambda t: _residual(t, self.sp),
+            "D": lambda t: _ds((DUP, t)),
+            "P": lambda t: _ds((PARTIAL, t)),
+            "S2": lambda t: _ds((2, t)),
+        }[kind]
+        return _union(stages, [make(s.tp) for s in stages], hdim=0, sizes=self.sizes)
+
+
+def llama_sites(
+    strategy: Strategy, config: LlamaConfig, options: StrategyOptions, *, seq_len: int
+) -> tuple[Site, ...]:
+    """Every reshard site of the model in forward order (see the module docstring)."""
+    b = _Builder(strategy, config, options)
+    batch, H, V = sum(b.sizes), config.hidden_size, config.vocab_size
+    hidden, last = (batch, seq_len, H), config.num_layers - 1
+    sites = [Site("embed", hidden, b.act(0, "P"), b.act(0, "residual"), *_grads(b, 0, "P"))]
+    for i in range(config.num_layers):
+        prev = b.act(max(i - 1, 0), "residual")
+        here = b.act(i, "residual")
+        sites.append(Site(f"layers.{i}.input", hidden, prev, here, here, prev))
+        for part in ("attn", "mlp"):
+            sites.append(
+                Site(f"layers.{i}.{part}_in", hidden, here, b.act(i, "D"), b.act(i, "P"), here)
+            )
+            sites.append(Site(f"layers.{i}.{part}_out", hidden, b.act(i, "P"), here, here, b.act(i, "D")))  # fmt: skip
+    final = b.act(last, "residual")
+    sites.append(Site("head_in", hidden, final, b.act(last, "D"), b.act(last, "P"), final))
+    logits_src, logits_dst = b.act(last, "S2"), b.act(last, "D")
+    sites.append(
+        Site("logits", (batch, seq_len, V), logits_src, logits_dst, logits_dst, logits_src)
+    )
+    return tuple(sites)
+
+
+def _grads(b: _Builder, layer: int, src_kind: str) -> tuple[Annotation, Annotation]:
+    """``(grad_out, grad_in)`` of a site whose output is the residual stream."""
+    return b.act(layer, "residual"), b.act(layer, "D" if src_kind == "P" else src_kind)
+
+
+def llama_params(
+    strategy: Strategy, config: LlamaConfig, options: StrategyOptions
+) -> dict[str, ParamLayout]:
+    """Every parameter's layout (``hspmd.plan.params``) with its gradient's annotation.
+
+    The gradient has the parameter's groups with the top tier partial (each pipeline's
+    gradient is a summand); under sequence parallelism a norm weight's gradient is also a
+    summand inside the stage.
+    """
+    from hspmd.plan.params import parameter_annotations
+
+    out = {}
+    for name, spec in parameter_annotations(strategy, config).items():
+        ann = spec.annotation
+        states = ann.states
+        if options.sequence_parallel and name.endswith("norm.weight"):
+            states = tuple(_ds((PARTIAL, len(g))) for g in ann.groups)
+        hdim = PARTIAL if ann.hsize > 1 else DUP
+        grad = Annotation(ann.groups, states, hdim=hdim)
+        out[name] = ParamLayout(name, spec.shape, ann, grad)
+    return out

@@ -1,0 +1,71 @@
+"""`hspmd explain`: metadata only, fast, shows pipelines, comm kinds and schedules."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import pytest
+
+from hspmd.cli import explain
+from hspmd.errors import HspmdError
+
+C2 = (
+    "33x1: R0-3:L0-14 R4-7:L15-29 R8-11:L30-44 R12-15:L45-59; "
+    "31x1: R16-19:L0-15 R20-23:L16-31 R24-27:L32-47 R28-29:L48-55 R30:L56-59"
+)
+
+
+def main(argv: list[str]) -> int:
+    """``hspmd.cli.main`` with only this subcommand (the others may not be importable)."""
+    parser = argparse.ArgumentParser(prog="hspmd")
+    explain.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except HspmdError as error:
+        print(f"hspmd explain: error: {error}", file=sys.stderr)
+        return 2
+
+
+def test_c2_in_under_two_seconds(capsys: pytest.CaptureFixture[str]) -> None:
+    start = time.perf_counter()
+    assert main(["explain", "--model", "llama-32b", "--strategy", C2]) == 0
+    elapsed = time.perf_counter() - start
+    out = capsys.readouterr().out
+    assert elapsed < 2.0, elapsed
+    assert (
+        "pipeline 1 (31x1): [16,17,18,19] -> [20,21,22,23] -> [24,25,26,27] -> [28,29] -> [30]"
+        in out
+    )
+    assert "split-all-reduce" in out
+    assert "rank 30: pipeline 1 stage 4 tp=1 layers 56-59" in out
+
+
+def test_c2_json_one_rank(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(["explain", "--model", "llama-32b", "--strategy", C2, "--rank", "28", "--json"]) == 0
+    )
+    data = json.loads(capsys.readouterr().out)
+    assert data["pipelines"][1][3] == [28, 29]
+    (rank,) = data["ranks"]
+    assert (rank["pipeline"], rank["stage"], rank["layers"]) == (1, 3, [48, 55])
+    assert rank["forward_comm"]["bsr"] >= 1  # TP4 -> TP2 and TP2 -> TP1 boundaries
+    assert set(rank["post_comm"]) == {"split-all-reduce"}
+    assert rank["schedule"].startswith("Pre F0 F1 B0") and rank["schedule"].endswith("Post")
+
+
+def test_tiny_tp_pp(capsys: pytest.CaptureFixture[str]) -> None:
+    strategy = "2x2: R0-1:L0-1 R2-3:L2-3"
+    assert main(["explain", "--strategy", strategy, "--seq-len", "16", "--rank", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "pipeline 0 (2x2): [0,1] -> [2,3]" in out
+    assert "F (per micro-batch): all-gather x1, all-reduce x4, send-recv x1" in out
+    assert "schedule: Pre F0 B0 F1 B1 Post" in out
+
+
+def test_bad_strategy_is_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", "--strategy", "1x1: R0:L0-9"]) == 2
+    assert "error" in capsys.readouterr().err
