@@ -1,0 +1,71 @@
+"""Byte-level data: default stdlib corpus, user files, determinism, clear errors."""
+
+from __future__ import annotations
+
+import json
+from itertools import islice
+from pathlib import Path
+
+import pytest
+import torch
+
+from hspmd.data import DataError, batches, documents, load_documents
+
+
+def test_default_corpus_batches() -> None:
+    tokens, targets = next(batches(8, 64, seed=0, max_bytes=1 << 20))
+    assert tokens.shape == targets.shape == (8, 64)
+    assert tokens.dtype == targets.dtype == torch.int64
+    assert torch.equal(tokens[:, 1:], targets[:, :-1])
+    assert 0 <= int(tokens.min()) and int(tokens.max()) < 256
+
+
+def test_deterministic_from_seed() -> None:
+    a = list(islice(batches(4, 32, seed=1, max_bytes=1 << 20), 3))
+    b = list(islice(batches(4, 32, seed=1, max_bytes=1 << 20), 3))
+    c = next(batches(4, 32, seed=2, max_bytes=1 << 20))
+    assert all(torch.equal(x[0], y[0]) for x, y in zip(a, b, strict=True))
+    assert not torch.equal(a[0][0], c[0])
+
+
+def test_text_file_and_epochs(tmp_path: Path) -> None:
+    path = tmp_path / "t.txt"
+    path.write_text("abcdefghij" * 3)
+    stream = batches(2, 4, seed=0, path=path)
+    first = [next(stream) for _ in range(6)]  # 31 bytes -> 3 batches per epoch, then again
+    assert bytes(first[0][0][0].tolist() + [first[0][1][0, -1].item()]) == b"abcde"
+    assert all(torch.equal(x[0], y[0]) for x, y in zip(first[:3], first[3:], strict=True))
+
+
+def test_jsonl_and_directory(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    jsonl = tmp_path / "d" / "a.jsonl"
+    jsonl.write_text("\n".join(json.dumps({"text": t, "id": i}) for i, t in enumerate("xyz")))
+    (tmp_path / "d" / "b.txt").write_text("hello")
+    assert load_documents(jsonl) == [b"x", b"y", b"z"]
+    assert load_documents(tmp_path / "d") == [b"x", b"y", b"z", b"hello"]
+    docs = [bytes(d.tolist()) for d in documents(0, path=tmp_path / "d", max_len=3)]
+    assert sorted(docs) == [b"hel", b"x", b"y", b"z"]
+
+
+def test_mixed_length_documents() -> None:
+    lengths = [len(d) for d in islice(documents(0, max_bytes=1 << 20), 40)]
+    assert max(lengths) > 10 * min(lengths)
+
+
+def test_errors(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="does not exist"):
+        load_documents(tmp_path / "missing.txt")
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(DataError, match="empty"):
+        load_documents(tmp_path / "empty.txt")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{"body": "no"}\n')
+    with pytest.raises(DataError, match=r"bad.jsonl:2: .*\"text\" field"):
+        load_documents(bad)
+    short = tmp_path / "short.txt"
+    short.write_text("abc")
+    with pytest.raises(DataError, match="fewer than one batch"):
+        batches(2, 8, path=short)
+    with pytest.raises(DataError, match="seq_len=0"):
+        batches(2, 0)
