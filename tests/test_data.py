@@ -17,7 +17,7 @@ def test_default_corpus_batches() -> None:
     assert tokens.shape == targets.shape == (8, 64)
     assert tokens.dtype == targets.dtype == torch.int64
     assert torch.equal(tokens[:, 1:], targets[:, :-1])
-    assert 0 <= int(tokens.min()) and int(tokens.max()) < 256
+    assert int(tokens.min()) >= 0 and int(tokens.max()) < 256
 
 
 def test_deterministic_from_seed() -> None:
