@@ -62,10 +62,19 @@ def test_tiny_tp_pp(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["explain", "--strategy", strategy, "--seq-len", "16", "--rank", "2"]) == 0
     out = capsys.readouterr().out
     assert "pipeline 0 (2x2): [0,1] -> [2,3]" in out
-    assert "F (per micro-batch): all-gather x1, all-reduce x4, send-recv x1" in out
+    assert "F (per micro-batch): all-reduce x4, send-recv x1" in out
     assert "schedule: Pre F0 B0 F1 B1 Post" in out
 
 
 def test_bad_strategy_is_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["explain", "--strategy", "1x1: R0:L0-9"]) == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_sequence_parallel_kinds(capsys: pytest.CaptureFixture[str]) -> None:
+    strategy = "1x2: R0-1:L0-3"
+    args = ["explain", "--strategy", strategy, "--seq-len", "16", "--rank", "0"]
+    assert main([*args, "--sequence-parallel"]) == 0
+    out = capsys.readouterr().out
+    assert "F (per micro-batch): all-gather x9, reduce-scatter x9" in out
+    assert "Post:                all-reduce x9" in out  # norm weights' partial grads

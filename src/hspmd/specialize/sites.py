@@ -16,7 +16,8 @@ strategy alone (Megatron's layout, t = a stage's TP degree, residual = ``{D:t}``
     layers.i.attn_out {P:t}             residual       residual      {D:t}
     (mlp_in / mlp_out as attn_in / attn_out)
     head_in           residual          {D:t}          {P:t}         residual
-    logits            {2:t}             {D:t}          {D:t}         {2:t}
+    logits            {2:t}             {2:t}          {2:t}         {2:t}
+    (logits_gather)   {2:t}             {D:t}          {D:t}         {2:t}
 
 Across pipelines every activation is ``h0(b0,b1,..)``: dim 0 (batch) cut into the
 pipelines' micro-batch sizes, one subgroup per pipeline (the ranks of the stage holding
@@ -117,9 +118,17 @@ class _Builder:
 
 
 def llama_sites(
-    strategy: Strategy, config: LlamaConfig, options: StrategyOptions, *, seq_len: int
+    strategy: Strategy,
+    config: LlamaConfig,
+    options: StrategyOptions,
+    *,
+    seq_len: int,
+    logits_gather: bool = False,
 ) -> tuple[Site, ...]:
-    """Every reshard site of the model in forward order (see the module docstring)."""
+    """Every reshard site of the model in forward order (see the module docstring).
+
+    The ``dst`` annotations equal ``hspmd.plan.schema.activation_annotations``.
+    """
     b = _Builder(strategy, config, options)
     batch, H, V = sum(b.sizes), config.hidden_size, config.vocab_size
     hidden, last = (batch, seq_len, H), config.num_layers - 1
@@ -135,7 +144,10 @@ def llama_sites(
             sites.append(Site(f"layers.{i}.{part}_out", hidden, b.act(i, "P"), here, here, b.act(i, "D")))  # fmt: skip
     final = b.act(last, "residual")
     sites.append(Site("head_in", hidden, final, b.act(last, "D"), b.act(last, "P"), final))
-    logits_src, logits_dst = b.act(last, "S2"), b.act(last, "D")
+    # hspmd.plan.schema keeps the logits vocab-split ({2:t}, a vocab-parallel loss); the
+    # training design's alternative all-gathers them ({D:t}): logits_gather=True.
+    logits_src = b.act(last, "S2")
+    logits_dst = b.act(last, "D") if logits_gather else logits_src
     sites.append(
         Site("logits", (batch, seq_len, V), logits_src, logits_dst, logits_dst, logits_src)
     )
