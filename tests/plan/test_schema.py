@@ -157,3 +157,19 @@ def test_paper_scale_plan_is_fast() -> None:
     plan_from_json(json.dumps(plan_to_json(plan)))
     assert time.perf_counter() - start < 1.0
     assert len(plan.reshards) == 60 * 5 + 3 and len(plan.ranks) == 48
+
+
+def test_docs_example_is_what_the_code_writes() -> None:
+    from pathlib import Path
+
+    doc = Path(__file__).parents[2] / "docs" / "plan-schema.md"
+    example = doc.read_text().split("```json\n")[1].split("```")[0]
+    plan = build_plan(
+        parse_strategy("1x2: R0-1:L0-0; 2x1: R2:L0-0"),
+        get_config("llama-tiny", num_layers=1),
+        seq_len=16,
+        options=StrategyOptions(zero1=True),
+        global_batch=4,
+    )
+    assert json.loads(example) == plan_to_json(plan)
+    assert plan_from_json(example) == plan

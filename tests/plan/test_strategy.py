@@ -152,3 +152,17 @@ def test_options() -> None:
 def test_values_are_hashable() -> None:
     a = Pipeline(1, 1, (Stage((0,), 0, 3),))
     assert len({Strategy((a,)), parse_strategy("1x1: R0:L0-3")}) == 1
+
+
+def test_docs_examples_round_trip_and_check() -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "strategy.md").read_text()
+    blocks = [b.split("```")[0].strip() for b in doc.split("```\n")[1:]]
+    examples = [b for b in blocks if b and b[0].isdigit()]
+    assert len(examples) == 3
+    for text in examples:
+        strategy = parse_strategy(text)
+        assert str(strategy) == text
+        config = get_config("llama-70b" if "L79" in text else "llama-32b")
+        check_strategy(strategy, config, global_batch=64)
