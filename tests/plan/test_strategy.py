@@ -164,5 +164,5 @@ def test_docs_examples_round_trip_and_check() -> None:
     for text in examples:
         strategy = parse_strategy(text)
         assert str(strategy) == text
-        config = get_config("llama-70b" if "L79" in text else "llama-32b")
+        config = get_config("llama-70b" if "-79" in text else "llama-32b")
         check_strategy(strategy, config, global_batch=64)
