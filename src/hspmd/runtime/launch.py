@@ -128,7 +128,7 @@ def _collect(procs: list[Any], conns: list[Connection], *, deadline: float) -> l
         for item in ready:
             if isinstance(item, Connection):
                 rank = waiting.pop(id(item))
-                _take(item, rank, results)
+                _take(item, rank, results, procs[rank])
         for item in ready:
             if not isinstance(item, Connection) and item in sentinels:
                 rank = sentinels.pop(item)
@@ -136,11 +136,14 @@ def _collect(procs: list[Any], conns: list[Connection], *, deadline: float) -> l
     return [results[r] for r in range(len(procs))]
 
 
-def _take(conn: Connection, rank: int, results: dict[int, Any]) -> None:
+def _take(conn: Connection, rank: int, results: dict[int, Any], proc: Any) -> None:
     try:
         status, payload = conn.recv()
     except EOFError:
-        raise LaunchError(f"rank {rank} closed its pipe without a result", rank=rank) from None
+        proc.join(_GRACE_S)
+        raise LaunchError(
+            f"rank {rank} died with exit code {proc.exitcode} and no result", rank=rank
+        ) from None
     if status == "ok":
         results[rank] = payload
         return
@@ -158,7 +161,7 @@ def _check_exit(
     """A process ended: fine if its result arrived (or is still in the pipe), else an error."""
     if id(conn) in waiting and conn.poll(0.2):
         waiting.pop(id(conn))
-        _take(conn, rank, results)
+        _take(conn, rank, results, proc)
     proc.join(_GRACE_S)
     if rank not in results:
         raise LaunchError(
