@@ -200,6 +200,55 @@ def memory_peaks(
     return peak
 
 
+@dataclass(frozen=True, eq=False)
+class Buffers:
+    """Every output copy held on a device: ``size`` bytes from ``alloc_us`` to ``free_us``.
+
+    ``last_consumer`` is the op whose start frees it (-1 if none: freed when the
+    producer finishes). Local copies come first, one per op, in node order.
+    """
+
+    producer: np.ndarray
+    device: np.ndarray
+    size: np.ndarray
+    alloc_us: np.ndarray
+    free_us: np.ndarray
+    last_consumer: np.ndarray
+
+
+def buffers(graph: OpGraph, place: np.ndarray, *, start: np.ndarray, finish: np.ndarray) -> Buffers:
+    """The output copies of an emulated step (see the module docstring)."""
+    k = int(place.max()) + 1 if place.size else 1
+    src, dst = graph.src, graph.dst
+    size = graph.out_bytes
+    # a residual op's output is its residual state, already counted as always live
+    local_size = np.where(graph.residual_bytes > 0, 0, size)
+    # last consumer per (producer, consumer device)
+    keys = src * k + place[dst]
+    order = np.lexsort((start[dst], keys))
+    keys_sorted = keys[order]
+    last = np.flatnonzero(np.r_[keys_sorted[1:] != keys_sorted[:-1], True])
+    pair = keys_sorted[last]
+    consumer = dst[order][last]
+    producer = pair // k
+    consumer_dev = pair % k
+    local = consumer_dev == place[producer]
+    # outputs without a local consumer are held while their op runs
+    free_local = finish.copy()
+    free_local[producer[local]] = start[consumer[local]]
+    last_local = np.full(graph.num_nodes, -1, dtype=np.int64)
+    last_local[producer[local]] = consumer[local]
+    remote = producer[~local]
+    return Buffers(
+        producer=np.concatenate((np.arange(graph.num_nodes), remote)),
+        device=np.concatenate((place, consumer_dev[~local])),
+        size=np.concatenate((local_size, size[remote])),
+        alloc_us=np.concatenate((start, finish[remote])),
+        free_us=np.concatenate((free_local, start[consumer[~local]])),
+        last_consumer=np.concatenate((last_local, consumer[~local])),
+    )
+
+
 def memory_events(
     graph: OpGraph,
     place: np.ndarray,
@@ -208,26 +257,8 @@ def memory_events(
     finish: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(time, device, +/- bytes) of every output allocation and release."""
-    k = int(place.max()) + 1 if place.size else 1
-    src, dst = graph.src, graph.dst
-    size = graph.out_bytes
-    # a residual op's output is its residual state, already counted as always live
-    local_size = np.where(graph.residual_bytes > 0, 0, size)
-    # last consumer start per (producer, consumer device)
-    keys = src * k + place[dst]
-    order = np.lexsort((start[dst], keys))
-    keys_sorted = keys[order]
-    last = np.flatnonzero(np.r_[keys_sorted[1:] != keys_sorted[:-1], True])
-    pair = keys_sorted[last]
-    last_start = start[dst][order][last]
-    producer = pair // k
-    consumer_dev = pair % k
-    local = consumer_dev == place[producer]
-    # outputs without a local consumer are held while their op runs
-    free_local = finish.copy()
-    free_local[producer[local]] = last_start[local]
-    remote = producer[~local]
-    times = np.concatenate((start, free_local, finish[remote], last_start[~local]))
-    devices = np.concatenate((place, place, consumer_dev[~local], consumer_dev[~local]))
-    deltas = np.concatenate((local_size, -local_size, size[remote], -size[remote]))
+    buf = buffers(graph, place, start=start, finish=finish)
+    times = np.concatenate((buf.alloc_us, buf.free_us))
+    devices = np.concatenate((buf.device, buf.device))
+    deltas = np.concatenate((buf.size, -buf.size))
     return times, devices, deltas

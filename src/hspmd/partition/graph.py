@@ -152,9 +152,36 @@ class OpGraph:
         return rank
 
     @cached_property
+    def group_of(self) -> IntArray:
+        """Colocation group of each node: the smallest index among the nodes that
+        ``colocate`` links to it (directly or through others); its own index if none."""
+        if not (self.colocate >= 0).any():
+            return np.arange(self.num_nodes, dtype=np.int64)
+        parent = list(range(self.num_nodes))
+
+        def find(x: int) -> int:
+            while parent[x] != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        for v in np.flatnonzero(self.colocate >= 0).tolist():
+            a, b = find(v), find(int(self.colocate[v]))
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+        return np.asarray([find(v) for v in range(self.num_nodes)], dtype=np.int64)
+
+    @cached_property
+    def edges_by_src_rank(self) -> IntArray:
+        """Edge ids sorted by the topological rank of their source."""
+        return np.argsort(self.topo_rank[self.src], kind="stable").astype(np.int64)
+
+    @cached_property
     def level(self) -> IntArray:
         """Hop level: 0 for sources, else 1 + the largest level of a predecessor."""
-        return level_sync_longest(self, node_w=None, edge_w=None).astype(np.int64)
+        ones = np.ones(self.num_nodes)
+        top, _ = longest_paths(self, node_w=ones, edge_w=np.zeros(self.num_edges))
+        return top.astype(np.int64)
 
     @cached_property
     def level_order(self) -> tuple[IntArray, IntArray]:
@@ -175,29 +202,41 @@ class OpGraph:
         object.__setattr__(self, "topo_order", np.asarray(order, dtype=np.int64))
 
 
-def level_sync_longest(
-    graph: OpGraph, *, node_w: FloatArray | None, edge_w: FloatArray | None
-) -> FloatArray:
-    """Longest distance from any source to each node (the node itself excluded).
+def longest_paths(
+    graph: OpGraph,
+    *,
+    node_w: FloatArray,
+    edge_w: FloatArray,
+    alive: np.ndarray | None = None,
+) -> tuple[FloatArray, FloatArray]:
+    """Top and bottom levels of every node, in two flat passes over the edges.
 
-    The distance of ``v`` is the max over in-edges ``e = (u, v)`` of
-    ``dist[u] + node_w[u] + edge_w[e]`` (0 for sources); with both weights ``None``
-    it is the hop level. One pass over the topological order, O(V + E).
+    ``tl[v]``: the heaviest path from a source to ``v``, ``v`` excluded; ``bl[v]``: the
+    heaviest path from ``v`` to a sink, ``v`` included; a path weighs its nodes'
+    ``node_w`` plus its edges' ``edge_w``. With ``alive`` only the subgraph induced by
+    the alive nodes counts (dead nodes get 0). ``tl + bl`` is the weighted level, equal
+    to the critical path length on every critical node. O(V + E).
     """
-    num = graph.num_nodes
-    dist = [0.0] * num
-    out_ptr = graph.out_ptr.tolist()
-    dst = graph.dst.tolist()
-    nwl = [1.0] * num if node_w is None else node_w.tolist()
-    ewl = [0.0] * graph.num_edges if edge_w is None else edge_w.tolist()
-    for v in graph.topo_order.tolist():
-        base = dist[v] + nwl[v]
-        for e in range(out_ptr[v], out_ptr[v + 1]):
-            cand = base + ewl[e]
-            u = dst[e]
-            if cand > dist[u]:
-                dist[u] = cand
-    return np.asarray(dist, dtype=np.float64)
+    order = graph.edges_by_src_rank
+    if alive is not None:
+        order = order[alive[graph.src[order]] & alive[graph.dst[order]]]
+    src, dst = graph.src[order], graph.dst[order]
+    weights = np.where(alive, node_w, 0.0) if alive is not None else node_w
+    # forward: finish[t] = max(finish[t], finish[s] + edge + w[t]), s in topological order
+    finish = weights.tolist()
+    step = (edge_w[order] + weights[dst]).tolist()
+    for s, t, c in zip(src.tolist(), dst.tolist(), step, strict=True):
+        x = finish[s] + c
+        if x > finish[t]:
+            finish[t] = x
+    # backward: bl[s] = max(bl[s], w[s] + edge + bl[t]), s in reverse topological order
+    bottom = weights.tolist()
+    step = (edge_w[order] + weights[src]).tolist()[::-1]
+    for s, t, c in zip(src.tolist()[::-1], dst.tolist()[::-1], step, strict=True):
+        x = bottom[t] + c
+        if x > bottom[s]:
+            bottom[s] = x
+    return np.asarray(finish) - weights, np.asarray(bottom)
 
 
 def _kahn(num: int, out_ptr: list[int], dst: list[int], in_degree: IntArray) -> list[int]:

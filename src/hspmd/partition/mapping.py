@@ -1,0 +1,204 @@
+"""Stage II of ParDNN: map the secondary clusters onto the K primaries (devices).
+
+1. Initial merging: a secondary cluster whose communication its span cannot hide
+   (``comm(sc) > potential(sc)``, the work of other ops expected to start inside its
+   span) joins the device it communicates with most.
+2. Level-Aware Load Balancing (LALB): the rest, heaviest first, go to the device that
+   minimizes (its work expected inside the cluster's span) + (communication with the
+   ops already on other devices); ties go to the device it talks to most. The work per
+   device over expected start times is kept in one Fenwick tree per device, so the
+   span query and each node's update cost O(log V).
+
+A cluster's span runs from the expected finish of the last parent of its first op to
+the expected start of the first child of its last op (expected = top levels).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hspmd.partition.graph import OpGraph
+from hspmd.partition.slicing import Slicing
+
+
+class Fenwick:
+    """Prefix sums over positions ``0..n-1`` with point updates, both O(log n).
+
+    >>> f = Fenwick(np.array([1.0, 2.0, 3.0, 4.0]))
+    >>> f.range_sum(1, 3), f.add(2, 10.0), f.range_sum(0, 4)
+    (5.0, None, 20.0)
+    """
+
+    def __init__(self, values: np.ndarray) -> None:
+        n = len(values)
+        prefix = np.concatenate(([0.0], np.cumsum(values, dtype=np.float64)))
+        index = np.arange(1, n + 1)
+        # node i covers (i - lowbit(i), i]
+        self.tree = [0.0] + (prefix[index] - prefix[index - (index & -index)]).tolist()
+        self.size = n
+
+    def add(self, pos: int, value: float) -> None:
+        tree, i, n = self.tree, pos + 1, self.size
+        while i <= n:
+            tree[i] += value
+            i += i & -i
+
+    def prefix(self, end: int) -> float:
+        """Sum of positions ``0..end-1``."""
+        tree, i, total = self.tree, end, 0.0
+        while i > 0:
+            total += tree[i]
+            i &= i - 1
+        return total
+
+    def range_sum(self, lo: int, hi: int) -> float:
+        """Sum of positions ``lo..hi-1``."""
+        return self.prefix(hi) - self.prefix(lo) if hi > lo else 0.0
+
+
+def cluster_spans(
+    graph: OpGraph, slicing: Slicing, *, top: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Expected (start, end) time of each cluster's span."""
+    w = graph.time_us
+    first = slicing.members[slicing.ptr[:-1]]
+    last = slicing.members[slicing.ptr[1:] - 1]
+    parent_finish = np.full(graph.num_nodes, -np.inf)
+    np.maximum.at(parent_finish, graph.dst, top[graph.src] + w[graph.src])
+    child_start = np.full(graph.num_nodes, np.inf)
+    np.minimum.at(child_start, graph.src, top[graph.dst])
+    start = np.where(np.isfinite(parent_finish[first]), parent_finish[first], top[first])
+    end = np.where(np.isfinite(child_start[last]), child_start[last], top[last] + w[last])
+    return start, np.maximum(end, start)
+
+
+def boundary_lists(
+    graph: OpGraph, slicing: Slicing, *, edge_us: np.ndarray
+) -> tuple[list[int], list[int], list[float]]:
+    """Per cluster, its edges to other clusters as (ptr, other node, cost) in CSR."""
+    cl = slicing.cluster_of
+    cross = cl[graph.src] != cl[graph.dst]
+    owner = np.concatenate((cl[graph.src][cross], cl[graph.dst][cross]))
+    other = np.concatenate((graph.dst[cross], graph.src[cross]))
+    cost = np.concatenate((edge_us[cross], edge_us[cross]))
+    order = np.argsort(owner, kind="stable")
+    ptr = np.zeros(slicing.num_clusters + 1, dtype=np.int64)
+    np.cumsum(np.bincount(owner, minlength=slicing.num_clusters), out=ptr[1:])
+    return ptr.tolist(), other[order].tolist(), cost[order].tolist()
+
+
+def map_clusters(
+    graph: OpGraph,
+    slicing: Slicing,
+    *,
+    num_devices: int,
+    edge_us: np.ndarray,
+    top: np.ndarray,
+) -> np.ndarray:
+    """Device of every node after initial merging and LALB."""
+    w = graph.time_us
+    place = np.full(graph.num_nodes, -1, dtype=np.int64)
+    for c in range(slicing.num_primary):
+        place[slicing.cluster(c)] = c
+    start, end = cluster_spans(graph, slicing, top=top)
+    order_by_time = np.argsort(top, kind="stable")
+    sorted_top = top[order_by_time]
+    pos = np.empty(graph.num_nodes, dtype=np.int64)
+    pos[order_by_time] = np.arange(graph.num_nodes)
+    lo = np.searchsorted(sorted_top, start, side="left")
+    hi = np.searchsorted(sorted_top, end, side="left")
+    cluster_work = np.bincount(slicing.cluster_of, weights=w, minlength=slicing.num_clusters)
+    cum_work = np.concatenate(([0.0], np.cumsum(w[order_by_time])))
+    potential = cum_work[hi] - cum_work[lo] - cluster_work
+    bptr, bother, bcost = boundary_lists(graph, slicing, edge_us=edge_us)
+    comm_total = np.add.reduceat(np.asarray(bcost + [0.0]), np.asarray(bptr[:-1]))
+    comm_total[np.diff(bptr) == 0] = 0.0
+    place_l = place.tolist()
+    deferred = _initial_merge(
+        slicing, place_l, bptr, bother, bcost, hide=(comm_total > potential).tolist(), k=num_devices
+    )
+    place = np.asarray(place_l, dtype=np.int64)
+    trees = [
+        Fenwick(np.where(place[order_by_time] == d, w[order_by_time], 0.0))
+        for d in range(num_devices)
+    ]
+    deferred.sort(key=lambda c: -cluster_work[c])
+    _lalb(
+        slicing,
+        deferred,
+        place_l,
+        trees,
+        bptr,
+        bother,
+        bcost,
+        lo=lo.tolist(),
+        hi=hi.tolist(),
+        pos=pos.tolist(),
+        w=w.tolist(),
+        k=num_devices,
+    )
+    return np.asarray(place_l, dtype=np.int64)
+
+
+def _comm_to(
+    c: int, place: list[int], bptr: list[int], bother: list[int], bcost: list[float], k: int
+) -> list[float]:
+    acc = [0.0] * k
+    for i in range(bptr[c], bptr[c + 1]):
+        d = place[bother[i]]
+        if d >= 0:
+            acc[d] += bcost[i]
+    return acc
+
+
+def _initial_merge(
+    slicing: Slicing,
+    place: list[int],
+    bptr: list[int],
+    bother: list[int],
+    bcost: list[float],
+    *,
+    hide: list[bool],
+    k: int,
+) -> list[int]:
+    """Merge the clusters that cannot hide their communication; return the others."""
+    deferred = []
+    members, ptr = slicing.members.tolist(), slicing.ptr.tolist()
+    for c in range(slicing.num_primary, slicing.num_clusters):
+        if hide[c]:
+            acc = _comm_to(c, place, bptr, bother, bcost, k)
+            best = max(range(k), key=acc.__getitem__)
+            if acc[best] > 0.0:
+                for v in members[ptr[c] : ptr[c + 1]]:
+                    place[v] = best
+                continue
+        deferred.append(c)
+    return deferred
+
+
+def _lalb(
+    slicing: Slicing,
+    clusters: list[int],
+    place: list[int],
+    trees: list[Fenwick],
+    bptr: list[int],
+    bother: list[int],
+    bcost: list[float],
+    *,
+    lo: list[int],
+    hi: list[int],
+    pos: list[int],
+    w: list[float],
+    k: int,
+) -> None:
+    members, ptr = slicing.members.tolist(), slicing.ptr.tolist()
+    devices = range(k)
+    for c in clusters:
+        acc = _comm_to(c, place, bptr, bother, bcost, k)
+        total = sum(acc)
+        a, b = lo[c], hi[c]
+        best = min(devices, key=lambda d: (trees[d].range_sum(a, b) + total - acc[d], -acc[d]))
+        tree = trees[best]
+        for v in members[ptr[c] : ptr[c + 1]]:
+            place[v] = best
+            tree.add(pos[v], w[v])

@@ -1,0 +1,244 @@
+"""Stage III of ParDNN: refine a mapping.
+
+* :func:`remap_clusters` (coarse, per secondary cluster): once every op has a device,
+  re-decide each secondary cluster with the LALB rule, now seeing all its neighbours,
+  and move it if that lowers (work in its span) + (communication it incurs).
+* :func:`switch_critical_nodes` (fine, per node; the paper's node switching): compute
+  the critical path of the placed graph (edges cost only when they cross devices); for
+  each crossing edge on it, move the endpoint whose move shortens the longest path
+  through it. Repeated up to K times, O(K (V + E)).
+* :func:`improve_by_emulation` (our addition, see docs/decisions.md): a hill climb on
+  the emulated makespan. It traces the critical chain of the emulated schedule (what
+  each op on it waited for: an input transfer or its busy device) and tries moving the
+  ops at the waits; a move is kept only if the emulated makespan drops.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hspmd.partition.emulate import CommModel, schedule
+from hspmd.partition.graph import OpGraph, longest_paths
+from hspmd.partition.mapping import Fenwick, boundary_lists, cluster_spans
+from hspmd.partition.slicing import Slicing
+
+
+def move_group(graph: OpGraph, place: np.ndarray, node: int, device: int) -> np.ndarray:
+    """A copy of ``place`` with ``node`` and its colocation group on ``device``."""
+    new = place.copy()
+    group = graph.group_of
+    if group[node] == node and not (group == node).sum() > 1:
+        new[node] = device
+    else:
+        new[group == group[node]] = device
+    return new
+
+
+def remap_clusters(
+    graph: OpGraph,
+    slicing: Slicing,
+    place: np.ndarray,
+    *,
+    num_devices: int,
+    edge_us: np.ndarray,
+    top: np.ndarray,
+) -> np.ndarray:
+    """Move whole secondary clusters where the LALB cost, with full information, drops."""
+    w = graph.time_us
+    start, end = cluster_spans(graph, slicing, top=top)
+    order_by_time = np.argsort(top, kind="stable")
+    sorted_top = top[order_by_time]
+    pos = np.empty(graph.num_nodes, dtype=np.int64)
+    pos[order_by_time] = np.arange(graph.num_nodes)
+    lo = np.searchsorted(sorted_top, start, side="left").tolist()
+    hi = np.searchsorted(sorted_top, end, side="left").tolist()
+    trees = [
+        Fenwick(np.where(place[order_by_time] == d, w[order_by_time], 0.0))
+        for d in range(num_devices)
+    ]
+    bptr, bother, bcost = boundary_lists(graph, slicing, edge_us=edge_us)
+    members, ptr = slicing.members.tolist(), slicing.ptr.tolist()
+    place_l, pos_l, w_l = place.tolist(), pos.tolist(), w.tolist()
+    group_free = (graph.group_of == np.arange(graph.num_nodes)).tolist()
+    work = np.bincount(slicing.cluster_of, weights=w, minlength=slicing.num_clusters)
+    for c in np.argsort(-work[slicing.num_primary :], kind="stable") + slicing.num_primary:
+        nodes = members[ptr[c] : ptr[c + 1]]
+        here = place_l[nodes[0]]
+        if any(place_l[v] != here or not group_free[v] for v in nodes):
+            continue
+        acc = [0.0] * num_devices
+        for i in range(bptr[c], bptr[c + 1]):
+            acc[place_l[bother[i]]] += bcost[i]
+        own = [0.0] * num_devices
+        own[here] = float(work[c])  # the cluster's own work is in its device's tree
+        total = sum(acc)
+        cost = [
+            trees[d].range_sum(lo[c], hi[c]) - own[d] + total - acc[d] for d in range(num_devices)
+        ]
+        best = min(range(num_devices), key=lambda d: (cost[d], d != here))
+        if best != here and cost[best] < cost[here] - 1e-9:
+            for v in nodes:
+                place_l[v] = best
+                trees[here].add(pos_l[v], -w_l[v])
+                trees[best].add(pos_l[v], w_l[v])
+    return np.asarray(place_l, dtype=np.int64)
+
+
+def switch_critical_nodes(
+    graph: OpGraph, place: np.ndarray, *, edge_us: np.ndarray, rounds: int
+) -> np.ndarray:
+    """The paper's node switching on the critical path of the placed graph."""
+    place = place.copy()
+    out_ptr, dst = graph.out_ptr.tolist(), graph.dst.tolist()
+    in_ptr, in_edges = graph.in_ptr.tolist(), graph.in_edges.tolist()
+    src = graph.src.tolist()
+    w = graph.time_us.tolist()
+    cost = edge_us.tolist()
+    for _ in range(rounds):
+        crossing = np.where(place[graph.src] != place[graph.dst], edge_us, 0.0)
+        top, bottom = longest_paths(graph, node_w=graph.time_us, edge_w=crossing)
+        top_l, bottom_l, place_l = top.tolist(), bottom.tolist(), place.tolist()
+        path = _critical_path(top + bottom, top, out_ptr, dst)
+        moved = False
+        for a, b in zip(path, path[1:], strict=False):
+            if place_l[a] == place_l[b]:
+                continue
+            for node, device in ((b, place_l[a]), (a, place_l[b])):
+                if graph.group_of[node] != node or (graph.colocate == node).any():
+                    continue
+                old = top_l[node] + bottom_l[node]
+                ctx = (in_ptr, in_edges, src, out_ptr, dst, w, cost, top_l, bottom_l, place_l)
+                if _through(node, device, *ctx) < old - 1e-9:
+                    place_l[node] = device
+                    moved = True
+                    break
+        place = np.asarray(place_l, dtype=np.int64)
+        if not moved:
+            break
+    return place
+
+
+def _critical_path(
+    wlvl: np.ndarray, top: np.ndarray, out_ptr: list[int], dst: list[int]
+) -> list[int]:
+    v = int(np.lexsort((top, -wlvl))[0])
+    wl = wlvl.tolist()
+    path = [v]
+    while out_ptr[v] < out_ptr[v + 1]:
+        v = max((dst[e] for e in range(out_ptr[v], out_ptr[v + 1])), key=wl.__getitem__)
+        path.append(v)
+    return path
+
+
+def _through(
+    node: int,
+    device: int,
+    in_ptr: list[int],
+    in_edges: list[int],
+    src: list[int],
+    out_ptr: list[int],
+    dst: list[int],
+    w: list[float],
+    cost: list[float],
+    top: list[float],
+    bottom: list[float],
+    place: list[int],
+) -> float:
+    """Longest path through ``node`` if it were on ``device`` (neighbours unchanged)."""
+    before = 0.0
+    for i in range(in_ptr[node], in_ptr[node + 1]):
+        e = in_edges[i]
+        p = src[e]
+        before = max(before, top[p] + w[p] + (cost[e] if place[p] != device else 0.0))
+    after = 0.0
+    for e in range(out_ptr[node], out_ptr[node + 1]):
+        s = dst[e]
+        after = max(after, bottom[s] + (cost[e] if place[s] != device else 0.0))
+    return before + w[node] + after
+
+
+def critical_chain(
+    graph: OpGraph, place: np.ndarray, start: np.ndarray, finish: np.ndarray, *, delay: np.ndarray
+) -> list[tuple[int, int, bool]]:
+    """Walk back from the last op: ``(waited_for, op, was_transfer)`` per step.
+
+    ``waited_for`` is the input whose arrival set the op's start, or else the op that
+    ran before it on its device (``was_transfer`` False).
+    """
+    by_device = np.lexsort((start, place))
+    prev_on_device = np.full(graph.num_nodes, -1, dtype=np.int64)
+    same = place[by_device[1:]] == place[by_device[:-1]]
+    prev_on_device[by_device[1:][same]] = by_device[:-1][same]
+    in_ptr, in_edges, src = graph.in_ptr, graph.in_edges, graph.src
+    chain = []
+    v = int(np.argmax(finish))
+    tol = 1e-9 * max(1.0, float(finish.max(initial=0.0)))
+    while start[v] > tol:
+        preds = src[in_edges[in_ptr[v] : in_ptr[v + 1]]]
+        arrive = finish[preds] + np.where(place[preds] != place[v], delay[preds], 0.0)
+        if preds.size and arrive.max() >= start[v] - tol:
+            p = int(preds[int(np.argmax(arrive))])
+            chain.append((p, v, bool(place[p] != place[v])))
+        else:
+            p = int(prev_on_device[v])
+            if p < 0:
+                break
+            chain.append((p, v, False))
+        v = p
+    return chain
+
+
+def improve_by_emulation(
+    graph: OpGraph,
+    place: np.ndarray,
+    *,
+    num_devices: int,
+    comm: CommModel,
+    max_trials: int,
+) -> np.ndarray:
+    """First-improvement hill climb on the emulated makespan (see the module docstring)."""
+    delay = comm.cost_us(graph.out_bytes)
+    start, finish = schedule(graph, place, comm=comm)
+    best = float(finish.max(initial=0.0))
+    trials = 0
+    tried: set[tuple[int, int]] = set()
+    while trials < max_trials:
+        improved = False
+        for node, device in _candidates(graph, place, start, finish, delay, num_devices):
+            if trials >= max_trials:
+                break
+            key = (node, device)
+            if key in tried:
+                continue
+            tried.add(key)
+            trials += 1
+            trial = move_group(graph, place, node, device)
+            t_start, t_finish = schedule(graph, trial, comm=comm)
+            makespan = float(t_finish.max(initial=0.0))
+            if makespan < best - 1e-9:
+                place, start, finish, best = trial, t_start, t_finish, makespan
+                tried.clear()
+                improved = True
+                break
+        if not improved:
+            break
+    return place
+
+
+def _candidates(
+    graph: OpGraph,
+    place: np.ndarray,
+    start: np.ndarray,
+    finish: np.ndarray,
+    delay: np.ndarray,
+    num_devices: int,
+) -> list[tuple[int, int]]:
+    """Moves suggested by the critical chain, latest waits first."""
+    out: list[tuple[int, int]] = []
+    for waited, op, transfer in critical_chain(graph, place, start, finish, delay=delay):
+        if transfer:
+            out.append((op, int(place[waited])))
+            out.append((waited, int(place[op])))
+        else:
+            out += [(op, d) for d in range(num_devices) if d != place[op]]
+    return out
