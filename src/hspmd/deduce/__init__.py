@@ -1,0 +1,86 @@
+"""Annotation deduction (HSPMD section 6.1): forward annotations and gradient annotations.
+
+    >>> import torch
+    >>> from hspmd.annotation import parse_annotation as A
+    >>> net = torch.nn.Linear(4, 6, bias=False)
+    >>> ag = deduce(net, input_annotations={"input": A("[0,1]{D:2}")},
+    ...     param_annotations={"weight": A("[0,1]{0:2}")}, marker_annotations={},
+    ...     input_shapes={"input": (3, 4)}, input_dtypes={"input": torch.float32})
+    >>> str(ag.annotations["linear"]), str(ag.param_grads["weight"])
+    ('[0,1]{1:2}', '[0,1]{0:2}')
+
+Rules live in the family modules (pointwise, contract, views, reduce, misc), registered
+in ``hspmd.deduce.rules.RULES`` keyed by fx target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+
+import torch
+import torch.fx
+from torch import nn
+
+from hspmd.annotation import Annotation
+from hspmd.deduce import contract, misc, pointwise, reduce, views  # noqa: F401  (register rules)
+from hspmd.deduce.backward import AlignSite, ReshardSite, backward_annotations
+from hspmd.deduce.forward import forward_annotations
+from hspmd.deduce.result import AnnotatedGraph
+from hspmd.deduce.rules import DeductionError, NoRuleError
+from hspmd.graph.capture import capture
+from hspmd.graph.shapes import TensorSpec, propagate_shapes
+
+__all__ = [
+    "AlignSite",
+    "AnnotatedGraph",
+    "DeductionError",
+    "NoRuleError",
+    "ReshardSite",
+    "deduce",
+]
+
+
+def deduce(
+    module_or_graph: nn.Module | torch.fx.GraphModule,
+    *,
+    input_annotations: Mapping[str, Annotation],
+    param_annotations: Mapping[str, Annotation],
+    marker_annotations: Mapping[str, Annotation],
+    input_shapes: Mapping[str, Sequence[int]],
+    input_dtypes: Mapping[str, torch.dtype] | None = None,
+) -> AnnotatedGraph:
+    """Capture (unless given a GraphModule), propagate global shapes, deduce annotations.
+
+    ``input_shapes`` are global per-micro-batch shapes; ``input_dtypes`` default to int64
+    (token ids). Parameters are named as in ``named_parameters()``; markers by their name.
+    """
+    gm = module_or_graph if isinstance(module_or_graph, torch.fx.GraphModule) else None
+    gm = gm or capture(module_or_graph)
+    dtypes = input_dtypes or {}
+    specs = {
+        name: TensorSpec(tuple(shape), dtypes.get(name, torch.int64))
+        for name, shape in input_shapes.items()
+    }
+    info = propagate_shapes(gm, specs)
+    fwd = forward_annotations(
+        gm,
+        info,
+        input_annotations=input_annotations,
+        param_annotations=param_annotations,
+        marker_annotations=marker_annotations,
+    )
+    bwd = backward_annotations(gm, info, fwd)
+    param_grads = {fwd.params[n]: bwd.grads[n] for n in fwd.params if n in bwd.grads}
+    return AnnotatedGraph(
+        module=gm,
+        specs=info.specs,
+        values=info.values,
+        annotations=MappingProxyType(fwd.annotations),
+        grads=MappingProxyType(bwd.grads),
+        params=MappingProxyType(fwd.params),
+        param_grads=MappingProxyType(param_grads),
+        reshards=bwd.reshards,
+        alignments=bwd.alignments,
+        loss=bwd.loss,
+    )

@@ -1,0 +1,232 @@
+"""Forward deduction: one linear pass over the fx graph giving every tensor's annotation.
+
+Leaves take their annotation from the plan (placeholders: ``input_annotations``; parameter
+``get_attr`` nodes: ``param_annotations``; reshard markers: ``marker_annotations`` for their
+output). Buffers and whatever is computed from buffers and sizes only (the RoPE tables)
+are *constants*: annotation ``None``, present wherever a consumer needs them, duplicate on
+every axis. Every other op keeps the device groups of its inputs (which must agree) and
+gets its DS per subgroup, and its ``hdim``, from the per-axis rule of its target::
+
+    subgroup s:  line up the inputs' DS on common axes -> rule per axis -> merge to a DS
+    top tier:    rule on the inputs' hdims (one more axis); part sizes scale with the dim
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+from hspmd.annotation import DUP, Annotation
+from hspmd.deduce.axes import AxesError, axis_placements, common_degrees, merge_axes
+from hspmd.deduce.rules import (
+    DeductionError,
+    NoRuleError,
+    OpCall,
+    RuleEntry,
+    RuleError,
+    TensorArg,
+    lookup,
+    target_text,
+)
+from hspmd.errors import AnnotationError
+from hspmd.graph.shapes import ShapeInfo
+from hspmd.markers import is_reshard_node
+
+RULES_HOME = "src/hspmd/deduce/ (pointwise.py, contract.py, views.py, reduce.py, misc.py)"
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardResult:
+    annotations: dict[str, Annotation | None]  # tensor nodes; None = constant
+    params: dict[str, str]  # get_attr node name -> parameter name
+    inputs: dict[str, tuple[str, ...]]  # node name -> names of its data inputs
+
+
+def _node_text(node: torch.fx.Node) -> str:
+    return f"node {node.name} ({target_text(node.target)})"
+
+
+def _data_inputs(node: torch.fx.Node, entry: RuleEntry, info: ShapeInfo) -> list[torch.fx.Node]:
+    args = node.args if entry.inputs is None else [node.args[i] for i in entry.inputs]
+    found: list[torch.fx.Node] = []
+    for value in (args, node.kwargs) if entry.inputs is None else (args,):
+        torch.fx.node.map_arg(value, lambda n: found.append(n) if n.name in info.specs else n)
+    return found
+
+
+def _op_call(node: torch.fx.Node, data: list[torch.fx.Node], info: ShapeInfo) -> OpCall:
+    positions = {n.name: i for i, n in enumerate(data)}
+    tensors = tuple(TensorArg(i, info.specs[n.name].shape) for i, n in enumerate(data))
+
+    def convert(n: torch.fx.Node) -> Any:
+        if n.name in positions:
+            return tensors[positions[n.name]]
+        return info.values.get(n.name, info.specs.get(n.name))
+
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), convert)
+    shape = info.specs[node.name].shape
+    return OpCall(target_text(node.target), tuple(args), dict(kwargs), tensors, shape)
+
+
+def _scaled_hsizes(
+    call: OpCall, anns: list[Annotation | None], out_hdim: int
+) -> tuple[int, ...] | None:
+    """Top-tier part sizes of the output: an input's sizes scaled by the dim's growth."""
+    found: set[tuple[int, ...]] = set()
+    explicit = False
+    for x, ann in zip(call.inputs, anns, strict=True):
+        if ann is None or ann.hdim < 0 or out_hdim < 0:
+            continue
+        explicit |= ann.hsizes is not None
+        sizes = ann.hsizes or (x.shape[ann.hdim] // ann.hsize,) * ann.hsize
+        length, new = x.shape[ann.hdim], call.out_shape[out_hdim]
+        if any(s * new % length for s in sizes):
+            raise RuleError(
+                f"top-tier part sizes {list(sizes)} of dim {ann.hdim} (length {length}) do "
+                f"not map onto output dim {out_hdim} (length {new})",
+                "reshard before this op so that the parts stay whole",
+            )
+        found.add(tuple(s * new // length for s in sizes))
+    if len(found) > 1:
+        raise RuleError(
+            f"inputs cut the top tier into different parts {sorted(found)}",
+            "reshard one input to the other's top-tier part sizes",
+        )
+    return found.pop() if found and explicit else None
+
+
+def apply_rule(entry: RuleEntry, call: OpCall, anns: list[Annotation | None]) -> Annotation:
+    """The output annotation from the inputs' (``None``: constant, duplicate everywhere)."""
+    live = [a for a in anns if a is not None]
+    base = live[0]
+    states = []
+    for s in range(base.hsize):
+        present = tuple(a.states[s] for a in live)
+        degrees = common_degrees(present)
+        per_input = [
+            (DUP,) * len(degrees) if a is None else axis_placements(a.states[s], degrees)
+            for a in anns
+        ]
+        out = tuple(entry.fn(call, tuple(p[i] for p in per_input)) for i in range(len(degrees)))
+        states.append(merge_axes(out, degrees))
+    hdim, hsizes = DUP, None
+    if base.hsize > 1:
+        hdim = entry.fn(call, tuple(DUP if a is None else a.hdim for a in anns))
+        hsizes = _scaled_hsizes(call, anns, hdim)
+    return Annotation(base.groups, tuple(states), hdim=hdim, hsizes=hsizes)
+
+
+def _fail(node: torch.fx.Node, data: list[torch.fx.Node], anns: list[Any], why: str) -> str:
+    shown = ", ".join(
+        f"{n.name}: {'constant' if a is None else a}" for n, a in zip(data, anns, strict=True)
+    )
+    return f"{_node_text(node)} with inputs {shown}: {why}"
+
+
+def deduce_node(
+    node: torch.fx.Node, data: list[torch.fx.Node], entry: RuleEntry, info: ShapeInfo,
+    known: Mapping[str, Annotation | None],
+) -> Annotation | None:  # fmt: skip
+    anns = [known[n.name] for n in data]
+    live = [a for a in anns if a is not None]
+    if not live:
+        return None
+    if any(a.groups != live[0].groups for a in live):
+        groups = " vs ".join(sorted({" ".join(map(str, a.groups)) for a in live}))
+        raise DeductionError(
+            _fail(node, data, anns, f"inputs live on different device groups ({groups}). "
+                  "Fix: add a marker hspmd.reshard(x, name) on one input and give it the "
+                  "other's device groups in the plan")
+        )  # fmt: skip
+    call = _op_call(node, data, info)
+    try:
+        out = apply_rule(entry, call, anns)
+        out.check_shape(call.out_shape)
+    except RuleError as error:
+        raise DeductionError(_fail(node, data, anns, f"{error.reason}. Fix: {error.fix}")) from None
+    except (AxesError, AnnotationError) as error:
+        raise DeductionError(
+            _fail(node, data, anns, f"{error}. Fix: add a reshard marker before this op")
+        ) from None
+    return out
+
+
+def _leaf(
+    node: torch.fx.Node, params: Mapping[str, Annotation], inputs: Mapping[str, Annotation],
+    module: torch.nn.Module,
+) -> Annotation | None:  # fmt: skip
+    if node.op == "placeholder":
+        if node.target not in inputs:
+            raise DeductionError(
+                f"input {node.target!r} has no annotation: pass input_annotations="
+                f"{{{node.target!r}: ...}}"
+            )
+        return inputs[str(node.target)]
+    name = str(node.target)
+    if name in params:
+        return params[name]
+    if isinstance(_attr(module, name), torch.nn.Parameter):
+        raise DeductionError(f"parameter {name!r} has no annotation: add it to param_annotations")
+    return None  # a buffer: constant
+
+
+def _attr(module: torch.nn.Module, target: str) -> Any:
+    obj: Any = module
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _marker(node: torch.fx.Node, markers: Mapping[str, Annotation]) -> Annotation:
+    name = node.args[1]
+    if name not in markers:
+        raise DeductionError(
+            f"reshard marker {name!r} (node {node.name}) has no annotation: add it to "
+            "marker_annotations"
+        )
+    return markers[str(name)]
+
+
+def forward_annotations(
+    gm: torch.fx.GraphModule,
+    info: ShapeInfo,
+    *,
+    input_annotations: Mapping[str, Annotation],
+    param_annotations: Mapping[str, Annotation],
+    marker_annotations: Mapping[str, Annotation],
+) -> ForwardResult:
+    """Annotate every tensor node of ``gm`` (shapes from ``propagate_shapes``)."""
+    known: dict[str, Annotation | None] = {}
+    params: dict[str, str] = {}
+    inputs: dict[str, tuple[str, ...]] = {}
+    for node in gm.graph.nodes:
+        if node.name not in info.specs:
+            continue  # sizes and other non-tensor values; the output node
+        if node.op in ("placeholder", "get_attr"):
+            ann = _leaf(node, param_annotations, input_annotations, gm)
+            if node.op == "get_attr" and ann is not None:
+                params[node.name] = str(node.target)
+        elif is_reshard_node(node):
+            ann = _marker(node, marker_annotations)
+            inputs[node.name] = (node.args[0].name,)
+        else:
+            entry = lookup(node.target)
+            if entry is None:
+                raise NoRuleError(
+                    f"{_node_text(node)}: no deduction rule for {target_text(node.target)}. "
+                    f"Fix: register one in {RULES_HOME} (see hspmd.deduce.rules.register)"
+                )
+            data = _data_inputs(node, entry, info)
+            ann = deduce_node(node, data, entry, info, known)
+            inputs[node.name] = tuple(n.name for n in data)
+        if ann is not None:
+            try:
+                ann.check_shape(info.specs[node.name].shape)
+            except AnnotationError as error:
+                raise DeductionError(f"{_node_text(node)}: {error}") from None
+        known[node.name] = ann
+    return ForwardResult(known, params, inputs)

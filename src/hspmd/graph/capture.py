@@ -1,0 +1,49 @@
+"""Capture the defined graph: an nn.Module's forward as a torch.fx GraphModule.
+
+Every submodule is traced through (no leaf modules), so ``nn.Linear`` becomes
+``F.linear(x, weight)`` with the weight a ``get_attr`` node named by its parameter's
+qualified name; deduction rules then only see functions, methods and parameters::
+
+    >>> import torch
+    >>> gm = capture(torch.nn.Sequential(torch.nn.Linear(4, 2)))
+    >>> [n.op for n in gm.graph.nodes]
+    ['placeholder', 'get_attr', 'get_attr', 'call_function', 'output']
+
+Reshard markers (``hspmd.markers.reshard``) record themselves as ``call_function`` nodes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+from torch import nn
+
+from hspmd.errors import HspmdError
+
+__all__ = ["CaptureError", "InliningTracer", "capture"]
+
+
+class CaptureError(HspmdError, ValueError):
+    """A module whose forward torch.fx cannot trace."""
+
+
+class InliningTracer(torch.fx.Tracer):
+    """A tracer that inlines every submodule (``torch.nn`` ones included)."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return False
+
+
+def capture(module: nn.Module) -> torch.fx.GraphModule:
+    """Trace ``module.forward`` into a GraphModule whose parameters are ``get_attr`` nodes.
+
+    Works on modules built on the meta device (shapes only), e.g. the llama-32b preset.
+    """
+    try:
+        graph = InliningTracer().trace(module)
+    except Exception as error:  # fx raises many kinds (TraceError, TypeError, ...)
+        raise CaptureError(
+            f"torch.fx cannot trace {type(module).__name__}.forward: {error}. "
+            "Keep data-dependent control flow out of forward (branch on shapes or config only)"
+        ) from error
+    return torch.fx.GraphModule(module, graph, class_name=type(module).__name__)
