@@ -1,0 +1,28 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT.parent / "shared" / "data" / "pardnn"
+
+
+@pytest.mark.skipif(not (DATA / "toy_inception_65_103.json").exists(), reason="no shared data")
+def test_benchmark_quick_runs_and_reproduces_published_makespans() -> None:
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "partition.py"),
+        "--quick",
+        "--graphs",
+        "toy_inception_65_103",
+        "--sizes",
+        "1000",
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["reproduced"] == "4/4"  # authors' and RR makespans, K = 2 and 4
+    assert "ours/rr" in summary["geomean_makespan"]
+    assert summary["geomean_makespan"]["ours/rr"] < 1.0
