@@ -59,3 +59,19 @@ def test_presets_cover_the_paper_families() -> None:
     assert {n.split("-")[1] for n in PRESETS} >= {"small", "large"}
     with pytest.raises(PartitionError, match="not known"):
         capture_preset("lenet-small")
+
+
+def test_cli_writes_a_graph_the_loader_reads(tmp_path) -> None:
+    import argparse
+
+    from hspmd.cli import partition_capture
+    from hspmd.partition.io import load_graph
+
+    parser = argparse.ArgumentParser()
+    partition_capture.register(parser.add_subparsers())
+    out = tmp_path / "tiny.json"
+    args = parser.parse_args(["partition-capture", "word_lstm-tiny", "--out", str(out)])
+    assert args.func(args) == 0
+    graph = load_graph(out)
+    assert graph.num_nodes == capture_preset("word_lstm-tiny").num_nodes
+    assert (graph.colocate >= 0).any()

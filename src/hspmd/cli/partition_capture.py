@@ -1,6 +1,7 @@
 """`hspmd partition-capture MODEL --out FILE`: one training step of a zoo model as a graph.
 
     hspmd partition-capture word_lstm-large --out word_lstm-large.json
+    hspmd partition-capture word_lstm-tiny --measure --out tiny.json   # CPU op times
     hspmd partition-capture --list
 
 The graph is written in the JSON schema that ``hspmd partition`` reads; capture runs on
@@ -26,6 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", help="graph JSON to write")
     parser.add_argument("--device", default="v100", help="roofline device (v100, a100, h100)")
     parser.add_argument("--optimizer", default="adam", choices=("adam", "sgd"))
+    parser.add_argument(
+        "--measure", action="store_true", help="time each op on this CPU (small presets only)"
+    )
     parser.add_argument("--list", action="store_true", help="list the presets and exit")
     parser.set_defaults(func=run)
 
@@ -46,11 +50,14 @@ def run(args: argparse.Namespace) -> int:
             f"device {args.device!r} is not known; choose one of {sorted(DEVICES)}"
         )
     start = time.perf_counter()
-    graph = capture_preset(args.model, device=DEVICES[args.device], optimizer=args.optimizer)
+    graph = capture_preset(
+        args.model, device=DEVICES[args.device], optimizer=args.optimizer, measure=args.measure
+    )
     save_graph_json(args.out, graph)
     print(
         f"{graph.name}: {graph.num_nodes} ops, {graph.num_edges} edges, "
-        f"{graph.time_us.sum() / 1e3:,.1f} ms of work on {args.device}, "
+        f"{graph.time_us.sum() / 1e3:,.1f} ms of work "
+        f"{'measured on this CPU' if args.measure else 'on ' + args.device}, "
         f"{graph.residual_bytes.sum() / 2**30:.2f} GiB residual; "
         f"captured in {time.perf_counter() - start:.1f} s -> {args.out}"
     )

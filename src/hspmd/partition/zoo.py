@@ -310,16 +310,26 @@ PRESETS: dict[str, Preset] = {
 
 
 def capture_preset(
-    name: str, *, device: Device = DEVICES["v100"], optimizer: str = "adam"
+    name: str, *, device: Device = DEVICES["v100"], optimizer: str = "adam", measure: bool = False
 ) -> OpGraph:
-    """Capture one training step of a preset on meta tensors (nothing is allocated)."""
+    """Capture one training step of a preset.
+
+    On meta tensors (nothing is allocated) with roofline times of ``device``; with
+    ``measure=True`` on real CPU tensors, each op timed as it runs (small presets only).
+    """
     if name not in PRESETS:
         raise PartitionError(f"model preset {name!r} is not known; choose one of {sorted(PRESETS)}")
     preset = PRESETS[name]
     torch.manual_seed(0)
-    with torch.device("meta"):
+    with torch.device("cpu" if measure else "meta"):
         model = preset.build()
         batch = preset.make_batch()
     return capture_training_step(
-        model, batch, loss_fn=_lm_loss, optimizer=optimizer, device=device, name=name
+        model,
+        batch,
+        loss_fn=_lm_loss,
+        optimizer=optimizer,
+        device=device,
+        measure=measure,
+        name=name,
     )
