@@ -411,9 +411,10 @@ def parse_annotation(text: str) -> Annotation:
             )
         ranks = match.group(1).strip()
         try:
-            groups.append(DeviceGroup(tuple(int(r) for r in ranks.split(",")) if ranks else ()))
+            numbers = tuple(int(r) for r in ranks.split(",")) if ranks else ()
         except ValueError:
             raise AnnotationError(f"bad ranks [{ranks}] in {text!r}: expected integers") from None
+        groups.append(DeviceGroup(numbers))
         states.append(parse_ds(match.group(2)))
         position = match.end()
     if not head and len(groups) > 1:

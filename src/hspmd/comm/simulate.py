@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from hspmd.annotation import Annotation, Piece
+from hspmd.annotation import PARTIAL, Annotation, Piece
 from hspmd.comm.plan import (
     AllGather,
     AllReduce,
@@ -41,20 +41,32 @@ def scatter(
     """Every rank's local tensor of ``value`` under ``annotation``.
 
     Partial values are split into random summands (or, with ``rng=None``, the first summand
-    holds everything and the others zeros).
+    holds everything and the others zeros): across subgroups for ``hP``, then within each
+    subgroup over its own partial axis. Under ``hD`` or ``h{k}`` every subgroup holds the
+    whole value of its part, whatever the other subgroups' DS.
     """
+    value = value.astype(np.float64, copy=False)
     pieces = annotation.pieces(value.shape)
-    summands = sorted({p.partial for p in pieces.values()})
-    fields: dict[tuple[int, ...], np.ndarray] = {}
-    rest = value.astype(np.float64, copy=True)
-    for key in summands[:-1]:
-        part = rng.standard_normal(value.shape) if rng is not None else np.zeros(value.shape)
-        if rng is None and not fields:
-            part = value.astype(np.float64, copy=True)
-        fields[key] = part
-        rest = rest - part
-    fields[summands[-1]] = rest if rng is not None or len(summands) == 1 else np.zeros(value.shape)
-    return {r: fields[p.partial][_box(p)].copy() for r, p in pieces.items()}
+    top = (
+        _summands(value, annotation.hsize, rng)
+        if annotation.hdim == PARTIAL
+        else [value] * annotation.hsize
+    )
+    out: Locals = {}
+    for group, whole in zip(annotation.groups, top, strict=True):
+        keys = sorted({pieces[r].partial for r in group.ranks})
+        fields = dict(zip(keys, _summands(whole, len(keys), rng), strict=True))
+        for r in group.ranks:
+            out[r] = fields[pieces[r].partial][_box(pieces[r])].copy()
+    return out
+
+
+def _summands(value: np.ndarray, count: int, rng: np.random.Generator | None) -> list[np.ndarray]:
+    """``count`` arrays that add up to ``value``."""
+    if rng is None:
+        return [value.copy()] + [np.zeros(value.shape) for _ in range(count - 1)]
+    parts = [rng.standard_normal(value.shape) for _ in range(count - 1)]
+    return parts + [value - sum(parts, np.zeros(value.shape))]
 
 
 def _box(piece: Piece) -> tuple[slice, ...]:
@@ -64,19 +76,52 @@ def _box(piece: Piece) -> tuple[slice, ...]:
 def assemble(
     annotation: Annotation, shape: tuple[int, ...], locals_: Mapping[int, np.ndarray]
 ) -> np.ndarray:
-    """The global tensor, summing partial summands; raises AssertionError if copies differ."""
+    """The global tensor; raises AssertionError if copies differ or a part is not covered.
+
+    Each subgroup's value is the sum over its partial summands; subgroups then add up
+    (``hP``), must agree (``hD``), or each give their part (``h{k}``).
+    """
+    pieces = annotation.pieces(shape)
     out = np.zeros(shape)
-    seen: dict[tuple, np.ndarray] = {}
-    for rank, piece in annotation.pieces(shape).items():
-        data = locals_[rank]
-        assert data.shape == piece.shape, f"rank {rank}: {data.shape} != {piece.shape}"
-        key = (piece.region, piece.partial)
-        if key in seen:
-            np.testing.assert_allclose(data, seen[key], err_msg=f"copy on rank {rank} differs")
-            continue
-        seen[key] = data
-        out[_box(piece)] += data
+    for s, group in enumerate(annotation.groups):
+        fields: dict[tuple[int, ...], np.ndarray] = {}
+        filled: dict[tuple[int, ...], np.ndarray] = {}
+        for rank in group.ranks:
+            piece, data = pieces[rank], locals_[rank]
+            assert data.shape == piece.shape, f"rank {rank}: {data.shape} != {piece.shape}"
+            field = fields.setdefault(piece.partial, np.zeros(shape))
+            mask = filled.setdefault(piece.partial, np.zeros(shape, dtype=bool))
+            box = _box(piece)
+            if mask[box].any():
+                np.testing.assert_allclose(
+                    data[mask[box].reshape(data.shape)],
+                    field[box][mask[box]],
+                    err_msg=f"copy on rank {rank} differs",
+                )
+            field[box] = data
+            mask[box] = True
+        value = sum(fields.values(), np.zeros(shape))
+        part = _part_box(annotation, s, pieces, group.ranks)
+        for key, mask in filled.items():
+            assert mask[part].all(), f"subgroup {s} summand {key} does not cover its part"
+        if annotation.hdim == PARTIAL or s == 0:
+            out[part] += value[part]
+        elif annotation.hdim >= 0:
+            out[part] = value[part]
+        else:
+            np.testing.assert_allclose(value, out, err_msg=f"subgroup {s} differs from subgroup 0")
     return out
+
+
+def _part_box(
+    annotation: Annotation, subgroup: int, pieces: Mapping[int, Piece], ranks: tuple[int, ...]
+) -> tuple[slice, ...]:
+    """The box a subgroup covers: the bounding box of its pieces."""
+    regions = [pieces[r].region for r in ranks]
+    return tuple(
+        slice(min(r[d][0] for r in regions), max(r[d][1] for r in regions))
+        for d in range(len(regions[0]))
+    )
 
 
 def simulate(plan: CommPlan, locals_: Mapping[int, np.ndarray]) -> Locals:

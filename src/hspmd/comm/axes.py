@@ -1,0 +1,127 @@
+"""A subgroup as the resolver sees it: its ranks in DG order and one entry per DS axis.
+
+Unlike ``DistributedStates``, ``Axes`` may list duplicate (``D``) on several axes: that is what
+an all-reduce of ``{P:2,0:2,D:2}`` leaves (``{D:2,0:2,D:2}``). ``subgroup()`` turns it back into
+a valid (DG, DS) pair that gives every rank the same piece, by moving the duplicate axes last
+(merged) and reordering the DG to match::
+
+    >>> Axes((0, 1, 2, 3, 4, 5, 6, 7), ((-1, 2), (0, 2), (-1, 2))).subgroup()
+    (DeviceGroup(ranks=(0, 1, 4, 5, 2, 3, 6, 7)), DistributedStates(entries=((0, 2), (-1, 4))))
+
+Axis groups are the collective groups of one DS entry: ranks whose other indices agree,
+in index order along the axis (``{0:2,1:2}`` on ``[0,1,2,3]``: axis 0 -> (0,2),(1,3)).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hspmd.annotation import DUP, PARTIAL, Annotation, DeviceGroup, DistributedStates, Region
+
+Group = tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Axes:
+    ranks: tuple[int, ...]
+    entries: tuple[tuple[int, int], ...]
+
+    @staticmethod
+    def of(group: DeviceGroup, ds: DistributedStates) -> Axes:
+        return Axes(group.ranks, ds.entries)
+
+    @property
+    def degrees(self) -> tuple[int, ...]:
+        return tuple(n for _, n in self.entries)
+
+    def dims(self) -> tuple[int, ...]:
+        return tuple(d for d, _ in self.entries)
+
+    def replace(self, axis: int, dim: int) -> Axes:
+        entries = list(self.entries)
+        entries[axis] = (dim, entries[axis][1])
+        return Axes(self.ranks, tuple(entries))
+
+    def without_partial(self) -> Axes:
+        return Axes(self.ranks, tuple((DUP if d == PARTIAL else d, n) for d, n in self.entries))
+
+    def _grid(self) -> np.ndarray:
+        return np.arange(len(self.ranks)).reshape(self.degrees or (1,))
+
+    def groups(self, axis: int) -> tuple[Group, ...]:
+        """The collective groups along ``axis`` (see the module docstring)."""
+        rows = np.moveaxis(self._grid(), axis, -1).reshape(-1, self.entries[axis][1])
+        return tuple(tuple(self.ranks[p] for p in row) for row in rows)
+
+    def nonzero_on(self, axis: int) -> tuple[int, ...]:
+        """Ranks whose index along ``axis`` is not 0 (they hold zeros after D -> P)."""
+        grid = np.moveaxis(self._grid(), axis, 0)[1:]
+        return tuple(sorted(self.ranks[p] for p in grid.reshape(-1)))
+
+    def partial_zeros(self) -> tuple[int, ...]:
+        """Ranks that hold zeros when a full value is made partial along the P axes."""
+        out: set[int] = set()
+        for axis, (dim, _) in enumerate(self.entries):
+            if dim == PARTIAL:
+                out.update(self.nonzero_on(axis))
+        return tuple(sorted(out))
+
+    def regions(self, part: Region) -> dict[int, Region]:
+        """The region each rank holds when the subgroup covers ``part``."""
+        out = {}
+        for position, rank in enumerate(self.ranks):
+            region = list(part)
+            for (dim, degree), index in zip(
+                self.entries, _indices(position, self.degrees), strict=True
+            ):
+                if dim >= 0:
+                    start, stop = region[dim]
+                    step = (stop - start) // degree
+                    region[dim] = (start + index * step, start + (index + 1) * step)
+            out[rank] = tuple(region)
+        return out
+
+    def subgroup(self) -> tuple[DeviceGroup, DistributedStates]:
+        dup = [a for a, (d, _) in enumerate(self.entries) if d == DUP]
+        if len(dup) <= 1:
+            return DeviceGroup(self.ranks), DistributedStates(self.entries)
+        keep = [a for a in range(len(self.entries)) if a not in dup]
+        dup_degrees = tuple(self.entries[a][1] for a in dup)
+
+        def key(position: int) -> tuple[int, ...]:
+            index = _indices(position, self.degrees)
+            merged = 0
+            for a, degree in zip(dup, dup_degrees, strict=True):
+                merged = merged * degree + index[a]
+            return tuple(index[a] for a in keep) + (merged,)
+
+        order = sorted(range(len(self.ranks)), key=key)
+        entries = tuple(self.entries[a] for a in keep) + ((DUP, math.prod(dup_degrees)),)
+        return DeviceGroup(tuple(self.ranks[p] for p in order)), DistributedStates(entries)
+
+
+def _indices(position: int, degrees: tuple[int, ...]) -> tuple[int, ...]:
+    out = []
+    for degree in reversed(degrees):
+        out.append(position % degree)
+        position //= degree
+    return tuple(reversed(out))
+
+
+def axes_of(annotation: Annotation) -> list[Axes]:
+    return [Axes.of(g, s) for g, s in zip(annotation.groups, annotation.states, strict=True)]
+
+
+def layout(axes: Sequence[Axes], *, hdim: int, hsizes: tuple[int, ...] | None) -> Annotation:
+    """The annotation of a list of subgroups (raises AnnotationError if they overlap)."""
+    pairs = [a.subgroup() for a in axes]
+    return Annotation(
+        tuple(g for g, _ in pairs),
+        tuple(s for _, s in pairs),
+        hdim=hdim,
+        hsizes=hsizes if hdim >= 0 else None,
+    )

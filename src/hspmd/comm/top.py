@@ -1,0 +1,124 @@
+"""Top-tier resolution: only hdim changes, over the same subgroups with the same DS union.
+
+Works on the finest slices of the before and after layouts (Figure 9)::
+
+    before -> after   step                  per slice
+    hP -> hD          split-all-reduce      sum over one holder per subgroup, all holders get it
+    hP -> h{k}        split-reduce-scatter  sum over one holder per subgroup into each needer
+    h{k} -> hD        split-all-gather      every needer gets the slice from one owner
+    hD -> h{k}        local slice           (only if each new piece lies in the old one)
+    hD -> hP          local                 subgroup 0 keeps, the others hold zeros
+    h{k} -> hP        local zero-pad        (only if each old piece lies in the new one)
+
+``top_step`` returns None where none applies (h{k} -> h{j}, or a local cut that would need
+data from another rank); the resolver then uses BSR. Example: ``h0: [0,1]{1:2} [2,3]{1:2}``
+to ``hD: [0,1]{1:2} [2,3]{1:2}`` on shape (8, 12) is one split-all-gather whose slices are
+``[0:8,0:6] over [0,2]`` (owners 0: rows 0:4, 2: rows 4:8) and ``[0:8,6:12] over [1,3]``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+from hspmd.annotation import DUP, PARTIAL, Annotation, Region
+from hspmd.comm.plan import (
+    Local,
+    SliceReduce,
+    SplitAllGather,
+    SplitAllReduce,
+    SplitReduceScatter,
+    Step,
+)
+from hspmd.comm.slices import contains, holders_table, merge_boxes
+
+
+def _regions(layout: Annotation, shape: Sequence[int]) -> dict[int, Region]:
+    return {r: p.region for r, p in layout.pieces(shape).items()}
+
+
+def top_step(before: Annotation, after: Annotation, shape: Sequence[int]) -> Step | None:
+    """The one step from ``before`` to ``after`` (same subgroups, hdim differs), or None."""
+    old, new = _regions(before, shape), _regions(after, shape)
+    h1, h2 = before.hdim, after.hdim
+    if h1 == PARTIAL and h2 == DUP:
+        return _split_all_reduce(before, old, shape)
+    if h1 == PARTIAL and h2 >= 0:
+        return _split_reduce_scatter(before, old, new, shape)
+    if h1 >= 0 and h2 == DUP:
+        return _split_all_gather(old, new, shape)
+    if h1 == DUP and h2 == PARTIAL:
+        first = before.groups[0].ranks
+        zero = tuple(sorted(r for r in old if r not in first))
+        return Local(tuple(sorted(first)), zero)
+    if h1 == DUP and h2 >= 0 and all(contains(old[r], new[r]) for r in new):
+        return Local(tuple(sorted(new)))
+    if h1 >= 0 and h2 == PARTIAL and all(contains(new[r], old[r]) for r in new):
+        return Local(tuple(sorted(new)))
+    return None
+
+
+def _representatives(layout: Annotation, holders: Sequence[int], prefer: int = -1) -> set[int]:
+    """One holder per subgroup: ``prefer`` where it is a holder, else the lowest rank."""
+    chosen: dict[int, int] = {}
+    for rank in sorted(holders):
+        chosen.setdefault(layout.subgroup_of(rank)[0], rank)
+    if prefer in holders:
+        chosen[layout.subgroup_of(prefer)[0]] = prefer
+    return set(chosen.values())
+
+
+def _slices(keyed: dict[tuple, list[Region]]) -> list[tuple[Region, tuple]]:
+    """Merge the boxes of each key; sorted ``(box, key)`` pairs."""
+    return sorted((box, key) for key, boxes in keyed.items() for box in merge_boxes(boxes))
+
+
+def _split_all_reduce(
+    before: Annotation, regions: dict[int, Region], shape: Sequence[int]
+) -> SplitAllReduce:
+    keyed: dict[tuple, list[Region]] = defaultdict(list)
+    for box, holders, _ in holders_table(regions, regions, shape):
+        summed = _representatives(before, holders)
+        keyed[(holders, tuple(r for r in holders if r not in summed))].append(box)
+    return SplitAllReduce(
+        tuple(SliceReduce(box, ranks, zero) for box, (ranks, zero) in _slices(keyed))
+    )
+
+
+def _split_reduce_scatter(
+    before: Annotation, old: dict[int, Region], new: dict[int, Region], shape: Sequence[int]
+) -> SplitReduceScatter:
+    keyed: dict[tuple, list[Region]] = defaultdict(list)
+    for box, owners, needers in holders_table(old, new, shape):
+        for root in needers:
+            summed = _representatives(before, owners, prefer=root)
+            ranks = tuple(sorted(summed | {root}))
+            keyed[(ranks, () if root in summed else (root,), root)].append(box)
+    return SplitReduceScatter(
+        tuple(
+            SliceReduce(box, ranks, zero, root=root) for box, (ranks, zero, root) in _slices(keyed)
+        )
+    )
+
+
+def _split_all_gather(
+    old: dict[int, Region], new: dict[int, Region], shape: Sequence[int]
+) -> SplitAllGather:
+    rows = holders_table(old, new, shape)
+    keyed: dict[tuple, list[Region]] = defaultdict(list)
+    owner_of: dict[Region, int] = {}
+    for box, owners, needers in rows:
+        inside = [o for o in owners if o in needers]
+        owner_of[box] = min(inside or owners)
+        keyed[(needers,)].append(box)
+    slices = []
+    for box, (needers,) in _slices(keyed):
+        by_owner: dict[int, list[Region]] = defaultdict(list)
+        for row_box, _, row_needers in rows:
+            if row_needers == needers and contains(box, row_box):
+                by_owner[owner_of[row_box]].append(row_box)
+        sources = tuple(
+            (owner, part) for owner in sorted(by_owner) for part in merge_boxes(by_owner[owner])
+        )
+        slices.append(SliceReduce(box, needers, owners=sources))
+    return SplitAllGather(tuple(slices))

@@ -1,0 +1,223 @@
+"""Resolution: exact step kinds per category of Figure 7, and exhaustive small pairs."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from hspmd.annotation import parse_annotation as A
+from hspmd.comm.plan import (
+    AllGather,
+    AllReduce,
+    AllToAll,
+    BatchedSendRecv,
+    Local,
+    ReduceScatter,
+    SendRecv,
+    SplitAllGather,
+    SplitAllReduce,
+    SplitReduceScatter,
+)
+from hspmd.comm.resolve import resolve
+from hspmd.errors import AnnotationError
+
+from .helpers import check
+
+SHAPE = (8, 12)
+
+KINDS = [
+    # identity and DG changes
+    ("[0,1,2,3]{0:2,D:2}", "[0,1,2,3]{0:2,D:2}", ("identity",)),
+    ("[0,1]{0:2}", "[2,3]{0:2}", ("send-recv",)),
+    ("[0,1]{P:2}", "[3,2]{P:2}", ("send-recv",)),
+    ("h0: [0,1]{1:2} [2,3]{D:2}", "h0: [4,5]{1:2} [6,7]{D:2}", ("send-recv",)),
+    # bottom-tier collectives, one per axis
+    ("[0,1,2,3]{P:4}", "[0,1,2,3]{D:4}", ("all-reduce",)),
+    ("[0,1,2,3]{P:4}", "[0,1,2,3]{0:4}", ("reduce-scatter",)),
+    ("[0,1,2,3]{0:4}", "[0,1,2,3]{D:4}", ("all-gather",)),
+    ("[0,1,2,3]{0:4}", "[0,1,2,3]{1:4}", ("all-to-all",)),
+    ("[0,1,2,3]{D:4}", "[0,1,2,3]{1:4}", ("local",)),
+    ("[0,1,2,3]{D:4}", "[0,1,2,3]{P:4}", ("local",)),
+    ("[0,1,2,3]{0:4}", "[0,1,2,3]{P:4}", ("local",)),
+    ("[0,1,2,3]{P:2,0:2}", "[0,1,2,3]{D:2,0:2}", ("all-reduce",)),
+    ("[0,1,2,3]{P:2,0:2}", "[0,1,2,3]{1:2,0:2}", ("reduce-scatter",)),
+    ("[0,1,2,3]{0:2,1:2}", "[0,1,2,3]{1:2,D:2}", ("all-gather", "all-to-all")),
+    ("[0,1,2,3]{P:2,1:2}", "[0,1,2,3]{D:2,0:2}", ("all-reduce", "all-to-all")),
+    ("[0,1,2,3]{D:2,P:2}", "[0,1,2,3]{P:2,D:2}", ("all-reduce", "local")),
+    # subgroups take one step together
+    ("h0: [0,1]{P:2} [2,3]{P:2}", "h0: [0,1]{D:2} [2,3]{D:2}", ("all-reduce",)),
+    ("hD: [0,1]{0:2} [2,3,4,5]{1:4}", "hD: [0,1]{D:2} [2,3,4,5]{D:4}", ("all-gather",) * 2),
+    ("h0: [0,1]{0:2} [2,3]{0:2}", "h0: [0,1]{D:2} [3,2]{0:2}", ("all-gather", "send-recv")),
+    # BSR where no collective applies
+    ("[0,1,2,3]{0:4}", "[0,1,2,3]{0:2,D:2}", ("bsr",)),
+    ("[0,1]{0:2}", "[0,1,2,3]{1:4}", ("bsr",)),
+    ("[0,1,2,3]{P:2,0:2}", "[4,5]{1:2}", ("all-reduce", "bsr")),
+    ("[0,1,2,3]{0:4}", "[4,5,6,7]{P:2,D:2}", ("bsr", "local")),
+    ("[0,1,2,3]{0:2,1:2}", "[0,1,2,3]{1:2,0:2}", ("bsr",)),
+    # top tier: only hdim changes
+    ("h0: [0,1]{1:2} [2,3]{1:2}", "hD: [0,1]{1:2} [2,3]{1:2}", ("split-all-gather",)),
+    ("hP: [0,1]{1:2} [2,3,4,5]{1:4}", "hD: [0,1]{1:2} [2,3,4,5]{1:4}", ("split-all-reduce",)),
+    ("hP: [0,1]{0:2} [2,3]{1:2}", "h0: [0,1]{0:2} [2,3]{1:2}", ("split-reduce-scatter",)),
+    ("hD: [0,1]{0:2} [2,3]{1:2}", "hP: [0,1]{0:2} [2,3]{1:2}", ("local",)),
+    ("hD: [0,1]{1:2} [2,3]{D:2}", "h0: [0,1]{1:2} [2,3]{D:2}", ("local",)),
+    ("h0: [0,1]{1:2} [2,3]{D:2}", "hP: [0,1]{1:2} [2,3]{D:2}", ("local",)),
+    ("h0: [0,1]{0:2} [2,3]{0:2}", "h1: [0,1]{0:2} [2,3]{0:2}", ("bsr",)),
+    ("h0(6,2): [0,1]{1:2} [2]{}", "hD: [0,1]{1:2} [2]{}", ("split-all-gather",)),
+    # Figure 10: align the DS union first, then the split collective
+    (
+        "h0: [0,1]{P:2} [2,3]{1:2}",
+        "hD: [0,1]{1:2} [2,3]{1:2}",
+        ("reduce-scatter", "split-all-gather"),
+    ),
+    (
+        "hP: [0,1]{0:2} [2,3]{D:2}",
+        "hD: [0,1]{1:2} [2,3]{1:2}",
+        ("all-to-all", "local", "split-all-reduce"),
+    ),
+    # hsize changes and everything else: BSR after reducing partials
+    ("[0,1,2,3]{P:2,0:2}", "h0: [0,1]{D:2} [2,3]{1:2}", ("all-reduce", "bsr")),
+    ("hP: [0,1]{0:2} [2,3]{1:2}", "[4,5]{1:2}", ("split-all-reduce", "bsr")),
+    ("hP: [0,1]{P:2} [2,3]{1:2}", "[4,5]{P:2}", ("all-reduce", "split-all-reduce", "bsr", "local")),
+    ("h0: [0]{} [1]{}", "h0(2,6): [0]{} [1]{}", ("bsr",)),
+    ("[0,1]{D:2}", "hD: [0]{} [1]{}", ("local",)),
+]
+
+
+@pytest.mark.parametrize(("src", "dst", "kinds"), KINDS, ids=[f"{a} -> {b}" for a, b, _ in KINDS])
+def test_step_kinds(src: str, dst: str, kinds: tuple[str, ...]) -> None:
+    plan = check(src, dst, SHAPE)
+    assert plan.kinds == kinds, str(plan)
+
+
+def test_all_gather_is_one_collective_over_the_group() -> None:
+    plan = resolve(A("[0,1,2,3]{0:4}"), A("[0,1,2,3]{D:4}"), SHAPE)
+    assert plan.steps == (AllGather(((0, 1, 2, 3),), dim=0),)
+
+
+def test_axis_groups_follow_the_device_order() -> None:
+    plan = resolve(A("[0,1,2,3]{P:2,0:2}"), A("[0,1,2,3]{D:2,0:2}"), SHAPE)
+    assert plan.steps == (AllReduce(((0, 2), (1, 3))),)
+    plan = resolve(A("[0,1,2,3]{P:2,0:2}"), A("[0,1,2,3]{1:2,0:2}"), SHAPE)
+    assert plan.steps == (ReduceScatter(((0, 2), (1, 3)), dim=1),)
+    plan = resolve(A("[0,1,2,3]{0:4}"), A("[0,1,2,3]{1:4}"), SHAPE)
+    assert plan.steps == (AllToAll(((0, 1, 2, 3),), split_dim=1, concat_dim=0),)
+
+
+def test_partial_zeros_and_send_recv_pairs() -> None:
+    plan = resolve(A("[0,1,2,3]{D:4}"), A("[0,1,2,3]{P:4}"), SHAPE)
+    assert plan.steps == (Local((0,), (1, 2, 3)),)
+    plan = resolve(A("[0,1]{0:2}"), A("[1,2]{0:2}"), SHAPE)
+    assert plan.steps == (SendRecv(((0, 1), (1, 2))),)
+
+
+def test_split_all_reduce_pairs_ranks_holding_the_same_columns() -> None:
+    plan = resolve(A("hP: [0,1]{1:2} [2,3,4,5]{1:4}"), A("hD: [0,1]{1:2} [2,3,4,5]{1:4}"), (4, 8))
+    (step,) = plan.steps
+    assert isinstance(step, SplitAllReduce)
+    assert [(s.region, s.ranks) for s in step.slices] == [
+        (((0, 4), (0, 2)), (0, 2)),
+        (((0, 4), (2, 4)), (0, 3)),
+        (((0, 4), (4, 6)), (1, 4)),
+        (((0, 4), (6, 8)), (1, 5)),
+    ]
+
+
+def test_split_all_reduce_counts_each_subgroup_once() -> None:
+    plan = check("hP: [0,1]{D:2} [2,3]{1:2}", "hD: [0,1]{D:2} [2,3]{1:2}", SHAPE)
+    (step,) = plan.steps
+    assert isinstance(step, SplitAllReduce)
+    assert all(len(s.ranks) - len(s.zero) == 2 for s in step.slices)
+
+
+def test_split_all_gather_owners() -> None:
+    plan = resolve(A("h0: [0,1]{1:2} [2,3]{1:2}"), A("hD: [0,1]{1:2} [2,3]{1:2}"), SHAPE)
+    (step,) = plan.steps
+    assert isinstance(step, SplitAllGather)
+    first = step.slices[0]
+    assert first.region == ((0, 8), (0, 6)) and first.ranks == (0, 2)
+    assert first.owners == ((0, ((0, 4), (0, 6))), (2, ((4, 8), (0, 6))))
+
+
+def test_split_reduce_scatter_roots() -> None:
+    plan = resolve(A("hP: [0,1]{1:2} [2,3]{1:2}"), A("h0: [0,1]{1:2} [2,3]{1:2}"), SHAPE)
+    (step,) = plan.steps
+    assert isinstance(step, SplitReduceScatter)
+    assert {(s.ranks, s.root) for s in step.slices} == {
+        ((0, 2), 0),
+        ((1, 3), 1),
+        ((0, 2), 2),
+        ((1, 3), 3),
+    }
+
+
+def test_bsr_prefers_local_copies() -> None:
+    plan = resolve(A("[0,1]{0:2}"), A("[0,1,2,3]{0:4}"), SHAPE)
+    (step,) = plan.steps
+    assert isinstance(step, BatchedSendRecv)
+    assert {(t.src, t.dst) for t in step.transfers} == {(0, 0), (0, 1), (1, 2), (1, 3)}
+
+
+def test_layouts_are_valid_annotations() -> None:
+    plan = check("[0,1,2,3,4,5,6,7]{P:2,0:2,D:2}", "[4,5,6,7]{1:4}", SHAPE)
+    assert plan.layouts[0] == plan.src and plan.layouts[-1] == plan.dst
+    assert str(plan.layouts[1]) == "[0,1,4,5,2,3,6,7]{0:2,D:4}"
+
+
+def test_annotation_that_does_not_fit_the_shape() -> None:
+    with pytest.raises(AnnotationError, match="does not divide"):
+        resolve(A("[0,1,2]{0:3}"), A("[0]{}"), SHAPE)
+
+
+def test_resolve_is_cached() -> None:
+    a, b = A("[0,1]{0:2}"), A("[2,3]{1:2}")
+    assert resolve(a, b, [8, 12]) is resolve(a, b, (8, 12))
+
+
+CATALOG_2D = [
+    "[0]{}",
+    "[5]{}",
+    "[0,1,2,3]{0:4}",
+    "[0,1,2,3]{D:4}",
+    "[0,1,2,3]{P:4}",
+    "[0,1,2,3]{0:2,1:2}",
+    "[0,1,2,3]{1:2,0:2}",
+    "[0,1,2,3]{P:2,0:2}",
+    "[0,1,2,3]{D:2,P:2}",
+    "[4,5,6,7]{0:2,D:2}",
+    "[3,2,1,0]{1:4}",
+    "[0,1,2,3,4,5,6,7]{0:2,1:2,D:2}",
+    "h0: [0,1]{1:2} [2,3]{1:2}",
+    "hD: [0,1]{1:2} [2,3]{1:2}",
+    "hP: [0,1]{1:2} [2,3]{1:2}",
+    "h1: [0,1]{0:2} [2,3]{D:2}",
+    "h0(6,2): [0,1]{1:2} [2]{}",
+    "hP: [0,1]{1:2} [2,3,4,5]{1:4}",
+    "hD: [0,1]{1:2} [2,3,4,5]{1:4}",
+    "h0: [0,1]{P:2} [2,3,4,5]{1:2,D:2}",
+    "hD: [4,5]{0:2} [6]{} [7]{}",
+    "h1(4,8): [0,1]{D:2} [2,3,4,5]{1:4}",
+]
+
+CATALOG_3D = [
+    "[0]{}",
+    "[0,1,2,3]{2:4}",
+    "[0,1,2,3]{0:2,2:2}",
+    "[0,1,2,3]{P:2,1:2}",
+    "[4,5,6,7]{D:2,0:2}",
+    "h2: [0,1]{0:2} [2,3]{1:2}",
+    "hP: [0,1]{2:2} [2,3,4,5]{1:2,0:2}",
+    "hD: [0,1]{2:2} [2,3,4,5]{1:2,0:2}",
+    "h1(2,4): [0,1]{P:2} [6,7]{2:2}",
+]
+
+
+@pytest.mark.parametrize("src", CATALOG_2D)
+def test_every_pair_2d(src: str) -> None:
+    for dst in CATALOG_2D:
+        check(src, dst, SHAPE)
+
+
+def test_every_pair_3d() -> None:
+    for src, dst in itertools.product(CATALOG_3D, repeat=2):
+        check(src, dst, (4, 6, 4))
