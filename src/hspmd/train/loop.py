@@ -6,8 +6,8 @@ Per step, for each action of the rank's schedule (hspmd.specialize.schedule)::
           the last stage's loss is scaled by mb_tokens / global_tokens (decision 6)
     B m   the last stage backpropagates its scaled loss; the others backpropagate the
           gradient received from the next stage; all but stage 0 send their input's grad
-    Post  gradients summed over the ranks holding the same parameter (one bucket per
-          rank set), then Adam on the local parameters
+    Post  gradients synchronized across pipelines by resolved plans (hspmd.train.sync:
+          all-reduce / split-all-reduce), then Adam on the local parameters
 
 The reported loss is one all-reduce (sum) of the scaled losses: the global mean token loss.
 Sends are ``isend`` (waited at the end of the step): 1F1B deadlocks with blocking sends.
@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from hspmd.models.llama import LlamaConfig, parameter_shapes
+from hspmd.models.llama import LlamaConfig
 from hspmd.runtime.world import World
 from hspmd.specialize.schedule import make_schedule
 from hspmd.train.batches import corpus_bytes, global_batch
@@ -30,6 +30,7 @@ from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.layout import Layout, Role
 from hspmd.train.optim import Adam
 from hspmd.train.stage import EagerStage
+from hspmd.train.sync import grad_sync_plan, run_grad_sync
 
 __all__ = ["StageProgram", "run_rank"]
 
@@ -101,36 +102,6 @@ def _run_step(
     return live.loss
 
 
-def _sync_buckets(
-    layout: Layout, config: LlamaConfig, names: list[str]
-) -> dict[tuple[int, ...], list[str]]:
-    """Parameter names grouped by the sorted ranks that hold them (every rank, same result)."""
-    buckets: dict[tuple[int, ...], list[str]] = {}
-    for name in names:
-        holders = tuple(sorted(layout.holders(param_layer(name, config))))
-        buckets.setdefault(holders, []).append(name)
-    return dict(sorted(buckets.items()))
-
-
-def _sync_grads(
-    world: World, buckets: dict[tuple[int, ...], list[str]], params: dict[str, torch.Tensor]
-) -> None:
-    """Sum each bucket's gradients over its ranks (one flat all-reduce per bucket)."""
-    for ranks, names in buckets.items():
-        if world.rank not in ranks or len(ranks) == 1:
-            continue
-        grads = [params[n].grad for n in names]
-        assert all(g is not None for g in grads)
-        flat = torch.cat([g.reshape(-1) for g in grads])  # type: ignore[union-attr]
-        world.record("all_reduce", group=ranks, nbytes=flat.numel() * flat.element_size())
-        dist.all_reduce(flat, group=world.group(ranks))
-        offset = 0
-        for g in grads:
-            assert g is not None
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
-
-
 def build_program(config: TrainConfig, role: Role) -> StageProgram:
     """The rank's stage program (stand-in: eager layers; TP degree 1 only)."""
     if len(role.tp_ranks) > 1:
@@ -152,9 +123,8 @@ def run_rank(world: World, config: TrainConfig, *, report: Any = None) -> dict[s
     model = config.model_config()
     layout = Layout.from_text(config.strategy, num_layers=model.num_layers)
     role = layout.role(world.rank)
-    all_names = list(parameter_shapes(model))
-    buckets = _sync_buckets(layout, model, all_names)
-    world.prepare_groups(buckets)
+    sync = grad_sync_plan(layout.strategy, model)
+    world.prepare(item.plan for item in sync)
     program = build_program(config, role) if role is not None else None
     optimizer = Adam(list(program.params.values()), config.adam) if program else None
     corpus, records = corpus_bytes(config.data), []
@@ -173,7 +143,7 @@ def run_rank(world: World, config: TrainConfig, *, report: Any = None) -> dict[s
             reporter = role.is_last and role.rank == role.tp_ranks[0]
             value = _run_step(program, role, config, batch, hidden=model.hidden_size)
             loss += value if reporter else 0.0
-            _sync_grads(world, buckets, program.params)
+            run_grad_sync(sync, program.params, world)
             optimizer.step()
         dist.all_reduce(loss)
         record = StepRecord(
