@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hspmd.annotation import Annotation, parse_annotation
+from hspmd.annotation import Annotation, DeviceGroup, DistributedStates, parse_annotation
 from hspmd.comm.plan import (
     AllGather,
     AllReduce,
@@ -21,6 +21,7 @@ from hspmd.comm.plan import (
     Transfer,
     intersect,
 )
+from hspmd.errors import AnnotationError
 from hspmd.runtime.reshard_cli import PlanRun
 
 A = parse_annotation
@@ -188,4 +189,98 @@ def runs_for(n: int, *, dtypes: tuple[str, ...] = ("float32",)) -> list[tuple[st
             plan = plans[name]
             value = rng.integers(-4, 5, size=plan.shape).astype(np.float64)
             out.append((f"{name}/{dtype}", PlanRun(plan, value, dtype, seed=None)))
+    return out
+
+
+# One pair per category of the paper's Figure 7 (ranks up to 7; a world of n ranks runs the
+# pairs whose ranks are all below n).
+FIGURE7 = [
+    ("identity", "[0,1]{0:2}", "[0,1]{0:2}"),
+    ("SR", "[0,1]{0:2}", "[1,0]{0:2}"),
+    ("SR", "[0,1]{0:2}", "[2,3]{0:2}"),
+    ("SR partial", "[0,1]{P:2}", "[3,2]{P:2}"),
+    ("SR subgroups", "h0: [0,1]{1:2} [2,3]{D:2}", "h0: [4,5]{1:2} [6,7]{D:2}"),
+    ("AR", "[0,1]{P:2}", "[0,1]{D:2}"),
+    ("AR", "[0,1,2,3]{P:4}", "[0,1,2,3]{D:4}"),
+    ("RS", "[0,1,2,3]{P:4}", "[0,1,2,3]{0:4}"),
+    ("AG", "[0,1,2,3]{0:4}", "[0,1,2,3]{D:4}"),
+    ("A2A", "[0,1,2,3]{0:4}", "[0,1,2,3]{1:4}"),
+    ("local", "[0,1]{D:2}", "[0,1]{P:2}"),
+    ("RS axis", "[0,1,2,3]{P:2,0:2}", "[0,1,2,3]{1:2,0:2}"),
+    ("AG+A2A", "[0,1,2,3]{0:2,1:2}", "[0,1,2,3]{1:2,D:2}"),
+    ("AR+local", "[0,1,2,3]{D:2,P:2}", "[0,1,2,3]{P:2,D:2}"),
+    ("AR subgroups", "h0: [0,1]{P:2} [2,3]{P:2}", "h0: [0,1]{D:2} [2,3]{D:2}"),
+    ("AG subgroups", "hD: [0,1]{0:2} [2,3,4,5]{1:4}", "hD: [0,1]{D:2} [2,3,4,5]{D:4}"),
+    ("AG+SR", "h0: [0,1]{0:2} [2,3]{0:2}", "h0: [0,1]{D:2} [3,2]{0:2}"),
+    ("BSR", "[0,1,2,3]{0:4}", "[0,1,2,3]{0:2,D:2}"),
+    ("BSR", "[0,1]{0:2}", "[0,1,2,3]{1:4}"),
+    ("BSR", "[0]{}", "[1]{}"),
+    ("AR+BSR", "[0,1,2,3]{P:2,0:2}", "[4,5]{1:2}"),
+    ("BSR+local", "[0,1,2,3]{0:4}", "[4,5,6,7]{P:2,D:2}"),
+    ("SplitAG", "h0: [0]{} [1]{}", "hD: [0]{} [1]{}"),
+    ("SplitAG", "h0: [0,1]{1:2} [2,3]{1:2}", "hD: [0,1]{1:2} [2,3]{1:2}"),
+    ("SplitAR", "hP: [0]{} [1]{}", "hD: [0]{} [1]{}"),
+    ("SplitAR", "hP: [0,1]{1:2} [2,3,4,5]{1:4}", "hD: [0,1]{1:2} [2,3,4,5]{1:4}"),
+    ("SplitRS", "hP: [0]{} [1]{}", "h1: [0]{} [1]{}"),
+    ("SplitRS", "hP: [0,1]{0:2} [2,3]{1:2}", "h0: [0,1]{0:2} [2,3]{1:2}"),
+    ("top local", "hD: [0,1]{1:2} [2,3]{D:2}", "h0: [0,1]{1:2} [2,3]{D:2}"),
+    ("uneven SplitAG", "h0(10,2): [0,1]{1:2} [2]{}", "hD: [0,1]{1:2} [2]{}"),
+    ("uneven SplitAG", "h0(10,2): [0]{} [1]{}", "hD: [0]{} [1]{}"),
+    ("Fig10 RS+SplitAG", "h0: [0,1]{P:2} [2,3]{1:2}", "hD: [0,1]{1:2} [2,3]{1:2}"),
+    ("Fig10 A2A+SplitAR", "hP: [0,1]{0:2} [2,3]{D:2}", "hD: [0,1]{1:2} [2,3]{1:2}"),
+    ("hsize change", "[0,1,2,3]{P:2,0:2}", "h0: [0,1]{D:2} [2,3]{1:2}"),
+    ("hsize change", "hP: [0,1]{P:2} [2,3]{1:2}", "[4,5]{P:2}"),
+    ("uneven BSR", "h0: [0]{} [1]{}", "h0(2,10): [0]{} [1]{}"),
+    ("uneven BSR", "h0(2,10): [0,1]{1:2} [2,3,4]{1:3}", "h1: [5,6]{0:2} [7]{}"),
+]
+
+
+def figure7_pairs(n: int) -> list[tuple[str, Annotation, Annotation]]:
+    out = []
+    for name, a, b in FIGURE7:
+        src, dst = A(a), A(b)
+        if max(src.ranks + dst.ranks) < n:
+            out.append((f"{name}: {a} -> {b}", src, dst))
+    return out
+
+
+def random_annotation(rng: np.random.Generator, n: int, shape: tuple[int, ...]) -> Annotation:
+    """A random valid annotation over some of the ranks 0..n-1 (retries until it fits)."""
+    factorizations = {1: [()], 2: [(2,)], 3: [(3,)], 4: [(4,), (2, 2)], 8: [(8,), (2, 4)]}
+    while True:
+        ranks = [int(r) for r in rng.permutation(n)]
+        hsize = int(rng.integers(1, 4))
+        sizes = [int(rng.choice([s for s in (1, 2, 3, 4, 8) if s <= n])) for _ in range(hsize)]
+        if sum(sizes) > n:
+            continue
+        groups, states, start = [], [], 0
+        for size in sizes:
+            degrees = factorizations[size][int(rng.integers(len(factorizations[size])))]
+            dims = rng.choice([-1, -2, *range(len(shape))], size=len(degrees), replace=False)
+            groups.append(DeviceGroup(tuple(ranks[start : start + size])))
+            states.append(DistributedStates(tuple(zip(map(int, dims), degrees, strict=True))))
+            start += size
+        hdim = int(rng.choice([-1, -2, *range(len(shape))]))
+        hsizes = None
+        if hdim >= 0 and hsize > 1 and rng.random() < 0.5:
+            cuts = sorted(rng.choice(range(1, shape[hdim]), size=hsize - 1, replace=False))
+            hsizes = tuple(
+                int(b - a) for a, b in zip([0, *cuts], [*cuts, shape[hdim]], strict=True)
+            )
+        try:
+            annotation = Annotation(tuple(groups), tuple(states), hdim=hdim, hsizes=hsizes)
+            annotation.check_shape(shape)
+        except AnnotationError:
+            continue
+        return annotation
+
+
+def random_pairs(
+    n: int, count: int, shape: tuple[int, ...]
+) -> list[tuple[str, Annotation, Annotation]]:
+    rng = np.random.default_rng(1000 + n)
+    out = []
+    for i in range(count):
+        src, dst = random_annotation(rng, n, shape), random_annotation(rng, n, shape)
+        out.append((f"random {i}: {src} -> {dst}", src, dst))
     return out
