@@ -21,6 +21,7 @@ from what it gives to the common annotation).
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -95,6 +96,7 @@ def _grad_axis(x: int, out: int, g: int) -> int:
     return DUP if x == PARTIAL else x
 
 
+@functools.cache
 def grad_of_input(x: Annotation, out: Annotation, g_out: Annotation) -> Annotation:
     """The gradient annotation an op with output ``out`` gives its input ``x``."""
     states = []

@@ -129,8 +129,9 @@ def _fail(node: torch.fx.Node, data: list[torch.fx.Node], anns: list[Any], why: 
 
 def deduce_node(
     node: torch.fx.Node, data: list[torch.fx.Node], entry: RuleEntry, info: ShapeInfo,
-    known: Mapping[str, Annotation | None],
+    known: Mapping[str, Annotation | None], memo: dict[Any, Annotation],
 ) -> Annotation | None:  # fmt: skip
+    """``memo`` holds results by call and input annotations (layers of a stage repeat)."""
     anns = [known[n.name] for n in data]
     live = [a for a in anns if a is not None]
     if not live:
@@ -143,6 +144,9 @@ def deduce_node(
                   "other's device groups in the plan")
         )  # fmt: skip
     call = _op_call(node, data, info)
+    key = (entry, call.op, repr(call.args), repr(call.kwargs), call.out_shape, tuple(anns))
+    if key in memo:
+        return memo[key]
     try:
         out = apply_rule(entry, call, anns)
         out.check_shape(call.out_shape)
@@ -152,6 +156,7 @@ def deduce_node(
         raise DeductionError(
             _fail(node, data, anns, f"{error}. Fix: add a reshard marker before this op")
         ) from None
+    memo[key] = out
     return out
 
 
@@ -203,6 +208,7 @@ def forward_annotations(
     known: dict[str, Annotation | None] = {}
     params: dict[str, str] = {}
     inputs: dict[str, tuple[str, ...]] = {}
+    memo: dict[Any, Annotation] = {}
     for node in gm.graph.nodes:
         if node.name not in info.specs:
             continue  # sizes and other non-tensor values; the output node
@@ -221,7 +227,7 @@ def forward_annotations(
                     f"Fix: register one in {RULES_HOME} (see hspmd.deduce.rules.register)"
                 )
             data = _data_inputs(node, entry, info)
-            ann = deduce_node(node, data, entry, info, known)
+            ann = deduce_node(node, data, entry, info, known, memo)
             inputs[node.name] = tuple(n.name for n in data)
         if ann is not None:
             try:
