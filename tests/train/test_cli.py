@@ -37,7 +37,17 @@ def test_bad_strategy_is_refused_before_processes() -> None:
 
 @pytest.mark.multiproc
 def test_train_json_equals_reference_json(capsys: pytest.CaptureFixture[str]) -> None:
-    common = ("--global-batch", "4", "--seq-len", "16", "--steps", "2", "--json")
+    common = (
+        "--global-batch",
+        "4",
+        "--seq-len",
+        "16",
+        "--steps",
+        "2",
+        "--json",
+        "--data-max-bytes",
+        "100000",
+    )
     args = parse("train", "--strategy", "2x1: R0:L0-1 R1:L2-3; 1x2: R2:L0-3", *common)
     assert args.func(args) == 0
     ours = [json.loads(line)["loss"] for line in capsys.readouterr().out.splitlines()]

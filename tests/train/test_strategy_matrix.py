@@ -52,7 +52,13 @@ XFAIL = {
 
 def config(strategy: str, batch: int, schedule: str = "1f1b") -> TrainConfig:
     return TrainConfig(
-        strategy=strategy, global_batch=batch, seq_len=16, steps=3, adam=ADAM, schedule=schedule
+        strategy=strategy,
+        global_batch=batch,
+        seq_len=16,
+        steps=3,
+        adam=ADAM,
+        schedule=schedule,
+        data_max_bytes=1 << 18,
     )
 
 

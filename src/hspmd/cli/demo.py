@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_arguments(parser, strategy=DEFAULT_STRATEGY)
-    parser.set_defaults(func=run, global_batch=5, seq_len=32, steps=4, lr=1e-3)
+    parser.set_defaults(global_batch=5, seq_len=32, steps=4, lr=1e-3, data_max_bytes=1 << 20)
     parser.add_argument("--json", action="store_true", help="one JSON object per step")
     parser.set_defaults(func=run)
 

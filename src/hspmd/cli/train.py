@@ -37,6 +37,9 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | Non
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate")
     parser.add_argument("--data", default=None, help="text or JSONL file (default: stdlib)")
+    parser.add_argument(
+        "--data-max-bytes", type=int, default=None, help="read at most this much text"
+    )
     parser.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe"])
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--zero1", action="store_true")
@@ -54,6 +57,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         seed=args.seed,
         adam=AdamConfig(lr=args.lr),
         data=args.data,
+        data_max_bytes=args.data_max_bytes,
         schedule=args.schedule,
         dtype=args.dtype,
         zero1=args.zero1,

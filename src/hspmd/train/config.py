@@ -47,7 +47,8 @@ class TrainConfig:
     steps: int = 5
     seed: int = 0
     adam: AdamConfig = field(default_factory=AdamConfig)
-    data: str | None = None  # a text or JSONL file; None: the stdlib sources
+    data: str | None = None  # a text or JSONL file or a directory; None: the stdlib sources
+    data_max_bytes: int | None = None  # read at most this much text (None: hspmd.data's default)
     schedule: str = "1f1b"  # or "gpipe"
     dtype: str = "fp32"
     zero1: bool = False

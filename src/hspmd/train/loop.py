@@ -25,7 +25,7 @@ import torch.distributed as dist
 from hspmd.models.llama import LlamaConfig
 from hspmd.runtime.world import World
 from hspmd.specialize.schedule import make_schedule
-from hspmd.train.batches import corpus_bytes, global_batch
+from hspmd.train.batches import step_batches
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.layout import Layout, Role
 from hspmd.train.optim import Adam
@@ -127,22 +127,18 @@ def run_rank(world: World, config: TrainConfig, *, report: Any = None) -> dict[s
     world.prepare(item.plan for item in sync)
     program = build_program(config, role) if role is not None else None
     optimizer = Adam(list(program.params.values()), config.adam) if program else None
-    corpus, records = corpus_bytes(config.data), []
+    data = step_batches(config) if program is not None else None
+    records = []
     for step in range(1, config.steps + 1):
+        batch = next(data) if data is not None else None
         start = time.perf_counter()
         loss = torch.zeros(1, dtype=torch.float64)
         if program is not None and role is not None and optimizer is not None:
-            batch = global_batch(
-                corpus,
-                step=step,
-                seed=config.seed,
-                batch=config.global_batch,
-                seq_len=config.seq_len,
-            )
+            assert batch is not None
             optimizer.zero_grad()
-            reporter = role.is_last and role.rank == role.tp_ranks[0]
             value = _run_step(program, role, config, batch, hidden=model.hidden_size)
-            loss += value if reporter else 0.0
+            if role.is_last and role.rank == role.tp_ranks[0]:  # one reporter per pipeline
+                loss += value
             run_grad_sync(sync, program.params, world)
             optimizer.step()
         dist.all_reduce(loss)

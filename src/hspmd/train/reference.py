@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from hspmd.models.llama import Llama, init_weights
-from hspmd.train.batches import corpus_bytes, global_batch
+from hspmd.train.batches import step_batches
 from hspmd.train.config import StepRecord, TrainConfig
 
 __all__ = ["TrainResult", "run_reference"]
@@ -57,13 +57,9 @@ def run_reference(
         weight_decay=a.weight_decay,
         foreach=False,
     )
-    corpus = corpus_bytes(config.data)
     records = []
-    for step in range(1, config.steps + 1):
-        start = time.perf_counter()
-        tokens, targets = global_batch(
-            corpus, step=step, seed=config.seed, batch=config.global_batch, seq_len=config.seq_len
-        )
+    start = time.perf_counter()
+    for step, (tokens, targets) in enumerate(step_batches(config), start=1):
         optimizer.zero_grad(set_to_none=True)
         loss = model(tokens, targets)  # mean over every token of the global batch
         loss.backward()
@@ -77,5 +73,6 @@ def run_reference(
         records.append(record)
         if on_step is not None:
             on_step(record)
+        start = time.perf_counter()
     params = {name: p.detach().clone() for name, p in model.named_parameters()}
     return TrainResult(records=tuple(records), params=params)
