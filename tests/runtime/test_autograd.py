@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from rt_plans import A, bottom_plans, bsr, top_plans
 
 from hspmd.comm.plan import AllGather, CommPlan, Local, ReduceScatter, SendRecv
 from hspmd.comm.simulate import scatter, simulate
 from hspmd.errors import ResolutionError
 from hspmd.runtime import World, launch
 from hspmd.runtime.autograd import check_pair, reshard
+
+from .rt_plans import A, bottom_plans, bsr, top_plans
 
 Case = tuple[str, CommPlan, CommPlan]
 

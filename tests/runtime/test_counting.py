@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rt_plans import bottom_plans, top_plans
 
 from hspmd.comm.simulate import scatter
 from hspmd.runtime import World, count_comm, launch, run_plan
+
+from .rt_plans import bottom_plans, top_plans
 
 NAMES = ("all-gather-1", "reduce-scatter-0", "all-to-all", "bsr-dim-change", "split-all-reduce")
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from rt_plans import runs_for
 
 from hspmd.comm.simulate import scatter, simulate
 from hspmd.runtime.reshard_cli import PlanRun, run_many
+
+from .rt_plans import runs_for
 
 TOLERANCE = {"float32": 1e-5, "float64": 1e-12, "bfloat16": 0.0, "float16": 0.0}
 

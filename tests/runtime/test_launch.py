@@ -19,6 +19,7 @@ def scaled_rank(world: World, scale: int) -> tuple[int, int, int]:
 
 def fail_on_rank_one(world: World, pid_dir: str) -> None:
     Path(pid_dir, str(world.rank)).write_text(str(os.getpid()))
+    dist.barrier()  # every pid is written
     if world.rank == 1:
         raise ValueError("boom on purpose")
     dist.barrier()  # the others block here until the launcher stops them

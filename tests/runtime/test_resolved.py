@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from rt_plans import figure7_pairs, random_pairs
 
 from hspmd.comm.simulate import scatter, simulate
 from hspmd.runtime.reshard_cli import PlanRun, run_many
+
+from .rt_plans import figure7_pairs, random_pairs
 
 resolve = pytest.importorskip("hspmd.comm.resolve").resolve
 
