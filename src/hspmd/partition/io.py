@@ -1,7 +1,7 @@
 """Reading and writing graphs and placements.
 
 Graphs: ``.json`` in the schema of ``data/pardnn`` (see docs/partition.md), or a
-``.dot`` file with the ParDNN authors' side files (see :mod:`hspmd.partition.authors`).
+``.dot`` file with the ParDNN authors' side files next to it (:func:`load_authors_graph`).
 Placements: one ``op device`` line per op, ``#`` starts a comment, as the authors'
 tools read and write them.
 """
@@ -26,8 +26,6 @@ def load_graph(path: str | Path) -> OpGraph:
     if path.suffix == ".json":
         return graph_from_json(json.loads(path.read_text()), default_name=path.stem)
     if path.suffix in (".dot", ".gv"):
-        from hspmd.partition.authors import load_authors_graph
-
         return load_authors_graph(path)
     raise PartitionError(f"graph file {str(path)!r}: expected a .json or .dot file")
 
@@ -122,3 +120,123 @@ def write_placement(
     lines = [f"# {h}" for h in header.splitlines()] if header else []
     lines += [f"{n} {int(d)}" for n, d in zip(graph.names, placement.tolist(), strict=True)]
     Path(path).write_text("\n".join(lines) + "\n")
+
+
+# ---- the ParDNN authors' formats -------------------------------------------------------
+
+# side files looked for next to the .dot, first match wins (the authors' names)
+AUTHORS_FILES = {
+    "durations": ("nodes_average_durations_fixed.txt", "nodes_average_durations.txt"),
+    "sizes": ("tensors_sz_32_low.txt", "tensors_sz_32.txt", "tensors_sz.txt"),
+    "memory": ("memory.txt",),
+    "variables": ("var_nodes.txt",),
+    "references": ("ref_nodes.txt",),
+    "collocations": ("collocations.txt",),
+}
+_ARTIFICIAL = ("src", "snk")
+
+
+def load_authors_graph(path: str | Path, **files: str | Path | None) -> OpGraph:
+    """Read a ``.dot`` graph with the authors' side files.
+
+    * ``.dot``: ``a->b;`` lines (quotes and spaces ignored; ``src``/``snk`` dropped);
+    * durations and sizes: ``name::microseconds`` and ``name::bytes`` lines (missing:
+      1 us and 0 bytes; TensorFlow's -1 reads as 0);
+    * memory: ``name::bytes``, the residual size of a variable (else its tensor size);
+    * variables, references: one name per line; a reference op shares its variable's
+      device (the variable among its predecessors);
+    * collocations: ``a::b::c`` per line, ops that share a device.
+
+    Side files are found next to the ``.dot`` by the names in :data:`AUTHORS_FILES`,
+    or given as keyword arguments (``durations=...``); names match case-insensitively.
+    """
+    path = Path(path)
+    sides = {
+        key: files.get(key) or _find(path.parent, names) for key, names in AUTHORS_FILES.items()
+    }
+    edges = _dot_edges(path)
+    names = list(dict.fromkeys(n for edge in edges for n in edge))
+    index = {n.lower(): i for i, n in enumerate(names)}
+    durations = _pairs(sides["durations"], float)
+    sizes = _pairs(sides["sizes"], int)
+    memory = _pairs(sides["memory"], int)
+    variables = _names(sides["variables"])
+    time_us = [durations.get(n.lower(), 1.0) for n in names]
+    out_bytes = [max(sizes.get(n.lower(), 0), 0) for n in names]
+    residual = [
+        max(memory.get(n.lower(), sizes.get(n.lower(), 0)), 0) if n.lower() in variables else 0
+        for n in names
+    ]
+    colocate = _colocation(names, index, edges, sides, variables)
+    return OpGraph.build(
+        path.stem,
+        names,
+        time_us=time_us,
+        out_bytes=out_bytes,
+        residual_bytes=residual,
+        edges=[(index[a.lower()], index[b.lower()]) for a, b in edges],
+        colocate=colocate,
+    )
+
+
+def _find(folder: Path, names: tuple[str, ...]) -> Path | None:
+    return next((folder / n for n in names if (folder / n).exists()), None)
+
+
+def _clean(token: str) -> str:
+    return token.strip().strip(";").strip().strip('"').strip()
+
+
+def _dot_edges(path: Path) -> list[tuple[str, str]]:
+    edges = []
+    for raw in path.read_text().splitlines():
+        if "->" not in raw:
+            continue
+        a, b = (_clean(t) for t in raw.split("->", 1))
+        b = _clean(b.split("[", 1)[0])
+        if a and b and a not in _ARTIFICIAL and b not in _ARTIFICIAL:
+            edges.append((a, b))
+    if not edges:
+        raise PartitionError(f"{path}: no 'a->b' edges found; is it a ParDNN .dot graph?")
+    return edges
+
+
+def _pairs(path: str | Path | None, kind: type) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if path is None:
+        return out
+    for lineno, raw in enumerate(Path(path).read_text().splitlines(), start=1):
+        if "::" not in raw:
+            continue
+        name, _, value = raw.rpartition("::")
+        try:
+            out[_clean(name).lower()] = kind(float(value.strip()))
+        except ValueError:
+            raise PartitionError(f"{path}:{lineno}: expected 'name::number', got {raw!r}") from None
+    return out
+
+
+def _names(path: str | Path | None) -> set[str]:
+    if path is None:
+        return set()
+    return {_clean(line).lower() for line in Path(path).read_text().splitlines() if line.strip()}
+
+
+def _colocation(
+    names: list[str],
+    index: dict[str, int],
+    edges: list[tuple[str, str]],
+    sides: dict[str, Any],
+    variables: set[str],
+) -> list[int]:
+    colocate = [-1] * len(names)
+    if sides["collocations"] is not None:
+        for raw in Path(sides["collocations"]).read_text().splitlines():
+            group = [index[t] for t in (_clean(x).lower() for x in raw.split("::")) if t in index]
+            for v in group[1:]:
+                colocate[v] = group[0]
+    references = _names(sides["references"])
+    for a, b in edges:
+        if b.lower() in references and a.lower() in variables and colocate[index[b.lower()]] < 0:
+            colocate[index[b.lower()]] = index[a.lower()]
+    return colocate

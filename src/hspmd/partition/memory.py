@@ -28,7 +28,11 @@ from hspmd.partition.graph import OpGraph
 
 
 def gib(num_bytes: float) -> str:
-    return f"{num_bytes / 2**30:.2f} GiB"
+    """A byte count for people: ``gib(3 * 2**29) == '1.50 GiB'``, ``gib(2048) == '2.00 KiB'``."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(num_bytes) >= scale:
+            return f"{num_bytes / scale:.2f} {unit}"
+    return f"{int(num_bytes)} B"
 
 
 def check_residual_fits(graph: OpGraph, caps: np.ndarray) -> None:
@@ -71,6 +75,16 @@ def profile(
     return peak, when
 
 
+def usage_at(
+    graph: OpGraph, place: np.ndarray, *, start: np.ndarray, finish: np.ndarray, at: float, k: int
+) -> np.ndarray:
+    """Bytes in use on each device at time ``at``."""
+    buf = buffers(graph, place, start=start, finish=finish)
+    live = (buf.alloc_us <= at) & (buf.free_us >= at)
+    used = np.bincount(buf.device[live], weights=buf.size[live], minlength=k)
+    return used + np.bincount(place, weights=graph.residual_bytes, minlength=k)
+
+
 def repair_memory(
     graph: OpGraph,
     place: np.ndarray,
@@ -83,23 +97,37 @@ def repair_memory(
     check_residual_fits(graph, caps)
     k = len(caps)
     place = place.copy()
-    moved = np.zeros(graph.num_nodes, dtype=bool)
+    tried = np.zeros(graph.num_nodes, dtype=bool)
     edge_us = comm.cost_us(graph.out_bytes[graph.src])
+    start, finish = schedule(graph, place, comm=comm)
+    peak, when = profile(graph, place, start=start, finish=finish, k=k)
+    batch: np.ndarray | None = None
     for _ in range(max_rounds):
-        start, finish = schedule(graph, place, comm=comm)
-        peak, when = profile(graph, place, start=start, finish=finish, k=k)
         over = peak - caps
         if (over <= 0).all():
             return place
-        d = int(np.argmax(over))
-        pot = potentials(graph, place, start=start, finish=finish, device=d, at=float(when[d]))
-        cost = move_costs(graph, place, edge_us=edge_us, device=d)
-        room = (caps - peak).astype(np.float64)
-        room[d] = -np.inf
-        if not _relieve(graph, place, moved, pot=pot, cost=cost, room=room, need=int(over[d])):
+        for d in np.argsort(-over)[: int((over > 0).sum())].tolist():
+            at = float(when[d])
+            pot = potentials(graph, place, start=start, finish=finish, device=d, at=at)
+            cost = move_costs(graph, place, edge_us=edge_us, device=d)
+            # room on the other devices at the time of the overflow
+            room = caps - usage_at(graph, place, start=start, finish=finish, at=at, k=k)
+            room[d] = -np.inf
+            trial = place.copy()
+            need = int(over[d])
+            batch = _relieve(graph, trial, tried, pot=pot, cost=cost, room=room, need=need)
+            if batch is not None:
+                break
+        if batch is None:
             break
-    start, finish = schedule(graph, place, comm=comm)
-    peak, when = profile(graph, place, start=start, finish=finish, k=k)
+        t_start, t_finish = schedule(graph, trial, comm=comm)
+        t_peak, t_when = profile(graph, trial, start=t_start, finish=t_finish, k=k)
+        # keep a batch only if the total overflow shrinks; never retry its ops
+        tried[batch] = True
+        if np.maximum(t_peak - caps, 0).sum() < np.maximum(over, 0).sum():
+            place, start, finish, peak, when = trial, t_start, t_finish, t_peak, t_when
+            tried[:] = False
+            tried[batch] = True
     over = peak - caps
     if (over <= 0).all():
         return place
@@ -153,40 +181,39 @@ def move_costs(
 def _relieve(
     graph: OpGraph,
     place: np.ndarray,
-    moved: np.ndarray,
+    tried: np.ndarray,
     *,
     pot: np.ndarray,
     cost: np.ndarray,
     room: np.ndarray,
     need: int,
-) -> bool:
-    """Greedy min-knapsack from two heaps; moves ops in place. True if any moved."""
+) -> np.ndarray | None:
+    """Greedy min-knapsack from two heaps; moves ops in ``place``; returns the moved ops
+    (None if none could move)."""
     group = graph.group_of
-    cands = np.flatnonzero((pot > 0) & ~moved & (group == np.arange(graph.num_nodes)))
+    cands = np.flatnonzero((pot > 0) & ~tried & (group == np.arange(graph.num_nodes)))
     ratio_heap = [(cost[v] / pot[v], int(v)) for v in cands]
     big_heap = [(cost[v], int(v)) for v in cands if pot[v] >= need]
     heapq.heapify(ratio_heap)
     heapq.heapify(big_heap)
-    freed, any_moved = 0.0, False
+    taken = np.zeros(graph.num_nodes, dtype=bool)
+    freed, batch = 0.0, []
     while freed < need and (ratio_heap or big_heap):
-        v = _pop_cheaper(ratio_heap, big_heap, cost, moved)
+        v = _pop_cheaper(ratio_heap, big_heap, cost, taken)
         if v < 0:
             break
         members = np.flatnonzero(group == v) if (group == v).sum() > 1 else np.array([v])
+        taken[members] = True
         fits = np.flatnonzero(room >= pot[v])
-        moved[members] = True
         if fits.size == 0:
             continue
-        target = int(
-            fits[
-                np.argmax(_comm_with(graph, members, place, k=len(room))[fits] + room[fits] * 1e-18)
-            ]
-        )
+        talk = _comm_with(graph, members, place, k=len(room))[fits]
+        target = int(fits[np.lexsort((-room[fits], -talk))[0]])
         place[members] = target
         room[target] -= pot[v]
         freed += pot[v]
-        any_moved = True
-    return any_moved
+        batch.append(members)
+    return np.concatenate(batch) if batch else None
 
 
 def _pop_cheaper(
@@ -217,7 +244,9 @@ def _comm_with(graph: OpGraph, members: np.ndarray, place: np.ndarray, *, k: int
     is_member[members] = True
     out = is_member[graph.src] & ~is_member[graph.dst]
     inc = is_member[graph.dst] & ~is_member[graph.src]
-    total = np.bincount(place[graph.dst[out]], weights=graph.out_bytes[graph.src[out]], minlength=k)
+    total = np.bincount(
+        place[graph.dst[out]], weights=graph.out_bytes[graph.src[out]], minlength=k
+    ).astype(np.float64)
     total += np.bincount(
         place[graph.src[inc]], weights=graph.out_bytes[graph.src[inc]], minlength=k
     )

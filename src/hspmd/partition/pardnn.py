@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hspmd.errors import PartitionError
-from hspmd.partition.emulate import CommModel, Emulation, emulate
+from hspmd.partition.emulate import CommModel, Emulation, emulate, schedule
 from hspmd.partition.graph import OpGraph, longest_paths
 from hspmd.partition.mapping import map_clusters
 from hspmd.partition.memory import gib, repair_memory
@@ -31,7 +31,7 @@ from hspmd.partition.refine import (
 from hspmd.partition.slicing import slice_graph
 
 # Work budget of the emulator-guided refinement, in (nodes + edges) x emulations.
-_SEARCH_WORK = 4_000_000
+_SEARCH_WORK = 1_000_000
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,14 +77,19 @@ def partition(
     place = map_clusters(graph, slicing, num_devices=num_devices, edge_us=edge_us, top=top)
     place = colocate(graph, place)
     clock.lap("mapping")
+    best = _Best(graph, comm)
+    best.offer(place)
     place = remap_clusters(graph, slicing, place, num_devices=num_devices, edge_us=edge_us, top=top)
+    best.offer(colocate(graph, place))
     place = switch_critical_nodes(graph, place, edge_us=edge_us, rounds=num_devices)
-    place = colocate(graph, place)
+    best.offer(colocate(graph, place))
     if search_trials is None:
         search_trials = int(min(400, _SEARCH_WORK // max(graph.num_nodes + graph.num_edges, 1)))
     place = improve_by_emulation(
-        graph, place, num_devices=num_devices, comm=comm, max_trials=search_trials
+        graph, best.place, num_devices=num_devices, comm=comm, max_trials=search_trials
     )
+    best.offer(place)
+    place = best.place
     clock.lap("refinement")
     if caps is not None:
         place = repair_memory(graph, place, caps=caps, comm=comm)
@@ -119,6 +124,21 @@ def _pad_peaks(result: Emulation, k: int) -> Emulation:
     return Emulation(
         result.makespan_us, result.start_us, result.finish_us, peaks, result.comm_bytes
     )
+
+
+class _Best:
+    """The placement with the smallest emulated makespan seen so far."""
+
+    def __init__(self, graph: OpGraph, comm: CommModel) -> None:
+        self.graph, self.comm = graph, comm
+        self.place = np.zeros(graph.num_nodes, dtype=np.int64)
+        self.makespan = np.inf
+
+    def offer(self, place: np.ndarray) -> None:
+        _, finish = schedule(self.graph, place, comm=self.comm)
+        makespan = float(finish.max(initial=0.0))
+        if makespan < self.makespan:
+            self.place, self.makespan = place, makespan
 
 
 class _Clock:

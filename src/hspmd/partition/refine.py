@@ -240,5 +240,7 @@ def _candidates(
             out.append((op, int(place[waited])))
             out.append((waited, int(place[op])))
         else:
+            # the device was busy with ``waited``: move it (or else the op) elsewhere
+            out += [(waited, d) for d in range(num_devices) if d != place[waited]]
             out += [(op, d) for d in range(num_devices) if d != place[op]]
     return out
