@@ -79,6 +79,7 @@ def deduce(
         annotations=MappingProxyType(fwd.annotations),
         grads=MappingProxyType(bwd.grads),
         params=MappingProxyType(fwd.params),
+        inputs=MappingProxyType(fwd.inputs),
         param_grads=MappingProxyType(param_grads),
         reshards=bwd.reshards,
         alignments=bwd.alignments,

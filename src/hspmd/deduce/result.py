@@ -25,7 +25,8 @@ class AnnotatedGraph:
     nodes a gradient reaches. ``values`` holds non-tensor nodes (sizes) at global shapes.
     ``params`` maps each parameter ``get_attr`` node to its parameter name, and
     ``param_grads`` each parameter name to its gradient annotation (the source of the
-    gradient sync, ``resolve(param_grads[p], param annotation)``).
+    gradient sync, ``resolve(param_grads[p], param annotation)``). ``inputs`` maps each op
+    and marker node to its data inputs (``type_as``'s dtype operand is not one).
     """
 
     module: torch.fx.GraphModule
@@ -34,6 +35,7 @@ class AnnotatedGraph:
     annotations: Mapping[str, Annotation | None]
     grads: Mapping[str, Annotation]
     params: Mapping[str, str]
+    inputs: Mapping[str, tuple[str, ...]]
     param_grads: Mapping[str, Annotation]
     reshards: tuple[ReshardSite, ...]
     alignments: tuple[AlignSite, ...]
