@@ -1,0 +1,430 @@
+"""Per-rank executable graphs: the rank's stage of the Llama, specialized (paper 6.2).
+
+``build_executable(config, strategy, options, rank, seq_len=, seed=)`` returns an
+``Executable``: an fx GraphModule of the rank's ops only, on local tensors, plus the
+rank's parameter slices. Steps:
+
+1. capture the defined graph on the meta device; deduce every annotation with the plan
+   of the rank's pipeline (``hspmd.plan``), at that pipeline's micro-batch shapes. The
+   ``logits`` marker is overridden to duplicate inside the stage, so cross-entropy runs
+   on full logits (docs/decisions.md, "Logits are gathered before the loss");
+2. cut the stage out: from the tokens (stage 0) or the ``layers.{first}.input`` marker's
+   output (a new placeholder, the activation the previous stage sends) to the loss (last
+   stage) or the residual stream entering ``layers.{last+1}.input``. Constants (RoPE
+   tables, sizes) the stage needs stay; the sizes read from ``tokens.shape`` read the
+   activation's shape instead (same B and T);
+3. markers inside the stage become ``ReshardModule`` calls holding the resolved forward
+   plan ``resolve(src, dst)`` and backward plan ``resolve(grad_out, grad_in)``; markers
+   whose plans both do nothing vanish. Pipeline boundaries stay with the trainer
+   (``hspmd.specialize.boundary``);
+4. localize: parameters are the rank's slices of the plan-free global init (DESIGN 5),
+   view/reshape constants become local sizes, the embedding becomes vocab-parallel.
+
+>>> from hspmd.models.llama import get_config
+>>> from hspmd.plan.strategy import StrategyOptions, parse_strategy
+>>> exe = build_executable(get_config("llama-tiny", num_layers=2),
+...     parse_strategy("2x1: R0:L0 R1:L1"), StrategyOptions(), 1, seq_len=8, seed=0)
+>>> exe.graph_module.code.split("(")[0].strip(), sorted(exe.params)[:1]
+('def forward', ['head.weight'])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch import nn
+
+from hspmd.annotation import DUP, Annotation, DistributedStates, Piece
+from hspmd.comm.plan import CommPlan
+from hspmd.deduce import AnnotatedGraph, deduce
+from hspmd.errors import HspmdError
+from hspmd.graph.capture import capture
+from hspmd.markers import is_reshard_node
+from hspmd.models.llama import Llama, LlamaConfig, init_parameter, rope_tables
+from hspmd.plan.params import parameter_annotations
+from hspmd.plan.schema import activation_annotations, input_annotations
+from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
+from hspmd.runtime.autograd import reshard as autograd_reshard
+from hspmd.runtime.world import World, plan_groups
+from hspmd.specialize.localize import local_slice, local_view_sizes, vocab_parallel_embedding
+from hspmd.specialize.sites import resolve_cached
+
+__all__ = [
+    "Executable",
+    "ExecutableError",
+    "ReshardModule",
+    "build_executable",
+    "deduce_pipeline",
+    "executable_groups",
+    "locate",
+]
+
+
+class ExecutableError(HspmdError, ValueError):
+    """A strategy, option or rank that no executable graph can be built for (yet)."""
+
+
+class ReshardModule(nn.Module):
+    """A marker in an executable graph: forward plan, backward plan (autograd reshard)."""
+
+    def __init__(self, name: str, forward: CommPlan, backward: CommPlan, world: World | None):
+        super().__init__()
+        self.name, self.forward_plan, self.backward_plan, self.world = (
+            name,
+            forward,
+            backward,
+            world,
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.world is None:
+            raise ExecutableError(
+                f"marker {self.name!r} communicates ({self.extra_repr()}): build the "
+                "executable with world= (a hspmd.runtime.World) to run it"
+            )
+        return autograd_reshard(x, self.forward_plan, self.backward_plan, self.world)
+
+    def extra_repr(self) -> str:
+        fwd, bwd = self.forward_plan.kinds, self.backward_plan.kinds
+        return f"{self.name}: forward {'+'.join(fwd)}, backward {'+'.join(bwd)}"
+
+
+@dataclass(eq=False)
+class Executable:
+    """One rank's stage program (``hspmd.train.loop.StageProgram``).
+
+    ``forward(x, targets)``: ``x`` is the micro-batch's tokens on stage 0, else the
+    activation received from the previous stage; returns the mean token loss of the
+    micro-batch on the last stage, else the residual stream to send on.
+    """
+
+    graph_module: torch.fx.GraphModule
+    params: dict[str, torch.Tensor]  # parameter name -> local slice (a leaf Parameter)
+    pieces: dict[str, Piece]  # parameter name -> the global region it holds
+    rank: int
+    pipeline: int
+    stage: int
+    layers: tuple[int, int]
+    comm: tuple[str, ...]  # one line per kept marker: name, forward and backward kinds
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        out = self.graph_module(x, targets)
+        assert isinstance(out, torch.Tensor)
+        return out
+
+    __call__ = forward
+
+    def __str__(self) -> str:
+        first, last = self.layers
+        head = f"rank {self.rank}: pipeline {self.pipeline} stage {self.stage} L{first}-{last}"
+        return "\n".join([head, *(f"  {line}" for line in self.comm)])
+
+
+# -- where the rank is, and the plan of its pipeline ---------------------------------------
+
+
+def locate(strategy: Strategy, rank: int) -> tuple[int, int]:
+    """``(pipeline index, stage index)`` of ``rank``."""
+    for p, s, stage in strategy.stages():
+        if rank in stage.ranks:
+            return p, s
+    raise ExecutableError(
+        f"rank {rank} is in no stage of {strategy}: build executables for its ranks "
+        f"{list(strategy.ranks)} only"
+    )
+
+
+def _gathered_logits(annotation: Annotation) -> Annotation:
+    states = tuple(DistributedStates(((DUP, len(g)),)) for g in annotation.groups)
+    return dataclasses.replace(annotation, states=states)
+
+
+def _check_supported(config: LlamaConfig, options: StrategyOptions) -> None:
+    unsupported = [
+        name for name in ("sequence_parallel", "zero1", "recompute") if getattr(options, name)
+    ]
+    if options.dtype != "fp32":
+        unsupported.append(f"dtype={options.dtype}")
+    if config.tie_embeddings:
+        unsupported.append("tie_embeddings")
+    if unsupported:
+        raise ExecutableError(
+            f"executable graphs do not support {', '.join(unsupported)} yet: "
+            "train in fp32 without them"
+        )
+
+
+@functools.cache
+def _meta_graph(config: LlamaConfig) -> torch.fx.GraphModule:
+    with torch.device("meta"):
+        return capture(Llama(config))
+
+
+def deduce_pipeline(
+    config: LlamaConfig, pipeline: Pipeline, options: StrategyOptions, *, seq_len: int
+) -> AnnotatedGraph:
+    """The Llama graph deduced under one pipeline's plan, at its micro-batch shapes.
+
+    Every rank runs only its own pipeline's ops, so the pipeline's plan (one subgroup per
+    annotation, ``hsize == 1``) is all a stage needs; gradient sync across pipelines is
+    Post's (``hspmd.train.sync``).
+    """
+    sub = Strategy((pipeline,))
+    inputs = input_annotations(sub, config, seq_len=seq_len)
+    markers = {
+        name: spec.annotation
+        for name, spec in activation_annotations(
+            sub, config, seq_len=seq_len, options=options
+        ).items()
+    }
+    markers["logits"] = _gathered_logits(markers["logits"])
+    return deduce(
+        _meta_graph(config),
+        input_annotations={name: spec.annotation for name, spec in inputs.items()},
+        param_annotations={
+            name: spec.annotation for name, spec in parameter_annotations(sub, config).items()
+        },
+        marker_annotations=markers,
+        input_shapes={name: spec.shape for name, spec in inputs.items()},
+    )
+
+
+def executable_groups(strategy: Strategy) -> list[tuple[int, ...]]:
+    """Process groups executables use (every stage's TP ranks): prepare them on EVERY
+    rank of the world, idle ones included, before building: ``world.prepare_groups(...)``."""
+    return sorted({tuple(sorted(s.ranks)) for _, _, s in strategy.stages() if s.tp > 1})
+
+
+# -- the cut ---------------------------------------------------------------------------------
+
+
+def _markers(gm: torch.fx.GraphModule) -> dict[str, torch.fx.Node]:
+    return {str(n.args[1]): n for n in gm.graph.nodes if is_reshard_node(n)}
+
+
+def _ancestors(start: torch.fx.Node | None) -> set[torch.fx.Node]:
+    """``start`` and everything it depends on (empty for None)."""
+    seen: set[torch.fx.Node] = set()
+    stack = [] if start is None else [start]
+    while stack:
+        node = stack.pop()
+        if node not in seen:
+            seen.add(node)
+            stack.extend(node.all_input_nodes)
+    return seen
+
+
+@dataclass(frozen=True, slots=True)
+class _Cut:
+    """The stage's slice of the defined graph."""
+
+    start: torch.fx.Node | None  # the marker whose output is the stage input (None: tokens)
+    end: torch.fx.Node  # the value the stage returns
+    keep: frozenset[torch.fx.Node]  # nodes copied into the executable (start excluded)
+    swap: frozenset[torch.fx.Node]  # earlier stages' tensors read for shape/dtype: the input
+
+
+def _cut(ag: AnnotatedGraph, stage: Stage, num_layers: int) -> _Cut:
+    gm, markers = ag.module, _markers(ag.module)
+    first, last = stage.first_layer, stage.last_layer
+    start = markers[f"layers.{first}.input"] if first > 0 else None
+    if last < num_layers - 1:
+        end = markers[f"layers.{last + 1}.input"].args[0]
+    else:
+        end = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    assert isinstance(end, torch.fx.Node)
+    before = _ancestors(start)
+    keep: set[torch.fx.Node] = set()
+    swap: set[torch.fx.Node] = set()
+    stack = [end, *(n for n in gm.graph.nodes if n.op == "placeholder")]
+    while stack:
+        node = stack.pop()
+        if node in keep or node is start:
+            continue
+        if node in before and ag.annotations.get(node.name) is not None:
+            swap.add(node)  # data of an earlier stage (constants and sizes are recomputed)
+            continue
+        keep.add(node)
+        stack.extend(node.all_input_nodes)
+    for node in swap:
+        _check_swap(node, keep, start)
+    return _Cut(start, end, frozenset(keep), frozenset(swap))
+
+
+def _check_swap(node: torch.fx.Node, keep: set[torch.fx.Node], start: Any) -> None:
+    """A pre-stage value used by the stage only for its shape (B, T) or dtype."""
+    if node.op == "placeholder":
+        return  # tokens: the stage receives an activation of the same B and T instead
+    for user in node.users:
+        if user not in keep:
+            continue
+        shape_read = user.target is getattr and user.args[1] == "shape"
+        dtype_read = user.target == "type_as" and user.args[1] is node
+        if not (shape_read or dtype_read):
+            raise ExecutableError(
+                f"node {user.name} ({user.format_node()}) of a later stage reads "
+                f"{node.name}, which an earlier stage computes: only shapes and dtypes "
+                f"may cross a stage boundary outside the {start.name} marker"
+            )
+
+
+# -- building the executable graph ------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Builder:
+    """Copies the kept nodes into a new graph, specializing each for ``rank``."""
+
+    ag: AnnotatedGraph
+    config: LlamaConfig
+    rank: int
+    seed: int
+    world: World | None
+    graph: torch.fx.Graph = dataclasses.field(default_factory=torch.fx.Graph)
+    root: dict[str, Any] = dataclasses.field(default_factory=dict)
+    env: dict[torch.fx.Node, torch.fx.Node] = dataclasses.field(default_factory=dict)
+    pieces: dict[str, Piece] = dataclasses.field(default_factory=dict)
+    comm: list[str] = dataclasses.field(default_factory=list)
+
+    def local_shape(self, node: torch.fx.Node) -> tuple[int, ...]:
+        ann, shape = self.ag.annotations.get(node.name), self.ag.shape(node.name)
+        if ann is None:
+            return shape
+        if self.rank not in ann:
+            raise ExecutableError(
+                f"node {node.name} ({node.format_node()}) is annotated {ann}, without rank "
+                f"{self.rank}, yet the rank's stage computes it: check the plan's markers"
+            )
+        return ann.piece(self.rank, shape).shape
+
+    def copy(self, node: torch.fx.Node) -> None:
+        if node.op == "get_attr":
+            self.attr(node)
+        elif is_reshard_node(node):
+            self.marker(node)
+        elif node.op == "call_method" and node.target in ("view", "reshape"):
+            self.view(node)
+        elif node.target is F.embedding:
+            self.embedding(node)
+        else:
+            self.env[node] = self.graph.node_copy(node, self.env.__getitem__)
+
+    def attr(self, node: torch.fx.Node) -> None:
+        target = str(node.target)
+        name = self.ag.params.get(node.name)
+        if name is None:  # a buffer: the RoPE tables
+            cos, sin = rope_tables(self.config)
+            self.root[target] = {"rope_cos": cos, "rope_sin": sin}[target]
+        else:
+            piece = self.ag.annotations[node.name].piece(self.rank, self.ag.shape(node.name))  # type: ignore[union-attr]
+            full = init_parameter(name, self.config, seed=self.seed)
+            self.root[target] = nn.Parameter(local_slice(full, piece))
+            self.pieces[name] = piece
+        self.env[node] = self.graph.get_attr(target)
+
+    def marker(self, node: torch.fx.Node) -> None:
+        name = str(node.args[1])
+        site = self.ag.reshard(name)
+        forward = resolve_cached(site.src, site.dst, site.shape)
+        assert site.grad_out is not None and site.grad_in is not None, name
+        backward = resolve_cached(site.grad_out, site.grad_in, site.shape)
+        source = self.env[node.args[0]]  # type: ignore[index]
+        if not forward.steps and not backward.steps:
+            self.env[node] = source
+            return
+        module = ReshardModule(name, forward, backward, self.world)
+        target = "reshard_" + name.replace(".", "_")
+        self.root[target] = module
+        self.comm.append(module.extra_repr())
+        self.env[node] = self.graph.call_module(target, (source,))
+
+    def view(self, node: torch.fx.Node) -> None:
+        source, *sizes = node.args
+        packed = len(sizes) == 1 and isinstance(sizes[0], list | tuple)
+        flat = list(sizes[0]) if packed else sizes  # type: ignore[arg-type]
+        local = local_view_sizes(flat, self.ag.shape(node.name), self.local_shape(node))
+        new_sizes = (tuple(local),) if packed else local
+        args = torch.fx.node.map_arg((source, *new_sizes), self.env.__getitem__)
+        self.env[node] = self.graph.call_method(str(node.target), args, {})
+
+    def embedding(self, node: torch.fx.Node) -> None:
+        tokens, weight = node.args[0], node.args[1]
+        assert isinstance(weight, torch.fx.Node) and isinstance(tokens, torch.fx.Node)
+        piece = self.pieces[self.ag.params[weight.name]]
+        if piece.shape == self.ag.shape(weight.name):
+            self.env[node] = self.graph.node_copy(node, self.env.__getitem__)
+            return
+        start = piece.region[0][0]
+        args = (self.env[tokens], self.env[weight], start)
+        self.env[node] = self.graph.call_function(vocab_parallel_embedding, args)
+
+
+def build_executable(
+    config: LlamaConfig,
+    strategy: Strategy,
+    options: StrategyOptions,
+    rank: int,
+    *,
+    seq_len: int,
+    seed: int,
+    world: World | None = None,
+) -> Executable:
+    """The executable graph of ``rank`` (see the module docstring).
+
+    ``world`` is needed to run markers that communicate (TP > 1); its groups must be
+    prepared first, on every rank: ``world.prepare_groups(executable_groups(strategy))``.
+    """
+    _check_supported(config, options)
+    p, s = locate(strategy, rank)
+    pipeline = strategy.pipelines[p]
+    stage = pipeline.stages[s]
+    ag = deduce_pipeline(config, pipeline, options, seq_len=seq_len)
+    cut = _cut(ag, stage, config.num_layers)
+    b = _Builder(ag, config, rank, seed, world)
+    x = b.graph.placeholder("tokens" if cut.start is None else "activation")
+    targets = b.graph.placeholder("targets")
+    for node in ag.module.graph.nodes:
+        if node.op == "placeholder":
+            b.env[node] = targets if node.target == "targets" else x
+        elif node is cut.start or node in cut.swap:
+            b.env[node] = x
+        elif node in cut.keep:
+            b.copy(node)
+    b.graph.output(b.env[cut.end])
+    gm = torch.fx.GraphModule(b.root, b.graph, class_name=f"Rank{rank}Stage")
+    if world is not None:
+        _check_groups(gm, world)
+    named = dict(gm.named_parameters())
+    params: dict[str, torch.Tensor] = {name: named[name] for name in b.pieces}
+    return Executable(
+        graph_module=gm,
+        params=params,
+        pieces=b.pieces,
+        rank=rank,
+        pipeline=p,
+        stage=s,
+        layers=(stage.first_layer, stage.last_layer),
+        comm=tuple(b.comm),
+    )
+
+
+def _plans(gm: torch.fx.GraphModule) -> Iterable[CommPlan]:
+    for module in gm.modules():
+        if isinstance(module, ReshardModule):
+            yield from (module.forward_plan, module.backward_plan)
+
+
+def _check_groups(gm: torch.fx.GraphModule, world: World) -> None:
+    for group in plan_groups(_plans(gm)):
+        if len(group) < world.world_size and group not in world.groups:
+            raise ExecutableError(
+                f"process group {list(group)} is not prepared: call "
+                "world.prepare_groups(executable_groups(strategy)) on every rank first"
+            )

@@ -1,0 +1,136 @@
+"""Executable graphs without processes: TP 1 stages equal the plain model; TP 2 graphs are
+localized (view sizes, parameter slices, vocab-parallel embedding, comm kinds); boundary
+plans match the deduced boundary markers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hspmd.models.llama import Llama, get_config
+from hspmd.plan.strategy import StrategyOptions, parse_strategy
+from hspmd.specialize.boundary import boundary_plans
+from hspmd.specialize.executable import (
+    ExecutableError,
+    build_executable,
+    deduce_pipeline,
+    executable_groups,
+)
+
+CONFIG = get_config("llama-tiny", num_layers=2)
+SEQ = 16
+OPTIONS = StrategyOptions()
+
+
+def batch(rows: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, CONFIG.vocab_size, (rows, SEQ), generator=g)
+    return tokens, torch.randint(0, CONFIG.vocab_size, (rows, SEQ), generator=g)
+
+
+def reference() -> tuple[float, dict[str, torch.Tensor]]:
+    model = Llama(CONFIG, seed=0)
+    tokens, targets = batch()
+    loss = model(tokens, targets)
+    loss.backward()
+    return float(loss.detach()), {
+        n: p.grad for n, p in model.named_parameters() if p.grad is not None
+    }
+
+
+def build(strategy: str, rank: int) -> object:
+    return build_executable(CONFIG, parse_strategy(strategy), OPTIONS, rank, seq_len=SEQ, seed=0)
+
+
+def assert_grads(params: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    for name, p in params.items():
+        assert p.grad is not None, name
+        torch.testing.assert_close(p.grad, want[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_single_stage_tp1_equals_the_plain_model() -> None:
+    want_loss, want_grads = reference()
+    exe = build("1x2: R0:L0-1", 0)
+    tokens, targets = batch()
+    loss = exe.forward(tokens, targets)
+    loss.backward()
+    assert abs(float(loss.detach()) - want_loss) <= 1e-6 * abs(want_loss)
+    assert set(exe.params) == set(want_grads)
+    assert_grads(exe.params, want_grads)
+    assert exe.comm == ()
+
+
+def test_two_tp1_stages_chained_equal_the_plain_model() -> None:
+    want_loss, want_grads = reference()
+    first, second = build("1x2: R0:L0 R1:L1", 0), build("1x2: R0:L0 R1:L1", 1)
+    assert "def forward(self, activation, targets)" in second.graph_module.code
+    tokens, targets = batch()
+    out = first.forward(tokens, targets)
+    received = out.detach().requires_grad_(True)
+    loss = second.forward(received, targets)
+    loss.backward()
+    out.backward(received.grad)
+    assert abs(float(loss.detach()) - want_loss) <= 1e-6 * abs(want_loss)
+    assert set(first.params) | set(second.params) == set(want_grads)
+    assert not set(first.params) & set(second.params)
+    assert_grads(first.params | second.params, want_grads)
+
+
+def test_tp2_graph_is_localized() -> None:
+    exe = build("1x2: R0-1:L0-1", 1)
+    code = exe.graph_module.code
+    assert "view(getitem_1, getitem_2, 2, 16)" in code  # 4 query heads -> 2 per rank
+    assert "vocab_parallel_embedding(tokens, embed_weight, 128)" in code
+    shapes = {n: tuple(p.shape) for n, p in exe.params.items()}
+    assert shapes["layers.0.attn.wq.weight"] == (32, 64)
+    assert shapes["layers.0.attn.wo.weight"] == (64, 32)
+    assert shapes["head.weight"] == (128, 64)
+    assert shapes["norm.weight"] == (64,)
+    full = Llama(CONFIG, seed=0).state_dict()["layers.1.mlp.w_down.weight"]
+    torch.testing.assert_close(exe.params["layers.1.mlp.w_down.weight"].detach(), full[:, 64:])
+    kinds = dict(line.split(": ", 1) for line in exe.comm)
+    assert kinds["embed"] == "forward all-reduce, backward identity"
+    assert kinds["layers.1.attn_in"] == "forward identity, backward all-reduce"
+    assert kinds["layers.0.mlp_out"] == "forward all-reduce, backward identity"
+    assert kinds["logits"] == "forward all-gather, backward local"
+    assert kinds["head_in"] == "forward identity, backward all-reduce"
+    with pytest.raises(ExecutableError, match="world="):
+        exe.forward(*batch(1))
+    assert executable_groups(parse_strategy("1x2: R0-1:L0-1; 2x1: R2:L0-1")) == [(0, 1)]
+
+
+def test_unsupported_options_and_ranks_are_refused() -> None:
+    with pytest.raises(ExecutableError, match="sequence_parallel"):
+        build_executable(
+            CONFIG, parse_strategy("1x2: R0-1:L0-1"), StrategyOptions(sequence_parallel=True),
+            0, seq_len=SEQ, seed=0,
+        )  # fmt: skip
+    with pytest.raises(ExecutableError, match="rank 5"):
+        build("1x2: R0-1:L0-1", 5)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "rank", "incoming", "outgoing"),
+    [
+        ("4x1: R0-1:L0 R2-3:L1", 3, ("send-recv", "send-recv"), None),
+        ("4x1: R0-1:L0 R2-3:L1", 0, None, ("send-recv", "send-recv")),
+        ("4x1: R0-1:L0 R2:L1", 2, ("bsr", "bsr"), None),
+        ("4x1: R0:L0 R1-2:L1", 0, None, ("bsr", "bsr")),
+    ],
+)
+def test_boundary_plans_match_the_deduced_markers(
+    strategy: str, rank: int, incoming: object, outgoing: object
+) -> None:
+    parsed = parse_strategy(strategy)
+    plans = boundary_plans(parsed, CONFIG, rank, (1, SEQ, CONFIG.hidden_size))
+    for boundary, kinds in ((plans.incoming, incoming), (plans.outgoing, outgoing)):
+        if kinds is None:
+            assert boundary is None
+            continue
+        assert boundary is not None
+        assert (boundary.forward.kinds[0], boundary.backward.kinds[0]) == kinds
+        site = deduce_pipeline(CONFIG, parsed.pipelines[0], OPTIONS, seq_len=SEQ).reshard(
+            boundary.name
+        )
+        assert (boundary.forward.src, boundary.forward.dst) == (site.src, site.dst)
+        assert (boundary.backward.src, boundary.backward.dst) == (site.grad_out, site.grad_in)
