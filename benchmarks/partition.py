@@ -210,7 +210,9 @@ def markdown(rows: list[Row], checks: dict[str, dict[str, object]]) -> str:
             r = by.get((graph, k, m))
             cells.append(f"{ours.makespan_us / r.makespan_us:.3f}" if ours and r else "-")
         check = checks.get(f"{graph}/{k}", {})
-        met = {True: "yes", False: "NO"}.get(check.get("ours_meets_cap"), "refused")  # type: ignore[arg-type]
+        met = "refused" if "ours_error" in check else "-"
+        if "ours_meets_cap" in check:
+            met = "yes" if check["ours_meets_cap"] else "NO"
         feasible = ",".join(check.get("feasible_by", [])) or "none"  # type: ignore[arg-type]
         cells.append(f"{met} (feasible: {feasible})")
         lines.append("| " + " | ".join(cells) + " |")
