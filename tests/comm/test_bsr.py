@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from hspmd.annotation import parse_annotation as A
-from hspmd.comm.bsr import BsrTable, messages, schedule
+from hspmd.comm.bsr import BsrTable, messages, relay, schedule
 from hspmd.comm.plan import Transfer
 from hspmd.comm.slices import holders_table, merge_boxes
 from hspmd.comm.topology import LinkClass, Topology, TopologyError
+from hspmd.comm.traffic import estimate
 from hspmd.errors import ResolutionError
 
 
@@ -86,3 +87,17 @@ def test_topology_links() -> None:
         topo.link(0, 99)
     with pytest.raises(TopologyError, match="two nodes"):
         Topology((topo.nodes[0], topo.nodes[0]))
+
+
+def test_estimate_and_relay_spread_a_single_owner() -> None:
+    topo = Topology.uniform_nodes(16, ranks_per_node=8)
+    table = BsrTable.between(A("[0]{}"), A("[8]{}"), (64, 8), itemsize=4)
+    direct = schedule([table], topology=topo)
+    plain = estimate([direct], topology=topo, itemsizes={0: 4})
+    assert plain.sent == {0: {"ib": 64 * 8 * 4}}
+    assert plain.time == pytest.approx(64 * 8 * 4 / 50e9)
+    stages = relay([table], direct, topology=topo, exclude={7})
+    relayed = estimate(stages, topology=topo, itemsizes={0: 4})
+    assert relayed.total("ib") == plain.total("ib")
+    assert len({t.src for t in stages[1]}) == 7  # every live NIC of node 0
+    assert relayed.time < plain.time / 3

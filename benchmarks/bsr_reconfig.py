@@ -1,0 +1,123 @@
+"""C1 -> C2 reconfiguration of the paper (Appendix C.3, Table 11; Table 4): BSR schemes compared.
+
+The 32B Llama of Table 6 on 32 H20 GPUs (4 nodes of 8; NVLink inside a node, InfiniBand
+between nodes). C1 runs two TP4 x PP4 pipelines on R0-15 and R16-31. Rank 31 fails; C2 runs
+on R0-30. Every parameter's fp32 master and both Adam moments move from C1 to C2 (12 bytes
+per parameter, moved as one tensor per parameter); the failed rank owns nothing.
+
+Assumed figures: NVLink 900 GB/s per GPU (Table 7, H20); one 400 Gb/s (50 GB/s) InfiniBand
+NIC per GPU (not given in the paper). Time model: ``hspmd.comm.traffic``.
+
+    .venv/bin/python benchmarks/bsr_reconfig.py            # the table, then one JSON line
+    .venv/bin/python benchmarks/bsr_reconfig.py --all-ranks # every rank, not only senders
+
+Schemes: ``naive`` (local copy, else the lowest-rank owner sends), ``per-tensor`` (the
+heuristic, load counters reset per tensor), ``fused`` (one heuristic scheme over all tensors),
+``relay`` (fused, then single-owner InfiniBand transfers spread over the NICs of both nodes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from hspmd.comm.bsr import BsrTable, messages, relay, schedule
+from hspmd.comm.topology import LinkClass, Topology
+from hspmd.comm.traffic import Estimate, estimate
+from hspmd.models import get_config
+from hspmd.plan.params import parameter_annotations
+from hspmd.plan.strategy import parse_strategy
+
+C1 = (
+    "16x2: R0-3:L0-14 R4-7:L15-29 R8-11:L30-44 R12-15:L45-59; "
+    "16x2: R16-19:L0-14 R20-23:L15-29 R24-27:L30-44 R28-31:L45-59"
+)
+C2 = (
+    "33x1: R0-3:L0-14 R4-7:L15-29 R8-11:L30-44 R12-15:L45-59; "
+    "31x1: R16-19:L0-15 R20-23:L16-31 R24-27:L32-47 R28-29:L48-55 R30:L56-59"
+)
+BYTES_PER_PARAM = 12  # fp32 master + Adam m + Adam v
+
+
+def build_tables(*, failed: set[int]) -> list[BsrTable]:
+    config = get_config("llama-32b")
+    before = parameter_annotations(parse_strategy(C1), config)
+    after = parameter_annotations(parse_strategy(C2), config)
+    tables = []
+    for index, (name, spec) in enumerate(before.items()):
+        src = {r: p.region for r, p in spec.annotation.pieces(spec.shape).items()}
+        dst = {r: p.region for r, p in after[name].annotation.pieces(spec.shape).items()}
+        src = {r: region for r, region in src.items() if r not in failed}
+        tables.append(BsrTable.of(src, dst, spec.shape, tensor=index, itemsize=BYTES_PER_PARAM))
+    return tables
+
+
+FAILED = {31}
+
+
+def run_schemes(tables: list[BsrTable], topology: Topology) -> dict[str, Estimate]:
+    itemsizes = {t.tensor: t.itemsize for t in tables}
+    out = {}
+    naive = schedule(tables, topology=topology, method="naive", fused=False)
+    out["naive"] = estimate([naive], topology=topology, itemsizes=itemsizes)
+    per_tensor = schedule(tables, topology=topology, fused=False)
+    out["per-tensor"] = estimate([per_tensor], topology=topology, itemsizes=itemsizes)
+    fused = schedule(tables, topology=topology)
+    out["fused"] = estimate([fused], topology=topology, itemsizes=itemsizes)
+    stages = relay(tables, fused, topology=topology, exclude=FAILED)
+    out["relay"] = estimate(stages, topology=topology, itemsizes=itemsizes)
+    out["_messages"] = len(messages(fused))  # type: ignore[assignment]
+    return out
+
+
+def cell(est: Estimate, rank: int) -> str:
+    sent = est.sent.get(rank, {})
+    nvl, ib = sent.get("nvlink", 0.0) / 1e6, sent.get("ib", 0.0) / 1e6
+    return f"{nvl:7.0f} | {ib:6.0f}" if nvl or ib else f"{'-':>7} | {'-':>6}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--all-ranks", action="store_true", help="list every rank")
+    parser.add_argument("--ib-gbps", type=float, default=400.0, help="InfiniBand per NIC, Gb/s")
+    args = parser.parse_args()
+    topology = Topology.uniform_nodes(
+        32,
+        ranks_per_node=8,
+        intra=LinkClass("nvlink", 900e9),
+        inter=LinkClass("ib", args.ib_gbps / 8 * 1e9),
+    )
+    start = time.perf_counter()
+    tables = build_tables(failed=FAILED)
+    results = run_schemes(tables, topology)
+    planning_s = time.perf_counter() - start
+    num_messages = results.pop("_messages")
+    names = list(results)
+    print("C1 -> C2, llama-32b, fp32 master + 2 Adam states (12 B/param), rank 31 failed")
+    print("sent per rank, MB:  NVLink | IB")
+    print("rank  " + "  ".join(f"{n:>16}" for n in names))
+    for rank in range(32):
+        cells = [cell(results[n], rank) for n in names]
+        if args.all_ranks or any(rank in results[n].sent for n in names):
+            print(f"R{rank:<4} " + "  ".join(f"{c:>16}" for c in cells))
+    print("total  " + "  ".join(f"{results[n].total() / 1e9:13.1f} GB" for n in names))
+    print("time   " + "  ".join(f"{results[n].time * 1e3:13.1f} ms" for n in names))
+    print(f"{len(tables)} tensors, fused BSR: {num_messages} messages; planning {planning_s:.2f} s")
+    fused = results["fused"].time
+    print(
+        json.dumps(
+            {
+                "benchmark": "bsr_reconfig",
+                "naive_over_fused": round(results["naive"].time / fused, 3),
+                "per_tensor_over_fused": round(results["per-tensor"].time / fused, 3),
+                "relay_over_fused": round(results["relay"].time / fused, 3),
+                "ib_share_fused": round(results["fused"].total("ib") / results["fused"].total(), 3),
+                "ib_share_naive": round(results["naive"].total("ib") / results["naive"].total(), 3),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
