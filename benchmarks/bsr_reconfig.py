@@ -23,6 +23,7 @@ import json
 import time
 
 from hspmd.comm.bsr import BsrTable, messages, relay, schedule
+from hspmd.comm.resolve import _resolve, resolve
 from hspmd.comm.topology import LinkClass, Topology
 from hspmd.comm.traffic import Estimate, estimate
 from hspmd.models import get_config
@@ -71,6 +72,30 @@ def run_schemes(tables: list[BsrTable], topology: Topology) -> dict[str, Estimat
     return out
 
 
+TABLE9_48 = "; ".join(
+    f"16x1: R{16 + 8 * i}-{19 + 8 * i}:L0-10 R{20 + 8 * i}-{23 + 8 * i}:L11-21 "
+    f"R{4 * i}-{4 * i + 3}:L22-59"
+    for i in range(4)
+)
+C4_48 = (
+    "32x1: R16-19:L0-4 R20-23:L5-10 R24-27:L11-16 R28-31:L17-22 R0-3:L23-40 R4-7:L41-59; "
+    "32x1: R32-35:L0-4 R36-39:L5-10 R40-43:L11-16 R44-47:L17-22 R8-11:L23-40 R12-15:L41-59"
+)
+
+
+def resolve_seconds() -> tuple[int, float]:
+    """Cold ``resolve`` of every llama-32b parameter, C4 -> Table 9 plan on 48 ranks."""
+    config = get_config("llama-32b")
+    before = parameter_annotations(parse_strategy(C4_48), config)
+    after = parameter_annotations(parse_strategy(TABLE9_48), config)
+    topology = Topology.uniform_nodes(48)
+    _resolve.cache_clear()
+    start = time.perf_counter()
+    for name, spec in before.items():
+        resolve(spec.annotation, after[name].annotation, spec.shape, topology=topology)
+    return len(before), time.perf_counter() - start
+
+
 def cell(est: Estimate, rank: int) -> str:
     sent = est.sent.get(rank, {})
     nvl, ib = sent.get("nvlink", 0.0) / 1e6, sent.get("ib", 0.0) / 1e6
@@ -104,6 +129,11 @@ def main() -> None:
     print("total  " + "  ".join(f"{results[n].total() / 1e9:13.1f} GB" for n in names))
     print("time   " + "  ".join(f"{results[n].time * 1e3:13.1f} ms" for n in names))
     print(f"{len(tables)} tensors, fused BSR: {num_messages} messages; planning {planning_s:.2f} s")
+    count, seconds = resolve_seconds()
+    print(
+        f"resolve() of all {count} llama-32b parameters, 48-rank switch (C4 -> Table 9): "
+        f"{seconds * 1e3:.0f} ms cold"
+    )
     fused = results["fused"].time
     print(
         json.dumps(
