@@ -20,7 +20,7 @@ import numpy as np
 
 from hspmd.errors import PartitionError
 from hspmd.partition.emulate import CommModel, Emulation, emulate, schedule
-from hspmd.partition.graph import OpGraph, longest_paths
+from hspmd.partition.graph import OpGraph
 from hspmd.partition.mapping import map_clusters
 from hspmd.partition.memory import gib, repair_memory
 from hspmd.partition.refine import (
@@ -71,24 +71,27 @@ def partition(
         from hspmd.partition.memory import check_residual_fits
 
         check_residual_fits(graph, caps)
-    top, _ = longest_paths(graph, node_w=graph.time_us, edge_w=edge_us)
     slicing = slice_graph(graph, num_devices=num_devices, edge_us=edge_us)
+    top = slicing.top_level
     clock.lap("slicing")
     place = map_clusters(graph, slicing, num_devices=num_devices, edge_us=edge_us, top=top)
     place = colocate(graph, place)
     clock.lap("mapping")
-    best = _Best(graph, comm)
+    if search_trials is None:
+        trials = _SEARCH_WORK // max(graph.num_nodes + graph.num_edges, 1)
+        search_trials = int(min(400, trials)) if trials >= 8 else 0
+    # emulate each stage's result and keep the best, unless the graph is too big to afford it
+    best = _Best(graph, comm, enabled=search_trials > 0)
     best.offer(place)
     place = remap_clusters(graph, slicing, place, num_devices=num_devices, edge_us=edge_us, top=top)
     best.offer(colocate(graph, place))
     place = switch_critical_nodes(graph, place, edge_us=edge_us, rounds=num_devices)
     best.offer(colocate(graph, place))
-    if search_trials is None:
-        search_trials = int(min(400, _SEARCH_WORK // max(graph.num_nodes + graph.num_edges, 1)))
-    place = improve_by_emulation(
-        graph, best.place, num_devices=num_devices, comm=comm, max_trials=search_trials
-    )
-    best.offer(place)
+    if search_trials > 0:
+        place = improve_by_emulation(
+            graph, best.place, num_devices=num_devices, comm=comm, max_trials=search_trials
+        )
+        best.offer(place)
     place = best.place
     clock.lap("refinement")
     if caps is not None:
@@ -129,12 +132,15 @@ def _pad_peaks(result: Emulation, k: int) -> Emulation:
 class _Best:
     """The placement with the smallest emulated makespan seen so far."""
 
-    def __init__(self, graph: OpGraph, comm: CommModel) -> None:
-        self.graph, self.comm = graph, comm
+    def __init__(self, graph: OpGraph, comm: CommModel, *, enabled: bool) -> None:
+        self.graph, self.comm, self.enabled = graph, comm, enabled
         self.place = np.zeros(graph.num_nodes, dtype=np.int64)
         self.makespan = np.inf
 
     def offer(self, place: np.ndarray) -> None:
+        if not self.enabled:  # the latest stage wins
+            self.place = place
+            return
         _, finish = schedule(self.graph, place, comm=self.comm)
         makespan = float(finish.max(initial=0.0))
         if makespan < self.makespan:

@@ -27,7 +27,7 @@ def move_group(graph: OpGraph, place: np.ndarray, node: int, device: int) -> np.
     """A copy of ``place`` with ``node`` and its colocation group on ``device``."""
     new = place.copy()
     group = graph.group_of
-    if group[node] == node and not (group == node).sum() > 1:
+    if graph.colocate.max(initial=-1) < 0:
         new[node] = device
     else:
         new[group == group[node]] = device
@@ -94,6 +94,7 @@ def switch_critical_nodes(
     src = graph.src.tolist()
     w = graph.time_us.tolist()
     cost = edge_us.tolist()
+    alone = (np.bincount(graph.group_of, minlength=graph.num_nodes)[graph.group_of] == 1).tolist()
     for _ in range(rounds):
         crossing = np.where(place[graph.src] != place[graph.dst], edge_us, 0.0)
         top, bottom = longest_paths(graph, node_w=graph.time_us, edge_w=crossing)
@@ -104,7 +105,7 @@ def switch_critical_nodes(
             if place_l[a] == place_l[b]:
                 continue
             for node, device in ((b, place_l[a]), (a, place_l[b])):
-                if graph.group_of[node] != node or (graph.colocate == node).any():
+                if not alone[node]:
                     continue
                 old = top_l[node] + bottom_l[node]
                 ctx = (in_ptr, in_edges, src, out_ptr, dst, w, cost, top_l, bottom_l, place_l)

@@ -38,6 +38,7 @@ class Slicing:
     members: np.ndarray  # int64 [V], grouped by cluster, each in path order
     ptr: np.ndarray  # int64 [C + 1]
     num_primary: int  # clusters 0 .. num_primary-1 are the primaries, one per device
+    top_level: np.ndarray  # float64 [V], top levels on the whole graph (expected starts)
 
     @property
     def num_clusters(self) -> int:
@@ -62,6 +63,7 @@ def slice_graph(graph: OpGraph, *, num_devices: int, edge_us: np.ndarray) -> Sli
     dst = graph.dst.tolist()
     paths: list[list[int]] = []
     top, bottom = longest_paths(graph, node_w=graph.time_us, edge_w=edge_us)
+    first_top = top
     for _ in range(num_devices):
         if not alive.any():
             break
@@ -75,7 +77,7 @@ def slice_graph(graph: OpGraph, *, num_devices: int, edge_us: np.ndarray) -> Sli
         top, bottom = longest_paths(graph, node_w=graph.time_us, edge_w=edge_us, alive=alive)
     num_primary = len(paths)
     paths += _secondary_paths(alive, top + bottom, top, out_ptr, dst)
-    return _as_slicing(paths, num, num_primary)
+    return _as_slicing(paths, num, num_primary, first_top)
 
 
 def _walk(
@@ -112,11 +114,13 @@ def _secondary_paths(
     return paths
 
 
-def _as_slicing(paths: list[list[int]], num: int, num_primary: int) -> Slicing:
+def _as_slicing(paths: list[list[int]], num: int, num_primary: int, top: np.ndarray) -> Slicing:
     sizes = np.fromiter((len(p) for p in paths), dtype=np.int64, count=len(paths))
     ptr = np.zeros(len(paths) + 1, dtype=np.int64)
     np.cumsum(sizes, out=ptr[1:])
     members = np.fromiter((v for p in paths for v in p), dtype=np.int64, count=num)
     cluster_of = np.empty(num, dtype=np.int64)
     cluster_of[members] = np.repeat(np.arange(len(paths), dtype=np.int64), sizes)
-    return Slicing(cluster_of=cluster_of, members=members, ptr=ptr, num_primary=num_primary)
+    return Slicing(
+        cluster_of=cluster_of, members=members, ptr=ptr, num_primary=num_primary, top_level=top
+    )
