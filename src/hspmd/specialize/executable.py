@@ -258,6 +258,16 @@ def _cut(ag: AnnotatedGraph, stage: Stage, num_layers: int) -> _Cut:
     return _Cut(start, end, frozenset(keep), frozenset(swap))
 
 
+def _check_alignments(ag: AnnotatedGraph, cut: _Cut) -> None:
+    kept = {node.name for node in cut.keep}
+    for align in ag.alignments:
+        if align.consumer in kept:
+            raise ExecutableError(
+                f"{align}: alignment sites are not instantiated by executable graphs yet; "
+                "give the tensor one gradient annotation (a reshard marker before the consumer)"
+            )
+
+
 def _check_swap(node: torch.fx.Node, keep: set[torch.fx.Node], start: Any) -> None:
     """A pre-stage value used by the stage only for its shape (B, T) or dtype."""
     if node.op == "placeholder":
@@ -387,6 +397,7 @@ def build_executable(
     stage = pipeline.stages[s]
     ag = deduce_pipeline(config, pipeline, options, seq_len=seq_len)
     cut = _cut(ag, stage, config.num_layers)
+    _check_alignments(ag, cut)
     b = _Builder(ag, config, rank, seed, world)
     x = b.graph.placeholder("tokens" if cut.start is None else "activation")
     targets = b.graph.placeholder("targets")
