@@ -76,8 +76,12 @@ def train_many(
     *,
     on_step: Callable[[int, StepRecord], None] | None = None,
     timeout_s: float = 600.0,
+    threads: int | None = None,
 ) -> list[TrainResult]:
-    """Train every config in one launch of ``max(ranks)`` processes; results in order."""
+    """Train every config in one launch of ``max(ranks)`` processes; results in order.
+
+    ``threads``: torch threads per rank (default: the launcher's, cores // ranks).
+    """
     nproc = max(check_config(c).num_ranks for c in configs)
     events = mp.get_context("forkserver").Queue()
     box: dict[str, Any] = {}
@@ -123,8 +127,11 @@ def _assemble(per_rank: list[list[dict[str, Any]]], count: int) -> list[TrainRes
 
 
 def train(
-    config: TrainConfig, *, on_step: Callable[[StepRecord], None] | None = None
+    config: TrainConfig,
+    *,
+    on_step: Callable[[StepRecord], None] | None = None,
+    threads: int | None = None,
 ) -> TrainResult:
     """Train one config on local processes (one per rank of its strategy)."""
     callback = None if on_step is None else (lambda _index, record: on_step(record))
-    return train_many([config], on_step=callback)[0]
+    return train_many([config], on_step=callback, threads=threads)[0]
