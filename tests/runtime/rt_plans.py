@@ -184,6 +184,10 @@ def runs_for(n: int, *, dtypes: tuple[str, ...] = ("float32",)) -> list[tuple[st
         value = rng.standard_normal(plan.shape)
         for dtype in dtypes:
             out.append((f"{name}/{dtype}", PlanRun(plan, value, dtype, seed=i)))
+    for name in ("all-reduce", "split-all-reduce", "split-reduce-scatter", "local-partial"):
+        plan = plans[name]
+        value = rng.standard_normal(plan.shape)
+        out.append((f"{name}/donated", PlanRun(plan, value, "float64", seed=7, donate=True)))
     for dtype in ("bfloat16", "float16"):
         for name in ("all-gather-1", "reduce-scatter-1", "bsr-hetero", "split-all-reduce"):
             plan = plans[name]

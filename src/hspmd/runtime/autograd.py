@@ -76,7 +76,7 @@ def check_pair(forward: CommPlan, backward: CommPlan) -> None:
 
 class _Reshard(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, x: torch.Tensor, forward: CommPlan, backward: CommPlan, world: World
     ) -> torch.Tensor:
         ctx.backward_plan, ctx.world = backward, world

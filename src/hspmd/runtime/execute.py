@@ -70,6 +70,7 @@ class _Ctx:
     after: Annotation
     shape: tuple[int, ...]
     like: dict[str, Any]  # dtype and device of new tensors
+    owned: bool  # the executor may overwrite the incoming tensor (and return it)
 
     @property
     def rank(self) -> int:
@@ -88,13 +89,15 @@ def run_plan(
     world: World,
     *,
     dtype: torch.dtype | None = None,
+    donate: bool = False,
 ) -> torch.Tensor | None:
     """This rank's tensor after ``plan`` (``None`` where it holds nothing at the end).
 
     A rank that holds nothing at the start passes ``None`` or an empty placeholder; if it
     receives data it needs the dtype, from the placeholder or ``dtype``. A rank untouched by
     every step gets ``local`` itself back; otherwise the result is a new tensor and ``local``
-    is not modified.
+    is not modified, unless ``donate=True``: then the caller gives ``local`` up, and
+    reductions (all-reduce, split-all-reduce) run in place on it, saving a copy.
     """
     rank = world.rank
     state = _check_input(plan, local, rank)
@@ -102,6 +105,7 @@ def run_plan(
         "dtype": local.dtype if local is not None else dtype,
         "device": local.device if local is not None else world.device,
     }
+    owned = donate
     for before, step, after in zip(plan.layouts[:-1], plan.steps, plan.layouts[1:], strict=True):
         if rank in _participants(step):
             if like["dtype"] is None:
@@ -109,8 +113,10 @@ def run_plan(
                     f"rank {rank} receives data in {step.kind} but holds nothing: pass an "
                     "empty placeholder of the right dtype, or dtype="
                 )
-            ctx = _Ctx(world, before, after, plan.shape, like)
-            state = _EXECUTORS[type(step)](step, state, ctx)
+            ctx = _Ctx(world, before, after, plan.shape, like, owned)
+            result = _EXECUTORS[type(step)](step, state, ctx)
+            owned = owned or result is not state  # intermediates are ours to overwrite
+            state = result
         elif rank not in after:
             state = None
     return state if rank in plan.dst else None
@@ -166,7 +172,7 @@ def _my_group(groups: tuple[tuple[int, ...], ...], rank: int) -> tuple[int, ...]
 def _all_reduce(step: AllReduce, x: torch.Tensor | None, ctx: _Ctx) -> torch.Tensor:
     x = _held(x, ctx)
     group = _my_group(step.groups, ctx.rank)
-    out = x.clone(memory_format=torch.contiguous_format)
+    out = x if ctx.owned and x.is_contiguous() else x.clone(memory_format=torch.contiguous_format)
     if len(group) > 1:
         ctx.world.record("all_reduce", group=group, nbytes=_nbytes(out))
         dist.all_reduce(out, group=ctx.world.group(group))
@@ -306,40 +312,62 @@ def _send_only(mine: list[Any], x: torch.Tensor | None, ctx: _Ctx) -> None:
 
 
 def _split_all_reduce(step: SplitAllReduce, x: torch.Tensor | None, ctx: _Ctx) -> torch.Tensor:
-    """One all_reduce per distinct rank set; the slices of a set are packed in plan order."""
+    """One all_reduce per distinct rank set; the slices of a set are packed in plan order.
+
+    A set with one slice that is a contiguous block of this rank's (unchanged) piece is
+    reduced in place in the output, without packing.
+    """
     x = _held(x, ctx)
-    rank, old, new = ctx.rank, ctx.old(), ctx.new()
-    out = x.clone(memory_format=torch.contiguous_format)
+    rank, new = ctx.rank, ctx.new()
+    out = x if ctx.owned and x.is_contiguous() else x.clone(memory_format=torch.contiguous_format)
     by_set: dict[tuple[int, ...], list[SliceReduce]] = {}
     for s in step.slices:
         if rank in s.ranks:
             by_set.setdefault(tuple(sorted(s.ranks)), []).append(s)
-    flats, pending = {}, []
+    packed, pending = {}, []
     for ranks in sorted(by_set):
-        parts = [
-            torch.zeros(_volume(s.region), **ctx.like)
-            if rank in s.zero
-            else x[local_box(old, s.region)].reshape(-1)
-            for s in by_set[ranks]
-        ]
-        flats[ranks] = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+        flat = _reduce_buffer(by_set[ranks], x, out, ctx)
+        if flat is None:
+            view = out[local_box(new, by_set[ranks][0].region)]
+            flat = view.view(-1)
+        else:
+            packed[ranks] = flat
         if len(ranks) > 1:
-            ctx.world.record("all_reduce", group=ranks, nbytes=_nbytes(flats[ranks]))
-            pending.append(
-                dist.all_reduce(flats[ranks], group=ctx.world.group(ranks), async_op=True)
-            )
+            ctx.world.record("all_reduce", group=ranks, nbytes=_nbytes(flat))
+            pending.append(dist.all_reduce(flat, group=ctx.world.group(ranks), async_op=True))
     for work in pending:
         assert work is not None
         work.wait()
-    for ranks, slices in by_set.items():
+    for ranks, flat in packed.items():
         offset = 0
-        for s in slices:
+        for s in by_set[ranks]:
             size = _volume(s.region)
-            out[local_box(new, s.region)] = flats[ranks][offset : offset + size].view(
-                _shape(s.region)
-            )
+            out[local_box(new, s.region)] = flat[offset : offset + size].view(_shape(s.region))
             offset += size
     return out
+
+
+def _reduce_buffer(
+    slices: list[SliceReduce], x: torch.Tensor, out: torch.Tensor, ctx: _Ctx
+) -> torch.Tensor | None:
+    """The packed contribution of ``slices``, or None to reduce in place in ``out``."""
+    rank, old, new = ctx.rank, ctx.old(), ctx.new()
+    if len(slices) == 1 and old.region == new.region:
+        view = out[local_box(new, slices[0].region)]
+        if view.is_contiguous():
+            if rank in slices[0].zero:
+                view.zero_()
+            return None
+    flat = torch.empty(sum(_volume(s.region) for s in slices), **ctx.like)
+    offset = 0
+    for s in slices:
+        segment = flat[offset : offset + _volume(s.region)].view(_shape(s.region))
+        if rank in s.zero:
+            segment.zero_()
+        else:
+            segment.copy_(x[local_box(old, s.region)])
+        offset += _volume(s.region)
+    return flat
 
 
 def _split_reduce_scatter(

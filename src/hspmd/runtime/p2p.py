@@ -72,9 +72,15 @@ def _nbytes(tensor: torch.Tensor) -> int:
 
 
 def _pack(tensors: list[torch.Tensor]) -> torch.Tensor:
-    if len(tensors) == 1 and tensors[0].is_contiguous():
-        return tensors[0]
-    return torch.cat([t.reshape(-1) for t in tensors])
+    """One contiguous buffer holding ``tensors`` in order, with a single copy of each."""
+    if len(tensors) == 1:
+        return tensors[0].contiguous()
+    buffer = _empty_flat(tensors)
+    offset = 0
+    for t in tensors:
+        buffer[offset : offset + t.numel()].view(t.shape).copy_(t)
+        offset += t.numel()
+    return buffer
 
 
 def _empty_flat(tensors: list[torch.Tensor]) -> torch.Tensor:

@@ -32,12 +32,16 @@ _DTYPES |= {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 @dataclass(frozen=True, slots=True, eq=False)
 class PlanRun:
-    """One plan to run on a global ``value`` in ``dtype``; ``seed`` splits partial summands."""
+    """One plan to run on a global ``value`` in ``dtype``; ``seed`` splits partial summands.
+
+    ``donate`` hands the scattered local tensor to ``run_plan`` to overwrite.
+    """
 
     plan: CommPlan
     value: np.ndarray
     dtype: str = "float64"
     seed: int | None = None
+    donate: bool = False
 
 
 def run_plan_processes(
@@ -94,6 +98,6 @@ def _worker(world: World, runs: list[PlanRun]) -> list[np.ndarray | None]:
         if world.rank in run.plan.src:
             piece = scatter(run.plan.src, run.value, rng=rng)[world.rank]
             local = torch.from_numpy(piece).to(_DTYPES[run.dtype]).to(world.device)
-        result = run_plan(run.plan, local, world, dtype=_DTYPES[run.dtype])
+        result = run_plan(run.plan, local, world, dtype=_DTYPES[run.dtype], donate=run.donate)
         out.append(None if result is None else result.cpu().double().numpy())
     return out
