@@ -14,6 +14,7 @@ NIC per GPU (not given in the paper). Time model: ``hspmd.comm.traffic``.
 Schemes: ``naive`` (local copy, else the lowest-rank owner sends), ``per-tensor`` (the
 heuristic, load counters reset per tensor), ``fused`` (one heuristic scheme over all tensors),
 ``relay`` (fused, then single-owner InfiniBand transfers spread over the NICs of both nodes).
+The schemes and tables come from ``hspmd.switch.cost`` (also behind ``hspmd switch-cost``).
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ import argparse
 import json
 import time
 
-from hspmd.comm.bsr import BsrTable, messages, relay, schedule
+from hspmd.comm.bsr import BsrTable, messages
 from hspmd.comm.resolve import _resolve, resolve
 from hspmd.comm.topology import LinkClass, Topology
-from hspmd.comm.traffic import Estimate, estimate
+from hspmd.comm.traffic import Estimate
 from hspmd.models import get_config
-from hspmd.plan.params import parameter_annotations
+from hspmd.plan.params import parameter_annotations, state_annotations
 from hspmd.plan.strategy import parse_strategy
+from hspmd.switch.cost import ALGOS, estimate_scheme, scheme_stages, switch_tables
 
 C1 = (
     "16x2: R0-3:L0-14 R4-7:L15-29 R8-11:L30-44 R12-15:L45-59; "
@@ -41,34 +43,21 @@ C2 = (
 BYTES_PER_PARAM = 12  # fp32 master + Adam m + Adam v
 
 
-def build_tables(*, failed: set[int]) -> list[BsrTable]:
-    config = get_config("llama-32b")
-    before = parameter_annotations(parse_strategy(C1), config)
-    after = parameter_annotations(parse_strategy(C2), config)
-    tables = []
-    for index, (name, spec) in enumerate(before.items()):
-        src = {r: p.region for r, p in spec.annotation.pieces(spec.shape).items()}
-        dst = {r: p.region for r, p in after[name].annotation.pieces(spec.shape).items()}
-        src = {r: region for r, region in src.items() if r not in failed}
-        tables.append(BsrTable.of(src, dst, spec.shape, tensor=index, itemsize=BYTES_PER_PARAM))
-    return tables
-
-
 FAILED = {31}
 
 
+def build_tables(*, failed: set[int]) -> list[BsrTable]:
+    config = get_config("llama-32b")
+    before = state_annotations(parse_strategy(C1), config)
+    after = state_annotations(parse_strategy(C2), config)
+    return switch_tables(before, after, itemsize=BYTES_PER_PARAM, failed=failed)
+
+
 def run_schemes(tables: list[BsrTable], topology: Topology) -> dict[str, Estimate]:
-    itemsizes = {t.tensor: t.itemsize for t in tables}
-    out = {}
-    naive = schedule(tables, topology=topology, method="naive", fused=False)
-    out["naive"] = estimate([naive], topology=topology, itemsizes=itemsizes)
-    per_tensor = schedule(tables, topology=topology, fused=False)
-    out["per-tensor"] = estimate([per_tensor], topology=topology, itemsizes=itemsizes)
-    fused = schedule(tables, topology=topology)
-    out["fused"] = estimate([fused], topology=topology, itemsizes=itemsizes)
-    stages = relay(tables, fused, topology=topology, exclude=FAILED)
-    out["relay"] = estimate(stages, topology=topology, itemsizes=itemsizes)
-    out["_messages"] = len(messages(fused))  # type: ignore[assignment]
+    out: dict[str, Estimate] = {
+        algo: estimate_scheme(tables, algo, topology=topology, failed=FAILED) for algo in ALGOS
+    }
+    out["_messages"] = len(messages(scheme_stages(tables, "fused", topology=topology)[0]))  # type: ignore[assignment]
     return out
 
 

@@ -15,7 +15,7 @@ import sys
 from hspmd.errors import HspmdError
 
 # Subcommand modules, in the order `hspmd --help` lists them.
-COMMANDS = ("reshard", "partition", "partition_capture", "explain")
+COMMANDS = ("reshard", "partition", "partition_capture", "train", "demo", "explain", "switch_cost")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,84 @@
+"""`hspmd switch-cost`: estimate a strategy switch without running it.
+
+    hspmd switch-cost --model llama-32b --cluster h20x32 --algo fused --failed 31 \\
+        --from "16x2: R0-3:L0-14 ...; 16x2: R16-19:L0-14 ..." \\
+        --to   "33x1: R0-3:L0-14 ...; 31x1: R16-19:L0-15 ..."
+    hspmd switch-cost ... --states bf16      # only the bf16 compute weights (mixed-length mode)
+    hspmd switch-cost ... --json             # one JSON object
+
+Prints, for every rank that sends, the bytes it sends over each link class and the time it
+is busy, then the total and the estimated time of the slowest rank (hspmd.comm.traffic's
+model). ``--cluster`` takes a cluster file or a shipped name (hetu-h800-h20, h20x32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from hspmd.plan.strategy import parse_ranks
+from hspmd.switch.cluster import load_cluster
+from hspmd.switch.cost import ALGOS, STATES, SwitchCost, switch_cost
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "switch-cost",
+        help="per-rank send volume and estimated time of a switch between two strategies",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", required=True, help="model preset, e.g. llama-32b")
+    parser.add_argument("--from", dest="source", required=True, help="old strategy string")
+    parser.add_argument("--to", dest="target", required=True, help="new strategy string")
+    parser.add_argument("--cluster", required=True, help="cluster file or shipped name")
+    parser.add_argument("--algo", choices=ALGOS, default="fused", help="BSR scheme")
+    parser.add_argument(
+        "--states", choices=tuple(STATES), default="fp32-adam",
+        help="fp32-adam: masters + 2 Adam states (12 B/param); bf16: compute weights (2 B)",
+    )  # fmt: skip
+    parser.add_argument("--failed", default="", help="ranks that died and own nothing, e.g. 31")
+    parser.add_argument("--zero1", action="store_true", help="states sharded by ZeRO-1")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    cluster = load_cluster(args.cluster)
+    failed = parse_ranks(args.failed) if args.failed.strip() else ()
+    cost = switch_cost(
+        model=args.model,
+        source=args.source,
+        target=args.target,
+        cluster=cluster,
+        algo=args.algo,
+        states=args.states,
+        failed=failed,
+        zero1=args.zero1,
+    )
+    if args.json:
+        print(json.dumps(cost.to_json()))
+    else:
+        print(cost_text(cost, links=cluster.topology().link_classes))
+    return 0
+
+
+def cost_text(cost: SwitchCost, *, links: tuple[str, ...]) -> str:
+    """The per-rank table: MB sent per link class and busy time, senders only."""
+    est = cost.estimate
+    lines = [
+        f"{cost.model} on {cost.cluster}: {cost.algo}, states {cost.states}, "
+        f"{cost.num_tensors} tensors, {cost.num_messages} messages",
+        "rank  " + "".join(f"{name + ' MB':>12}" for name in links) + f"{'busy ms':>10}",
+    ]
+    for rank, per in est.sent.items():
+        cells = "".join(f"{per.get(name, 0.0) / 1e6:12.0f}" for name in links)
+        lines.append(f"R{rank:<4}" + cells + f"{est.rank_time.get(rank, 0.0) * 1e3:10.1f}")
+    totals = "".join(f"{est.total(name) / 1e6:12.0f}" for name in links)
+    lines.append("total" + totals)
+    lines.append(
+        f"slowest rank R{cost.slowest_rank}: estimated switch time {est.time * 1e3:.1f} ms "
+        f"({est.total() / 1e9:.1f} GB moved)"
+    )
+    return "\n".join(lines)
