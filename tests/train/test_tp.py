@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from hspmd.plan.strategy import StrategyOptions, parse_strategy
+from hspmd.runtime.counting import count_comm
 from hspmd.runtime.launch import launch
 from hspmd.runtime.world import World
 from hspmd.specialize.boundary import BoundaryPlans, boundary_plans, recv, send
@@ -101,7 +102,7 @@ def train_rank(world: World, cfg: TrainConfig) -> dict[str, Any]:
         for _ in range(cfg.steps):
             dist.all_reduce(loss := torch.zeros(1, dtype=torch.float64))
             losses.append(float(loss))
-        return {"losses": losses, "params": {}}
+        return {"losses": losses, "params": {}, "comm": {}}
     exe = build_executable(
         model, strategy, StrategyOptions(), world.rank, seq_len=cfg.seq_len, seed=cfg.seed,
         world=world,
@@ -109,9 +110,12 @@ def train_rank(world: World, cfg: TrainConfig) -> dict[str, Any]:
     shape = (role.micro_batch_size, cfg.seq_len, model.hidden_size)
     plans = boundary_plans(strategy, model, world.rank, shape)
     optimizer = Adam(list(exe.params.values()), cfg.adam)
+    comm: dict[str, int] = {}
     for batch in step_batches(cfg):
         optimizer.zero_grad()
-        value = run_step(exe, role, plans, cfg, world, batch)
+        with count_comm(world) as log:
+            value = run_step(exe, role, plans, cfg, world, batch)
+        comm = comm or log.counts()  # the first step's F and B
         run_grad_sync(sync, exe.params, world)
         optimizer.step()
         reporter = role.is_last and world.rank == role.tp_ranks[0]
@@ -119,7 +123,7 @@ def train_rank(world: World, cfg: TrainConfig) -> dict[str, Any]:
         dist.all_reduce(loss)
         losses.append(float(loss))
     params = {n: (exe.pieces[n].region, p.detach().numpy().copy()) for n, p in exe.params.items()}
-    return {"losses": losses, "params": params}
+    return {"losses": losses, "params": params, "comm": comm}
 
 
 def train_all(world: World, configs: list[TrainConfig]) -> list[dict[str, Any]]:
@@ -163,3 +167,19 @@ def test_tensor_parallel_equals_reference(name: str, trained: dict[str, Any]) ->
         assert not bool(torch.isnan(got).any()), f"{pname}: some region held by no rank"
         error = float((got - want).norm() / want.norm())
         assert error <= 1e-4, (pname, error)
+
+
+# Per micro-batch: forward all-reduces embed (stage 0) and attn_out/mlp_out per layer and
+# all-gathers the logits (last stage); backward all-reduces attn_in/mlp_in per layer and
+# head_in (last stage); boundaries send one buffer per peer. 2 layers.
+EXPECTED_COMM = {
+    "TP 2": [{"all_reduce": 4 * 10, "all_gather": 4}] * 2 + [{}] * 2,  # 4 mbs; ranks 2-3 idle
+    "PP 2 x TP 2": [{"all_reduce": 2 * 5, "send": 2, "recv": 2}] * 2  # stage 0: 2 mbs
+    + [{"all_reduce": 2 * 5, "all_gather": 2, "send": 2, "recv": 2}] * 2,  # stage 1
+}
+
+
+@pytest.mark.parametrize("name", list(EXPECTED_COMM))
+def test_communication_counts(name: str, trained: dict[str, Any]) -> None:
+    _, outcomes = trained[name]
+    assert [o["comm"] for o in outcomes] == EXPECTED_COMM[name]
