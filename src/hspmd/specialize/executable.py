@@ -412,6 +412,7 @@ def build_executable(
     gm = torch.fx.GraphModule(b.root, b.graph, class_name=f"Rank{rank}Stage")
     if world is not None:
         _check_groups(gm, world)
+        gm.to(world.device)  # parameters stay the same Parameter objects (moved in place)
     named = dict(gm.named_parameters())
     params: dict[str, torch.Tensor] = {name: named[name] for name in b.pieces}
     return Executable(
