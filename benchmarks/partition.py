@@ -23,7 +23,6 @@ import json
 import math
 import sys
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +36,7 @@ from hspmd.partition import baselines
 from hspmd.partition.emulate import emulate
 from hspmd.partition.generate import layered_graph
 from hspmd.partition.graph import OpGraph
-from hspmd.partition.io import read_placement
+from hspmd.partition.io import load_graph, read_placement
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "pardnn"
@@ -56,43 +55,6 @@ class Row:
     makespan_us: float
     peak_bytes: int
     comm_bytes: int
-
-
-def load_shared(path: Path) -> OpGraph:
-    """A shared JSON graph, nodes renumbered in the authors' topological order.
-
-    The authors' FIFO scheduler breaks ties by a Kahn order whose queue takes children
-    in the file's edge order; OpGraph sorts edges, so the nodes are renumbered in that
-    order here, which makes :attr:`OpGraph.topo_order` the identity and the same order.
-    Negative sizes (a few save ops in widedeep) count as 0.
-    """
-    doc = json.loads(path.read_text())
-    ids = [str(n["id"]) for n in doc["nodes"]]
-    index = {n: i for i, n in enumerate(ids)}
-    edges = [(index[str(a)], index[str(b)]) for a, b in doc["edges"]]
-    children: list[list[int]] = [[] for _ in ids]
-    remaining = [0] * len(ids)
-    for a, b in edges:
-        children[a].append(b)
-        remaining[b] += 1
-    queue = deque(v for v in range(len(ids)) if remaining[v] == 0)
-    order: list[int] = []
-    while queue:
-        v = queue.popleft()
-        order.append(v)
-        for c in children[v]:
-            remaining[c] -= 1
-            if remaining[c] == 0:
-                queue.append(c)
-    nodes = [doc["nodes"][v] for v in order]
-    return OpGraph.build(
-        str(doc.get("name", path.stem)),
-        [str(n["id"]) for n in nodes],
-        time_us=[float(n["time_us"]) for n in nodes],
-        out_bytes=[max(0, int(n["out_bytes"])) for n in nodes],
-        residual_bytes=[int(n["residual_bytes"]) for n in nodes],
-        edges=[(str(a), str(b)) for a, b in doc["edges"]],
-    )
 
 
 def _ours() -> Callable[..., np.ndarray] | None:
@@ -304,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         if not path.exists():
             print(f"skipping {name}: {path} not found", file=sys.stderr)
             continue
-        graph = load_shared(path)
+        graph = load_graph(path)  # keeps the file's edge order: the authors' tie-breaks
         for k in (2, 4):
             got, check = run_graph(
                 graph, k, authors=args.data / f"{name}.authors-{k}.place", skip=skip
