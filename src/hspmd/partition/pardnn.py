@@ -25,6 +25,7 @@ from hspmd.partition.mapping import map_clusters
 from hspmd.partition.memory import gib, repair_memory
 from hspmd.partition.refine import (
     improve_by_emulation,
+    relieve_busiest,
     remap_clusters,
     switch_critical_nodes,
 )
@@ -87,6 +88,10 @@ def partition(
     best.offer(colocate(graph, place))
     place = switch_critical_nodes(graph, place, edge_us=edge_us, rounds=num_devices)
     best.offer(colocate(graph, place))
+    place = relieve_busiest(
+        graph, slicing, best.place, num_devices=num_devices, edge_us=edge_us, rounds=3
+    )
+    best.offer(colocate(graph, place))
     if search_trials > 0:
         place = improve_by_emulation(
             graph, best.place, num_devices=num_devices, comm=comm, max_trials=search_trials
@@ -95,13 +100,35 @@ def partition(
     place = best.place
     clock.lap("refinement")
     if caps is not None:
-        place = repair_memory(graph, place, caps=caps, comm=comm)
+        place = _repair_best(graph, best, caps=caps, comm=comm)
         clock.lap("memory")
     result = emulate(graph, place, comm=comm)
     if result.peak_bytes.shape[0] < num_devices:
         result = _pad_peaks(result, num_devices)
     clock.lap("emulation")
     return PartitionResult(place, result, clock.total(), dict(clock.laps))
+
+
+def _repair_best(graph: OpGraph, best: _Best, *, caps: np.ndarray, comm: CommModel) -> np.ndarray:
+    """Repair the few best stages' placements; keep the fastest that meets the caps.
+
+    The repair moves ops off the peak and can lengthen the step: a slightly slower stage
+    may need fewer moves (VGG K=4: 1.3% better than repairing the best stage).
+    """
+    found: list[tuple[float, np.ndarray]] = []
+    error: PartitionError | None = None
+    for _, place in best.candidates(3):
+        try:
+            fixed = repair_memory(graph, place, caps=caps, comm=comm)
+        except PartitionError as exc:
+            error = error or exc
+            continue
+        _, finish = schedule(graph, fixed, comm=comm)
+        found.append((float(finish.max(initial=0.0)), fixed))
+    if not found:
+        assert error is not None
+        raise error
+    return min(found, key=lambda f: f[0])[1]
 
 
 def colocate(graph: OpGraph, place: np.ndarray) -> np.ndarray:
@@ -136,6 +163,17 @@ class _Best:
         self.graph, self.comm, self.enabled = graph, comm, enabled
         self.place = np.zeros(graph.num_nodes, dtype=np.int64)
         self.makespan = np.inf
+        self.seen: list[tuple[float, np.ndarray]] = []
+
+    def candidates(self, n: int) -> list[tuple[float, np.ndarray]]:
+        """The ``n`` fastest distinct placements offered (the latest only if disabled)."""
+        if not self.enabled:
+            return [(self.makespan, self.place)]
+        out: list[tuple[float, np.ndarray]] = []
+        for makespan, place in sorted(self.seen, key=lambda s: s[0]):
+            if all(not np.array_equal(place, p) for _, p in out):
+                out.append((makespan, place))
+        return out[:n]
 
     def offer(self, place: np.ndarray) -> None:
         if not self.enabled:  # the latest stage wins
@@ -143,6 +181,7 @@ class _Best:
             return
         _, finish = schedule(self.graph, place, comm=self.comm)
         makespan = float(finish.max(initial=0.0))
+        self.seen.append((makespan, place))
         if makespan < self.makespan:
             self.place, self.makespan = place, makespan
 

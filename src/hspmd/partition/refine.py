@@ -245,3 +245,81 @@ def _candidates(
             out += [(waited, d) for d in range(num_devices) if d != place[waited]]
             out += [(op, d) for d in range(num_devices) if d != place[op]]
     return out
+
+
+def relieve_busiest(
+    graph: OpGraph,
+    slicing: Slicing,
+    place: np.ndarray,
+    *,
+    num_devices: int,
+    edge_us: np.ndarray,
+    rounds: int = 2,
+) -> np.ndarray:
+    """Move secondary clusters off the busiest devices while their slack hides the new
+    transfers (see docs/decisions.md, "load relief").
+
+    The longest path of the placed graph (crossing edges cost) is ``L``. A cluster on
+    device ``h`` moves to a less loaded ``t`` if the heaviest path through it with the
+    new crossings stays within ``L`` and the move lowers ``max(W[h], W[t])`` (``W``: work
+    per device). Neighbours of a moved cluster wait for the next round (their levels are
+    stale). One level computation per round: O(rounds (V + E)).
+    """
+    place = place.copy()
+    w = graph.time_us
+    bptr, bother, bcost = boundary_lists(graph, slicing, edge_us=edge_us)
+    in_side = _entry_sides(graph, slicing, edge_us=edge_us)
+    members, ptr = slicing.members.tolist(), slicing.ptr.tolist()
+    work = np.bincount(slicing.cluster_of, weights=w, minlength=slicing.num_clusters).tolist()
+    group_free = (graph.group_of == np.arange(graph.num_nodes)).tolist()
+    for _ in range(rounds):
+        crossing = np.where(place[graph.src] != place[graph.dst], edge_us, 0.0)
+        top, bottom = longest_paths(graph, node_w=w, edge_w=crossing)
+        limit = float((top + bottom).max(initial=0.0)) + 1e-9
+        load = np.bincount(place, weights=w, minlength=num_devices).tolist()
+        place_l, top_l, bot_l = place.tolist(), top.tolist(), bottom.tolist()
+        frozen = [False] * slicing.num_clusters
+        cl = slicing.cluster_of.tolist()
+        order = sorted(range(1, slicing.num_clusters), key=lambda c: -work[c])
+        moved = 0
+        for c in order:
+            nodes = members[ptr[c] : ptr[c + 1]]
+            h = place_l[nodes[0]]
+            if frozen[c] or any(place_l[v] != h or not group_free[v] for v in nodes):
+                continue
+            targets = sorted((d for d in range(num_devices) if d != h), key=load.__getitem__)
+            for t in targets:
+                if max(load[h] - work[c], load[t] + work[c]) >= max(load[h], load[t]):
+                    break
+                enter, leave = 0.0, 0.0
+                for i in range(bptr[c], bptr[c + 1]):
+                    u = bother[i]
+                    cost = bcost[i] if place_l[u] != t else 0.0
+                    if in_side[i]:
+                        enter = max(enter, top_l[u] + w[u] + cost)
+                    else:
+                        leave = max(leave, cost + bot_l[u])
+                # a path no longer than the busiest device's new work is hidden by it
+                if enter + work[c] + leave > max(limit, load[h] - work[c], load[t] + work[c]):
+                    continue
+                for v in nodes:
+                    place_l[v] = t
+                load[h] -= work[c]
+                load[t] += work[c]
+                for i in range(bptr[c], bptr[c + 1]):
+                    frozen[cl[bother[i]]] = True
+                moved += 1
+                break
+        place = np.asarray(place_l, dtype=np.int64)
+        if not moved:
+            break
+    return place
+
+
+def _entry_sides(graph: OpGraph, slicing: Slicing, *, edge_us: np.ndarray) -> list[bool]:
+    """Aligned with :func:`boundary_lists`: True where the other node is a predecessor."""
+    cl = slicing.cluster_of
+    cross = cl[graph.src] != cl[graph.dst]
+    owner = np.concatenate((cl[graph.src][cross], cl[graph.dst][cross]))
+    side = np.concatenate((np.zeros(int(cross.sum()), bool), np.ones(int(cross.sum()), bool)))
+    return side[np.argsort(owner, kind="stable")].tolist()

@@ -67,17 +67,28 @@ def slice_graph(graph: OpGraph, *, num_devices: int, edge_us: np.ndarray) -> Sli
     for _ in range(num_devices):
         if not alive.any():
             break
-        wlvl = top + bottom
-        # the start of a heaviest path: heaviest weighted level, then earliest
-        candidates = np.flatnonzero(alive)
-        best = candidates[np.lexsort((top[candidates], -wlvl[candidates]))[0]]
+        wlvl = _rounded(top + bottom)
+        # a heaviest path starts at a source of what is left: the heaviest, then earliest
+        candidates = np.flatnonzero(alive & (_alive_in_degree(graph, alive) == 0))
+        best = candidates[np.lexsort((candidates, -wlvl[candidates]))[0]]
         path = _walk(int(best), out_ptr, dst, alive.tolist(), wlvl.tolist())
         alive[path] = False
         paths.append(path)
         top, bottom = longest_paths(graph, node_w=graph.time_us, edge_w=edge_us, alive=alive)
     num_primary = len(paths)
-    paths += _secondary_paths(alive, top + bottom, top, out_ptr, dst)
+    paths += _secondary_paths(alive, _rounded(top + bottom), top, out_ptr, dst)
     return _as_slicing(paths, num, num_primary, first_top)
+
+
+def _rounded(wlvl: np.ndarray) -> np.ndarray:
+    """Weighted levels with float noise removed, so that the nodes of one path tie."""
+    scale = max(float(np.abs(wlvl).max(initial=0.0)), 1.0) * 1e-9
+    return np.round(wlvl / scale) * scale
+
+
+def _alive_in_degree(graph: OpGraph, alive: np.ndarray) -> np.ndarray:
+    live = alive[graph.src] & alive[graph.dst]
+    return np.bincount(graph.dst[live], minlength=graph.num_nodes)
 
 
 def _walk(
