@@ -3,10 +3,12 @@
 Four gloo processes reshard the same global tensor (4096 x 4096 float32 by default) with
 an all-gather ({0:4} -> {D:4}), a reduce-scatter ({P:4} -> {0:4}), an all-reduce
 ({P:4} -> {D:4}) and a BSR ({0:4} -> {1:4} forced through batched send/receive). Each
-repetition runs raw, ours and DTensor back to back (interleaved), between barriers; the
-table shows rank 0's median seconds and the ratios to raw, then one JSON line.
+repetition runs raw, ours and DTensor back to back (interleaved, in a rotating order),
+between barriers; the table shows rank 0's median seconds and the median over repetitions
+of each repetition's ratio to raw (neighbouring runs share the machine's load), then one
+JSON line.
 
-    .venv/bin/python benchmarks/comm.py              # default: 4096 x 4096, 5 repetitions
+    .venv/bin/python benchmarks/comm.py              # default: 4096 x 4096, 7 repetitions
     .venv/bin/python benchmarks/comm.py --size 1024 --reps 20
 
 "raw" is what a user would write by hand for the same result: all_gather_single /
@@ -145,24 +147,28 @@ def worker(world: World, size: int, reps: int) -> dict[str, dict[str, float]]:
         for fn in impls.values():  # warm up
             fn()
         times: dict[str, list[float]] = {k: [] for k in impls}
-        for _ in range(reps):
-            for key, fn in impls.items():
-                times[key].append(_time(fn))
+        keys = list(impls)
+        for rep in range(reps):
+            for key in keys[rep % 3 :] + keys[: rep % 3]:  # rotate the order
+                times[key].append(_time(impls[key]))
         out[name] = {k: statistics.median(v) for k, v in times.items()}
+        for key in ("ours", "dtensor"):  # ratios within a repetition: shared load cancels
+            ratios = [t / r for t, r in zip(times[key], times["raw"], strict=True)]
+            out[name][f"{key}/raw"] = statistics.median(ratios)
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=4096, help="global tensor is size x size")
-    parser.add_argument("--reps", type=int, default=5, help="interleaved repetitions")
+    parser.add_argument("--reps", type=int, default=7, help="interleaved repetitions")
     args = parser.parse_args()
     medians = launch(worker, NPROC, args=(args.size, args.reps), timeout_s=1800)[0]
     print(f"{NPROC} gloo processes, {args.size} x {args.size} float32, {args.reps} reps (median s)")
     print(f"{'op':<16}{'raw':>10}{'ours':>10}{'dtensor':>10}{'ours/raw':>10}{'dt/raw':>10}")
     ratios = {}
     for name, m in medians.items():
-        ours, dt = m["ours"] / m["raw"], m["dtensor"] / m["raw"]
+        ours, dt = m["ours/raw"], m["dtensor/raw"]
         ratios[name] = {"ours_over_raw": round(ours, 3), "dtensor_over_raw": round(dt, 3)}
         print(
             f"{name:<16}{m['raw']:>10.4f}{m['ours']:>10.4f}{m['dtensor']:>10.4f}"
