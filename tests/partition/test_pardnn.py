@@ -107,3 +107,64 @@ def test_shared_graphs_beat_round_robin(name: str) -> None:
         assert result.emulation.makespan_us < row["rr_makespan_us"]
         if name == "vgg":
             assert result.emulation.makespan_us <= row["authors_makespan_us"]
+
+
+def test_primary_path_starts_at_a_source_despite_float_noise() -> None:
+    # 0.1 + 0.2 + ... sums differ in the last bits along the path: every node of the
+    # chain must still land in the first primary, starting at its source
+    times = [0.1, 0.2, 0.3, 0.7, 0.1]
+    g = OpGraph.build(
+        "chain",
+        "abcde",
+        time_us=times,
+        out_bytes=[0] * 5,
+        residual_bytes=[0] * 5,
+        edges=[(0, 1), (1, 2), (2, 3), (0, 4)],
+    )
+    from hspmd.partition.slicing import slice_graph
+
+    s = slice_graph(g, num_devices=2, edge_us=np.full(g.num_edges, 25.0))
+    assert s.cluster(0).tolist() == [0, 1, 2, 3]
+
+
+# graph, K where ours is no worse than the authors' placement (see docs/partition.md);
+# not yet: widedeep K=2 (1.03x) and inception_slice K=4 (1.09x)
+NO_WORSE = [
+    ("toy_inception_65_103", 2),
+    ("toy_inception_65_103", 4),
+    ("vgg", 2),
+    ("vgg", 4),
+    ("resnet", 2),
+    ("resnet", 4),
+    ("widedeep", 4),
+    ("inception_slice", 2),
+]
+
+
+@needs_data
+@pytest.mark.parametrize(("name", "k"), NO_WORSE)
+def test_no_worse_than_the_authors(name: str, k: int) -> None:
+    rows = json.loads((DATA / "results_authors_vs_baselines.json").read_text())
+    row = next(r for r in rows if r["graph"] == name and r["K"] == k)
+    result = partition(load_graph(DATA / f"{name}.json"), num_devices=k)
+    assert result.emulation.makespan_us <= row["authors_makespan_us"] + 1e-6
+
+
+def test_50k_nodes_take_a_few_emulations() -> None:
+    import time
+
+    from hspmd.partition.generate import layered_graph
+
+    g = layered_graph(50_000, seed=0)
+    rr = _round_robin(g, 4)
+    emulate(g, rr)  # warm the cached adjacency
+    one = []
+    for _ in range(2):
+        t = time.perf_counter()
+        emulate(g, rr)
+        one.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    partition(g, num_devices=4)
+    took = time.perf_counter() - t
+    # measured about 6x one emulation on an idle machine; loose for a shared one
+    assert took < 15 * min(one)

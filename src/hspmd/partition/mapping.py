@@ -52,8 +52,16 @@ class Fenwick:
         return total
 
     def range_sum(self, lo: int, hi: int) -> float:
-        """Sum of positions ``lo..hi-1``."""
-        return self.prefix(hi) - self.prefix(lo) if hi > lo else 0.0
+        """Sum of positions ``lo..hi-1``: both prefixes walked until they meet, so a short
+        range costs a few steps."""
+        tree, total = self.tree, 0.0
+        while hi > lo:
+            total += tree[hi]
+            hi &= hi - 1
+        while lo > hi:
+            total -= tree[lo]
+            lo &= lo - 1
+        return total
 
 
 def cluster_spans(

@@ -86,10 +86,12 @@ def partition(
     best.offer(place)
     place = remap_clusters(graph, slicing, place, num_devices=num_devices, edge_us=edge_us, top=top)
     best.offer(colocate(graph, place))
-    place = switch_critical_nodes(graph, place, edge_us=edge_us, rounds=num_devices)
+    # large graphs: one round each of node switching and load relief (one level pass each)
+    rounds = num_devices if search_trials > 0 else 1
+    place = switch_critical_nodes(graph, place, edge_us=edge_us, rounds=rounds)
     best.offer(colocate(graph, place))
     place = relieve_busiest(
-        graph, slicing, best.place, num_devices=num_devices, edge_us=edge_us, rounds=3
+        graph, slicing, best.place, num_devices=num_devices, edge_us=edge_us, rounds=min(3, rounds)
     )
     best.offer(colocate(graph, place))
     if search_trials > 0:
