@@ -106,7 +106,9 @@ def launch(
             writer.close()
             procs.append(proc)
             conns.append(reader)
-        return _collect(procs, conns, deadline=time.monotonic() + timeout_s)
+        results = _collect(procs, conns, deadline=time.monotonic() + timeout_s)
+        _stop(procs, exit_s=_GRACE_S)  # every result is in: let the workers exit cleanly
+        return results
     finally:
         _stop(procs)
         for conn in conns:
@@ -169,8 +171,12 @@ def _check_exit(
         )
 
 
-def _stop(procs: list[Any]) -> None:
-    """Terminate what still runs, then kill what ignores it; reap everything."""
+def _stop(procs: list[Any], *, exit_s: float = 0.0) -> None:
+    """Wait up to ``exit_s`` for the workers to exit, terminate what still runs, then kill
+    what ignores it; reap everything."""
+    deadline = time.monotonic() + exit_s
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
     for proc in procs:
         if proc.is_alive():
             proc.terminate()
@@ -234,7 +240,11 @@ def _watch_parent() -> None:
 
 
 def run_from_env(fn: Callable[..., Any], *args: Any, backend: str | None = None) -> Any:
-    """Run ``fn(world, *args)`` on this process under torchrun (RANK, WORLD_SIZE, ... set)."""
+    """Run ``fn(world, *args)`` on this process under torchrun (RANK, WORLD_SIZE, ... set).
+
+    The process exits by itself if its parent (torchrun's agent) goes away.
+    """
+    _watch_parent()
     world = World.from_env(backend=backend)
     try:
         return fn(world, *args)
@@ -243,10 +253,14 @@ def run_from_env(fn: Callable[..., Any], *args: Any, backend: str | None = None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``torchrun ... -m hspmd.runtime.launch package.module:function [args...]``."""
+    """``torchrun ... -m hspmd.runtime package.module:function [ARG...]``.
+
+    Every rank runs ``function(world, *ARGS)`` (arguments as strings); rank 0 prints what
+    it returns.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or ":" not in argv[0]:
-        print("usage: python -m hspmd.runtime.launch package.module:function [ARG...]")
+        print("usage: torchrun [...] -m hspmd.runtime package.module:function [ARG...]")
         return 2
     module, _, name = argv[0].partition(":")
     fn = getattr(importlib.import_module(module), name)
@@ -254,7 +268,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     if result is not None and int(os.environ.get("RANK", "0")) == 0:
         print(result)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
