@@ -24,6 +24,12 @@ def counted(world: World) -> list[tuple[dict[str, int], int]]:
         with count_comm(world) as log:
             run_plan(plan, local, world)
         out.append((log.counts(), log.nbytes()))
+    plan = plans["all-reduce"]
+    local = torch.ones(plan.shape)
+    donated = run_plan(plan, local, world, donate=True)
+    kept = run_plan(plan, local, world)
+    assert donated is local and kept is not local, "donate=True reduces in place, else a copy"
+    assert float(local[0, 0]) == 4.0 and float(kept[0, 0]) == 16.0
     return out
 
 

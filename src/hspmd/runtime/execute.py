@@ -175,7 +175,7 @@ def _all_reduce(step: AllReduce, x: torch.Tensor | None, ctx: _Ctx) -> torch.Ten
     out = x if ctx.owned and x.is_contiguous() else x.clone(memory_format=torch.contiguous_format)
     if len(group) > 1:
         ctx.world.record("all_reduce", group=group, nbytes=_nbytes(out))
-        dist.all_reduce(out, group=ctx.world.group(group))
+        ctx.world.wait([dist.all_reduce(out, group=ctx.world.group(group), async_op=True)])
     return out
 
 
@@ -208,7 +208,8 @@ def _reduce_scatter(step: ReduceScatter, x: torch.Tensor | None, ctx: _Ctx) -> t
     out = torch.empty(source.shape[1:], **ctx.like)
     ctx.world.record("reduce_scatter", group=group, nbytes=_nbytes(source))
     flat = source.view(-1, *source.shape[2:])
-    dist.reduce_scatter_single(out, flat, group=ctx.world.group(group))
+    work = dist.reduce_scatter_single(out, flat, group=ctx.world.group(group), async_op=True)
+    ctx.world.wait([work])
     return out
 
 
@@ -221,7 +222,9 @@ def _all_gather(step: AllGather, x: torch.Tensor | None, ctx: _Ctx) -> torch.Ten
     source = x.contiguous()
     flat = torch.empty((len(group) * x.shape[0], *x.shape[1:]), **ctx.like)
     ctx.world.record("all_gather", group=group, nbytes=_nbytes(source))
-    dist.all_gather_single(flat, source, group=ctx.world.group(group))
+    ctx.world.wait(
+        [dist.all_gather_single(flat, source, group=ctx.world.group(group), async_op=True)]
+    )
     stacked = flat.view(len(group), *x.shape)
     inverse = None if is_sorted else [sorted(group).index(r) for r in group]
     if step.dim == 0 and inverse is None:
@@ -238,7 +241,8 @@ def _all_to_all(step: AllToAll, x: torch.Tensor | None, ctx: _Ctx) -> torch.Tens
     source = _stacked(x, step.split_dim, len(group), order)
     received = torch.empty_like(source)
     ctx.world.record("all_to_all", group=group, nbytes=_nbytes(source))
-    dist.all_to_all_single(received, source, group=ctx.world.group(group))
+    work = dist.all_to_all_single(received, source, group=ctx.world.group(group), async_op=True)
+    ctx.world.wait([work])
     inverse = None if is_sorted else [sorted(group).index(r) for r in group]
     return _unstacked(received, step.concat_dim, inverse).contiguous()
 
@@ -335,9 +339,7 @@ def _split_all_reduce(step: SplitAllReduce, x: torch.Tensor | None, ctx: _Ctx) -
         if len(ranks) > 1:
             ctx.world.record("all_reduce", group=ranks, nbytes=_nbytes(flat))
             pending.append(dist.all_reduce(flat, group=ctx.world.group(ranks), async_op=True))
-    for work in pending:
-        assert work is not None
-        work.wait()
+    ctx.world.wait(pending)
     for ranks, flat in packed.items():
         offset = 0
         for s in by_set[ranks]:

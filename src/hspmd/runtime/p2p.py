@@ -57,8 +57,7 @@ class Exchange:
         if not ops:
             return
         self.world.record("batch", group=(self.world.rank,), nbytes=0)
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
+        self.world.wait(dist.batch_isend_irecv(ops))
         for buffer, targets in unpack:
             offset = 0
             for target in targets:

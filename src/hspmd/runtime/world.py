@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -75,6 +75,7 @@ class World:
     timeout: datetime.timedelta
     groups: dict[Ranks, dist.ProcessGroup] = field(default_factory=dict)
     logs: list[CommLog] = field(default_factory=list)
+    waiter: Callable[[Sequence[Any]], None] | None = None
 
     @staticmethod
     def create(*, timeout_s: float = 300.0) -> World:
@@ -149,6 +150,20 @@ class World:
                 "on every rank before running them"
             )
         return found
+
+    def wait(self, works: Sequence[Any]) -> None:
+        """Wait for issued operations (the executors issue everything with ``async_op``).
+
+        Blocks in ``work.wait()``, bounded by the process-group timeout, unless ``waiter``
+        is set: the elastic layer installs one that polls ``is_completed()`` and watches for
+        dead peers (DESIGN.md decision 9).
+        """
+        if self.waiter is not None:
+            self.waiter(works)
+            return
+        for work in works:
+            if work is not None:
+                work.wait()
 
     def record(self, op: str, *, group: Sequence[int], nbytes: int) -> None:
         """Add one issued operation to every active counting log."""
