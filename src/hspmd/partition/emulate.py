@@ -93,11 +93,24 @@ def check_placement(graph: OpGraph, placement: np.ndarray) -> np.ndarray:
 def emulate(graph: OpGraph, placement: np.ndarray, *, comm: CommModel = CommModel()) -> Emulation:
     """Emulate one step of ``graph`` run with ``placement`` (device id per op)."""
     place = check_placement(graph, placement)
-    num_devices = int(place.max()) + 1 if place.size else 1
     start, finish = schedule(graph, place, comm=comm)
-    sent = _sent_pairs(graph, place)
+    return emulation_of(graph, place, start=start, finish=finish)
+
+
+def emulation_of(
+    graph: OpGraph,
+    place: np.ndarray,
+    *,
+    start: np.ndarray,
+    finish: np.ndarray,
+    k: int | None = None,
+) -> Emulation:
+    """The :class:`Emulation` of a schedule already computed (``k``: at least this many
+    devices in ``peak_bytes``)."""
+    num_devices = max(int(place.max()) + 1 if place.size else 1, k or 1)
+    sent = _sent_pairs(graph, place, num_devices)
     comm_bytes = int(graph.out_bytes[sent // num_devices].sum()) if sent.size else 0
-    peak = memory_peaks(graph, place, start=start, finish=finish)
+    peak = memory_peaks(graph, place, start=start, finish=finish, num_devices=num_devices)
     return Emulation(
         makespan_us=float(finish.max(initial=0.0)),
         start_us=start,
@@ -167,9 +180,8 @@ def schedule(
     return np.asarray(start, dtype=np.float64), np.asarray(finish, dtype=np.float64)
 
 
-def _sent_pairs(graph: OpGraph, place: np.ndarray) -> np.ndarray:
+def _sent_pairs(graph: OpGraph, place: np.ndarray, num_devices: int) -> np.ndarray:
     """Unique ``producer * K + destination device`` keys of cross-device transfers."""
-    num_devices = int(place.max()) + 1 if place.size else 1
     cross = place[graph.src] != place[graph.dst]
     return np.unique(graph.src[cross] * num_devices + place[graph.dst[cross]])
 

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hspmd.errors import PartitionError
-from hspmd.partition.emulate import CommModel, Emulation, emulate, schedule
+from hspmd.partition.baselines import upward_rank
+from hspmd.partition.eft import eft_placement
+from hspmd.partition.emulate import CommModel, Emulation, emulation_of, schedule
 from hspmd.partition.graph import OpGraph
 from hspmd.partition.mapping import map_clusters
 from hspmd.partition.memory import gib, repair_memory
@@ -81,8 +83,8 @@ def partition(
     if search_trials is None:
         trials = _SEARCH_WORK // max(graph.num_nodes + graph.num_edges, 1)
         search_trials = int(min(400, trials)) if trials >= 8 else 0
-    # emulate each stage's result and keep the best, unless the graph is too big to afford it
-    best = _Best(graph, comm, enabled=search_trials > 0)
+    # emulate each stage's result and keep the best (large graphs: only the last stage)
+    best = _Best(graph, comm, every_stage=search_trials > 0)
     best.offer(place)
     place = remap_clusters(graph, slicing, place, num_devices=num_devices, edge_us=edge_us, top=top)
     best.offer(colocate(graph, place))
@@ -94,19 +96,24 @@ def partition(
         graph, slicing, best.place, num_devices=num_devices, edge_us=edge_us, rounds=min(3, rounds)
     )
     best.offer(colocate(graph, place))
+    clock.lap("refinement")
+    # beyond the paper: earliest-finish placements in the runtime's own order, ties among
+    # ops ready at once by topological rank or by upward rank (eft.py, docs/decisions.md)
+    best.offer(eft_placement(graph, num_devices=num_devices, comm=comm), always=True)
+    up = upward_rank(graph, comm=comm)
+    best.offer(eft_placement(graph, num_devices=num_devices, comm=comm, priority=-up), always=True)
+    clock.lap("eft")
     if search_trials > 0:
         place = improve_by_emulation(
             graph, best.place, num_devices=num_devices, comm=comm, max_trials=search_trials
         )
         best.offer(place)
+        clock.lap("refinement")
     place = best.place
-    clock.lap("refinement")
     if caps is not None:
         place = _repair_best(graph, best, caps=caps, comm=comm)
         clock.lap("memory")
-    result = emulate(graph, place, comm=comm)
-    if result.peak_bytes.shape[0] < num_devices:
-        result = _pad_peaks(result, num_devices)
+    result = best.emulation(place, num_devices=num_devices)
     clock.lap("emulation")
     return PartitionResult(place, result, clock.total(), dict(clock.laps))
 
@@ -150,42 +157,64 @@ def _caps(memory_bytes: int | Sequence[int] | None, k: int) -> np.ndarray | None
     return caps
 
 
-def _pad_peaks(result: Emulation, k: int) -> Emulation:
-    peaks = np.zeros(k, dtype=np.int64)
-    peaks[: result.peak_bytes.shape[0]] = result.peak_bytes
-    return Emulation(
-        result.makespan_us, result.start_us, result.finish_us, peaks, result.comm_bytes
-    )
-
-
 class _Best:
-    """The placement with the smallest emulated makespan seen so far."""
+    """The placement with the smallest emulated makespan among those offered.
 
-    def __init__(self, graph: OpGraph, comm: CommModel, *, enabled: bool) -> None:
-        self.graph, self.comm, self.enabled = graph, comm, enabled
-        self.place = np.zeros(graph.num_nodes, dtype=np.int64)
-        self.makespan = np.inf
+    With ``every_stage`` False (graphs too big to emulate every stage) a stage's result
+    is not emulated: the latest stage stands for ParDNN, and is judged against the
+    candidates offered with ``always`` (one emulation each).
+    """
+
+    def __init__(self, graph: OpGraph, comm: CommModel, *, every_stage: bool) -> None:
+        self.graph, self.comm, self.every_stage = graph, comm, every_stage
+        self.pending: np.ndarray | None = None
+        self.best: tuple[float, np.ndarray, np.ndarray, np.ndarray] | None = None
         self.seen: list[tuple[float, np.ndarray]] = []
 
+    @property
+    def place(self) -> np.ndarray:
+        if self.pending is not None:
+            return self.pending
+        assert self.best is not None
+        return self.best[1]
+
     def candidates(self, n: int) -> list[tuple[float, np.ndarray]]:
-        """The ``n`` fastest distinct placements offered (the latest only if disabled)."""
-        if not self.enabled:
-            return [(self.makespan, self.place)]
+        """The ``n`` fastest distinct placements judged."""
+        self._flush()
         out: list[tuple[float, np.ndarray]] = []
         for makespan, place in sorted(self.seen, key=lambda s: s[0]):
             if all(not np.array_equal(place, p) for _, p in out):
                 out.append((makespan, place))
         return out[:n]
 
-    def offer(self, place: np.ndarray) -> None:
-        if not self.enabled:  # the latest stage wins
-            self.place = place
+    def offer(self, place: np.ndarray, *, always: bool = False) -> None:
+        if not (self.every_stage or always):
+            self.pending = place
             return
-        _, finish = schedule(self.graph, place, comm=self.comm)
+        self._flush()
+        self._judge(place)
+
+    def emulation(self, place: np.ndarray, *, num_devices: int) -> Emulation:
+        """The full emulation of ``place`` (reusing the schedule if it was judged)."""
+        self._flush()
+        assert self.best is not None
+        if place is self.best[1]:
+            start, finish = self.best[2], self.best[3]
+        else:
+            start, finish = schedule(self.graph, place, comm=self.comm)
+        return emulation_of(self.graph, place, start=start, finish=finish, k=num_devices)
+
+    def _flush(self) -> None:
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            self._judge(pending)
+
+    def _judge(self, place: np.ndarray) -> None:
+        start, finish = schedule(self.graph, place, comm=self.comm)
         makespan = float(finish.max(initial=0.0))
         self.seen.append((makespan, place))
-        if makespan < self.makespan:
-            self.place, self.makespan = place, makespan
+        if self.best is None or makespan < self.best[0]:
+            self.best = (makespan, place, start, finish)
 
 
 class _Clock:
