@@ -67,9 +67,10 @@ def eft_placement(
     free = [0.0] * num_devices
     heap = [(0.0, rank[v], v) for v in range(num) if remaining[v] == 0]
     heapq.heapify(heap)
+    push, pop = heapq.heappush, heapq.heappop
     devices = range(num_devices)
     while heap:
-        _, _, v = heapq.heappop(heap)
+        _, _, v = pop(heap)
         arrive = _arrivals(v, in_ptr, preds, place, finish, delay, num_devices)
         forced = group_dev[group[v]] if group_dev[group[v]] >= 0 else pin[v]
         if forced >= 0:
@@ -86,13 +87,13 @@ def eft_placement(
         free[best] = finish[v]
         if memory is not None:
             memory.place(v, best, place)
-        for e in range(out_ptr[v], out_ptr[v + 1]):
-            u = dst[e]
-            if finish[v] > data_ready[u]:
-                data_ready[u] = finish[v]
+        done = finish[v]
+        for u in dst[out_ptr[v] : out_ptr[v + 1]]:
+            if done > data_ready[u]:
+                data_ready[u] = done
             remaining[u] -= 1
             if remaining[u] == 0:
-                heapq.heappush(heap, (data_ready[u], rank[u], u))
+                push(heap, (data_ready[u], rank[u], u))
     return np.asarray(place, dtype=np.int64)
 
 
@@ -112,8 +113,7 @@ def _arrivals(
     """
     local = [0.0] * num_devices
     top_t, top_d, second = 0.0, -1, 0.0
-    for e in range(in_ptr[v], in_ptr[v + 1]):
-        u = preds[e]
+    for u in preds[in_ptr[v] : in_ptr[v + 1]]:
         pu = place[u]
         if finish[u] > local[pu]:
             local[pu] = finish[u]

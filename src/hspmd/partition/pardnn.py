@@ -98,10 +98,12 @@ def partition(
     best.offer(colocate(graph, place))
     clock.lap("refinement")
     # beyond the paper: earliest-finish placements in the runtime's own order, ties among
-    # ops ready at once by topological rank or by upward rank (eft.py, docs/decisions.md)
-    best.offer(eft_placement(graph, num_devices=num_devices, comm=comm), always=True)
+    # ops ready at once by upward rank, and on graphs small enough for the search also by
+    # topological rank (eft.py, docs/decisions.md)
     up = upward_rank(graph, comm=comm)
     best.offer(eft_placement(graph, num_devices=num_devices, comm=comm, priority=-up), always=True)
+    if search_trials > 0:
+        best.offer(eft_placement(graph, num_devices=num_devices, comm=comm))
     clock.lap("eft")
     if search_trials > 0:
         place = improve_by_emulation(
