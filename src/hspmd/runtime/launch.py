@@ -127,14 +127,15 @@ def _collect(procs: list[Any], conns: list[Connection], *, deadline: float) -> l
             missing = sorted(set(range(len(procs))) - set(results))
             raise LaunchError(f"timed out: ranks {missing} did not finish; raise timeout_s")
         ready = wait([c for c in conns if id(c) in waiting] + list(sentinels), timeout=left)
-        for item in ready:
-            if isinstance(item, Connection):
-                rank = waiting.pop(id(item))
-                _take(item, rank, results, procs[rank])
+        # Exits first: a rank that died is the cause of its peers' errors, not their victim.
         for item in ready:
             if not isinstance(item, Connection) and item in sentinels:
                 rank = sentinels.pop(item)
                 _check_exit(procs[rank], rank, conns[rank], waiting, results)
+        for item in ready:
+            if isinstance(item, Connection) and id(item) in waiting:
+                rank = waiting.pop(id(item))
+                _take(item, rank, results, procs[rank])
     return [results[r] for r in range(len(procs))]
 
 
