@@ -1,0 +1,131 @@
+"""Bottom-tier executors: collectives within the groups of a step, and the local step.
+
+Each issues at most one collective on this rank's group. Process groups number their
+members by global rank, so a group given in another order (a DG like ``[3,1]``) is served
+by permuting chunks: member ``i`` of the plan's group still gets chunk ``i``.
+
+    step            issued                      copies on this rank
+    all-reduce      all_reduce                  one (none with donate / on intermediates)
+    reduce-scatter  reduce_scatter_single       one when dim != 0 or the group is unsorted
+    all-gather      all_gather_single           one when dim != 0 or the group is unsorted
+    all-to-all      all_to_all_single           one each way unless dims are 0 and sorted
+    local           nothing                     the kept slice
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from hspmd.comm.plan import (
+    AllGather,
+    AllReduce,
+    AllToAll,
+    Local,
+    ReduceScatter,
+    intersect,
+    local_box,
+)
+from hspmd.runtime.context import StepContext, held, nbytes
+
+
+def _order(group: tuple[int, ...]) -> tuple[list[int], bool]:
+    """Positions in ``group`` of its members sorted by rank, and whether it is sorted."""
+    ranked = sorted(group)
+    return [group.index(r) for r in ranked], list(group) == ranked
+
+
+def _my_group(groups: tuple[tuple[int, ...], ...], rank: int) -> tuple[int, ...]:
+    return next(g for g in groups if rank in g)
+
+
+def all_reduce(step: AllReduce, x: torch.Tensor | None, ctx: StepContext) -> torch.Tensor:
+    x = held(x, ctx)
+    group = _my_group(step.groups, ctx.rank)
+    out = x if ctx.owned and x.is_contiguous() else x.clone(memory_format=torch.contiguous_format)
+    if len(group) > 1:
+        ctx.world.record("all_reduce", group=group, nbytes=nbytes(out))
+        ctx.world.wait([dist.all_reduce(out, group=ctx.world.group(group), async_op=True)])
+    return out
+
+
+def _stacked(x: torch.Tensor, dim: int, parts: int, order: list[int]) -> torch.Tensor:
+    """``x`` cut into ``parts`` chunks along ``dim``, stacked on a new dim 0 in ``order``."""
+    shape = x.shape
+    split = x.reshape(*shape[:dim], parts, shape[dim] // parts, *shape[dim + 1 :])
+    stacked = split.movedim(dim, 0)
+    if order != list(range(parts)):
+        stacked = stacked[order]
+    return stacked.contiguous()
+
+
+def _unstacked(stacked: torch.Tensor, dim: int, order: list[int] | None) -> torch.Tensor:
+    """Inverse layout: chunks on dim 0 (in ``order``) concatenated along ``dim``."""
+    if order is not None:
+        stacked = stacked[order]
+    moved = stacked.movedim(0, dim)
+    shape = moved.shape
+    return moved.reshape(*shape[:dim], shape[dim] * shape[dim + 1], *shape[dim + 2 :])
+
+
+def reduce_scatter(step: ReduceScatter, x: torch.Tensor | None, ctx: StepContext) -> torch.Tensor:
+    x = held(x, ctx)
+    group = _my_group(step.groups, ctx.rank)
+    if len(group) == 1:
+        return x.clone()
+    order, _ = _order(group)
+    source = _stacked(x, step.dim, len(group), order)
+    out = torch.empty(source.shape[1:], **ctx.like)
+    ctx.world.record("reduce_scatter", group=group, nbytes=nbytes(source))
+    flat = source.view(-1, *source.shape[2:])
+    work = dist.reduce_scatter_single(out, flat, group=ctx.world.group(group), async_op=True)
+    ctx.world.wait([work])
+    return out
+
+
+def all_gather(step: AllGather, x: torch.Tensor | None, ctx: StepContext) -> torch.Tensor:
+    x = held(x, ctx)
+    group = _my_group(step.groups, ctx.rank)
+    if len(group) == 1:
+        return x.clone()
+    order, is_sorted = _order(group)
+    source = x.contiguous()
+    flat = torch.empty((len(group) * x.shape[0], *x.shape[1:]), **ctx.like)
+    ctx.world.record("all_gather", group=group, nbytes=nbytes(source))
+    ctx.world.wait(
+        [dist.all_gather_single(flat, source, group=ctx.world.group(group), async_op=True)]
+    )
+    stacked = flat.view(len(group), *x.shape)
+    inverse = None if is_sorted else [sorted(group).index(r) for r in group]
+    if step.dim == 0 and inverse is None:
+        return stacked.view(-1, *x.shape[1:])
+    return _unstacked(stacked, step.dim, inverse)
+
+
+def all_to_all(step: AllToAll, x: torch.Tensor | None, ctx: StepContext) -> torch.Tensor:
+    x = held(x, ctx)
+    group = _my_group(step.groups, ctx.rank)
+    if len(group) == 1:
+        return x.clone()
+    order, is_sorted = _order(group)
+    source = _stacked(x, step.split_dim, len(group), order)
+    received = torch.empty_like(source)
+    ctx.world.record("all_to_all", group=group, nbytes=nbytes(source))
+    work = dist.all_to_all_single(received, source, group=ctx.world.group(group), async_op=True)
+    ctx.world.wait([work])
+    inverse = None if is_sorted else [sorted(group).index(r) for r in group]
+    return _unstacked(received, step.concat_dim, inverse).contiguous()
+
+
+def local(step: Local, x: torch.Tensor | None, ctx: StepContext) -> torch.Tensor:
+    new = ctx.new()
+    if ctx.rank in step.zero:
+        return torch.zeros(new.shape, **ctx.like)
+    x, old = held(x, ctx), ctx.old()
+    common = intersect(old.region, new.region)
+    if common == new.region:
+        return x[local_box(old, common)].clone(memory_format=torch.contiguous_format)
+    out = torch.zeros(new.shape, **ctx.like)
+    if common is not None:
+        out[local_box(new, common)] = x[local_box(old, common)]
+    return out
