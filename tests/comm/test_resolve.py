@@ -221,3 +221,18 @@ def test_every_pair_2d(src: str) -> None:
 def test_every_pair_3d() -> None:
     for src, dst in itertools.product(CATALOG_3D, repeat=2):
         check(src, dst, (4, 6, 4))
+
+
+@pytest.mark.parametrize(
+    ("src", "dst"),
+    [
+        ("[0,1,2,3]{0:2,P:2}", "[0,1,2,3]{P:2,0:2}"),
+        ("[0,1,2,3]{P:2,0:2}", "[0,1,2,3]{0:2,P:2}"),
+        ("[0,1,2,3]{1:2,P:2}", "[0,1,2,3]{P:2,1:2}"),
+        ("[0,1,2,3]{P:2,1:2}", "[0,1,2,3]{1:2,P:2}"),
+    ],
+)
+def test_partial_moving_between_axes(src: str, dst: str) -> None:
+    # The intermediate {P:2,P:2} is partial over four devices (found by the runtime tests).
+    plan = check(src, dst, (8, 12))
+    assert "bsr" not in plan.kinds

@@ -1,9 +1,10 @@
 """A subgroup as the resolver sees it: its ranks in DG order and one entry per DS axis.
 
-Unlike ``DistributedStates``, ``Axes`` may list duplicate (``D``) on several axes: that is what
-an all-reduce of ``{P:2,0:2,D:2}`` leaves (``{D:2,0:2,D:2}``). ``subgroup()`` turns it back into
-a valid (DG, DS) pair that gives every rank the same piece, by moving the duplicate axes last
-(merged) and reordering the DG to match::
+Unlike ``DistributedStates``, ``Axes`` may list duplicate (``D``) or partial (``P``) on several
+axes: that is what an all-reduce of ``{P:2,0:2,D:2}`` leaves (``{D:2,0:2,D:2}``), or a zero-pad
+of ``{0:2,P:2}`` towards ``{P:2,0:2}`` (``{P:2,P:2}``). ``subgroup()`` turns it back into a valid
+(DG, DS) pair that gives every rank the same piece, by moving such axes last (merged per kind)
+and reordering the DG to match::
 
     >>> Axes((0, 1, 2, 3, 4, 5, 6, 7), ((-1, 2), (0, 2), (-1, 2))).subgroup()
     (DeviceGroup(ranks=(0, 1, 4, 5, 2, 3, 6, 7)), DistributedStates(entries=((0, 2), (-1, 4))))
@@ -86,21 +87,28 @@ class Axes:
         return out
 
     def subgroup(self) -> tuple[DeviceGroup, DistributedStates]:
-        dup = [a for a, (d, _) in enumerate(self.entries) if d == DUP]
-        if len(dup) <= 1:
+        """A valid (DG, DS): several D axes merge into one, and so do several P axes."""
+        merged_kinds = [k for k in (PARTIAL, DUP) if self.dims().count(k) > 1]
+        if not merged_kinds:
             return DeviceGroup(self.ranks), DistributedStates(self.entries)
-        keep = [a for a in range(len(self.entries)) if a not in dup]
-        dup_degrees = tuple(self.entries[a][1] for a in dup)
+        merged = [[a for a, (d, _) in enumerate(self.entries) if d == k] for k in merged_kinds]
+        keep = [a for a in range(len(self.entries)) if not any(a in m for m in merged)]
 
         def key(position: int) -> tuple[int, ...]:
             index = _indices(position, self.degrees)
-            merged = 0
-            for a, degree in zip(dup, dup_degrees, strict=True):
-                merged = merged * degree + index[a]
-            return tuple(index[a] for a in keep) + (merged,)
+            out = [index[a] for a in keep]
+            for axes in merged:
+                flat = 0
+                for a in axes:
+                    flat = flat * self.entries[a][1] + index[a]
+                out.append(flat)
+            return tuple(out)
 
         order = sorted(range(len(self.ranks)), key=key)
-        entries = tuple(self.entries[a] for a in keep) + ((DUP, math.prod(dup_degrees)),)
+        entries = tuple(self.entries[a] for a in keep) + tuple(
+            (kind, math.prod(self.entries[a][1] for a in axes))
+            for kind, axes in zip(merged_kinds, merged, strict=True)
+        )
         return DeviceGroup(tuple(self.ranks[p] for p in order)), DistributedStates(entries)
 
 
