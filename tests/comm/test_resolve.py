@@ -58,6 +58,7 @@ KINDS = [
     # top tier: only hdim changes
     ("h0: [0,1]{1:2} [2,3]{1:2}", "hD: [0,1]{1:2} [2,3]{1:2}", ("split-all-gather",)),
     ("hP: [0,1]{1:2} [2,3,4,5]{1:4}", "hD: [0,1]{1:2} [2,3,4,5]{1:4}", ("split-all-reduce",)),
+    ("hP: [0,1]{1:2} [2,3]{1:2}", "hD: [0,1]{1:2} [2,3]{1:2}", ("all-reduce",)),
     ("hP: [0,1]{0:2} [2,3]{1:2}", "h0: [0,1]{0:2} [2,3]{1:2}", ("split-reduce-scatter",)),
     ("hD: [0,1]{0:2} [2,3]{1:2}", "hP: [0,1]{0:2} [2,3]{1:2}", ("local",)),
     ("hD: [0,1]{1:2} [2,3]{D:2}", "h0: [0,1]{1:2} [2,3]{D:2}", ("local",)),
@@ -73,7 +74,7 @@ KINDS = [
     (
         "hP: [0,1]{0:2} [2,3]{D:2}",
         "hD: [0,1]{1:2} [2,3]{1:2}",
-        ("all-to-all", "local", "split-all-reduce"),
+        ("all-to-all", "local", "all-reduce"),  # aligned subgroups: a plain all-reduce
     ),
     # hsize changes and everything else: BSR after reducing partials
     ("[0,1,2,3]{P:2,0:2}", "h0: [0,1]{D:2} [2,3]{1:2}", ("all-reduce", "bsr")),

@@ -4,6 +4,7 @@ Works on the finest slices of the before and after layouts (Figure 9)::
 
     before -> after   step                  per slice
     hP -> hD          split-all-reduce      sum over one holder per subgroup, all holders get it
+                      (a plain all-reduce when every slice is its ranks' whole piece)
     hP -> h{k}        split-reduce-scatter  sum over one holder per subgroup into each needer
     h{k} -> hD        split-all-gather      every needer gets the slice from one owner
     hD -> h{k}        local slice           (only if each new piece lies in the old one)
@@ -23,6 +24,7 @@ from collections.abc import Sequence
 
 from hspmd.annotation import DUP, PARTIAL, Annotation, Region
 from hspmd.comm.plan import (
+    AllReduce,
     Local,
     SliceReduce,
     SplitAllGather,
@@ -42,7 +44,8 @@ def top_step(before: Annotation, after: Annotation, shape: Sequence[int]) -> Ste
     old, new = _regions(before, shape), _regions(after, shape)
     h1, h2 = before.hdim, after.hdim
     if h1 == PARTIAL and h2 == DUP:
-        return _split_all_reduce(before, old, shape)
+        step = _split_all_reduce(before, old, shape)
+        return _as_all_reduce(step, old) or step
     if h1 == PARTIAL and h2 >= 0:
         return _split_reduce_scatter(before, old, new, shape)
     if h1 >= 0 and h2 == DUP:
@@ -83,6 +86,22 @@ def _split_all_reduce(
     return SplitAllReduce(
         tuple(SliceReduce(box, ranks, zero) for box, (ranks, zero) in _slices(keyed))
     )
+
+
+def _as_all_reduce(step: SplitAllReduce, regions: dict[int, Region]) -> AllReduce | None:
+    """The plain all-reduce a split-all-reduce is when every slice is its ranks' whole piece.
+
+    Subgroups with the same DS (two pipelines with the same TP degree) pair their ranks
+    position by position: that is the paper's cross-pipeline AR, not a SplitAR.
+    """
+    seen: set[int] = set()
+    for piece in step.slices:
+        if piece.zero or seen.intersection(piece.ranks):
+            return None
+        if any(regions[r] != piece.region for r in piece.ranks):
+            return None
+        seen.update(piece.ranks)
+    return AllReduce(tuple(piece.ranks for piece in step.slices))
 
 
 def _split_reduce_scatter(
