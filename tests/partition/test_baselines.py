@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from hspmd.partition import baselines
-from hspmd.partition.baselines import _arrivals
+from hspmd.partition.eft import arrivals as _arrivals
 from hspmd.partition.emulate import CommModel, emulate
 from hspmd.partition.generate import layered_graph
 from hspmd.partition.graph import OpGraph

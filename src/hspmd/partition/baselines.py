@@ -27,6 +27,7 @@ import heapq
 import numpy as np
 
 from hspmd.errors import PartitionError
+from hspmd.partition.eft import arrivals
 from hspmd.partition.emulate import CommModel
 from hspmd.partition.graph import OpGraph
 
@@ -126,7 +127,7 @@ def heft(graph: OpGraph, *, num_devices: int, comm: CommModel = _DEFAULT_COMM) -
     devices = range(num_devices)
     while ready:
         _, v = heapq.heappop(ready)
-        arrive = _arrivals(v, in_ptr, preds, place, finish, delay, num_devices)
+        arrive = arrivals(v, in_ptr, preds, place, finish, delay, num_devices)
         forced = group_dev[group[v]]
         if forced >= 0:
             best = forced
@@ -142,37 +143,6 @@ def heft(graph: OpGraph, *, num_devices: int, comm: CommModel = _DEFAULT_COMM) -
             if remaining[u] == 0:
                 heapq.heappush(ready, (-prio[u], u))
     return np.asarray(place, dtype=np.int64)
-
-
-def _arrivals(
-    v: int,
-    in_ptr: list[int],
-    preds: list[int],
-    place: list[int],
-    finish: list[float],
-    delay: list[float],
-    num_devices: int,
-) -> list[float]:
-    """Data-ready time of ``v`` on each device, in O(in-degree + K).
-
-    A local input is there at its finish, a remote one after its transfer; the best
-    remote for device ``d`` is the top remote time unless that comes from ``d`` itself.
-    """
-    local = [0.0] * num_devices
-    top_t, top_d, second = 0.0, -1, 0.0  # largest remote time (and its device), runner-up
-    for e in range(in_ptr[v], in_ptr[v + 1]):
-        u = preds[e]
-        pu = place[u]
-        if finish[u] > local[pu]:
-            local[pu] = finish[u]
-        t = finish[u] + delay[u]
-        if t > top_t:
-            if pu != top_d:
-                second = top_t
-            top_t, top_d = t, pu
-        elif pu != top_d and t > second:
-            second = t
-    return [max(local[d], second if d == top_d else top_t) for d in range(num_devices)]
 
 
 def colocation_groups(graph: OpGraph) -> np.ndarray:

@@ -71,7 +71,7 @@ def eft_placement(
     devices = range(num_devices)
     while heap:
         _, _, v = pop(heap)
-        arrive = _arrivals(v, in_ptr, preds, place, finish, delay, num_devices)
+        arrive = arrivals(v, in_ptr, preds, place, finish, delay, num_devices)
         forced = group_dev[group[v]] if group_dev[group[v]] >= 0 else pin[v]
         if forced >= 0:
             best = forced
@@ -97,7 +97,7 @@ def eft_placement(
     return np.asarray(place, dtype=np.int64)
 
 
-def _arrivals(
+def arrivals(
     v: int,
     in_ptr: list[int],
     preds: list[int],
