@@ -63,4 +63,4 @@ def test_demo_matches_the_reference(capsys: pytest.CaptureFixture[str]) -> None:
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "equal to the reference" in out
-    assert "R0:L0-1" in out
+    assert "R0-1:L0-1" in out

@@ -9,6 +9,8 @@ All strategies that work share one launch (processes start once, configs run in 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from hspmd.train.config import AdamConfig, TrainConfig
@@ -40,18 +42,28 @@ WORKING = {
     ),
 }
 
-NEEDS_TP = "tensor parallel stages need hspmd.specialize's executables (not landed yet)"
-XFAIL = {
-    "TP 2": ("4x1: R0-1:L0-3", 4),
-    "DP x TP x PP": ("2x1: R0-1:L0-1 R2-3:L2-3; 2x1: R4-5:L0-1 R6-7:L2-3", 4),
-    "TP differs per stage": ("4x1: R0-1:L0-1 R2:L2-3", 4),
-    "TP differs per pipeline": ("2x2: R0-1:L0-3; 4x1: R2:L0-3", 8),
-    "C2-like on 7 ranks": ("4x1: R0-1:L0-1 R2-3:L2-3; 3x1: R4-5:L0-1 R6:L2-3", 7),
+KV4 = (("num_kv_heads", 4),)  # TP 4 needs the KV heads to divide
+# name -> (strategy, global batch, model overrides)
+TENSOR_PARALLEL = {
+    "TP 2": ("4x1: R0-1:L0-3", 4, ()),
+    "TP 4": ("2x2: R0-3:L0-3", 4, KV4),
+    "DP x TP x PP": ("2x1: R0-1:L0-1 R2-3:L2-3; 2x1: R4-5:L0-1 R6-7:L2-3", 4, ()),
+    "TP differs per stage (BSR boundary)": ("4x1: R0-1:L0-1 R2:L2-3", 4, ()),
+    "TP differs per pipeline (split-all-reduce)": ("2x2: R0-1:L0-3; 4x1: R2:L0-3", 8, ()),
+    "C2-like on 7 ranks": ("4x1: R0-1:L0-1 R2-3:L2-3; 3x1: R4-5:L0-1 R6:L2-3", 7, ()),
+    "TP 4 and TP 2 pipelines, uneven layers": (
+        "2x1: R0-3:L0-2 R4:L3; 2x1: R5-6:L0 R7:L1-3",
+        4,
+        KV4,
+    ),
 }
 
 
-def config(strategy: str, batch: int, schedule: str = "1f1b") -> TrainConfig:
+def config(
+    strategy: str, batch: int, schedule: str = "1f1b", overrides: tuple[Any, ...] = ()
+) -> TrainConfig:
     return TrainConfig(
+        model_overrides=overrides,
         strategy=strategy,
         global_batch=batch,
         seq_len=16,
@@ -62,10 +74,17 @@ def config(strategy: str, batch: int, schedule: str = "1f1b") -> TrainConfig:
     )
 
 
+def tp_config(name: str) -> TrainConfig:
+    strategy, batch, overrides = TENSOR_PARALLEL[name]
+    return config(strategy, batch, overrides=overrides)
+
+
 @pytest.fixture(scope="module")
 def trained() -> dict[str, TrainResult]:
+    """Every strategy of this file, in one launch of 8 processes."""
     configs = [config(*spec) for spec in WORKING.values()]
-    return dict(zip(WORKING, train_many(configs), strict=True))
+    configs += [tp_config(name) for name in TENSOR_PARALLEL]
+    return dict(zip([*WORKING, *TENSOR_PARALLEL], train_many(configs), strict=True))
 
 
 def assert_equal_to_reference(result: TrainResult, reference: TrainResult) -> None:
@@ -76,6 +95,7 @@ def assert_equal_to_reference(result: TrainResult, reference: TrainResult) -> No
     for name, want in reference.params.items():
         got = result.params[name]
         assert got.shape == want.shape, name
+        assert not bool(got.isnan().any()), f"{name}: some region is held by no rank"
         error = float((got - want).norm() / want.norm())
         assert error <= 1e-4, (name, error)
 
@@ -86,12 +106,11 @@ def test_strategy_equals_reference(name: str, trained: dict[str, TrainResult]) -
     assert_equal_to_reference(trained[name], reference)
 
 
-@pytest.mark.parametrize("name", list(XFAIL))
-@pytest.mark.xfail(reason=NEEDS_TP, strict=True)
-def test_tensor_parallel_strategy_equals_reference(name: str) -> None:
-    strategy, batch = XFAIL[name]
-    (result,) = train_many([config(strategy, batch)])
-    assert_equal_to_reference(result, run_reference(config(strategy, batch)))
+@pytest.mark.parametrize("name", list(TENSOR_PARALLEL))
+def test_tensor_parallel_strategy_equals_reference(
+    name: str, trained: dict[str, TrainResult]
+) -> None:
+    assert_equal_to_reference(trained[name], run_reference(tp_config(name)))
 
 
 def test_reference_moves_the_weights_far_beyond_the_tolerance() -> None:

@@ -20,18 +20,15 @@ from rich.table import Table
 from hspmd.cli.train import add_config_arguments, config_from_args, progress
 from hspmd.train.compare import compare
 from hspmd.train.config import TrainConfig
-from hspmd.train.describe import describe_ranks
+from hspmd.train.describe import COLUMNS, describe_ranks
 from hspmd.train.reference import run_reference
 from hspmd.train.trainer import check_config, train
 
-# Two pipelines that differ in depth, layer split, micro-batch count and size: pipeline 0
-# has two stages (layers 0-1 and 2-3) and runs 3 micro-batches of 1 sequence; pipeline 1
-# holds the whole model on one rank and runs 1 micro-batch of 2 sequences.
-DEFAULT_STRATEGY = "3x1: R0:L0-1 R1:L2-3; 1x2: R2:L0-3"
-NOTE = (
-    "tensor-parallel stages are not in this demo yet: the trainer runs stages of TP "
-    "degree 1 until specialized executable graphs land"
-)
+# Two pipelines that differ in everything: pipeline 0 runs 3 micro-batches of 1 sequence
+# through a tensor-parallel stage of 2 ranks (layers 0-1) and a single-rank stage (layers
+# 2-3), joined by a batched send/receive; pipeline 1 runs 1 micro-batch of 2 sequences
+# through the whole model on one rank. Gradients meet in a split-all-reduce.
+DEFAULT_STRATEGY = "3x1: R0-1:L0-1 R2:L2-3; 1x2: R3:L0-3"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -51,18 +48,19 @@ def show_plan(config: TrainConfig, console: Console) -> None:
     strategy = check_config(config)
     console.print(f"[bold]strategy[/] {strategy}  ({strategy.num_ranks} ranks, "
                   f"global batch {config.global_batch} x {config.seq_len} tokens)")  # fmt: skip
-    table = Table("rank", "pipeline", "stage", "layers", "TP", "micro-batches", "schedule", "Post")
-    for row in describe_ranks(config):
-        table.add_row(*row)
+    table = Table(*COLUMNS[:-1])
+    rows = describe_ranks(config)
+    for row in rows:
+        table.add_row(*row[:-1])
     console.print(table)
+    for row in rows:
+        console.print(f"  rank {row[0]} schedule: {row[-1]}")
 
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     console = Console()
     show_plan(config, console)
-    if args.strategy == DEFAULT_STRATEGY:
-        console.print(f"[dim]note: {NOTE}[/]")
     with progress(config, title="hspmd", as_json=args.json) as on_step:
         result = train(config, on_step=on_step)
     with progress(config, title="reference", as_json=args.json) as on_step:

@@ -1,24 +1,27 @@
 """What each rank does under a training config, as table rows (for `hspmd demo`).
 
 >>> from hspmd.train.config import TrainConfig
->>> rows = describe_ranks(TrainConfig(strategy="2x1: R0:L0-1 R1:L2-3", global_batch=2))
->>> rows[1]
-('1', '0', '1 of 2', '2-3', '1', '2 x 1', 'Pre F0 B0 F1 B1 Post', '-')
+>>> rows = describe_ranks(TrainConfig(strategy="2x1: R0-1:L0-1 R2:L2-3", global_batch=2))
+>>> rows[2]
+('2', '0', '1 of 2', '2-3', '1', '2 x 1', 'in: bsr', '-', 'Pre F0 B0 F1 B1 Post')
 """
 
 from __future__ import annotations
 
 from hspmd.plan.strategy import parse_strategy
+from hspmd.specialize.boundary import boundary_plans
 from hspmd.specialize.schedule import make_schedule
 from hspmd.train.config import TrainConfig
 from hspmd.train.layout import Layout
 from hspmd.train.sync import grad_sync_plan
 
-__all__ = ["describe_ranks"]
+__all__ = ["COLUMNS", "describe_ranks"]
+
+COLUMNS = ("rank", "pipe", "stage", "layers", "TP", "micro-batches", "boundary", "Post", "schedule")
 
 
 def describe_ranks(config: TrainConfig) -> list[tuple[str, ...]]:
-    """Rows ``rank, pipeline, stage, layers, TP, micro-batches, schedule, Post comm``."""
+    """One row per rank, in ``COLUMNS`` order (communication kinds as resolved)."""
     assert config.strategy is not None
     model = config.model_config()
     strategy = parse_strategy(config.strategy)
@@ -29,6 +32,13 @@ def describe_ranks(config: TrainConfig) -> list[tuple[str, ...]]:
         role = layout.role(rank)
         assert role is not None
         schedule = make_schedule(config.schedule, role.num_stages, role.stage, role.micro_batches)
+        shape = (role.micro_batch_size, config.seq_len, model.hidden_size)
+        plans = boundary_plans(strategy, model, rank, shape)
+        edges = [
+            f"{side}: {'+'.join(b.forward.kinds)}"
+            for side, b in (("in", plans.incoming), ("out", plans.outgoing))
+            if b is not None
+        ]
         kinds = sorted({k for item in sync if rank in item.plan.src for k in item.plan.kinds})
         rows.append(
             (
@@ -38,8 +48,9 @@ def describe_ranks(config: TrainConfig) -> list[tuple[str, ...]]:
                 f"{role.layers[0]}-{role.layers[1]}",
                 str(len(role.tp_ranks)),
                 f"{role.micro_batches} x {role.micro_batch_size}",
-                str(schedule),
+                ", ".join(edges) or "-",
                 ", ".join(kinds) or "-",
+                str(schedule),
             )
         )
     return rows

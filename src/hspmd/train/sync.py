@@ -11,7 +11,7 @@ flattened into one bucket, so the stage's whole gradient travels in one all-redu
     >>> from hspmd.plan.strategy import parse_strategy
     >>> items = grad_sync_plan(parse_strategy("2x1: R0:L0-3; 2x1: R1:L0-3"), get_config("llama-tiny"))
     >>> [(len(i.names), i.plan.kinds) for i in items]
-    [(39, ('split-all-reduce',))]
+    [(39, ('all-reduce',))]
 """
 
 from __future__ import annotations

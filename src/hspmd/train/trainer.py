@@ -18,11 +18,12 @@ from typing import Any
 
 import torch
 
-from hspmd.plan.strategy import Strategy, StrategyOptions, check_strategy, parse_strategy
+from hspmd.models.llama import parameter_shapes
+from hspmd.plan.strategy import Strategy, check_strategy, parse_strategy
 from hspmd.runtime.launch import launch
 from hspmd.runtime.world import World
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
-from hspmd.train.loop import run_rank
+from hspmd.train.loop import options_of, run_rank
 from hspmd.train.reference import TrainResult
 
 __all__ = ["check_config", "train", "train_many"]
@@ -33,13 +34,7 @@ def check_config(config: TrainConfig) -> Strategy:
     if config.strategy is None:
         raise TrainError("no strategy: give --strategy '...' or use --reference")
     strategy = parse_strategy(config.strategy)
-    options = StrategyOptions(
-        zero1=config.zero1,
-        sequence_parallel=config.sequence_parallel,
-        recompute=config.recompute,
-        schedule=config.schedule,  # type: ignore[arg-type]
-        dtype=config.dtype,  # type: ignore[arg-type]
-    )
+    options = options_of(config)
     check_strategy(
         strategy,
         config.model_config(),
@@ -53,6 +48,8 @@ def check_config(config: TrainConfig) -> Strategy:
             "without gaps (one local process per rank)"
         )
     unsupported = [f for f in ("zero1", "sequence_parallel", "recompute") if getattr(config, f)]
+    if config.model_config().tie_embeddings:
+        unsupported.append("tied embeddings")
     if unsupported or config.dtype != "fp32":
         what = ", ".join(
             unsupported + ([f"dtype={config.dtype}"] if config.dtype != "fp32" else [])
@@ -112,18 +109,32 @@ def train_many(
     thread.join()
     if "error" in box:
         raise box["error"]
-    return _assemble(box["results"], len(configs))
+    return _assemble(box["results"], configs)
 
 
-def _assemble(per_rank: list[list[dict[str, Any]]], count: int) -> list[TrainResult]:
+def _assemble(
+    per_rank: list[list[dict[str, Any]]], configs: Sequence[TrainConfig]
+) -> list[TrainResult]:
     results = []
-    for index in range(count):
-        params: dict[str, Any] = {}
+    for index, config in enumerate(configs):
+        shapes = parameter_shapes(config.model_config())
+        params = {name: torch.full(shape, float("nan")) for name, shape in shapes.items()}
         for outcome in per_rank:
-            params.update({k: torch.from_numpy(v) for k, v in outcome[index]["params"].items()})
+            for name, (region, value) in outcome[index]["pieces"].items():
+                _place(params, name, region, torch.from_numpy(value))
         records = tuple(per_rank[0][index]["records"])
         results.append(TrainResult(records=records, params=params))
     return results
+
+
+def _place(params: dict[str, torch.Tensor], name: str, region: Any, value: torch.Tensor) -> None:
+    """Write one piece into the global parameter (copies of a region must agree)."""
+    full = params[name]
+    index = tuple(slice(a, b) for a, b in region)
+    here = full[index]
+    same = torch.isnan(here) | torch.isclose(here, value, rtol=1e-6, atol=0.0)
+    assert bool(same.all()), f"copies of {name} {region} differ between ranks"
+    full[index] = value
 
 
 def train(
