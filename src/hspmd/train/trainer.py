@@ -11,7 +11,6 @@ configs one after another; ranks a config does not use only join its loss all-re
 from __future__ import annotations
 
 import multiprocessing as mp
-import queue as queue_module
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -80,31 +79,32 @@ def train_many(
     ``threads``: torch threads per rank (default: the launcher's, cores // ranks).
     """
     nproc = max(check_config(c).num_ranks for c in configs)
-    events = mp.get_context("forkserver").Queue()
+    # A SimpleQueue: rank 0's puts are synchronous (no feeder thread), so every event is in
+    # the pipe before its result is sent, and the launcher's clean-up of finished workers
+    # can never interrupt a put. Only rank 0 writes; only this thread reads.
+    events = mp.get_context("forkserver").SimpleQueue()
     box: dict[str, Any] = {}
 
     def run() -> None:
         try:
             box["results"] = launch(
-                _rank_work, nproc, args=(list(configs), events), timeout_s=timeout_s
+                _rank_work,
+                nproc,
+                args=(list(configs), events),
+                timeout_s=timeout_s,
+                threads=threads,
             )
         except BaseException as error:  # noqa: BLE001 - re-raised in the caller's thread
             box["error"] = error
-        finally:
-            events.put(None)
 
     thread = threading.Thread(target=run, name="hspmd-train-launch", daemon=True)
     thread.start()
-    while True:
-        try:
-            event = events.get(timeout=0.5)
-        except queue_module.Empty:
-            if not thread.is_alive():
-                break
+    while thread.is_alive() or not events.empty():
+        if events.empty():
+            thread.join(0.05)
             continue
-        if event is None:
-            break
-        if on_step is not None:
+        event = events.get()
+        if event is not None and on_step is not None:
             on_step(*event)
     thread.join()
     if "error" in box:
