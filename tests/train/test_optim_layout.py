@@ -66,3 +66,16 @@ def test_bad_sizes_are_refused() -> None:
         TrainConfig(seq_len=0)
     with pytest.raises(TrainError, match="metadata-only"):
         TrainConfig(model="llama-32b")
+
+
+def test_zero1_shards_states_over_the_pipelines() -> None:
+    from hspmd.models.llama import get_config
+    from hspmd.plan.strategy import parse_strategy
+    from hspmd.train.zero import zero1_plan
+
+    items = zero1_plan(parse_strategy("2x1: R0:L0-3; 2x1: R1:L0-3"), get_config("llama-tiny"))
+    item = items["layers.0.mlp.w_up.weight"]  # (128, 64): state split in two over rank 0, 1
+    # (split-)reduce-scatter and (split-)all-gather: resolution picks the variant
+    assert len(item.reduce.kinds) == 1 and item.reduce.kinds[0].endswith("reduce-scatter")
+    assert len(item.gather.kinds) == 1 and item.gather.kinds[0].endswith("all-gather")
+    assert item.reduce.dst.piece(1, item.shape).shape == (128, 32)

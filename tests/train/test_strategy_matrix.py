@@ -59,10 +59,27 @@ TENSOR_PARALLEL = {
 }
 
 
+# ZeRO-1: masters and Adam states sharded over the pipelines (reduce-scatter / SplitRS,
+# all-gather / SplitAG in Post)
+ZERO1 = {
+    "ZeRO-1 DP 2": ("2x1: R0:L0-3; 2x1: R1:L0-3", 4),
+    "ZeRO-1 TP 2 and TP 1 pipelines": ("1x2: R0-1:L0-3; 2x1: R2:L0-3", 4),
+    "ZeRO-1 three heterogeneous pipelines": (
+        "2x1: R0-1:L0-1 R2:L2-3; 1x2: R3-4:L0-3; 1x2: R5:L0-1 R6:L2-3",
+        6,
+    ),
+}
+
+
 def config(
-    strategy: str, batch: int, schedule: str = "1f1b", overrides: tuple[Any, ...] = ()
+    strategy: str,
+    batch: int,
+    schedule: str = "1f1b",
+    overrides: tuple[Any, ...] = (),
+    zero1: bool = False,
 ) -> TrainConfig:
     return TrainConfig(
+        zero1=zero1,
         model_overrides=overrides,
         strategy=strategy,
         global_batch=batch,
@@ -84,7 +101,9 @@ def trained() -> dict[str, TrainResult]:
     """Every strategy of this file, in one launch of 8 processes."""
     configs = [config(*spec) for spec in WORKING.values()]
     configs += [tp_config(name) for name in TENSOR_PARALLEL]
-    return dict(zip([*WORKING, *TENSOR_PARALLEL], train_many(configs), strict=True))
+    configs += [config(*ZERO1[name], zero1=True) for name in ZERO1]
+    names = [*WORKING, *TENSOR_PARALLEL, *ZERO1]
+    return dict(zip(names, train_many(configs), strict=True))
 
 
 def assert_equal_to_reference(result: TrainResult, reference: TrainResult) -> None:
@@ -111,6 +130,11 @@ def test_tensor_parallel_strategy_equals_reference(
     name: str, trained: dict[str, TrainResult]
 ) -> None:
     assert_equal_to_reference(trained[name], run_reference(tp_config(name)))
+
+
+@pytest.mark.parametrize("name", list(ZERO1))
+def test_zero1_strategy_equals_reference(name: str, trained: dict[str, TrainResult]) -> None:
+    assert_equal_to_reference(trained[name], run_reference(config(*ZERO1[name], zero1=True)))
 
 
 def test_reference_moves_the_weights_far_beyond_the_tolerance() -> None:

@@ -18,6 +18,7 @@ Sends are ``isend`` (waited at the end of the step): 1F1B deadlocks with blockin
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -35,6 +36,7 @@ from hspmd.train.config import StepRecord, TrainConfig
 from hspmd.train.layout import Layout, Role
 from hspmd.train.optim import Adam
 from hspmd.train.sync import grad_sync_plan, run_grad_sync
+from hspmd.train.zero import ZeroItem, ZeroOne, zero1_plan
 
 __all__ = ["StageProgram", "options_of", "run_rank"]
 
@@ -117,6 +119,16 @@ def run_step(
     return live.loss
 
 
+def _optimizer(
+    config: TrainConfig, params: dict[str, torch.Tensor], zero: dict[str, ZeroItem], world: World
+) -> Adam | ZeroOne:
+    if not zero:
+        return Adam(list(params.values()), config.adam)
+    return ZeroOne(
+        zero, params, config=config.model_config(), seed=config.seed, adam=config.adam, world=world
+    )
+
+
 def run_rank(world: World, config: TrainConfig, *, report: Any = None) -> dict[str, Any]:
     """Train ``config`` on this rank; ranks outside the strategy only join the loss sum.
 
@@ -127,18 +139,24 @@ def run_rank(world: World, config: TrainConfig, *, report: Any = None) -> dict[s
     model = config.model_config()
     layout = Layout.from_text(config.strategy, num_layers=model.num_layers)
     role = layout.role(world.rank)
-    sync = grad_sync_plan(layout.strategy, model)
-    world.prepare(item.plan for item in sync)  # every rank, idle ones too, same order
+    sync = grad_sync_plan(layout.strategy, model) if not config.zero1 else ()
+    zero = zero1_plan(layout.strategy, model) if config.zero1 else {}
+    # every rank, idle ones too, in the same order
+    world.prepare(
+        [item.plan for item in sync] + [p for z in zero.values() for p in (z.reduce, z.gather)]
+    )
     world.prepare_groups(executable_groups(layout.strategy))
     exe, plans, optimizer = None, None, None
     if role is not None:
+        # ZeRO-1 changes only Post: the executable graph is the plain one
+        options = dataclasses.replace(options_of(config), zero1=False)
         exe = build_executable(
-            model, layout.strategy, options_of(config), world.rank,
+            model, layout.strategy, options, world.rank,
             seq_len=config.seq_len, seed=config.seed, world=world,
         )  # fmt: skip
         shape = (role.micro_batch_size, config.seq_len, model.hidden_size)
         plans = boundary_plans(layout.strategy, model, world.rank, shape)
-        optimizer = Adam(list(exe.params.values()), config.adam)
+        optimizer = _optimizer(config, exe.params, zero, world)
     data = step_batches(config) if role is not None else None
     records = []
     for step in range(1, config.steps + 1):

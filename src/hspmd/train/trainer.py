@@ -46,7 +46,7 @@ def check_config(config: TrainConfig) -> Strategy:
             f"strategy uses ranks {list(strategy.ranks)}: number them 0..{strategy.num_ranks - 1} "
             "without gaps (one local process per rank)"
         )
-    unsupported = [f for f in ("zero1", "sequence_parallel", "recompute") if getattr(config, f)]
+    unsupported = [f for f in ("sequence_parallel", "recompute") if getattr(config, f)]
     if config.model_config().tie_embeddings:
         unsupported.append("tied embeddings")
     if unsupported or config.dtype != "fp32":

@@ -1,0 +1,100 @@
+"""ZeRO-1 as annotations: fp32 masters and Adam moments sharded over the pipelines.
+
+The state of each parameter has its own annotation (``hspmd.plan.params.state_annotations``:
+the replicas split a dim their stage does not split, as the top tier). Post is then two
+resolved reshards around a per-shard Adam, for every parameter the rank holds::
+
+    grad  hP: [stage ranks of each pipeline]  --reduce-->  state  h<d>: ...   (RS / SplitRS)
+    Adam on the rank's state shard (master, exp_avg, exp_avg_sq: one slice each)
+    state h<d>: ...                           --gather-->  param  hD: ...     (AG / SplitAG)
+
+Masters start as the state slice of the plan-free initial value (DESIGN decision 5), so
+training equals the single-device run; with fp32 compute they stay bitwise equal to the
+matching slice of the parameter.
+
+>>> from hspmd.models.llama import get_config
+>>> from hspmd.plan.strategy import parse_strategy
+>>> items = zero1_plan(parse_strategy("1x1: R0-1:L0-3; 1x1: R2:L0-3"), get_config("llama-tiny"))
+>>> item = items["layers.0.attn.wq.weight"]
+>>> item.reduce.kinds, item.gather.kinds
+(('split-reduce-scatter',), ('split-all-gather',))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from hspmd.annotation import PARTIAL
+from hspmd.comm.plan import CommPlan
+from hspmd.comm.resolve import resolve
+from hspmd.models.llama import LlamaConfig, init_parameter
+from hspmd.plan.params import parameter_annotations, state_annotations
+from hspmd.plan.strategy import Strategy
+from hspmd.runtime.execute import run_plan
+from hspmd.runtime.world import World
+from hspmd.specialize.localize import local_slice
+from hspmd.train.config import AdamConfig
+from hspmd.train.optim import Adam
+
+__all__ = ["ZeroItem", "ZeroOne", "zero1_plan"]
+
+
+@dataclass(frozen=True, slots=True)
+class ZeroItem:
+    """One parameter's Post under ZeRO-1: its gradient's reduce and its parameter's gather."""
+
+    name: str
+    shape: tuple[int, ...]
+    reduce: CommPlan  # grad (hP) -> state shard
+    gather: CommPlan  # state shard -> param (hD)
+
+
+def zero1_plan(strategy: Strategy, config: LlamaConfig) -> dict[str, ZeroItem]:
+    """Every parameter's reduce and gather plans, in model order (pure metadata)."""
+    params = parameter_annotations(strategy, config)
+    states = state_annotations(strategy, config, zero1=True)
+    items = {}
+    for name, spec in params.items():
+        param, state = spec.annotation, states[name].annotation
+        grad = dataclasses.replace(param, hdim=PARTIAL, hsizes=None) if param.hsize > 1 else param
+        items[name] = ZeroItem(
+            name, spec.shape, resolve(grad, state, spec.shape), resolve(state, param, spec.shape)
+        )
+    return items
+
+
+class ZeroOne:
+    """This rank's masters and Adam states (its shards), and the Post that uses them."""
+
+    def __init__(
+        self, items: dict[str, ZeroItem], params: dict[str, torch.Tensor], *,
+        config: LlamaConfig, seed: int, adam: AdamConfig, world: World,
+    ) -> None:  # fmt: skip
+        self.items = [items[name] for name in items if name in params]
+        self.params, self.world = params, world
+        self.masters: dict[str, torch.Tensor] = {}
+        for item in self.items:
+            piece = item.reduce.dst.piece(world.rank, item.shape)
+            full = init_parameter(item.name, config, seed=seed)
+            self.masters[item.name] = local_slice(full, piece)
+        self.adam = Adam(list(self.masters.values()), adam)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Reduce every gradient to its shard, step Adam on the shards, gather the params."""
+        for item in self.items:
+            grad = self.params[item.name].grad
+            assert grad is not None, item.name
+            self.masters[item.name].grad = run_plan(item.reduce, grad, self.world)
+        self.adam.step()
+        for item in self.items:
+            value = run_plan(item.gather, self.masters[item.name], self.world)
+            assert value is not None, item.name
+            self.params[item.name].copy_(value)
+
+    def zero_grad(self) -> None:
+        for param in self.params.values():
+            param.grad = None
