@@ -34,8 +34,8 @@ from hspmd.specialize.schedule import make_schedule
 from hspmd.train.batches import step_batches
 from hspmd.train.config import StepRecord, TrainConfig
 from hspmd.train.layout import Layout, Role
-from hspmd.train.optim import Adam
-from hspmd.train.sync import grad_sync_plan, run_grad_sync
+from hspmd.train.post import MixedPost, PlainPost, Post
+from hspmd.train.sync import SyncItem, grad_sync_plan
 from hspmd.train.zero import ZeroItem, ZeroOne, zero1_plan
 
 __all__ = ["StageProgram", "options_of", "run_rank"]
@@ -71,7 +71,7 @@ class _Live:
 
 def _forward(
     program: StageProgram, role: Role, plans: BoundaryPlans, world: World, live: _Live, *,
-    m: int, batch: tuple[torch.Tensor, torch.Tensor], scale: float,
+    m: int, batch: tuple[torch.Tensor, torch.Tensor], scale: float, dtype: torch.dtype,
 ) -> None:  # fmt: skip
     tokens, targets = batch
     size = role.micro_batch_size
@@ -79,7 +79,7 @@ def _forward(
     if plans.incoming is None:
         x = tokens[rows]
     else:
-        x = recv(plans.incoming.forward, world).requires_grad_(True)
+        x = recv(plans.incoming.forward, world, dtype=dtype).requires_grad_(True)
     out = program.forward(x, targets[rows])
     if plans.outgoing is None:
         out = out * scale
@@ -94,7 +94,7 @@ def _backward(plans: BoundaryPlans, world: World, live: _Live, *, m: int) -> Non
     if plans.outgoing is None:
         out.backward()
     else:
-        out.backward(recv(plans.outgoing.backward, world))
+        out.backward(recv(plans.outgoing.backward, world, dtype=out.dtype))
     if plans.incoming is not None:
         assert x.grad is not None
         live.sends += send(plans.incoming.backward, x.grad, world)
@@ -108,10 +108,11 @@ def run_step(
     schedule = make_schedule(config.schedule, role.num_stages, role.stage, role.micro_batches)
     live = _Live()
     scale = role.micro_batch_size / config.global_batch  # mb tokens / global tokens
+    dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
     for action in schedule:
         if action.kind == "F":
             _forward(program, role, plans, world, live, m=action.micro_batch, batch=batch,
-                     scale=scale)  # fmt: skip
+                     scale=scale, dtype=dtype)  # fmt: skip
         elif action.kind == "B":
             _backward(plans, world, live, m=action.micro_batch)
     for pending in live.sends:
@@ -119,14 +120,16 @@ def run_step(
     return live.loss
 
 
-def _optimizer(
-    config: TrainConfig, params: dict[str, torch.Tensor], zero: dict[str, ZeroItem], world: World
-) -> Adam | ZeroOne:
-    if not zero:
-        return Adam(list(params.values()), config.adam)
-    return ZeroOne(
-        zero, params, config=config.model_config(), seed=config.seed, adam=config.adam, world=world
-    )
+def _post(
+    config: TrainConfig, params: dict[str, torch.Tensor], sync: tuple[SyncItem, ...],
+    zero: dict[str, ZeroItem], world: World,
+) -> Post:  # fmt: skip
+    if zero:
+        model = config.model_config()
+        return ZeroOne(zero, params, config=model, seed=config.seed, adam=config.adam, world=world)
+    if config.dtype == "bf16":
+        return MixedPost(params, sync, adam=config.adam, world=world)
+    return PlainPost(params, sync, adam=config.adam, world=world)
 
 
 def run_rank(world: World, config: TrainConfig, *, report: Any = None) -> dict[str, Any]:
@@ -146,31 +149,32 @@ def run_rank(world: World, config: TrainConfig, *, report: Any = None) -> dict[s
         [item.plan for item in sync] + [p for z in zero.values() for p in (z.reduce, z.gather)]
     )
     world.prepare_groups(executable_groups(layout.strategy))
-    exe, plans, optimizer = None, None, None
+    exe, plans, post = None, None, None
     if role is not None:
-        # ZeRO-1 changes only Post: the executable graph is the plain one
-        options = dataclasses.replace(options_of(config), zero1=False)
+        # ZeRO-1 and bf16 change only Pre/Post: the executable graph is the fp32 one, cast
+        options = dataclasses.replace(options_of(config), zero1=False, dtype="fp32")
         exe = build_executable(
             model, layout.strategy, options, world.rank,
             seq_len=config.seq_len, seed=config.seed, world=world,
         )  # fmt: skip
         shape = (role.micro_batch_size, config.seq_len, model.hidden_size)
         plans = boundary_plans(layout.strategy, model, world.rank, shape)
-        optimizer = _optimizer(config, exe.params, zero, world)
+        if config.dtype == "bf16":
+            exe.graph_module.to(torch.bfloat16)  # compute copy; Post keeps fp32 masters
+        post = _post(config, exe.params, sync, zero, world)
     data = step_batches(config) if role is not None else None
     records = []
     for step in range(1, config.steps + 1):
         batch = next(data) if data is not None else None
         start = time.perf_counter()
         loss = torch.zeros(1, dtype=torch.float64)
-        if exe is not None and role is not None and plans is not None and optimizer is not None:
+        if exe is not None and role is not None and plans is not None and post is not None:
             assert batch is not None
-            optimizer.zero_grad()
+            post.zero_grad()
             value = run_step(exe, role, plans, config, world, batch)
             if role.is_last and role.rank == role.tp_ranks[0]:  # one reporter per pipeline
                 loss += value
-            run_grad_sync(sync, exe.params, world)
-            optimizer.step()
+            post.step()
         dist.all_reduce(loss)
         record = StepRecord(
             step=step, loss=float(loss), tokens=config.tokens_per_step,
@@ -183,5 +187,5 @@ def run_rank(world: World, config: TrainConfig, *, report: Any = None) -> dict[s
     if exe is not None:
         for name, p in exe.params.items():
             # numpy, not tensors: tensors would travel as shared-memory fds
-            pieces[name] = (exe.pieces[name].region, p.detach().numpy().copy())
+            pieces[name] = (exe.pieces[name].region, p.detach().float().numpy().copy())
     return {"pieces": pieces, "records": records}

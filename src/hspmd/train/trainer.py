@@ -49,11 +49,10 @@ def check_config(config: TrainConfig) -> Strategy:
     unsupported = [f for f in ("sequence_parallel", "recompute") if getattr(config, f)]
     if config.model_config().tie_embeddings:
         unsupported.append("tied embeddings")
-    if unsupported or config.dtype != "fp32":
-        what = ", ".join(
-            unsupported + ([f"dtype={config.dtype}"] if config.dtype != "fp32" else [])
+    if unsupported:
+        raise TrainError(
+            f"{', '.join(unsupported)}: not supported by the trainer yet; train without them"
         )
-        raise TrainError(f"{what}: not supported by the trainer yet; train in fp32 without them")
     return strategy
 
 

@@ -88,7 +88,7 @@ class ZeroOne:
         for item in self.items:
             grad = self.params[item.name].grad
             assert grad is not None, item.name
-            self.masters[item.name].grad = run_plan(item.reduce, grad, self.world)
+            self.masters[item.name].grad = run_plan(item.reduce, grad.float(), self.world)
         self.adam.step()
         for item in self.items:
             value = run_plan(item.gather, self.masters[item.name], self.world)

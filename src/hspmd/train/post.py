@@ -1,0 +1,84 @@
+"""Post: gradient synchronization and the optimizer step, in three variants.
+
+=============  =============================================================================
+variant        Post on one rank
+=============  =============================================================================
+plain fp32     grads synced by the resolved hP -> hD plans (hspmd.train.sync); Adam on the
+               local parameters
+bf16           compute parameters are bf16, fp32 masters have the parameters' annotation:
+               grads cast to fp32, synced, Adam on the masters, masters cast into the
+               compute parameters (the Pre cast of the paper, done at the end of Post)
+ZeRO-1         masters and Adam states sharded over the pipelines (hspmd.train.zero)
+=============  =============================================================================
+
+>>> import torch
+>>> from hspmd.train.config import AdamConfig
+>>> p = torch.ones(2, dtype=torch.bfloat16, requires_grad=True)
+>>> post = MixedPost({"w": p}, (), adam=AdamConfig(lr=0.5), world=None)
+>>> p.grad = torch.tensor([1.0, -1.0], dtype=torch.bfloat16); post.step()
+>>> p.tolist(), post.masters["w"].dtype
+([0.5, 1.5], torch.float32)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from hspmd.train.config import AdamConfig
+from hspmd.train.optim import Adam
+from hspmd.train.sync import SyncItem, run_grad_sync
+
+__all__ = ["MixedPost", "PlainPost", "Post"]
+
+
+class Post(Protocol):
+    def step(self) -> None: ...
+
+    def zero_grad(self) -> None: ...
+
+
+class PlainPost:
+    """fp32: sync the local gradients, then Adam on the local parameters."""
+
+    def __init__(
+        self, params: dict[str, torch.Tensor], sync: tuple[SyncItem, ...], *,
+        adam: AdamConfig, world: Any,
+    ) -> None:  # fmt: skip
+        self.params, self.sync, self.world = params, sync, world
+        self.adam = Adam(list(params.values()), adam)
+
+    def step(self) -> None:
+        run_grad_sync(self.sync, self.params, self.world)
+        self.adam.step()
+
+    def zero_grad(self) -> None:
+        self.adam.zero_grad()
+
+
+class MixedPost:
+    """bf16 compute parameters with fp32 masters of the same annotation."""
+
+    def __init__(
+        self, params: dict[str, torch.Tensor], sync: tuple[SyncItem, ...], *,
+        adam: AdamConfig, world: Any,
+    ) -> None:  # fmt: skip
+        self.params, self.sync, self.world = params, sync, world
+        self.masters = {n: p.detach().float().clone() for n, p in params.items()}
+        self.adam = Adam(list(self.masters.values()), adam)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for name, param in self.params.items():
+            assert param.grad is not None, name
+            self.masters[name].grad = param.grad.float()
+        if self.sync:
+            run_grad_sync(self.sync, self.masters, self.world)
+        self.adam.step()
+        for name, param in self.params.items():
+            param.copy_(self.masters[name])
+
+    def zero_grad(self) -> None:
+        for param in self.params.values():
+            param.grad = None
