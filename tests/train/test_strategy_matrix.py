@@ -85,6 +85,16 @@ def bf16_config(name: str) -> TrainConfig:
     return dataclasses.replace(config(strategy, 4, zero1=zero1), dtype="bf16")
 
 
+# activation recompute (the whole stage per micro-batch, collectives included)
+RECOMPUTE = {
+    "recompute PP x TP, BSR boundary": ("3x1: R0-1:L0-1 R2:L2-3; 1x1: R3:L0-3", 4),
+}
+
+
+def recompute_config(name: str) -> TrainConfig:
+    return dataclasses.replace(config(*RECOMPUTE[name]), recompute=True)
+
+
 def config(
     strategy: str,
     batch: int,
@@ -117,7 +127,8 @@ def trained() -> dict[str, TrainResult]:
     configs += [tp_config(name) for name in TENSOR_PARALLEL]
     configs += [config(*ZERO1[name], zero1=True) for name in ZERO1]
     configs += [bf16_config(name) for name in BF16]
-    names = [*WORKING, *TENSOR_PARALLEL, *ZERO1, *BF16]
+    configs += [recompute_config(name) for name in RECOMPUTE]
+    names = [*WORKING, *TENSOR_PARALLEL, *ZERO1, *BF16, *RECOMPUTE]
     return dict(zip(names, train_many(configs), strict=True))
 
 
@@ -160,6 +171,11 @@ def test_bf16_stays_close_to_the_fp32_reference(name: str, trained: dict[str, Tr
     for pname, want in reference.params.items():
         error = float((result.params[pname] - want).norm() / want.norm())
         assert error <= BF16_PARAM_RTOL, (pname, error)
+
+
+@pytest.mark.parametrize("name", list(RECOMPUTE))
+def test_recompute_equals_reference(name: str, trained: dict[str, TrainResult]) -> None:
+    assert_equal_to_reference(trained[name], run_reference(recompute_config(name)))
 
 
 def test_reference_moves_the_weights_far_beyond_the_tolerance() -> None:

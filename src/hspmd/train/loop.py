@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
+from torch.utils.checkpoint import checkpoint
 
 from hspmd.plan.strategy import StrategyOptions
 from hspmd.runtime.world import World
@@ -72,6 +73,7 @@ class _Live:
 def _forward(
     program: StageProgram, role: Role, plans: BoundaryPlans, world: World, live: _Live, *,
     m: int, batch: tuple[torch.Tensor, torch.Tensor], scale: float, dtype: torch.dtype,
+    recompute: bool,
 ) -> None:  # fmt: skip
     tokens, targets = batch
     size = role.micro_batch_size
@@ -80,7 +82,10 @@ def _forward(
         x = tokens[rows]
     else:
         x = recv(plans.incoming.forward, world, dtype=dtype).requires_grad_(True)
-    out = program.forward(x, targets[rows])
+    if recompute:  # keep only the stage input; rerun the stage's forward in backward
+        out = checkpoint(program.forward, x, targets[rows], use_reentrant=False)
+    else:
+        out = program.forward(x, targets[rows])
     if plans.outgoing is None:
         out = out * scale
         live.loss += float(out.detach())
@@ -112,7 +117,7 @@ def run_step(
     for action in schedule:
         if action.kind == "F":
             _forward(program, role, plans, world, live, m=action.micro_batch, batch=batch,
-                     scale=scale, dtype=dtype)  # fmt: skip
+                     scale=scale, dtype=dtype, recompute=config.recompute)  # fmt: skip
         elif action.kind == "B":
             _backward(plans, world, live, m=action.micro_batch)
     for pending in live.sends:
@@ -151,8 +156,11 @@ def run_rank(world: World, config: TrainConfig, *, report: Any = None) -> dict[s
     world.prepare_groups(executable_groups(layout.strategy))
     exe, plans, post = None, None, None
     if role is not None:
-        # ZeRO-1 and bf16 change only Pre/Post: the executable graph is the fp32 one, cast
-        options = dataclasses.replace(options_of(config), zero1=False, dtype="fp32")
+        # ZeRO-1 and bf16 change only Pre/Post, recompute only how F and B are run: the
+        # executable graph is the fp32 one
+        options = dataclasses.replace(
+            options_of(config), zero1=False, dtype="fp32", recompute=False
+        )
         exe = build_executable(
             model, layout.strategy, options, world.rank,
             seq_len=config.seq_len, seed=config.seed, world=world,

@@ -46,7 +46,7 @@ def check_config(config: TrainConfig) -> Strategy:
             f"strategy uses ranks {list(strategy.ranks)}: number them 0..{strategy.num_ranks - 1} "
             "without gaps (one local process per rank)"
         )
-    unsupported = [f for f in ("sequence_parallel", "recompute") if getattr(config, f)]
+    unsupported = ["sequence_parallel"] if config.sequence_parallel else []
     if config.model_config().tie_embeddings:
         unsupported.append("tied embeddings")
     if unsupported:
