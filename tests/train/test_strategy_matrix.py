@@ -48,6 +48,7 @@ KV4 = (("num_kv_heads", 4),)  # TP 4 needs the KV heads to divide
 TENSOR_PARALLEL = {
     "TP 2": ("4x1: R0-1:L0-3", 4, ()),
     "TP 4": ("2x2: R0-3:L0-3", 4, KV4),
+    "PP 2 x TP 2": ("2x2: R0-1:L0-1 R2-3:L2-3", 4, ()),
     "DP x TP x PP": ("2x1: R0-1:L0-1 R2-3:L2-3; 2x1: R4-5:L0-1 R6-7:L2-3", 4, ()),
     "TP differs per stage (BSR boundary)": ("4x1: R0-1:L0-1 R2:L2-3", 4, ()),
     "TP differs per pipeline (split-all-reduce)": ("2x2: R0-1:L0-3; 4x1: R2:L0-3", 8, ()),
