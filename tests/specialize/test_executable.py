@@ -16,6 +16,7 @@ from hspmd.specialize.executable import (
     deduce_pipeline,
     executable_groups,
 )
+from hspmd.specialize.recompute import CheckpointedLayer
 
 CONFIG = get_config("llama-tiny", num_layers=2)
 SEQ = 16
@@ -99,10 +100,49 @@ def test_tp2_graph_is_localized() -> None:
     assert executable_groups(parse_strategy("1x2: R0-1:L0-1; 2x1: R2:L0-1")) == [(0, 1)]
 
 
+def test_sequence_parallel_graph_gathers_and_scatters() -> None:
+    """SP: embed/attn_out/mlp_out reduce-scatter, the *_in markers all-gather, the norm
+    weights' partial gradients get one all-reduce per stage; a later stage reads the
+    sequence length (RoPE) as a constant, not from its T/tp-long activation."""
+    sp = StrategyOptions(sequence_parallel=True)
+    strategy = parse_strategy("1x2: R0-1:L0 R2-3:L1")
+    first = build_executable(CONFIG, strategy, sp, 0, seq_len=SEQ, seed=0)
+    kinds = dict(line.split(": ", 1) for line in first.comm)
+    assert kinds["embed"] == "forward reduce-scatter, backward all-gather"
+    assert kinds["layers.0.attn_in"] == "forward all-gather, backward reduce-scatter"
+    assert kinds["layers.0.attn_out"] == "forward reduce-scatter, backward all-gather"
+    assert kinds["layers.0.mlp_in"] == "forward all-gather, backward reduce-scatter"
+    assert kinds["layers.0.mlp_out"] == "forward reduce-scatter, backward all-gather"
+    assert [(i.names, i.plan.kinds) for i in first.grad_sync] == [
+        (("layers.0.attn_norm.weight", "layers.0.mlp_norm.weight"), ("all-reduce",))
+    ]
+    last = build_executable(CONFIG, strategy, sp, 3, seq_len=SEQ, seed=0)
+    assert "getitem = (2, 16)[1]" in last.graph_module.code  # T for the RoPE tables
+    assert "all-reduce" in str(last) and "norm.weight" in last.grad_sync[0].names
+    plans = boundary_plans(strategy, CONFIG, 3, (2, SEQ, 64), options=sp)
+    assert plans.incoming is not None
+    assert str(plans.incoming.forward.dst) == "[2,3]{1:2}"  # sequence shards move
+    assert plans.incoming.forward.kinds == ("send-recv",)
+
+
+def test_recompute_splits_the_stage_per_layer_and_equals_the_plain_model() -> None:
+    want_loss, want_grads = reference()
+    exe = build_executable(
+        CONFIG, parse_strategy("1x2: R0:L0-1"), StrategyOptions(recompute=True), 0,
+        seq_len=SEQ, seed=0,
+    )  # fmt: skip
+    wrapped = [m.layer for m in exe.graph_module.children() if isinstance(m, CheckpointedLayer)]
+    assert wrapped == [0, 1]
+    loss = exe.forward(*batch())
+    loss.backward()
+    assert abs(float(loss.detach()) - want_loss) <= 1e-6 * abs(want_loss)
+    assert_grads(exe.params, want_grads)
+
+
 def test_unsupported_options_and_ranks_are_refused() -> None:
-    with pytest.raises(ExecutableError, match="sequence_parallel"):
+    with pytest.raises(ExecutableError, match="zero1"):
         build_executable(
-            CONFIG, parse_strategy("1x2: R0-1:L0-1"), StrategyOptions(sequence_parallel=True),
+            CONFIG, parse_strategy("1x2: R0-1:L0-1"), StrategyOptions(zero1=True),
             0, seq_len=SEQ, seed=0,
         )  # fmt: skip
     with pytest.raises(ExecutableError, match="rank 5"):

@@ -53,7 +53,9 @@ from hspmd.plan.schema import activation_annotations, input_annotations
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
 from hspmd.runtime.autograd import reshard as autograd_reshard
 from hspmd.runtime.world import World, plan_groups
+from hspmd.specialize.grad_sync import StageGradSync, run_stage_grad_sync, stage_grad_sync
 from hspmd.specialize.localize import local_slice, local_view_sizes, vocab_parallel_embedding
+from hspmd.specialize.recompute import checkpoint_layers, layer_of
 from hspmd.specialize.sites import resolve_cached
 
 __all__ = [
@@ -113,6 +115,16 @@ class Executable:
     stage: int
     layers: tuple[int, int]
     comm: tuple[str, ...]  # one line per kept marker: name, forward and backward kinds
+    grad_sync: tuple[StageGradSync, ...] = ()  # deduced partial grads inside the stage
+    world: World | None = None
+
+    def sync_grads(self) -> None:
+        """Reshard the stage's partial parameter gradients (e.g. norm weights under
+        sequence parallelism) to their parameters' annotation: once per step, after the
+        last B and before the gradient sync across pipelines."""
+        if self.grad_sync:
+            assert self.world is not None, "build with world= to sync gradients"
+            run_stage_grad_sync(self.grad_sync, self.params, self.world)
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         out = self.graph_module(x, targets)
@@ -124,7 +136,8 @@ class Executable:
     def __str__(self) -> str:
         first, last = self.layers
         head = f"rank {self.rank}: pipeline {self.pipeline} stage {self.stage} L{first}-{last}"
-        return "\n".join([head, *(f"  {line}" for line in self.comm)])
+        sync = [f"grad sync {item}" for item in self.grad_sync]
+        return "\n".join([head, *(f"  {line}" for line in (*self.comm, *sync))])
 
 
 # -- where the rank is, and the plan of its pipeline ---------------------------------------
@@ -147,9 +160,7 @@ def _gathered_logits(annotation: Annotation) -> Annotation:
 
 
 def _check_supported(config: LlamaConfig, options: StrategyOptions) -> None:
-    unsupported = [
-        name for name in ("sequence_parallel", "zero1", "recompute") if getattr(options, name)
-    ]
+    unsupported = ["zero1"] if options.zero1 else []
     if options.dtype != "fp32":
         unsupported.append(f"dtype={options.dtype}")
     if config.tie_embeddings:
@@ -299,7 +310,7 @@ class _Builder:
     world: World | None
     graph: torch.fx.Graph = dataclasses.field(default_factory=torch.fx.Graph)
     root: dict[str, Any] = dataclasses.field(default_factory=dict)
-    env: dict[torch.fx.Node, torch.fx.Node] = dataclasses.field(default_factory=dict)
+    env: dict[torch.fx.Node, Any] = dataclasses.field(default_factory=dict)
     pieces: dict[str, Piece] = dataclasses.field(default_factory=dict)
     comm: list[str] = dataclasses.field(default_factory=list)
 
@@ -315,6 +326,37 @@ class _Builder:
         return ann.piece(self.rank, shape).shape
 
     def copy(self, node: torch.fx.Node) -> None:
+        before = len(self.graph.nodes)
+        self._copy(node)
+        new = self.env[node]
+        if isinstance(new, torch.fx.Node) and len(self.graph.nodes) > before:
+            new.meta["layer"] = layer_of(node)  # for recompute per layer
+
+    def swapped(self, node: torch.fx.Node, x: torch.fx.Node) -> None:
+        """An earlier stage's tensor read for its shape or dtype: the stage input stands in
+        for it, and its shape is the constant local shape (under sequence parallelism the
+        received residual holds T / tp positions of the T the RoPE tables need)."""
+        self.env[node] = x
+        for user in node.users:
+            if user.target is getattr and user.args[1] == "shape":
+                self.env[user] = torch.Size(self._elsewhere_shape(node))
+
+    def _elsewhere_shape(self, node: torch.fx.Node) -> tuple[int, ...]:
+        """The local shape of a tensor an earlier stage holds (the same on its ranks)."""
+        ann, shape = self.ag.annotations.get(node.name), self.ag.shape(node.name)
+        if ann is None:
+            return shape
+        sizes = {ann.piece(r, shape).shape for r in ann.ranks}
+        if len(sizes) != 1:
+            raise ExecutableError(
+                f"node {node.name} is annotated {ann}: its shape differs between ranks, so "
+                "a later stage cannot read it; make it duplicate inside its stage"
+            )
+        return sizes.pop()
+
+    def _copy(self, node: torch.fx.Node) -> None:
+        if node in self.env:
+            return  # a shape read of a swapped tensor: already a constant
         if node.op == "get_attr":
             self.attr(node)
         elif is_reshard_node(node):
@@ -402,10 +444,12 @@ def build_executable(
     x = b.graph.placeholder("tokens" if cut.start is None else "activation")
     targets = b.graph.placeholder("targets")
     for node in ag.module.graph.nodes:
-        if node.op == "placeholder":
+        if node.op == "placeholder" and (node.target == "targets" or cut.start is None):
             b.env[node] = targets if node.target == "targets" else x
-        elif node is cut.start or node in cut.swap:
+        elif cut.start is not None and node is cut.start:
             b.env[node] = x
+        elif node in cut.swap:
+            b.swapped(node, x)
         elif node in cut.keep:
             b.copy(node)
     b.graph.output(b.env[cut.end])
@@ -415,6 +459,9 @@ def build_executable(
         gm.to(world.device)  # parameters stay the same Parameter objects (moved in place)
     named = dict(gm.named_parameters())
     params: dict[str, torch.Tensor] = {name: named[name] for name in b.pieces}
+    if options.recompute:
+        gm = checkpoint_layers(gm)
+        assert all(params[n] is p for n, p in _params_by_target(gm, params)), "split copied"
     return Executable(
         graph_module=gm,
         params=params,
@@ -424,7 +471,28 @@ def build_executable(
         stage=s,
         layers=(stage.first_layer, stage.last_layer),
         comm=tuple(b.comm),
+        grad_sync=_grad_sync(ag, b.pieces),
+        world=world,
     )
+
+
+def _params_by_target(
+    gm: torch.fx.GraphModule, params: dict[str, torch.Tensor]
+) -> Iterable[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` for every parameter the (split) graph holds, by object."""
+    by_id = {id(p): n for n, p in params.items()}
+    for p in gm.parameters():
+        yield by_id.get(id(p), "?"), p
+
+
+def _grad_sync(ag: AnnotatedGraph, pieces: dict[str, Piece]) -> tuple[StageGradSync, ...]:
+    nodes = {name: node for node, name in ag.params.items()}
+    table = {}
+    for name in pieces:
+        ann = ag.annotations[nodes[name]]
+        assert ann is not None
+        table[name] = (ag.param_grads[name], ann, ag.shape(nodes[name]))
+    return stage_grad_sync(table)
 
 
 def _plans(gm: torch.fx.GraphModule) -> Iterable[CommPlan]:
