@@ -54,11 +54,22 @@ class TrainConfig:
     zero1: bool = False
     sequence_parallel: bool = False
     recompute: bool = False
+    # (step, strategy): switch to that strategy in memory before that step (hspmd.switch.live)
+    switches: tuple[tuple[int, str], ...] = ()
+    save: str | None = None  # checkpoint directory (hspmd.checkpoint)
+    save_every: int = 1  # save after every N-th step (with ``save``)
+    resume: str | None = None  # continue from the newest checkpoint in this directory
 
     def __post_init__(self) -> None:
-        for name in ("global_batch", "seq_len", "steps"):
+        for name in ("global_batch", "seq_len", "steps", "save_every"):
             if getattr(self, name) < 1:
                 raise TrainError(f"{name}={getattr(self, name)} must be at least 1")
+        steps = [step for step, _ in self.switches]
+        if steps != sorted(set(steps)) or (steps and steps[0] < 2):
+            raise TrainError(
+                f"switch steps {steps}: give each step once, in increasing order, from 2 on "
+                "(the strategy of step 1 is --strategy)"
+            )
         if self.schedule not in ("1f1b", "gpipe"):
             raise TrainError(f"schedule={self.schedule!r}: choose 1f1b or gpipe")
         if self.dtype not in ("fp32", "bf16"):
@@ -81,6 +92,17 @@ class TrainConfig:
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq_len
 
+    @property
+    def strategies(self) -> tuple[str, ...]:
+        """Every strategy of the run, the starting one first."""
+        assert self.strategy is not None
+        return (self.strategy, *(text for _, text in self.switches))
+
+    def strategy_at(self, step: int) -> str:
+        """The strategy that runs ``step`` (after the switches before it)."""
+        assert self.strategy is not None
+        return next((t for s, t in reversed(self.switches) if s <= step), self.strategy)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepRecord:
@@ -90,11 +112,17 @@ class StepRecord:
     loss: float
     tokens: int
     seconds: float
+    switch_seconds: float | None = None  # a switch ran before this step (slowest rank)
+    strategy: str | None = None  # the strategy switched to, with switch_seconds
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "step": self.step,
             "loss": self.loss,
             "tokens": self.tokens,
             "seconds": round(self.seconds, 6),
         }
+        if self.switch_seconds is not None:
+            out["switch_seconds"] = round(self.switch_seconds, 6)
+            out["strategy"] = self.strategy
+        return out

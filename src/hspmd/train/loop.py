@@ -21,25 +21,34 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-from torch.utils.checkpoint import checkpoint
 
+from hspmd.checkpoint import (
+    commit_rank_states,
+    latest,
+    load_rank_state,
+    read_manifest,
+    save_rank_state,
+)
+from hspmd.plan.params import state_annotations
 from hspmd.plan.strategy import StrategyOptions
-from hspmd.runtime.world import World
+from hspmd.runtime.world import World, plan_groups
 from hspmd.specialize.boundary import BoundaryPlans, Pending, boundary_plans, recv, send
 from hspmd.specialize.executable import build_executable, executable_groups
 from hspmd.specialize.schedule import make_schedule
+from hspmd.switch.live import plan_switch, run_switch
 from hspmd.train.batches import step_batches
-from hspmd.train.config import StepRecord, TrainConfig
+from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.layout import Layout, Role
 from hspmd.train.post import MixedPost, PlainPost, Post
 from hspmd.train.sync import SyncItem, grad_sync_plan
 from hspmd.train.zero import ZeroItem, ZeroOne, zero1_plan
 
-__all__ = ["StageProgram", "options_of", "run_rank"]
+__all__ = ["StageProgram", "activate", "options_of", "prepare_all", "run_rank", "switch_to"]
 
 
 class StageProgram(Protocol):
@@ -73,7 +82,6 @@ class _Live:
 def _forward(
     program: StageProgram, role: Role, plans: BoundaryPlans, world: World, live: _Live, *,
     m: int, batch: tuple[torch.Tensor, torch.Tensor], scale: float, dtype: torch.dtype,
-    recompute: bool,
 ) -> None:  # fmt: skip
     tokens, targets = batch
     size = role.micro_batch_size
@@ -82,10 +90,7 @@ def _forward(
         x = tokens[rows]
     else:
         x = recv(plans.incoming.forward, world, dtype=dtype).requires_grad_(True)
-    if recompute:  # keep only the stage input; rerun the stage's forward in backward
-        out = checkpoint(program.forward, x, targets[rows], use_reentrant=False)
-    else:
-        out = program.forward(x, targets[rows])
+    out = program.forward(x, targets[rows])  # recompute: per layer, inside the executable
     if plans.outgoing is None:
         out = out * scale
         live.loss += float(out.detach())
@@ -117,7 +122,7 @@ def run_step(
     for action in schedule:
         if action.kind == "F":
             _forward(program, role, plans, world, live, m=action.micro_batch, batch=batch,
-                     scale=scale, dtype=dtype, recompute=config.recompute)  # fmt: skip
+                     scale=scale, dtype=dtype)  # fmt: skip
         elif action.kind == "B":
             _backward(plans, world, live, m=action.micro_batch)
     for pending in live.sends:
@@ -137,63 +142,167 @@ def _post(
     return PlainPost(params, sync, adam=config.adam, world=world)
 
 
+@dataclass(slots=True)
+class _Active:
+    """This rank's part in the strategy now running (all None on an idle rank)."""
+
+    text: str
+    layout: Layout
+    role: Role | None = None
+    exe: Any = None
+    plans: BoundaryPlans | None = None
+    post: Post | None = None
+
+
+def prepare_all(world: World, config: TrainConfig) -> None:
+    """Create the process groups of every strategy of the run, on every rank, at once
+    (one deterministic order: DESIGN decision 8)."""
+    model = config.model_config()
+    plans, groups = [], []
+    for text in dict.fromkeys(config.strategies):
+        strategy = Layout.from_text(text, num_layers=model.num_layers).strategy
+        if config.zero1:
+            plans += [p for z in zero1_plan(strategy, model).values() for p in (z.reduce, z.gather)]
+        else:
+            plans += [item.plan for item in grad_sync_plan(strategy, model)]
+        groups += executable_groups(strategy)
+    world.prepare_groups([*plan_groups(plans), *groups])
+
+
+def activate(world: World, config: TrainConfig, text: str) -> _Active:
+    """Build this rank's executable graph, boundary plans and Post under strategy ``text``."""
+    model = config.model_config()
+    layout = Layout.from_text(text, num_layers=model.num_layers)
+    active = _Active(text, layout, layout.role(world.rank))
+    role = active.role
+    if role is None:
+        return active
+    sync = grad_sync_plan(layout.strategy, model) if not config.zero1 else ()
+    zero = zero1_plan(layout.strategy, model) if config.zero1 else {}
+    # ZeRO-1 and bf16 change only Pre/Post: the executable graph is the fp32 one
+    # (sequence parallel and per-layer recompute are the executable's)
+    options = dataclasses.replace(options_of(config), zero1=False, dtype="fp32")
+    exe = build_executable(
+        model, layout.strategy, options, world.rank,
+        seq_len=config.seq_len, seed=config.seed, world=world,
+    )  # fmt: skip
+    shape = (role.micro_batch_size, config.seq_len, model.hidden_size)
+    active.plans = boundary_plans(layout.strategy, model, world.rank, shape, options=options)
+    if config.dtype == "bf16":
+        exe.graph_module.to(torch.bfloat16)  # compute copy; Post keeps fp32 masters
+    active.exe = exe
+    active.post = _post(config, exe.params, sync, zero, world)
+    return active
+
+
+def switch_to(
+    world: World, config: TrainConfig, active: _Active, text: str, *, steps: int
+) -> _Active:
+    """Move the training state from ``active``'s strategy to ``text`` in memory (one fused
+    BSR, ``hspmd.switch.live``) and continue under it; ``steps``: Adam's step count."""
+    model = config.model_config()
+    target = Layout.from_text(text, num_layers=model.num_layers)
+    plan = plan_switch(model, active.layout.strategy, target.strategy, zero1=config.zero1)
+    state = active.post.state() if active.post is not None else {}
+    moved, compute = run_switch(plan, state, world)
+    del state, active  # the old strategy's tensors go before the new ones are built
+    new = activate(world, config, text)
+    if new.post is not None:
+        new.post.load_state(moved, steps=steps, compute=compute)
+    return new
+
+
+def _save(world: World, config: TrainConfig, active: _Active, *, step: int, steps: int) -> None:
+    """Write a checkpoint of step ``step`` (docs/switching.md, "the trainer's calls")."""
+    assert config.save is not None
+    model = config.model_config()
+    strategy = active.layout.strategy
+    specs = state_annotations(strategy, model, zero1=config.zero1)  # masters: state layout
+    if active.post is not None:
+        state = active.post.state()
+        save_rank_state(
+            config.save, step=step, rank=world.rank, param_specs=specs,
+            params={n: m for n, (m, _, _) in state.items()},
+            exp_avg={n: v for n, (_, v, _) in state.items()},
+            exp_avg_sq={n: v for n, (_, _, v) in state.items()},
+        )  # fmt: skip
+    dist.barrier()
+    if world.rank == 0:
+        commit_rank_states(
+            config.save, step=step, model=config.model, strategy=active.text,
+            param_specs=specs, adam_step=steps, data_position=step,
+        )  # fmt: skip
+    dist.barrier()
+
+
+def _resume(world: World, config: TrainConfig) -> tuple[_Active, int, int]:
+    """The active strategy loaded from ``config.resume``, the first step and Adam's steps."""
+    assert config.resume is not None
+    model = config.model_config()
+    done = read_manifest(latest(config.resume))
+    first = done.step + 1
+    active = activate(world, config, config.strategy_at(first))
+    specs = state_annotations(active.layout.strategy, model, zero1=config.zero1)
+    state = load_rank_state(config.resume, rank=world.rank, param_specs=specs, model=config.model)
+    if active.post is not None:
+        moved = {n: (m, state.exp_avg[n], state.exp_avg_sq[n]) for n, m in state.params.items()}
+        active.post.load_state(moved, steps=state.adam_step)
+    if state.data_position != done.step:
+        raise TrainError(f"checkpoint data position {state.data_position} != step {done.step}")
+    return active, first, state.adam_step
+
+
 def run_rank(world: World, config: TrainConfig, *, report: Any = None) -> dict[str, Any]:
     """Train ``config`` on this rank; ranks outside the strategy only join the loss sum.
 
-    ``report(record)`` is called on rank 0 after each step. Returns the step records and
-    this rank's parameter pieces: name -> (global region, numpy array).
+    ``report(record)`` is called on rank 0 after each step. Switches (``config.switches``)
+    run before their step on every rank. Returns the step records and this rank's
+    parameter pieces: name -> (global region, numpy array).
     """
     assert config.strategy is not None
-    model = config.model_config()
-    layout = Layout.from_text(config.strategy, num_layers=model.num_layers)
-    role = layout.role(world.rank)
-    sync = grad_sync_plan(layout.strategy, model) if not config.zero1 else ()
-    zero = zero1_plan(layout.strategy, model) if config.zero1 else {}
-    # every rank, idle ones too, in the same order
-    world.prepare(
-        [item.plan for item in sync] + [p for z in zero.values() for p in (z.reduce, z.gather)]
-    )
-    world.prepare_groups(executable_groups(layout.strategy))
-    exe, plans, post = None, None, None
-    if role is not None:
-        # ZeRO-1 and bf16 change only Pre/Post, recompute only how F and B are run: the
-        # executable graph is the fp32 one
-        options = dataclasses.replace(
-            options_of(config), zero1=False, dtype="fp32", recompute=False
-        )
-        exe = build_executable(
-            model, layout.strategy, options, world.rank,
-            seq_len=config.seq_len, seed=config.seed, world=world,
-        )  # fmt: skip
-        shape = (role.micro_batch_size, config.seq_len, model.hidden_size)
-        plans = boundary_plans(layout.strategy, model, world.rank, shape)
-        if config.dtype == "bf16":
-            exe.graph_module.to(torch.bfloat16)  # compute copy; Post keeps fp32 masters
-        post = _post(config, exe.params, sync, zero, world)
-    data = step_batches(config) if role is not None else None
+    prepare_all(world, config)  # every rank, idle ones too, in the same order
+    if config.resume:
+        active, first, adam_steps = _resume(world, config)
+    else:
+        active, first, adam_steps = activate(world, config, config.strategy), 1, 0
+    switches = dict(config.switches)
+    # every rank reads the stream: a rank idle now may train after a switch
+    data = islice(step_batches(config), first - 1, None)
     records = []
-    for step in range(1, config.steps + 1):
-        batch = next(data) if data is not None else None
+    for step in range(first, config.steps + 1):
+        switched = None
+        if step in switches and step != first:
+            begin = time.perf_counter()
+            active = switch_to(world, config, active, switches[step], steps=adam_steps)
+            took = torch.tensor([time.perf_counter() - begin], dtype=torch.float64)
+            dist.all_reduce(took, op=dist.ReduceOp.MAX)
+            switched = float(took)
+        batch = next(data)
         start = time.perf_counter()
         loss = torch.zeros(1, dtype=torch.float64)
-        if exe is not None and role is not None and plans is not None and post is not None:
-            assert batch is not None
+        role, post = active.role, active.post
+        if role is not None and post is not None and active.plans is not None:
             post.zero_grad()
-            value = run_step(exe, role, plans, config, world, batch)
+            value = run_step(active.exe, role, active.plans, config, world, batch)
+            active.exe.sync_grads()  # partial grads inside the stage (SP norm weights)
             if role.is_last and role.rank == role.tp_ranks[0]:  # one reporter per pipeline
                 loss += value
             post.step()
+        adam_steps += 1
         dist.all_reduce(loss)
         record = StepRecord(
             step=step, loss=float(loss), tokens=config.tokens_per_step,
-            seconds=time.perf_counter() - start,
+            seconds=time.perf_counter() - start, switch_seconds=switched,
+            strategy=active.text if switched is not None else None,
         )  # fmt: skip
         records.append(record)
         if report is not None and world.rank == 0:
             report(record)
+        if config.save and step % config.save_every == 0:
+            _save(world, config, active, step=step, steps=adam_steps)
     pieces = {}
-    if exe is not None:
-        for name, p in exe.params.items():
+    if active.exe is not None:
+        for name, p in active.exe.params.items():
             # numpy, not tensors: tensors would travel as shared-memory fds
-            pieces[name] = (exe.pieces[name].region, p.detach().float().numpy().copy())
+            pieces[name] = (active.exe.pieces[name].region, p.detach().float().numpy().copy())
     return {"pieces": pieces, "records": records}

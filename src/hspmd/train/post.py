@@ -26,17 +26,46 @@ from typing import Any, Protocol
 
 import torch
 
+from hspmd.switch.live import TrainState
 from hspmd.train.config import AdamConfig
 from hspmd.train.optim import Adam
 from hspmd.train.sync import SyncItem, run_grad_sync
 
-__all__ = ["MixedPost", "PlainPost", "Post"]
+__all__ = ["MixedPost", "PlainPost", "Post", "load_adam", "adam_states"]
 
 
 class Post(Protocol):
     def step(self) -> None: ...
 
     def zero_grad(self) -> None: ...
+
+    def state(self) -> TrainState:
+        """name -> (fp32 master, exp_avg, exp_avg_sq): this rank's pieces (switch, save)."""
+        ...
+
+    def load_state(
+        self, state: TrainState, *, steps: int, compute: dict[str, torch.Tensor] | None = None
+    ) -> None:
+        """Take over moved or loaded state; the compute weights follow from the masters
+        (``compute``: ZeRO-1's whole pieces, when they came with the state)."""
+        ...
+
+
+def adam_states(adam: Adam, names: list[str]) -> TrainState:
+    return {
+        n: (p, m, v)
+        for n, p, m, v in zip(names, adam.params, adam.exp_avg, adam.exp_avg_sq, strict=True)
+    }
+
+
+@torch.no_grad()
+def load_adam(adam: Adam, names: list[str], state: TrainState, steps: int) -> None:
+    for n, p, m, v in zip(names, adam.params, adam.exp_avg, adam.exp_avg_sq, strict=True):
+        master, exp_avg, exp_avg_sq = state[n]
+        p.copy_(master)
+        m.copy_(exp_avg)
+        v.copy_(exp_avg_sq)
+    adam.steps = steps
 
 
 class PlainPost:
@@ -55,6 +84,14 @@ class PlainPost:
 
     def zero_grad(self) -> None:
         self.adam.zero_grad()
+
+    def state(self) -> TrainState:
+        return adam_states(self.adam, list(self.params))
+
+    def load_state(
+        self, state: TrainState, *, steps: int, compute: dict[str, torch.Tensor] | None = None
+    ) -> None:
+        load_adam(self.adam, list(self.params), state, steps)
 
 
 class MixedPost:
@@ -82,3 +119,14 @@ class MixedPost:
     def zero_grad(self) -> None:
         for param in self.params.values():
             param.grad = None
+
+    def state(self) -> TrainState:
+        return adam_states(self.adam, list(self.masters))
+
+    @torch.no_grad()
+    def load_state(
+        self, state: TrainState, *, steps: int, compute: dict[str, torch.Tensor] | None = None
+    ) -> None:
+        load_adam(self.adam, list(self.masters), state, steps)
+        for name, param in self.params.items():
+            param.copy_(self.masters[name])

@@ -25,25 +25,28 @@ from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.loop import options_of, run_rank
 from hspmd.train.reference import TrainResult
 
-__all__ = ["check_config", "train", "train_many"]
+__all__ = ["check_config", "num_processes", "train", "train_many"]
 
 
 def check_config(config: TrainConfig) -> Strategy:
-    """The parsed strategy, refused with a StrategyError if it cannot train ``config``."""
+    """The parsed (first) strategy, refused with a StrategyError if it, or a strategy the
+    run switches to, cannot train ``config``."""
     if config.strategy is None:
         raise TrainError("no strategy: give --strategy '...' or use --reference")
-    strategy = parse_strategy(config.strategy)
-    options = options_of(config)
-    check_strategy(
-        strategy,
-        config.model_config(),
-        global_batch=config.global_batch,
-        options=options,
-        seq_len=config.seq_len,
-    )
-    if strategy.ranks != tuple(range(strategy.num_ranks)):
+    strategies = [parse_strategy(text) for text in config.strategies]
+    for strategy in strategies:
+        check_strategy(
+            strategy,
+            config.model_config(),
+            global_batch=config.global_batch,
+            options=options_of(config),
+            seq_len=config.seq_len,
+        )
+    strategy = strategies[0]
+    used = sorted({r for s in strategies for r in s.ranks})
+    if used != list(range(len(used))):
         raise TrainError(
-            f"strategy uses ranks {list(strategy.ranks)}: number them 0..{strategy.num_ranks - 1} "
+            f"the run's strategies use ranks {used}: number them 0..{len(used) - 1} "
             "without gaps (one local process per rank)"
         )
     unsupported = ["sequence_parallel"] if config.sequence_parallel else []
@@ -54,6 +57,12 @@ def check_config(config: TrainConfig) -> Strategy:
             f"{', '.join(unsupported)}: not supported by the trainer yet; train without them"
         )
     return strategy
+
+
+def num_processes(config: TrainConfig) -> int:
+    """Processes a run needs: the most ranks of any of its strategies (checked first)."""
+    check_config(config)
+    return 1 + max(max(parse_strategy(text).ranks) for text in config.strategies)
 
 
 def _rank_work(world: World, configs: Sequence[TrainConfig], events: Any) -> list[dict[str, Any]]:
@@ -77,7 +86,7 @@ def train_many(
 
     ``threads``: torch threads per rank (default: the launcher's, cores // ranks).
     """
-    nproc = max(check_config(c).num_ranks for c in configs)
+    nproc = max(num_processes(c) for c in configs)
     # A SimpleQueue: rank 0's puts are synchronous (no feeder thread), so every event is in
     # the pipe before its result is sent, and the launcher's clean-up of finished workers
     # can never interrupt a put. Only rank 0 writes; only this thread reads.

@@ -36,8 +36,10 @@ from hspmd.plan.strategy import Strategy
 from hspmd.runtime.execute import run_plan
 from hspmd.runtime.world import World
 from hspmd.specialize.localize import local_slice
+from hspmd.switch.live import TrainState
 from hspmd.train.config import AdamConfig
 from hspmd.train.optim import Adam
+from hspmd.train.post import adam_states, load_adam
 
 __all__ = ["ZeroItem", "ZeroOne", "zero1_plan"]
 
@@ -98,3 +100,21 @@ class ZeroOne:
     def zero_grad(self) -> None:
         for param in self.params.values():
             param.grad = None
+
+    def state(self) -> TrainState:
+        return adam_states(self.adam, list(self.masters))
+
+    @torch.no_grad()
+    def load_state(
+        self, state: TrainState, *, steps: int, compute: dict[str, torch.Tensor] | None = None
+    ) -> None:
+        """Masters and moments from ``state``; the compute weights from ``compute`` where
+        given (a switch brings them), else gathered from the masters (a resume)."""
+        load_adam(self.adam, list(self.masters), state, steps)
+        for item in self.items:
+            if compute and item.name in compute:
+                self.params[item.name].copy_(compute[item.name])
+                continue
+            value = run_plan(item.gather, self.masters[item.name], self.world)
+            assert value is not None, item.name
+            self.params[item.name].copy_(value)

@@ -1,0 +1,78 @@
+"""Fused BSR: many tensors, each from its own source to its own destination annotation,
+moved by one ``batch_isend_irecv`` with one packed buffer per pair of ranks.
+
+``transfers`` come from ``hspmd.comm.bsr.schedule`` over one table per tensor
+(``Transfer.tensor`` is the index into ``tensors``). Both sides of a pair walk the same
+transfer tuple in order, so the sender's packing order is the receiver's unpacking order::
+
+    tensors = [FusedTensor((4, 2), A("[0]{}"), A("[0,1]{0:2}"))]
+    transfers = schedule([BsrTable.between(t.src, t.dst, t.shape, tensor=0) ...])
+    out = run_fused_bsr(transfers, tensors, {0: w} if rank == 0 else {}, world)
+    # rank 0: {0: w[0:2]}; rank 1: {0: w[2:4]} (one message 0 -> 1)
+
+Every tensor of one call has the same dtype (one buffer per pair). A rank that holds
+nothing at the end gets an empty dict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from hspmd.annotation import Annotation, Piece
+from hspmd.comm.plan import Transfer, local_box
+from hspmd.runtime.p2p import Exchange
+from hspmd.runtime.world import World
+
+__all__ = ["FusedTensor", "run_fused_bsr"]
+
+
+@dataclass(frozen=True, slots=True)
+class FusedTensor:
+    """One tensor of a fused BSR: global shape, where it lives before and after."""
+
+    shape: tuple[int, ...]
+    src: Annotation
+    dst: Annotation
+
+    def __str__(self) -> str:
+        return f"{list(self.shape)} {self.src} -> {self.dst}"
+
+
+def run_fused_bsr(
+    transfers: Sequence[Transfer],
+    tensors: Sequence[FusedTensor],
+    local: Mapping[int, torch.Tensor],
+    world: World,
+    *,
+    dtype: torch.dtype = torch.float32,
+) -> dict[int, torch.Tensor]:
+    """This rank's piece of every tensor it holds after the move, by tensor index.
+
+    ``local`` maps the index of every tensor whose source piece this rank holds to that
+    piece. One message per (sender, receiver) pair, whatever the number of tensors.
+    """
+    rank = world.rank
+    old: dict[int, Piece] = {}
+    new: dict[int, Piece] = {}
+    out: dict[int, torch.Tensor] = {}
+    for index, t in enumerate(tensors):
+        if rank in t.dst.ranks:
+            new[index] = t.dst.piece(rank, t.shape)
+            out[index] = torch.empty(new[index].shape, dtype=dtype, device=world.device)
+        if rank in t.src.ranks:
+            old[index] = t.src.piece(rank, t.shape)
+            assert index in local, f"rank {rank} must pass tensor {index} ({t})"
+    exchange = Exchange(world)
+    for tr in transfers:
+        i = tr.tensor
+        if tr.src == tr.dst == rank:
+            out[i][local_box(new[i], tr.region)] = local[i][local_box(old[i], tr.region)]
+        elif tr.src == rank:
+            exchange.send(tr.dst, [local[i][local_box(old[i], tr.region)]])
+        elif tr.dst == rank:
+            exchange.recv(tr.src, [out[i][local_box(new[i], tr.region)]])
+    exchange.run()
+    return out

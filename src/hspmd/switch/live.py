@@ -1,0 +1,130 @@
+"""In-memory switching between strategies: the plan (pure data) and its run on a rank.
+
+A switch from strategy A to strategy B moves every rank's training state to where B wants
+it, with ONE fused BSR over all tensors (paper section 7; one message per pair of ranks):
+
+    tensor                     from (A)                  to (B)
+    master/<name>              A's state annotation      B's state annotation
+    exp_avg/<name>             A's state annotation      B's state annotation
+    exp_avg_sq/<name>          A's state annotation      B's state annotation
+    param/<name>  (ZeRO-1 B)   A's state annotation      B's parameter annotation
+
+The state annotation is the parameter's, or its ZeRO-1 shard (``hspmd.plan.params``).
+Under fp32 the compute weights of B are its masters; under bf16 they are the masters cast;
+under ZeRO-1 B needs the whole stage piece too, which the fp32 masters of A hold exactly,
+so it rides in the same BSR as a fourth tensor rather than a later all-gather. Adam's step
+count is the same on every rank and does not move. Ranks that hold nothing in B send what
+they hold and end idle; ranks new to B receive everything.
+
+>>> from hspmd.models.llama import get_config
+>>> from hspmd.plan.strategy import parse_strategy
+>>> plan = plan_switch(get_config("llama-tiny", num_layers=2),
+...                    parse_strategy("2x1: R0:L0-0 R1:L1-1"), parse_strategy("2x1: R0-1:L0-1"))
+>>> len(plan.tensors), sorted(plan.messages())
+(63, [(0, 1), (1, 0)])
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from hspmd.comm.bsr import BsrTable, messages, schedule
+from hspmd.comm.plan import Transfer
+from hspmd.comm.topology import Topology
+from hspmd.models.llama import LlamaConfig
+from hspmd.plan.params import parameter_annotations, state_annotations
+from hspmd.plan.strategy import Strategy
+from hspmd.runtime.fused import FusedTensor, run_fused_bsr
+from hspmd.runtime.world import World
+
+__all__ = ["STATE_KINDS", "SwitchPlan", "TrainState", "plan_switch", "run_switch"]
+
+STATE_KINDS = ("master", "exp_avg", "exp_avg_sq")
+
+# name -> (fp32 master, exp_avg, exp_avg_sq): this rank's pieces under its state annotation
+TrainState = dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchPlan:
+    """Every tensor a switch moves (``kind/name``), and the fused BSR's transfers."""
+
+    names: tuple[str, ...]
+    tensors: tuple[FusedTensor, ...]
+    transfers: tuple[Transfer, ...]
+
+    def messages(self) -> dict[tuple[int, int], int]:
+        """Messages per (sender, receiver) pair: one each (local copies are none)."""
+        return {pair: 1 for pair in messages(self.transfers)}
+
+    def sent_bytes(self) -> Counter[int]:
+        """Bytes each rank sends (fp32)."""
+        out: Counter[int] = Counter()
+        for t in self.transfers:
+            if t.src != t.dst:
+                n = 4
+                for lo, hi in t.region:
+                    n *= hi - lo
+                out[t.src] += n
+        return out
+
+    def __str__(self) -> str:
+        pairs = self.messages()
+        total = sum(self.sent_bytes().values())
+        return f"switch: {len(self.tensors)} tensors, {len(pairs)} messages, {total} bytes"
+
+
+def plan_switch(
+    config: LlamaConfig,
+    source: Strategy,
+    target: Strategy,
+    *,
+    zero1: bool = False,
+    topology: Topology | None = None,
+) -> SwitchPlan:
+    """The fused BSR moving the training state from ``source`` to ``target`` (metadata only)."""
+    src_states = state_annotations(source, config, zero1=zero1)
+    dst_states = state_annotations(target, config, zero1=zero1)
+    dst_params = parameter_annotations(target, config)
+    names: list[str] = []
+    tensors: list[FusedTensor] = []
+    for name, spec in src_states.items():
+        dst = dst_states[name].annotation
+        for kind in STATE_KINDS:
+            names.append(f"{kind}/{name}")
+            tensors.append(FusedTensor(spec.shape, spec.annotation, dst))
+        if dst_params[name].annotation != dst:
+            names.append(f"param/{name}")
+            tensors.append(FusedTensor(spec.shape, spec.annotation, dst_params[name].annotation))
+    tables = [
+        BsrTable.between(t.src, t.dst, t.shape, tensor=i, itemsize=4) for i, t in enumerate(tensors)
+    ]
+    transfers = schedule(tables, topology=topology or Topology.flat(), fused=True)
+    return SwitchPlan(tuple(names), tuple(tensors), transfers)
+
+
+def run_switch(
+    plan: SwitchPlan, state: TrainState, world: World
+) -> tuple[TrainState, dict[str, torch.Tensor]]:
+    """This rank's state under the target, and the compute weights that came with it
+    (``param/<name>``: only where the target's state annotation differs from the
+    parameter's). ``state`` is empty on a rank that holds nothing under the source."""
+    local = {}
+    for index, key in enumerate(plan.names):
+        kind, name = key.split("/", 1)
+        if name in state:
+            which = 0 if kind == "param" else STATE_KINDS.index(kind)
+            local[index] = state[name][which].detach()
+    out = run_fused_bsr(plan.transfers, plan.tensors, local, world)
+    parts: dict[str, dict[str, torch.Tensor]] = {k: {} for k in (*STATE_KINDS, "param")}
+    for index, tensor in out.items():
+        kind, name = plan.names[index].split("/", 1)
+        parts[kind][name] = tensor
+    moved = {
+        name: (master, parts["exp_avg"][name], parts["exp_avg_sq"][name])
+        for name, master in parts["master"].items()
+    }
+    return moved, parts["param"]
