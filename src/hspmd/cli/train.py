@@ -1,11 +1,15 @@
 """`hspmd train`: train a Llama preset under a strategy on local processes.
 
     hspmd train --model llama-tiny --strategy "2x2: R0-1:L0-3; 4x1: R2:L0-3" \\
-        --global-batch 8 --seq-len 64 --steps 5 --seed 0 [--json] [--reference]
+        --global-batch 8 --seq-len 64 --steps 5 --seed 0 [--json] [--reference] \\
+        [--switch 3="1x8: R0-3:L0-3" ...] [--save DIR --save-every N] [--resume DIR]
 
 The strategy is checked before any process starts. ``--json`` prints one JSON object per
 step (``step``, ``loss``: the global mean token loss, ``tokens``, ``seconds``);
 ``--reference`` trains the plain model on this process instead, on the same data.
+``--switch STEP="STRATEGY"`` moves weights and Adam states in memory to STRATEGY before
+STEP (one process per rank of the largest strategy); the step's record carries
+``switch_seconds``. ``--save``/``--resume``: checkpoints that load onto any strategy.
 """
 
 from __future__ import annotations
@@ -17,9 +21,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from hspmd.models.llama import PRESETS
-from hspmd.train.config import AdamConfig, StepRecord, TrainConfig
+from hspmd.train.config import AdamConfig, StepRecord, TrainConfig, TrainError
 from hspmd.train.reference import TrainResult, run_reference
-from hspmd.train.trainer import check_config, train
+from hspmd.train.trainer import check_config, num_processes, train
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | None) -> None:
@@ -45,6 +49,27 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | Non
     parser.add_argument("--zero1", action="store_true")
     parser.add_argument("--sequence-parallel", action="store_true")
     parser.add_argument("--recompute", action="store_true")
+    parser.add_argument(
+        "--switch",
+        action="append",
+        default=[],
+        metavar='STEP="STRATEGY"',
+        help="switch to STRATEGY in memory before step STEP (repeatable)",
+    )
+    parser.add_argument("--save", default=None, metavar="DIR", help="checkpoint directory")
+    parser.add_argument("--save-every", type=int, default=1, metavar="N", help="save every N steps")
+    parser.add_argument("--resume", default=None, metavar="DIR", help="continue from DIR")
+
+
+def parse_switches(values: list[str]) -> tuple[tuple[int, str], ...]:
+    """``['3=1x4: R0-1:L0-3']`` -> ``((3, '1x4: R0-1:L0-3'),)``, sorted by step."""
+    out = []
+    for value in values:
+        step, sep, text = value.partition("=")
+        if not sep or not step.strip().isdigit() or not text.strip():
+            raise TrainError(f'--switch {value!r}: write STEP="STRATEGY", e.g. 3="1x4: R0-1:L0-3"')
+        out.append((int(step), text.strip()))
+    return tuple(sorted(out))
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -63,6 +88,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         zero1=args.zero1,
         sequence_parallel=args.sequence_parallel,
         recompute=args.recompute,
+        switches=parse_switches(args.switch),
+        save=args.save,
+        save_every=args.save_every,
+        resume=args.resume,
     )
 
 
@@ -102,6 +131,11 @@ def progress(
         task = bar.add_task(title, total=config.steps, loss="-")
 
         def update(record: StepRecord) -> None:
+            if record.switch_seconds is not None:
+                bar.console.print(
+                    f"switch before step {record.step} to {record.strategy!r}: "
+                    f"{record.switch_seconds * 1e3:.1f} ms"
+                )
             bar.update(task, advance=1, loss=f"{record.loss:.6f}")
             bar.console.print(
                 f"step {record.step:>3}  loss {record.loss:.6f}  "
@@ -116,8 +150,8 @@ def run_config(config: TrainConfig, *, reference: bool, as_json: bool) -> TrainR
     if reference:
         with progress(config, title="reference", as_json=as_json) as on_step:
             return run_reference(config, on_step=on_step)
-    strategy = check_config(config)  # before any process starts
-    title = f"{strategy.num_ranks} ranks"
+    check_config(config)  # before any process starts
+    title = f"{num_processes(config)} ranks"
     with progress(config, title=title, as_json=as_json) as on_step:
         return train(config, on_step=on_step)
 
