@@ -86,14 +86,29 @@ def bf16_config(name: str) -> TrainConfig:
     return dataclasses.replace(config(strategy, 4, zero1=zero1), dtype="bf16")
 
 
-# activation recompute (the whole stage per micro-batch, collectives included)
+# activation recompute per layer (each layer's forward, collectives included, rerun in B)
 RECOMPUTE = {
     "recompute PP x TP, BSR boundary": ("3x1: R0-1:L0-1 R2:L2-3; 1x1: R3:L0-3", 4),
+    "recompute + sequence parallel, DP x TP": ("2x1: R0-1:L0-3; 2x1: R2-3:L0-3", 4),
 }
 
 
 def recompute_config(name: str) -> TrainConfig:
-    return dataclasses.replace(config(*RECOMPUTE[name]), recompute=True)
+    sp = "sequence parallel" in name
+    return dataclasses.replace(config(*RECOMPUTE[name]), recompute=True, sequence_parallel=sp)
+
+
+# sequence parallel: the residual stream split on the sequence inside each stage (boundaries
+# move sequence shards by send-recv or BSR; norm weight grads all-reduced in the stage)
+SEQUENCE_PARALLEL = {
+    "SP TP 2": ("4x1: R0-1:L0-3", 4),
+    "SP PP 2 x TP 2": ("2x2: R0-1:L0-1 R2-3:L2-3", 4),
+    "SP TP differs per stage and per pipeline": ("2x1: R0-1:L0-1 R2:L2-3; 1x2: R3-4:L0-3", 4),
+}
+
+
+def sp_config(name: str) -> TrainConfig:
+    return dataclasses.replace(config(*SEQUENCE_PARALLEL[name]), sequence_parallel=True)
 
 
 def config(
@@ -129,7 +144,8 @@ def trained() -> dict[str, TrainResult]:
     configs += [config(*ZERO1[name], zero1=True) for name in ZERO1]
     configs += [bf16_config(name) for name in BF16]
     configs += [recompute_config(name) for name in RECOMPUTE]
-    names = [*WORKING, *TENSOR_PARALLEL, *ZERO1, *BF16, *RECOMPUTE]
+    configs += [sp_config(name) for name in SEQUENCE_PARALLEL]
+    names = [*WORKING, *TENSOR_PARALLEL, *ZERO1, *BF16, *RECOMPUTE, *SEQUENCE_PARALLEL]
     return dict(zip(names, train_many(configs), strict=True))
 
 
@@ -177,6 +193,11 @@ def test_bf16_stays_close_to_the_fp32_reference(name: str, trained: dict[str, Tr
 @pytest.mark.parametrize("name", list(RECOMPUTE))
 def test_recompute_equals_reference(name: str, trained: dict[str, TrainResult]) -> None:
     assert_equal_to_reference(trained[name], run_reference(recompute_config(name)))
+
+
+@pytest.mark.parametrize("name", list(SEQUENCE_PARALLEL))
+def test_sequence_parallel_equals_reference(name: str, trained: dict[str, TrainResult]) -> None:
+    assert_equal_to_reference(trained[name], run_reference(sp_config(name)))
 
 
 def test_reference_moves_the_weights_far_beyond_the_tolerance() -> None:
