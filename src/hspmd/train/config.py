@@ -114,6 +114,7 @@ class StepRecord:
     seconds: float
     switch_seconds: float | None = None  # a switch ran before this step (slowest rank)
     strategy: str | None = None  # the strategy switched to, with switch_seconds
+    switch_messages: int | None = None  # messages the switch sent, summed over ranks
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -125,4 +126,5 @@ class StepRecord:
         if self.switch_seconds is not None:
             out["switch_seconds"] = round(self.switch_seconds, 6)
             out["strategy"] = self.strategy
+            out["switch_messages"] = self.switch_messages
         return out

@@ -36,6 +36,7 @@ from hspmd.checkpoint import (
 )
 from hspmd.plan.params import state_annotations
 from hspmd.plan.strategy import StrategyOptions
+from hspmd.runtime.counting import count_comm
 from hspmd.runtime.world import World, plan_groups
 from hspmd.specialize.boundary import BoundaryPlans, Pending, boundary_plans, recv, send
 from hspmd.specialize.executable import build_executable, executable_groups
@@ -197,19 +198,34 @@ def activate(world: World, config: TrainConfig, text: str) -> _Active:
 
 def switch_to(
     world: World, config: TrainConfig, active: _Active, text: str, *, steps: int
-) -> _Active:
+) -> tuple[_Active, int]:
     """Move the training state from ``active``'s strategy to ``text`` in memory (one fused
-    BSR, ``hspmd.switch.live``) and continue under it; ``steps``: Adam's step count."""
+    BSR, ``hspmd.switch.live``) and continue under it; ``steps``: Adam's step count.
+    Returns the new part and the messages this rank sent."""
     model = config.model_config()
     target = Layout.from_text(text, num_layers=model.num_layers)
     plan = plan_switch(model, active.layout.strategy, target.strategy, zero1=config.zero1)
     state = active.post.state() if active.post is not None else {}
-    moved, compute = run_switch(plan, state, world)
+    with count_comm(world) as log:
+        moved, compute = run_switch(plan, state, world)
     del state, active  # the old strategy's tensors go before the new ones are built
     new = activate(world, config, text)
     if new.post is not None:
         new.post.load_state(moved, steps=steps, compute=compute)
-    return new
+    return new, log.counts().get("send", 0)
+
+
+def _timed_switch(
+    world: World, config: TrainConfig, active: _Active, text: str, *, steps: int
+) -> tuple[_Active, float, int]:
+    """``switch_to`` on every rank; the slowest rank's seconds and the messages sent."""
+    begin = time.perf_counter()
+    active, sent = switch_to(world, config, active, text, steps=steps)
+    took = torch.tensor([time.perf_counter() - begin], dtype=torch.float64)
+    dist.all_reduce(took, op=dist.ReduceOp.MAX)
+    messages = torch.tensor([sent], dtype=torch.int64)
+    dist.all_reduce(messages)
+    return active, float(took), int(messages)
 
 
 def _save(world: World, config: TrainConfig, active: _Active, *, step: int, steps: int) -> None:
@@ -270,13 +286,11 @@ def run_rank(world: World, config: TrainConfig, *, report: Any = None) -> dict[s
     data = islice(step_batches(config), first - 1, None)
     records = []
     for step in range(first, config.steps + 1):
-        switched = None
+        switched, messages = None, None
         if step in switches and step != first:
-            begin = time.perf_counter()
-            active = switch_to(world, config, active, switches[step], steps=adam_steps)
-            took = torch.tensor([time.perf_counter() - begin], dtype=torch.float64)
-            dist.all_reduce(took, op=dist.ReduceOp.MAX)
-            switched = float(took)
+            active, switched, messages = _timed_switch(
+                world, config, active, switches[step], steps=adam_steps
+            )
         batch = next(data)
         start = time.perf_counter()
         loss = torch.zeros(1, dtype=torch.float64)
@@ -293,7 +307,7 @@ def run_rank(world: World, config: TrainConfig, *, report: Any = None) -> dict[s
         record = StepRecord(
             step=step, loss=float(loss), tokens=config.tokens_per_step,
             seconds=time.perf_counter() - start, switch_seconds=switched,
-            strategy=active.text if switched is not None else None,
+            strategy=active.text if switched is not None else None, switch_messages=messages,
         )  # fmt: skip
         records.append(record)
         if report is not None and world.rank == 0:
