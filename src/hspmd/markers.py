@@ -15,6 +15,11 @@ The leaf behaviour does not depend on how the function was imported (``hspmd.res
 ``from hspmd.markers import reshard``...): when its input is an fx ``Proxy`` it records
 itself instead of running. (``torch.fx.wrap`` would only patch the name in one module's
 globals, which misses the other import paths.)
+
+``align(x, name)`` is the same kind of leaf: an identity forward everywhere, whose
+gradient is resharded to ``x``'s annotation without partial axes (docs/deduction.md,
+"Alignment"). Deduction inserts one before each group of ``x``'s consumers that gives
+``x`` a gradient of another annotation; a program may also call it by hand.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-__all__ = ["MARKER_TARGET", "is_reshard_node", "reshard"]
+__all__ = ["ALIGN_TARGET", "MARKER_TARGET", "align", "is_align_node", "is_reshard_node", "reshard"]
 
 
 def reshard(x: torch.Tensor, name: str) -> torch.Tensor:
@@ -45,3 +50,25 @@ MARKER_TARGET = "hspmd.markers.reshard"
 def is_reshard_node(node: torch.fx.Node) -> bool:
     """True for an fx node created by ``reshard``; its name is ``node.args[1]``."""
     return node.op == "call_function" and node.target is reshard
+
+
+def align(x: torch.Tensor, name: str) -> torch.Tensor:
+    """Mark ``x`` as the alignment point ``name``; the identity on one device.
+
+    >>> import torch
+    >>> t = torch.ones(2)
+    >>> align(t, "x->linear") is t
+    True
+    """
+    if isinstance(x, torch.fx.Proxy):
+        return x.tracer.create_proxy("call_function", align, (x, name), {})
+    return x
+
+
+ALIGN_TARGET = "hspmd.markers.align"
+"""The qualified name fx prints for an alignment node's target."""
+
+
+def is_align_node(node: torch.fx.Node) -> bool:
+    """True for an fx node created by ``align`` (by hand or by deduction)."""
+    return node.op == "call_function" and node.target is align

@@ -171,9 +171,12 @@ def test_alignment_where_consumers_disagree() -> None:
         shapes={"x": (3, 4)},
     )
     (site,) = ag.alignments
-    assert (site.node_name, site.consumer) == ("x", "linear")
+    assert (site.name, site.source, site.consumers) == ("align", "x", ("linear",))
     assert (str(site.grad_from), str(site.grad_to)) == ("[0,1]{P:2}", "[0,1]{D:2}")
     assert str(ag.grads["x"]) == "[0,1]{D:2}"
+    assert str(ag.annotations["align"]) == "[0,1]{D:2}"
+    (node,) = (n for n in ag.module.graph.nodes if n.name == "align")
+    assert [u.name for u in node.users] == ["linear"] and node.args[1] == "x->linear"
 
 
 class Binary(nn.Module):

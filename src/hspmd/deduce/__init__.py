@@ -24,7 +24,8 @@ from torch import nn
 
 from hspmd.annotation import Annotation
 from hspmd.deduce import contract, misc, pointwise, reduce, views  # noqa: F401  (register rules)
-from hspmd.deduce.backward import AlignSite, ReshardSite, backward_annotations
+from hspmd.deduce.align import insert_alignments
+from hspmd.deduce.backward import AlignNeed, AlignSite, ReshardSite, backward_annotations
 from hspmd.deduce.forward import forward_annotations
 from hspmd.deduce.result import AnnotatedGraph
 from hspmd.deduce.rules import DeductionError, NoRuleError
@@ -32,12 +33,14 @@ from hspmd.graph.capture import capture
 from hspmd.graph.shapes import TensorSpec, propagate_shapes
 
 __all__ = [
+    "AlignNeed",
     "AlignSite",
     "AnnotatedGraph",
     "DeductionError",
     "NoRuleError",
     "ReshardSite",
     "deduce",
+    "insert_alignments",
 ]
 
 
@@ -52,6 +55,10 @@ def deduce(
 ) -> AnnotatedGraph:
     """Capture (unless given a GraphModule), propagate global shapes, deduce annotations.
 
+    Where a tensor's consumers give its gradient different annotations, the returned
+    ``ag.module`` is a copy of the graph with align nodes inserted (``hspmd.deduce.align``;
+    a given GraphModule is not changed) and ``ag.alignments`` lists them.
+
     ``input_shapes`` are global per-micro-batch shapes; ``input_dtypes`` default to int64
     (token ids). Parameters are named as in ``named_parameters()``; markers by their name.
     """
@@ -63,14 +70,18 @@ def deduce(
         for name, shape in input_shapes.items()
     }
     info = propagate_shapes(gm, specs)
-    fwd = forward_annotations(
-        gm,
-        info,
-        input_annotations=input_annotations,
-        param_annotations=param_annotations,
-        marker_annotations=marker_annotations,
-    )
+    leaves = {
+        "input_annotations": input_annotations,
+        "param_annotations": param_annotations,
+        "marker_annotations": marker_annotations,
+    }
+    fwd = forward_annotations(gm, info, **leaves)
     bwd = backward_annotations(gm, info, fwd)
+    if bwd.needs:  # consumers disagree on a gradient: align, then deduce the new graph
+        gm, info = insert_alignments(gm, info, bwd.needs)
+        fwd = forward_annotations(gm, info, **leaves)
+        bwd = backward_annotations(gm, info, fwd)
+        assert not bwd.needs, f"alignment left consumers disagreeing: {bwd.needs}"
     param_grads = {fwd.params[n]: bwd.grads[n] for n in fwd.params if n in bwd.grads}
     return AnnotatedGraph(
         module=gm,

@@ -13,10 +13,17 @@ each of its float inputs ``x`` a gradient annotation, per device axis (top tier 
     batch-split top tier    W hD, out h0                    -> grad W hP
 
 A reshard marker gives its input ``g_in`` = the input's annotation with every P made D;
-its backward is ``resolve(g_out, g_in)``. Where the consumers of one tensor give different
-gradient annotations, the tensor's gradient is its annotation without P, and each
-disagreeing consumer gets an alignment site (identity forward, reshard of the gradient
-from what it gives to the common annotation).
+its backward is ``resolve(g_out, g_in)``. An align node (``hspmd.markers.align``) is a
+marker whose output keeps its input's annotation: identity forward, the same ``g_in``.
+Where the consumers of one tensor give different gradient annotations, the tensor's
+gradient is its annotation without P (what a marker would give, reachable from every
+consumer's gradient by reducing its P axes), and each group of consumers giving one other
+annotation is an ``AlignNeed``: ``deduce`` puts an align node before the group
+(``hspmd.deduce.align``) and runs the passes again, which then find an ``AlignSite``::
+
+    x {D:2} -> linear (column-parallel: gives P) and mul (gives D)
+    need:   AlignNeed(source="x", consumers=("linear",), grad_from={P:2}, grad_to={D:2})
+    after:  x -> align -> linear, x -> mul; align's backward is an all-reduce
 """
 
 from __future__ import annotations
@@ -39,9 +46,16 @@ from hspmd.deduce.axes import (
 from hspmd.deduce.forward import ForwardResult
 from hspmd.deduce.rules import DeductionError
 from hspmd.graph.shapes import ShapeInfo
-from hspmd.markers import is_reshard_node
+from hspmd.markers import is_align_node, is_reshard_node
 
-__all__ = ["AlignSite", "BackwardResult", "ReshardSite", "backward_annotations", "grad_of_input"]
+__all__ = [
+    "AlignNeed",
+    "AlignSite",
+    "BackwardResult",
+    "ReshardSite",
+    "backward_annotations",
+    "grad_of_input",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +76,29 @@ class ReshardSite:
 
 
 @dataclass(frozen=True, slots=True)
-class AlignSite:
-    """Between ``node_name`` and its consumer ``consumer``: identity forward, backward
-    reshard of the gradient ``grad_from`` (what the consumer gives) to ``grad_to``."""
+class AlignNeed:
+    """Consumers of ``source`` that give its gradient ``grad_from`` instead of ``grad_to``."""
 
-    node_name: str
-    consumer: str
+    source: str
+    consumers: tuple[str, ...]
+    grad_from: Annotation
+    grad_to: Annotation
+
+    @property
+    def name(self) -> str:
+        """The name deduction gives the align node: ``"x->linear"``."""
+        return f"{self.source}->{'+'.join(self.consumers)}"
+
+
+@dataclass(frozen=True, slots=True)
+class AlignSite:
+    """Align node ``name`` between ``source`` and its ``consumers``: identity forward
+    (``annotation`` both sides), backward reshard of the gradient from ``grad_from`` (what
+    the consumers give) to ``grad_to`` (the source's annotation without P)."""
+
+    name: str
+    source: str
+    consumers: tuple[str, ...]
     shape: tuple[int, ...]
     annotation: Annotation
     grad_from: Annotation
@@ -75,8 +106,8 @@ class AlignSite:
 
     def __str__(self) -> str:
         return (
-            f"align {self.node_name} -> {self.consumer} {list(self.shape)}: "
-            f"backward {self.grad_from} -> {self.grad_to}"
+            f"align {self.source} -> {', '.join(self.consumers)} {list(self.shape)}: "
+            f"{self.annotation}; backward {self.grad_from} -> {self.grad_to}"
         )
 
 
@@ -85,6 +116,7 @@ class BackwardResult:
     grads: dict[str, Annotation]
     reshards: tuple[ReshardSite, ...]
     alignments: tuple[AlignSite, ...]
+    needs: tuple[AlignNeed, ...]  # empty once deduce has inserted the align nodes
     loss: str
 
 
@@ -120,19 +152,18 @@ def _loss_node(gm: torch.fx.GraphModule, info: ShapeInfo) -> torch.fx.Node:
 
 
 def _settle(
-    name: str, given: list[tuple[str, Annotation]], ann: Annotation, info: ShapeInfo,
-    aligns: list[AlignSite],
-) -> Annotation:  # fmt: skip
+    name: str, given: list[tuple[str, Annotation]], ann: Annotation, needs: list[AlignNeed]
+) -> Annotation:
+    """The gradient of ``name`` from what its consumers give (listed in reverse order)."""
     distinct = {a for _, a in given}
     if len(distinct) == 1:
         return given[0][1]
     common = without_partial(ann)
-    shape = info.specs[name].shape
-    aligns.extend(
-        AlignSite(name, consumer, shape, ann, grad, common)
-        for consumer, grad in given
-        if grad != common
-    )
+    groups: dict[Annotation, list[str]] = {}
+    for consumer, grad in reversed(given):
+        if grad != common and consumer not in groups.setdefault(grad, []):
+            groups[grad].append(consumer)
+    needs[:0] = [AlignNeed(name, tuple(c), g, common) for g, c in groups.items()]
     return common
 
 
@@ -146,6 +177,7 @@ def backward_annotations(
     grads: dict[str, Annotation] = {}
     sites: list[ReshardSite] = []
     aligns: list[AlignSite] = []
+    needs: list[AlignNeed] = []
     for node in reversed(gm.graph.nodes):
         ann = anns.get(node.name)
         if ann is None:
@@ -154,11 +186,14 @@ def backward_annotations(
         if node is loss:
             grad = all_duplicate(ann)
         elif node.name in given:
-            grad = _settle(node.name, given[node.name], ann, info, aligns)
+            grad = _settle(node.name, given[node.name], ann, needs)
         if grad is not None:
             grads[node.name] = grad
         if is_reshard_node(node):
             sites.append(_marker_site(node, anns, grad, info, given))
+            continue
+        if is_align_node(node):
+            aligns.extend(_align_site(node, anns, grad, info, given))
             continue
         if grad is None:
             continue
@@ -173,7 +208,9 @@ def backward_annotations(
                     f"no gradient layout for input {name} of node {node.name} "
                     f"({x} -> {ann}, gradient {grad}): {error}. Fix: add a reshard marker"
                 ) from None
-    return BackwardResult(grads, tuple(reversed(sites)), tuple(reversed(aligns)), loss.name)
+    return BackwardResult(
+        grads, tuple(reversed(sites)), tuple(reversed(aligns)), tuple(needs), loss.name
+    )
 
 
 def _marker_site(
@@ -194,3 +231,21 @@ def _marker_site(
         given[source.name].append((node.name, grad_in))
     shape = info.specs[node.name].shape
     return ReshardSite(str(node.args[1]), node.name, src, dst, shape, grad, grad_in)
+
+
+def _align_site(
+    node: torch.fx.Node, anns: dict[str, Annotation | None], grad: Annotation | None,
+    info: ShapeInfo, given: dict[str, list[tuple[str, Annotation]]],
+) -> list[AlignSite]:  # fmt: skip
+    """An align node gives its source the source's annotation without P (as a marker)."""
+    source = node.args[0]
+    assert isinstance(source, torch.fx.Node)
+    ann = anns[source.name]
+    if grad is None or ann is None or not info.specs[source.name].is_float:
+        return []
+    grad_in = without_partial(ann)
+    given[source.name].append((node.name, grad_in))
+    users = tuple(user.name for user in node.users)
+    return [
+        AlignSite(node.name, source.name, users, info.specs[node.name].shape, ann, grad, grad_in)
+    ]

@@ -2,7 +2,7 @@
 
 Leaves take their annotation from the plan (placeholders: ``input_annotations``; parameter
 ``get_attr`` nodes: ``param_annotations``; reshard markers: ``marker_annotations`` for their
-output). Buffers and whatever is computed from buffers and sizes only (the RoPE tables)
+output; align nodes: their input's). Buffers and whatever is computed from buffers and sizes only (the RoPE tables)
 are *constants*: annotation ``None``, present wherever a consumer needs them, duplicate on
 every axis. Every other op keeps the device groups of its inputs (which must agree) and
 gets its DS per subgroup, and its ``hdim``, from the per-axis rule of its target::
@@ -34,7 +34,7 @@ from hspmd.deduce.rules import (
 )
 from hspmd.errors import AnnotationError
 from hspmd.graph.shapes import ShapeInfo
-from hspmd.markers import is_reshard_node
+from hspmd.markers import is_align_node, is_reshard_node
 
 RULES_HOME = "src/hspmd/deduce/ (pointwise.py, contract.py, views.py, reduce.py, misc.py)"
 
@@ -218,6 +218,9 @@ def forward_annotations(
                 params[node.name] = str(node.target)
         elif is_reshard_node(node):
             ann = _marker(node, marker_annotations)
+            inputs[node.name] = (node.args[0].name,)
+        elif is_align_node(node):  # identity: the output keeps the input's annotation
+            ann = known[node.args[0].name]
             inputs[node.name] = (node.args[0].name,)
         else:
             entry = lookup(node.target)

@@ -27,6 +27,7 @@ class AnnotatedGraph:
     ``param_grads`` each parameter name to its gradient annotation (the source of the
     gradient sync, ``resolve(param_grads[p], param annotation)``). ``inputs`` maps each op
     and marker node to its data inputs (``type_as``'s dtype operand is not one).
+    ``alignments`` lists the align nodes of ``module`` (inserted by deduction or by hand).
     """
 
     module: torch.fx.GraphModule
@@ -50,6 +51,13 @@ class AnnotatedGraph:
             if site.name == name:
                 return site
         raise KeyError(f"no reshard marker {name!r}")
+
+    def alignment(self, node_name: str) -> AlignSite | None:
+        """The site of align node ``node_name`` (None: no gradient passes it)."""
+        for site in self.alignments:
+            if site.name == node_name:
+                return site
+        return None
 
     def lines(self) -> list[str]:
         """One line per tensor node: name, op, shape, annotation, gradient annotation."""

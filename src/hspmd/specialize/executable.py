@@ -15,7 +15,9 @@ rank's parameter slices. Steps:
    activation's shape instead (same B and T);
 3. markers inside the stage become ``ReshardModule`` calls holding the resolved forward
    plan ``resolve(src, dst)`` and backward plan ``resolve(grad_out, grad_in)``; markers
-   whose plans both do nothing vanish. Pipeline boundaries stay with the trainer
+   whose plans both do nothing vanish. Align nodes (deduction's, where consumers give a
+   tensor's gradient different annotations) become ``ReshardModule`` calls with an
+   identity forward and the backward ``resolve(grad_from, grad_to)``. Pipeline boundaries stay with the trainer
    (``hspmd.specialize.boundary``);
 4. localize: parameters are the rank's slices of the plan-free global init (DESIGN 5),
    view/reshape constants become local sizes, the embedding becomes vocab-parallel.
@@ -46,13 +48,14 @@ from hspmd.comm.plan import CommPlan
 from hspmd.deduce import AnnotatedGraph, deduce
 from hspmd.errors import HspmdError
 from hspmd.graph.capture import capture
-from hspmd.markers import is_reshard_node
+from hspmd.markers import is_align_node, is_reshard_node
 from hspmd.models.llama import Llama, LlamaConfig, init_parameter, rope_tables
 from hspmd.plan.params import parameter_annotations
 from hspmd.plan.schema import activation_annotations, input_annotations
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
 from hspmd.runtime.autograd import reshard as autograd_reshard
 from hspmd.runtime.world import World, plan_groups
+from hspmd.specialize.align import align_plans
 from hspmd.specialize.grad_sync import StageGradSync, run_stage_grad_sync, stage_grad_sync
 from hspmd.specialize.localize import local_slice, local_view_sizes, vocab_parallel_embedding
 from hspmd.specialize.recompute import checkpoint_layers, layer_of
@@ -269,16 +272,6 @@ def _cut(ag: AnnotatedGraph, stage: Stage, num_layers: int) -> _Cut:
     return _Cut(start, end, frozenset(keep), frozenset(swap))
 
 
-def _check_alignments(ag: AnnotatedGraph, cut: _Cut) -> None:
-    kept = {node.name for node in cut.keep}
-    for align in ag.alignments:
-        if align.consumer in kept:
-            raise ExecutableError(
-                f"{align}: alignment sites are not instantiated by executable graphs yet; "
-                "give the tensor one gradient annotation (a reshard marker before the consumer)"
-            )
-
-
 def _check_swap(node: torch.fx.Node, keep: set[torch.fx.Node], start: Any) -> None:
     """A pre-stage value used by the stage only for its shape (B, T) or dtype."""
     if node.op == "placeholder":
@@ -361,6 +354,8 @@ class _Builder:
             self.attr(node)
         elif is_reshard_node(node):
             self.marker(node)
+        elif is_align_node(node):
+            self.align(node)
         elif node.op == "call_method" and node.target in ("view", "reshape"):
             self.view(node)
         elif node.target is F.embedding:
@@ -396,6 +391,18 @@ class _Builder:
         self.root[target] = module
         self.comm.append(module.extra_repr())
         self.env[node] = self.graph.call_module(target, (source,))
+
+    def align(self, node: torch.fx.Node) -> None:
+        """An align node: identity forward, its gradient resharded (hspmd.specialize.align)."""
+        site, source = self.ag.alignment(node.name), self.env[node.args[0]]  # type: ignore[index]
+        forward, backward = align_plans(site) if site is not None else (None, None)
+        if forward is None or backward is None or not backward.steps:
+            self.env[node] = source
+            return
+        module = ReshardModule(str(node.args[1]), forward, backward, self.world)
+        self.root["align_" + node.name] = module
+        self.comm.append(module.extra_repr())
+        self.env[node] = self.graph.call_module("align_" + node.name, (source,))
 
     def view(self, node: torch.fx.Node) -> None:
         source, *sizes = node.args
@@ -439,7 +446,6 @@ def build_executable(
     stage = pipeline.stages[s]
     ag = deduce_pipeline(config, pipeline, options, seq_len=seq_len)
     cut = _cut(ag, stage, config.num_layers)
-    _check_alignments(ag, cut)
     b = _Builder(ag, config, rank, seed, world)
     x = b.graph.placeholder("tokens" if cut.start is None else "activation")
     targets = b.graph.placeholder("targets")
