@@ -17,8 +17,8 @@ rank's parameter slices. Steps:
    plan ``resolve(src, dst)`` and backward plan ``resolve(grad_out, grad_in)``; markers
    whose plans both do nothing vanish. Align nodes (deduction's, where consumers give a
    tensor's gradient different annotations) become ``ReshardModule`` calls with an
-   identity forward and the backward ``resolve(grad_from, grad_to)``. Pipeline boundaries stay with the trainer
-   (``hspmd.specialize.boundary``);
+   identity forward and the backward ``resolve(grad_from, grad_to)``. Pipeline
+   boundaries stay with the trainer (``hspmd.specialize.boundary``);
 4. localize: parameters are the rank's slices of the plan-free global init (DESIGN 5),
    view/reshape constants become local sizes, the embedding becomes vocab-parallel.
 
