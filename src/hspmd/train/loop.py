@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from hspmd.checkpoint import (
+    RankState,
     commit_rank_states,
     latest,
     load_rank_state,
@@ -49,7 +50,16 @@ from hspmd.train.post import MixedPost, PlainPost, Post
 from hspmd.train.sync import SyncItem, grad_sync_plan
 from hspmd.train.zero import ZeroItem, ZeroOne, zero1_plan
 
-__all__ = ["StageProgram", "activate", "options_of", "prepare_all", "run_rank", "switch_to"]
+__all__ = [
+    "StageProgram",
+    "activate",
+    "load_checkpoint",
+    "save_checkpoint",
+    "options_of",
+    "prepare_all",
+    "run_rank",
+    "switch_to",
+]
 
 
 class StageProgram(Protocol):
@@ -228,16 +238,17 @@ def _timed_switch(
     return active, float(took), int(messages)
 
 
-def _save(world: World, config: TrainConfig, active: _Active, *, step: int, steps: int) -> None:
-    """Write a checkpoint of step ``step`` (docs/switching.md, "the trainer's calls")."""
-    assert config.save is not None
+def save_checkpoint(
+    world: World, config: TrainConfig, active: _Active, *, directory: str, step: int, steps: int
+) -> None:
+    """Write a checkpoint of step ``step`` on every rank (docs/switching.md, "the trainer's
+    calls"); masters and moments are saved with their state annotation."""
     model = config.model_config()
-    strategy = active.layout.strategy
-    specs = state_annotations(strategy, model, zero1=config.zero1)  # masters: state layout
+    specs = state_annotations(active.layout.strategy, model, zero1=config.zero1)
     if active.post is not None:
         state = active.post.state()
         save_rank_state(
-            config.save, step=step, rank=world.rank, param_specs=specs,
+            directory, step=step, rank=world.rank, param_specs=specs,
             params={n: m for n, (m, _, _) in state.items()},
             exp_avg={n: v for n, (_, v, _) in state.items()},
             exp_avg_sq={n: v for n, (_, _, v) in state.items()},
@@ -245,26 +256,37 @@ def _save(world: World, config: TrainConfig, active: _Active, *, step: int, step
     dist.barrier()
     if world.rank == 0:
         commit_rank_states(
-            config.save, step=step, model=config.model, strategy=active.text,
+            directory, step=step, model=config.model, strategy=active.text,
             param_specs=specs, adam_step=steps, data_position=step,
         )  # fmt: skip
     dist.barrier()
 
 
-def _resume(world: World, config: TrainConfig) -> tuple[_Active, int, int]:
-    """The active strategy loaded from ``config.resume``, the first step and Adam's steps."""
-    assert config.resume is not None
+def load_checkpoint(
+    world: World, config: TrainConfig, active: _Active, *, directory: str
+) -> RankState:
+    """Load the newest checkpoint in ``directory`` into ``active`` (any strategy: resharded
+    on load); returns what was loaded (step, Adam step, data position)."""
     model = config.model_config()
-    done = read_manifest(latest(config.resume))
-    first = done.step + 1
-    active = activate(world, config, config.strategy_at(first))
     specs = state_annotations(active.layout.strategy, model, zero1=config.zero1)
-    state = load_rank_state(config.resume, rank=world.rank, param_specs=specs, model=config.model)
+    state = load_rank_state(directory, rank=world.rank, param_specs=specs, model=config.model)
     if active.post is not None:
         moved = {n: (m, state.exp_avg[n], state.exp_avg_sq[n]) for n, m in state.params.items()}
         active.post.load_state(moved, steps=state.adam_step)
-    if state.data_position != done.step:
-        raise TrainError(f"checkpoint data position {state.data_position} != step {done.step}")
+    return state
+
+
+def _resume(world: World, config: TrainConfig) -> tuple[_Active, int, int]:
+    """The active strategy loaded from ``config.resume``, the first step and Adam's steps."""
+    assert config.resume is not None
+    first = read_manifest(latest(config.resume)).step + 1
+    active = activate(world, config, config.strategy_at(first))
+    state = load_checkpoint(world, config, active, directory=config.resume)
+    if state.data_position != state.step or state.step + 1 != first:
+        raise TrainError(
+            f"checkpoint in {config.resume} changed while loading or has data position "
+            f"{state.data_position} at step {state.step}: resume from a checkpoint of hspmd train"
+        )
     return active, first, state.adam_step
 
 
@@ -313,7 +335,9 @@ def run_rank(world: World, config: TrainConfig, *, report: Any = None) -> dict[s
         if report is not None and world.rank == 0:
             report(record)
         if config.save and step % config.save_every == 0:
-            _save(world, config, active, step=step, steps=adam_steps)
+            save_checkpoint(
+                world, config, active, directory=config.save, step=step, steps=adam_steps
+            )
     pieces = {}
     if active.exe is not None:
         for name, p in active.exe.params.items():
