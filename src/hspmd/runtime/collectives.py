@@ -26,7 +26,7 @@ from hspmd.comm.plan import (
     intersect,
     local_box,
 )
-from hspmd.runtime.context import StepContext, held, nbytes
+from hspmd.runtime.context import Issued, StepContext, finish, held, nbytes
 
 
 def _order(group: tuple[int, ...]) -> tuple[list[int], bool]:
@@ -39,14 +39,19 @@ def _my_group(groups: tuple[tuple[int, ...], ...], rank: int) -> tuple[int, ...]
     return next(g for g in groups if rank in g)
 
 
-def all_reduce(step: AllReduce, x: torch.Tensor | None, ctx: StepContext) -> torch.Tensor:
+def issue_all_reduce(step: AllReduce, x: torch.Tensor | None, ctx: StepContext) -> Issued:
     x = held(x, ctx)
     group = _my_group(step.groups, ctx.rank)
     out = x if ctx.owned and x.is_contiguous() else x.clone(memory_format=torch.contiguous_format)
+    works = []
     if len(group) > 1:
         ctx.world.record("all_reduce", group=group, nbytes=nbytes(out))
-        ctx.world.wait([dist.all_reduce(out, group=ctx.world.group(group), async_op=True)])
-    return out
+        works.append(dist.all_reduce(out, group=ctx.world.group(group), async_op=True))
+    return works, lambda: out
+
+
+def all_reduce(step: AllReduce, x: torch.Tensor | None, ctx: StepContext) -> torch.Tensor | None:
+    return finish(issue_all_reduce(step, x, ctx), ctx)
 
 
 def _stacked(x: torch.Tensor, dim: int, parts: int, order: list[int]) -> torch.Tensor:
@@ -68,19 +73,25 @@ def _unstacked(stacked: torch.Tensor, dim: int, order: list[int] | None) -> torc
     return moved.reshape(*shape[:dim], shape[dim] * shape[dim + 1], *shape[dim + 2 :])
 
 
-def reduce_scatter(step: ReduceScatter, x: torch.Tensor | None, ctx: StepContext) -> torch.Tensor:
+def issue_reduce_scatter(step: ReduceScatter, x: torch.Tensor | None, ctx: StepContext) -> Issued:
     x = held(x, ctx)
     group = _my_group(step.groups, ctx.rank)
     if len(group) == 1:
-        return x.clone()
+        copy = x.clone()
+        return [], lambda: copy
     order, _ = _order(group)
     source = _stacked(x, step.dim, len(group), order)
     out = torch.empty(source.shape[1:], **ctx.like)
     ctx.world.record("reduce_scatter", group=group, nbytes=nbytes(source))
     flat = source.view(-1, *source.shape[2:])
     work = dist.reduce_scatter_single(out, flat, group=ctx.world.group(group), async_op=True)
-    ctx.world.wait([work])
-    return out
+    return [work], lambda: out
+
+
+def reduce_scatter(
+    step: ReduceScatter, x: torch.Tensor | None, ctx: StepContext
+) -> torch.Tensor | None:
+    return finish(issue_reduce_scatter(step, x, ctx), ctx)
 
 
 def all_gather(step: AllGather, x: torch.Tensor | None, ctx: StepContext) -> torch.Tensor:

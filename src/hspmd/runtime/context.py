@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,18 @@ class StepContext:
 
     def new(self, rank: int | None = None) -> Piece:
         return self.after.piece(self.rank if rank is None else rank, self.shape)
+
+
+# An issued step: the operations in flight, and what gives the step's result once they are
+# done (unpacking, layout). ``finish`` waits and applies it; ``start_plan`` defers both.
+Issued = tuple[list[Any], Callable[[], torch.Tensor | None]]
+
+
+def finish(issued: Issued, ctx: StepContext) -> torch.Tensor | None:
+    """Wait for an issued step's operations and return its result."""
+    works, then = issued
+    ctx.world.wait(works)
+    return then()
 
 
 def held(x: torch.Tensor | None, ctx: StepContext) -> torch.Tensor:

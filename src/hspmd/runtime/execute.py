@@ -11,11 +11,20 @@ Executors, one per step kind: ``collectives.py`` (all-reduce, reduce-scatter, al
 all-to-all, local: at most one collective on this rank's group) and ``slices.py``
 (send-recv, BSR and the split collectives: one ``batch_isend_irecv``, or one all-reduce per
 rank set). Every operation is issued with ``async_op`` and waited through ``World.wait``.
+
+``start_plan`` is the asynchronous form: earlier steps run as in ``run_plan``, the plan's
+last step is only issued when it is an all-reduce, reduce-scatter or split-all-reduce
+(``ASYNC_KINDS``), and ``.wait()`` on the handle gives what ``run_plan`` would::
+
+    started = start_plan(plan, grad, world, donate=True)   # returns at once
+    ...                                                     # compute meanwhile
+    out = started.wait()
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,12 +45,29 @@ from hspmd.comm.plan import (
 )
 from hspmd.errors import HspmdError
 from hspmd.runtime import collectives, slices
-from hspmd.runtime.context import StepContext
+from hspmd.runtime.context import Issued, StepContext
 from hspmd.runtime.world import World
+
+__all__ = ["ASYNC_KINDS", "ExecuteError", "Started", "run_plan", "start_plan", "startable"]
 
 
 class ExecuteError(HspmdError, ValueError):
     """A local tensor that does not fit the plan on this rank."""
+
+
+@dataclass(eq=False, slots=True)
+class Started:
+    """A plan whose last step is in flight; ``wait()`` gives this rank's result."""
+
+    works: list[Any]
+    then: Callable[[], torch.Tensor | None]
+    world: World
+    keep: bool  # this rank holds a piece of plan.dst
+
+    def wait(self) -> torch.Tensor | None:
+        self.world.wait(self.works)
+        out = self.then()
+        return out if self.keep else None
 
 
 def run_plan(
@@ -60,6 +86,22 @@ def run_plan(
     is not modified, unless ``donate=True``: then the caller gives ``local`` up, and
     reductions (all-reduce, split-all-reduce) run in place on it, saving a copy.
     """
+    return start_plan(plan, local, world, dtype=dtype, donate=donate).wait()
+
+
+def start_plan(
+    plan: CommPlan,
+    local: torch.Tensor | None,
+    world: World,
+    *,
+    dtype: torch.dtype | None = None,
+    donate: bool = False,
+) -> Started:
+    """``run_plan`` with the last step left in flight where it is of ``ASYNC_KINDS``.
+
+    Returns without blocking when every earlier step is local (``startable(plan)``). Until
+    ``wait()``, ``local`` (with ``donate``) and the result belong to the operation.
+    """
     rank = world.rank
     state = _check_input(plan, local, rank)
     like = {
@@ -67,7 +109,10 @@ def run_plan(
         "device": local.device if local is not None else world.device,
     }
     owned = donate
-    for before, step, after in zip(plan.layouts[:-1], plan.steps, plan.layouts[1:], strict=True):
+    last = len(plan.steps) - 1
+    for index, (before, step, after) in enumerate(
+        zip(plan.layouts[:-1], plan.steps, plan.layouts[1:], strict=True)
+    ):
         if rank in _participants(step):
             if like["dtype"] is None:
                 raise ExecuteError(
@@ -75,12 +120,25 @@ def run_plan(
                     "empty placeholder of the right dtype, or dtype="
                 )
             ctx = StepContext(world, before, after, plan.shape, like, owned)
+            if index == last and type(step) in _ISSUERS:
+                works, then = _ISSUERS[type(step)](step, state, ctx)
+                return Started(works, then, world, rank in plan.dst)
             result = _EXECUTORS[type(step)](step, state, ctx)
             owned = owned or result is not state  # intermediates are ours to overwrite
             state = result
         elif rank not in after:
             state = None
-    return state if rank in plan.dst else None
+    done = state
+    return Started([], lambda: done, world, rank in plan.dst)
+
+
+def startable(plan: CommPlan) -> bool:
+    """Whether ``start_plan`` returns without blocking on every rank: every step but the
+    last is local, and the last is local or of ``ASYNC_KINDS``."""
+    steps = plan.steps
+    return all(isinstance(s, Local) for s in steps[:-1]) and (
+        not steps or isinstance(steps[-1], Local) or type(steps[-1]) in _ISSUERS
+    )
 
 
 def _participants(step: Step) -> frozenset[int]:
@@ -122,3 +180,11 @@ _EXECUTORS: dict[type[Step], Executor] = {
     SplitReduceScatter: slices.split_reduce_scatter,
     SplitAllGather: slices.split_all_gather,
 }
+
+_ISSUERS: dict[type[Step], Callable[[Any, torch.Tensor | None, StepContext], Issued]] = {
+    AllReduce: collectives.issue_all_reduce,
+    ReduceScatter: collectives.issue_reduce_scatter,
+    SplitAllReduce: slices.issue_split_all_reduce,
+}
+
+ASYNC_KINDS = frozenset(kind.kind for kind in (AllReduce, ReduceScatter, SplitAllReduce))

@@ -30,7 +30,7 @@ from hspmd.comm.plan import (
     local_box,
     volume,
 )
-from hspmd.runtime.context import StepContext, held, nbytes, region_shape
+from hspmd.runtime.context import Issued, StepContext, finish, held, nbytes, region_shape
 from hspmd.runtime.p2p import Exchange
 
 
@@ -84,7 +84,13 @@ def _send_only(mine: list[Any], x: torch.Tensor | None, ctx: StepContext) -> Non
 
 def split_all_reduce(
     step: SplitAllReduce, x: torch.Tensor | None, ctx: StepContext
-) -> torch.Tensor:
+) -> torch.Tensor | None:
+    return finish(issue_split_all_reduce(step, x, ctx), ctx)
+
+
+def issue_split_all_reduce(
+    step: SplitAllReduce, x: torch.Tensor | None, ctx: StepContext
+) -> Issued:
     """One all_reduce per distinct rank set; the slices of a set are packed in plan order.
 
     A set with one slice that is a contiguous block of this rank's (unchanged) piece is
@@ -108,16 +114,19 @@ def split_all_reduce(
         if len(ranks) > 1:
             ctx.world.record("all_reduce", group=ranks, nbytes=nbytes(flat))
             pending.append(dist.all_reduce(flat, group=ctx.world.group(ranks), async_op=True))
-    ctx.world.wait(pending)
-    for ranks, flat in packed.items():
-        offset = 0
-        for s in by_set[ranks]:
-            size = volume(s.region)
-            out[local_box(new, s.region)] = flat[offset : offset + size].view(
-                region_shape(s.region)
-            )
-            offset += size
-    return out
+
+    def then() -> torch.Tensor:
+        for ranks, flat in packed.items():
+            offset = 0
+            for s in by_set[ranks]:
+                size = volume(s.region)
+                out[local_box(new, s.region)] = flat[offset : offset + size].view(
+                    region_shape(s.region)
+                )
+                offset += size
+        return out
+
+    return pending, then
 
 
 def _reduce_buffer(
