@@ -13,14 +13,20 @@ from hspmd.runtime.world import World
 
 from .rt_plans import bottom_plans, top_plans
 
-STARTABLE = {"all-reduce", "reduce-scatter-0", "reduce-scatter-1", "split-all-reduce"}
+STARTABLE = {
+    "all-reduce",
+    "reduce-scatter-0",
+    "reduce-scatter-1",
+    "split-all-reduce",
+    "split-reduce-scatter",
+}
 
 
 def test_startable_is_the_async_kinds_after_local_steps() -> None:
     plans = {**bottom_plans(4), **top_plans(4)}
     for name in STARTABLE:
         assert startable(plans[name]), name
-    for name in ("all-gather-1", "bsr-hetero", "split-reduce-scatter", "split-all-gather"):
+    for name in ("all-gather-1", "bsr-hetero", "split-all-gather"):
         assert not startable(plans[name]), name
 
 
@@ -56,7 +62,7 @@ def _worker(world: World, names: list[str], donate: bool) -> list[list[np.ndarra
 @pytest.mark.multiproc
 @pytest.mark.parametrize("donate", [False, True])
 def test_started_plans_equal_run_plan_bitwise(donate: bool) -> None:
-    names = sorted(STARTABLE) + ["all-gather-1", "split-reduce-scatter"]
+    names = sorted(STARTABLE) + ["all-gather-1", "bsr-hetero"]
     for rank, (sync, late) in enumerate(launch(_worker, 4, args=(names, donate), timeout_s=120)):
         for name, a, b in zip(names, sync, late, strict=True):
             assert (a is None) == (b is None), (rank, name)

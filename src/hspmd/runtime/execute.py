@@ -13,8 +13,8 @@ all-to-all, local: at most one collective on this rank's group) and ``slices.py`
 rank set). Every operation is issued with ``async_op`` and waited through ``World.wait``.
 
 ``start_plan`` is the asynchronous form: earlier steps run as in ``run_plan``, the plan's
-last step is only issued when it is an all-reduce, reduce-scatter or split-all-reduce
-(``ASYNC_KINDS``), and ``.wait()`` on the handle gives what ``run_plan`` would::
+last step is only issued when it is an all-reduce, reduce-scatter, split-all-reduce or
+split-reduce-scatter (``ASYNC_KINDS``), and ``.wait()`` on the handle gives what ``run_plan`` would::
 
     started = start_plan(plan, grad, world, donate=True)   # returns at once
     ...                                                     # compute meanwhile
@@ -65,7 +65,8 @@ class Started:
     keep: bool  # this rank holds a piece of plan.dst
 
     def wait(self) -> torch.Tensor | None:
-        self.world.wait(self.works)
+        if self.works:
+            self.world.wait(self.works)
         out = self.then()
         return out if self.keep else None
 
@@ -185,6 +186,7 @@ _ISSUERS: dict[type[Step], Callable[[Any, torch.Tensor | None, StepContext], Iss
     AllReduce: collectives.issue_all_reduce,
     ReduceScatter: collectives.issue_reduce_scatter,
     SplitAllReduce: slices.issue_split_all_reduce,
+    SplitReduceScatter: slices.issue_split_reduce_scatter,
 }
 
-ASYNC_KINDS = frozenset(kind.kind for kind in (AllReduce, ReduceScatter, SplitAllReduce))
+ASYNC_KINDS = frozenset(step.kind for step in _ISSUERS)

@@ -14,6 +14,9 @@ A single contiguous tensor is sent or received in place (no copy).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
@@ -39,6 +42,13 @@ class Exchange:
 
     def run(self) -> None:
         """Issue every queued transfer as one batch and wait for it."""
+        works, then = self.start()
+        self.world.wait(works)
+        then()
+
+    def start(self) -> tuple[list[Any], Callable[[], None]]:
+        """Issue the batch; returns the operations in flight and the unpacking to run once
+        they are done (``run`` without the wait)."""
         ops = []
         unpack: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
         for peer in sorted(self.sends):
@@ -55,15 +65,19 @@ class Exchange:
             self.world.record("recv", group=(peer, self.world.rank), nbytes=_nbytes(buffer))
             ops.append(dist.P2POp(dist.irecv, buffer, peer))
         if not ops:
-            return
+            return [], lambda: None
         self.world.record("batch", group=(self.world.rank,), nbytes=0)
-        self.world.wait(dist.batch_isend_irecv(ops))
-        for buffer, targets in unpack:
-            offset = 0
-            for target in targets:
-                size = target.numel()
-                target.copy_(buffer[offset : offset + size].view(target.shape))
-                offset += size
+        works = list(dist.batch_isend_irecv(ops))
+
+        def then() -> None:
+            for buffer, targets in unpack:
+                offset = 0
+                for target in targets:
+                    size = target.numel()
+                    target.copy_(buffer[offset : offset + size].view(target.shape))
+                    offset += size
+
+        return works, then
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

@@ -155,6 +155,12 @@ def _reduce_buffer(
 def split_reduce_scatter(
     step: SplitReduceScatter, x: torch.Tensor | None, ctx: StepContext
 ) -> torch.Tensor | None:
+    return finish(issue_split_reduce_scatter(step, x, ctx), ctx)
+
+
+def issue_split_reduce_scatter(
+    step: SplitReduceScatter, x: torch.Tensor | None, ctx: StepContext
+) -> Issued:
     """Contributors send each slice to its root, which sums in the slice's rank order."""
     rank = ctx.rank
     x, old = held(x, ctx), ctx.old()
@@ -175,21 +181,26 @@ def split_reduce_scatter(
                 parts[r] = torch.empty(region_shape(s.region), **ctx.like)
                 exchange.recv(r, [parts[r]])
         received.append(parts)
-    exchange.run()
-    if rank not in ctx.after:
-        return None
-    new = ctx.new()
-    out = torch.empty(new.shape, **ctx.like)
-    for s, parts in zip(roots, received, strict=True):
-        box = local_box(new, s.region)
-        values = [parts[r] for r in s.ranks if r in parts]
-        if not values:
-            out[box] = 0
-            continue
-        out[box] = values[0]
-        for value in values[1:]:
-            out[box] += value
-    return out
+    works, unpack = exchange.start()
+
+    def then() -> torch.Tensor | None:
+        unpack()
+        if rank not in ctx.after:
+            return None
+        new = ctx.new()
+        out = torch.empty(new.shape, **ctx.like)
+        for s, parts in zip(roots, received, strict=True):
+            box = local_box(new, s.region)
+            values = [parts[r] for r in s.ranks if r in parts]
+            if not values:
+                out[box] = 0
+                continue
+            out[box] = values[0]
+            for value in values[1:]:
+                out[box] += value
+        return out
+
+    return works, then
 
 
 def split_all_gather(

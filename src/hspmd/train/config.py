@@ -54,6 +54,8 @@ class TrainConfig:
     zero1: bool = False
     sequence_parallel: bool = False
     recompute: bool = False
+    overlap: bool = True  # gradient sync during the last backward (False: after it)
+    bucket_bytes: int = 4 << 20  # flat gradient buckets of Post (hspmd.train.sync)
     # (step, strategy): switch to that strategy in memory before that step (hspmd.switch.live)
     switches: tuple[tuple[int, str], ...] = ()
     save: str | None = None  # checkpoint directory (hspmd.checkpoint)
@@ -61,7 +63,7 @@ class TrainConfig:
     resume: str | None = None  # continue from the newest checkpoint in this directory
 
     def __post_init__(self) -> None:
-        for name in ("global_batch", "seq_len", "steps", "save_every"):
+        for name in ("global_batch", "seq_len", "steps", "save_every", "bucket_bytes"):
             if getattr(self, name) < 1:
                 raise TrainError(f"{name}={getattr(self, name)} must be at least 1")
         steps = [step for step, _ in self.switches]

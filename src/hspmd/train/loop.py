@@ -10,7 +10,9 @@ the rank's schedule (``hspmd.specialize.schedule``)::
     B m   the last stage backpropagates its scaled loss; the others backpropagate the
           gradient received from the next stage; all but stage 0 send their input's grad
     Post  gradients synchronized across pipelines by resolved plans (hspmd.train.sync:
-          all-reduce / split-all-reduce), then Adam on the local parameters
+          all-reduce / split-all-reduce), then Adam on the local parameters; the plans
+          start during the rank's last B, as gradients become final (hspmd.train.overlap;
+          ``TrainConfig.overlap=False``: all after it)
 
 The reported loss is one all-reduce (sum) of the scaled losses: the global mean token loss.
 Sends are ``isend`` (waited at the end of the step): 1F1B deadlocks with blocking sends.
@@ -123,18 +125,23 @@ def _backward(plans: BoundaryPlans, world: World, live: _Live, *, m: int) -> Non
 
 def run_step(
     program: StageProgram, role: Role, plans: BoundaryPlans, config: TrainConfig,
-    world: World, batch: tuple[torch.Tensor, torch.Tensor],
+    world: World, batch: tuple[torch.Tensor, torch.Tensor], *, post: Post | None = None,
 ) -> float:  # fmt: skip
-    """Every F and B of the rank's schedule on one global batch; the scaled loss sum."""
+    """Every F and B of the rank's schedule on one global batch; the scaled loss sum.
+
+    With ``post`` (and ``config.overlap``), ``post.arm()`` runs before the last B."""
     schedule = make_schedule(config.schedule, role.num_stages, role.stage, role.micro_batches)
     live = _Live()
     scale = role.micro_batch_size / config.global_batch  # mb tokens / global tokens
     dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
-    for action in schedule:
+    last_b = max((i for i, a in enumerate(schedule) if a.kind == "B"), default=-1)
+    for index, action in enumerate(schedule):
         if action.kind == "F":
             _forward(program, role, plans, world, live, m=action.micro_batch, batch=batch,
                      scale=scale, dtype=dtype)  # fmt: skip
         elif action.kind == "B":
+            if index == last_b and post is not None and config.overlap:
+                post.arm()
             _backward(plans, world, live, m=action.micro_batch)
     for pending in live.sends:
         pending.wait()
@@ -143,14 +150,15 @@ def run_step(
 
 def _post(
     config: TrainConfig, params: dict[str, torch.Tensor], sync: tuple[SyncItem, ...],
-    zero: dict[str, ZeroItem], world: World,
+    zero: dict[str, ZeroItem], world: World, *, deferred: frozenset[str],
 ) -> Post:  # fmt: skip
     if zero:
         model = config.model_config()
-        return ZeroOne(zero, params, config=model, seed=config.seed, adam=config.adam, world=world)
+        return ZeroOne(zero, params, config=model, seed=config.seed, adam=config.adam,
+                       world=world, deferred=deferred)  # fmt: skip
     if config.dtype == "bf16":
-        return MixedPost(params, sync, adam=config.adam, world=world)
-    return PlainPost(params, sync, adam=config.adam, world=world)
+        return MixedPost(params, sync, adam=config.adam, world=world, deferred=deferred)
+    return PlainPost(params, sync, adam=config.adam, world=world, deferred=deferred)
 
 
 @dataclass(slots=True)
@@ -175,7 +183,10 @@ def prepare_all(world: World, config: TrainConfig) -> None:
         if config.zero1:
             plans += [p for z in zero1_plan(strategy, model).values() for p in (z.reduce, z.gather)]
         else:
-            plans += [item.plan for item in grad_sync_plan(strategy, model)]
+            plans += [
+                item.plan
+                for item in grad_sync_plan(strategy, model, bucket_bytes=config.bucket_bytes)
+            ]
         groups += executable_groups(strategy)
     world.prepare_groups([*plan_groups(plans), *groups])
 
@@ -188,7 +199,11 @@ def activate(world: World, config: TrainConfig, text: str) -> _Active:
     role = active.role
     if role is None:
         return active
-    sync = grad_sync_plan(layout.strategy, model) if not config.zero1 else ()
+    sync = (
+        ()
+        if config.zero1
+        else grad_sync_plan(layout.strategy, model, bucket_bytes=config.bucket_bytes)
+    )
     zero = zero1_plan(layout.strategy, model) if config.zero1 else {}
     # ZeRO-1 and bf16 change only Pre/Post: the executable graph is the fp32 one
     # (sequence parallel and per-layer recompute are the executable's)
@@ -202,7 +217,9 @@ def activate(world: World, config: TrainConfig, text: str) -> _Active:
     if config.dtype == "bf16":
         exe.graph_module.to(torch.bfloat16)  # compute copy; Post keeps fp32 masters
     active.exe = exe
-    active.post = _post(config, exe.params, sync, zero, world)
+    # gradients still partial inside the stage after B (sequence parallel norm weights)
+    deferred = frozenset(name for item in exe.grad_sync for name in item.names)
+    active.post = _post(config, exe.params, sync, zero, world, deferred=deferred)
     return active
 
 
@@ -319,7 +336,7 @@ def run_rank(world: World, config: TrainConfig, *, report: Any = None) -> dict[s
         role, post = active.role, active.post
         if role is not None and post is not None and active.plans is not None:
             post.zero_grad()
-            value = run_step(active.exe, role, active.plans, config, world, batch)
+            value = run_step(active.exe, role, active.plans, config, world, batch, post=post)
             active.exe.sync_grads()  # partial grads inside the stage (SP norm weights)
             if role.is_last and role.rank == role.tp_ranks[0]:  # one reporter per pipeline
                 loss += value

@@ -11,10 +11,15 @@ bf16           compute parameters are bf16, fp32 masters have the parameters' an
 ZeRO-1         masters and Adam states sharded over the pipelines (hspmd.train.zero)
 =============  =============================================================================
 
+Every variant issues its gradient plans through a ``GradOverlap`` (``hspmd.train.overlap``):
+``arm()`` before the step's last backward starts them as gradients become final; ``step()``
+issues the rest, waits, and continues. Without ``arm()`` the plans all run in ``step()``.
+
 >>> import torch
 >>> from hspmd.train.config import AdamConfig
 >>> p = torch.ones(2, dtype=torch.bfloat16, requires_grad=True)
->>> post = MixedPost({"w": p}, (), adam=AdamConfig(lr=0.5), world=None)
+>>> class OneRank: rank = 0
+>>> post = MixedPost({"w": p}, (), adam=AdamConfig(lr=0.5), world=OneRank())
 >>> p.grad = torch.tensor([1.0, -1.0], dtype=torch.bfloat16); post.step()
 >>> p.tolist(), post.masters["w"].dtype
 ([0.5, 1.5], torch.float32)
@@ -29,12 +34,17 @@ import torch
 from hspmd.switch.live import TrainState
 from hspmd.train.config import AdamConfig
 from hspmd.train.optim import Adam
-from hspmd.train.sync import SyncItem, run_grad_sync
+from hspmd.train.overlap import GradOverlap
+from hspmd.train.sync import SyncItem, gathered, scatter_back
 
 __all__ = ["MixedPost", "PlainPost", "Post", "load_adam", "adam_states"]
 
 
 class Post(Protocol):
+    def arm(self) -> None:
+        """The next backward is the step's last: overlap the gradient sync with it."""
+        ...
+
     def step(self) -> None: ...
 
     def zero_grad(self) -> None: ...
@@ -73,13 +83,24 @@ class PlainPost:
 
     def __init__(
         self, params: dict[str, torch.Tensor], sync: tuple[SyncItem, ...], *,
-        adam: AdamConfig, world: Any,
+        adam: AdamConfig, world: Any, deferred: frozenset[str] = frozenset(),
     ) -> None:  # fmt: skip
         self.params, self.sync, self.world = params, sync, world
         self.adam = Adam(list(params.values()), adam)
+        self.overlap = GradOverlap(
+            sync, params, world, local=self._local, donate=True, deferred=deferred
+        )
 
+    def _local(self, item: SyncItem) -> torch.Tensor:
+        return gathered(item, [_grad(self.params[n]) for n in item.names])
+
+    def arm(self) -> None:
+        self.overlap.arm()
+
+    @torch.no_grad()
     def step(self) -> None:
-        run_grad_sync(self.sync, self.params, self.world)
+        for item, out in self.overlap.results():
+            scatter_back(out, [_grad(self.params[n]) for n in item.names])
         self.adam.step()
 
     def zero_grad(self) -> None:
@@ -99,19 +120,29 @@ class MixedPost:
 
     def __init__(
         self, params: dict[str, torch.Tensor], sync: tuple[SyncItem, ...], *,
-        adam: AdamConfig, world: Any,
+        adam: AdamConfig, world: Any, deferred: frozenset[str] = frozenset(),
     ) -> None:  # fmt: skip
         self.params, self.sync, self.world = params, sync, world
         self.masters = {n: p.detach().float().clone() for n, p in params.items()}
         self.adam = Adam(list(self.masters.values()), adam)
+        self.overlap = GradOverlap(
+            sync, params, world, local=self._local, donate=True, deferred=deferred
+        )
+
+    def _local(self, item: SyncItem) -> torch.Tensor:
+        """The fp32 gradients of ``item``: synced in fp32, as the masters' gradients."""
+        return gathered(item, [_grad(self.params[n]).float() for n in item.names])
+
+    def arm(self) -> None:
+        self.overlap.arm()
 
     @torch.no_grad()
     def step(self) -> None:
+        synced = self.overlap.results()
         for name, param in self.params.items():
-            assert param.grad is not None, name
-            self.masters[name].grad = param.grad.float()
-        if self.sync:
-            run_grad_sync(self.sync, self.masters, self.world)
+            self.masters[name].grad = _grad(param).float()
+        for item, out in synced:
+            scatter_back(out, [_grad(self.masters[n]) for n in item.names])
         self.adam.step()
         for name, param in self.params.items():
             param.copy_(self.masters[name])
@@ -130,3 +161,8 @@ class MixedPost:
         load_adam(self.adam, list(self.masters), state, steps)
         for name, param in self.params.items():
             param.copy_(self.masters[name])
+
+
+def _grad(param: torch.Tensor) -> torch.Tensor:
+    assert param.grad is not None, "every local parameter gets a gradient in B"
+    return param.grad

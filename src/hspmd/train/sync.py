@@ -5,13 +5,20 @@ pipeline holds a summand. Synchronizing is the reshard ``hP -> hD``, which resol
 into an all-reduce across pipelines (same TP degree) or a split-all-reduce (different TP
 degrees: paper section 5.2). Parameters whose pieces are whole on every rank (duplicate
 inside every stage: TP degree 1, or norm weights) and that share an annotation are
-flattened into one bucket, so the stage's whole gradient travels in one all-reduce::
+flattened into buckets of at most ``bucket_bytes`` (as DDP does; a parameter larger than
+that is a bucket alone), filled from the last parameter back. Items come in reverse model
+order (by their last parameter), the order in which backward finishes their gradients, so
+that ``hspmd.train.overlap`` can issue each as soon as its gradients are final::
 
     >>> from hspmd.models.llama import get_config
     >>> from hspmd.plan.strategy import parse_strategy
     >>> items = grad_sync_plan(parse_strategy("2x1: R0:L0-3; 2x1: R1:L0-3"), get_config("llama-tiny"))
     >>> [(len(i.names), i.plan.kinds) for i in items]
     [(39, ('all-reduce',))]
+    >>> small = grad_sync_plan(parse_strategy("2x1: R0:L0-3; 2x1: R1:L0-3"),
+    ...                        get_config("llama-tiny"), bucket_bytes=1 << 18)
+    >>> [len(i.names) for i in small], small[0].names[-1]
+    ([12, 15, 12], 'head.weight')
 """
 
 from __future__ import annotations
@@ -30,7 +37,14 @@ from hspmd.plan.strategy import Strategy
 from hspmd.runtime.execute import run_plan
 from hspmd.runtime.world import World
 
-__all__ = ["SyncItem", "grad_sync_plan", "run_grad_sync"]
+__all__ = [
+    "BUCKET_BYTES",
+    "SyncItem",
+    "gathered",
+    "grad_sync_plan",
+    "run_grad_sync",
+    "scatter_back",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,9 +64,15 @@ def _whole(annotation: Annotation) -> bool:
     return all(all(d == DUP for d, _ in ds.entries) for ds in annotation.states)
 
 
-def grad_sync_plan(strategy: Strategy, config: LlamaConfig) -> tuple[SyncItem, ...]:
+BUCKET_BYTES = 4 << 20  # fp32 gradient bytes per flat bucket (DDP: 25 MiB, first 1 MiB)
+
+
+def grad_sync_plan(
+    strategy: Strategy, config: LlamaConfig, *, bucket_bytes: int = BUCKET_BYTES
+) -> tuple[SyncItem, ...]:
     """Every plan Post runs, in one order shared by all ranks (pure metadata)."""
     specs = parameter_annotations(strategy, config)
+    position = {name: i for i, name in enumerate(specs)}
     buckets: dict[Annotation, list[ParamSpec]] = {}
     items = []
     for spec in specs.values():
@@ -64,11 +84,29 @@ def grad_sync_plan(strategy: Strategy, config: LlamaConfig) -> tuple[SyncItem, .
         grad = dataclasses.replace(spec.annotation, hdim=PARTIAL, hsizes=None)
         items.append(SyncItem((spec.name,), resolve(grad, spec.annotation, spec.shape), False))
     for annotation, members in buckets.items():
-        numel = sum(_numel(s.shape) for s in members)
         grad = dataclasses.replace(annotation, hdim=PARTIAL, hsizes=None)
-        plan = resolve(grad, annotation, (numel,))
-        items.append(SyncItem(tuple(s.name for s in members), plan, True))
-    return tuple(items)
+        for chunk in _chunks(members, bucket_bytes):
+            plan = resolve(grad, annotation, (sum(_numel(s.shape) for s in chunk),))
+            items.append(SyncItem(tuple(s.name for s in chunk), plan, True))
+    return tuple(sorted(items, key=lambda item: -max(position[n] for n in item.names)))
+
+
+def _chunks(members: list[ParamSpec], bucket_bytes: int) -> list[list[ParamSpec]]:
+    """``members`` cut into runs of at most ``bucket_bytes`` (fp32), from the last one back;
+    each run keeps model order."""
+    out: list[list[ParamSpec]] = []
+    run: list[ParamSpec] = []
+    size = 0
+    for spec in reversed(members):
+        nbytes = 4 * _numel(spec.shape)
+        if run and size + nbytes > bucket_bytes:
+            out.append(run[::-1])
+            run, size = [], 0
+        run.append(spec)
+        size += nbytes
+    if run:
+        out.append(run[::-1])
+    return out
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -87,13 +125,22 @@ def run_grad_sync(
         if world.rank not in item.plan.src:
             continue
         grads = [_grad(params[n]) for n in item.names]
-        local = torch.cat([g.reshape(-1) for g in grads]) if item.flat else grads[0]
-        out = run_plan(item.plan, local, world)
+        out = run_plan(item.plan, gathered(item, grads), world, donate=True)
         assert out is not None
-        offset = 0
-        for g in grads:
-            g.copy_(out[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
+        scatter_back(out, grads)
+
+
+def gathered(item: SyncItem, grads: list[torch.Tensor]) -> torch.Tensor:
+    """The tensor ``item``'s plan reduces: the gradients concatenated when ``flat``."""
+    return torch.cat([g.reshape(-1) for g in grads]) if item.flat else grads[0]
+
+
+def scatter_back(out: torch.Tensor, grads: list[torch.Tensor]) -> None:
+    """Copy a synchronized (flat) result back into the gradients it came from."""
+    offset = 0
+    for g in grads:
+        g.copy_(out[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
 
 
 def _grad(param: torch.Tensor) -> torch.Tensor:

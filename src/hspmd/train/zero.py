@@ -39,7 +39,9 @@ from hspmd.specialize.localize import local_slice
 from hspmd.switch.live import TrainState
 from hspmd.train.config import AdamConfig
 from hspmd.train.optim import Adam
+from hspmd.train.overlap import GradOverlap
 from hspmd.train.post import adam_states, load_adam
+from hspmd.train.sync import SyncItem
 
 __all__ = ["ZeroItem", "ZeroOne", "zero1_plan"]
 
@@ -74,6 +76,7 @@ class ZeroOne:
     def __init__(
         self, items: dict[str, ZeroItem], params: dict[str, torch.Tensor], *,
         config: LlamaConfig, seed: int, adam: AdamConfig, world: World,
+        deferred: frozenset[str] = frozenset(),
     ) -> None:  # fmt: skip
         self.items = [items[name] for name in items if name in params]
         self.params, self.world = params, world
@@ -83,14 +86,23 @@ class ZeroOne:
             full = init_parameter(item.name, config, seed=seed)
             self.masters[item.name] = local_slice(full, piece)
         self.adam = Adam(list(self.masters.values()), adam)
+        # every rank's reduces in reverse model order (the order backward finishes them)
+        reduces = [SyncItem((i.name,), i.reduce, False) for i in reversed(items.values())]
+        self.overlap = GradOverlap(reduces, params, world, local=self._local, deferred=deferred)
+
+    def _local(self, item: SyncItem) -> torch.Tensor:
+        grad = self.params[item.names[0]].grad
+        assert grad is not None, item.names[0]
+        return grad.float()
+
+    def arm(self) -> None:
+        self.overlap.arm()
 
     @torch.no_grad()
     def step(self) -> None:
         """Reduce every gradient to its shard, step Adam on the shards, gather the params."""
-        for item in self.items:
-            grad = self.params[item.name].grad
-            assert grad is not None, item.name
-            self.masters[item.name].grad = run_plan(item.reduce, grad.float(), self.world)
+        for reduced, out in self.overlap.results():
+            self.masters[reduced.names[0]].grad = out
         self.adam.step()
         for item in self.items:
             value = run_plan(item.gather, self.masters[item.name], self.world)

@@ -1,0 +1,116 @@
+"""Gradient synchronization overlapped with the step's last backward, as DDP does.
+
+Post's plans (``hspmd.train.sync`` items, or ZeRO-1's reduce plans) are the same; only
+when they are issued changes. A parameter's gradient is final after the last micro-batch's
+backward has accumulated it, so during that backward (``arm()``) a post-accumulate-grad
+hook counts each item's missing gradients and, as items complete, issues them with
+``start_plan`` in the items' static order (reverse model order: the order backward
+finishes them). An item that completes before an earlier one waits for it, so every rank
+of a group issues the group's collectives in the same order whatever order its hooks fire
+in. ``finish()`` issues what is left (in the same order), waits for everything and returns
+each item's result; without ``arm()`` it is the synchronous Post::
+
+    step      F0 B0 F1 B1 ......... (arm) B3 ........................ finish  Adam
+    issued                              item 0 | item 1 | item 2 ...  rest, wait
+
+Items stay for ``finish`` when their plan would block inside a hook (``startable`` is
+false: point-to-point steps such as ZeRO-1's split-reduce-scatter) or when one of their
+gradients is still partial inside the stage after backward (``deferred``: sequence
+parallel norm weights, synchronized by ``Executable.sync_grads`` first).
+
+>>> import torch
+>>> from hspmd.comm.plan import CommPlan
+>>> from hspmd.annotation import parse_annotation as A
+>>> w = torch.ones(2, requires_grad=True)
+>>> item = SyncItem(("w",), CommPlan(A("[0]{}"), A("[0]{}"), (2,), ()), False)
+>>> class OneRank: rank = 0
+>>> overlap = GradOverlap([item], {"w": w}, OneRank(), local=lambda i: w.grad)
+>>> overlap.arm(); (w * 3).sum().backward(); overlap.issued
+1
+>>> [t.tolist() for t in overlap.finish()]
+[[3.0, 3.0]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from hspmd.runtime.execute import Started, start_plan, startable
+from hspmd.train.sync import SyncItem
+
+__all__ = ["GradOverlap"]
+
+
+class GradOverlap:
+    """This rank's gradient plans, issued during the last backward once ``arm()``-ed.
+
+    ``items``: every rank's items in the static order (the ones this rank is not a source
+    of are dropped here); ``local(item)``: the tensor its plan starts from, read when it
+    is issued; ``donate``: that tensor is the plan's to overwrite.
+    """
+
+    def __init__(
+        self, items: Sequence[SyncItem], params: dict[str, torch.Tensor], world: Any, *,
+        local: Callable[[SyncItem], torch.Tensor], donate: bool = False,
+        deferred: frozenset[str] = frozenset(),
+    ) -> None:  # fmt: skip
+        self.items = [item for item in items if world.rank in item.plan.src]
+        self.world, self.local, self.donate = world, local, donate
+        self.early = [startable(i.plan) and not deferred & set(i.names) for i in self.items]
+        self.owner = {name: index for index, i in enumerate(self.items) for name in i.names}
+        self.armed = False
+        self._reset()
+        for name in self.owner:
+            params[name].register_post_accumulate_grad_hook(self._hook_for(name))
+
+    def _reset(self) -> None:
+        self.missing = [len(item.names) for item in self.items]
+        self.started: list[Started] = []
+        self.armed = False
+
+    @property
+    def issued(self) -> int:
+        return len(self.started)
+
+    def arm(self) -> None:
+        """The next backward is the step's last: issue items as their gradients finish."""
+        self.armed = True
+
+    def _hook_for(self, name: str) -> Callable[[torch.Tensor], None]:
+        def hook(_param: torch.Tensor) -> None:
+            if self.armed:
+                self.missing[self.owner[name]] -= 1
+                self._issue_ready()
+
+        return hook
+
+    def _issue_ready(self) -> None:
+        """Issue items in static order while the next one is complete and may start."""
+        while self.issued < len(self.items):
+            index = self.issued
+            if self.missing[index] > 0 or not self.early[index]:
+                return
+            self._start(index)
+
+    def _start(self, index: int) -> None:
+        item = self.items[index]
+        with torch.no_grad():
+            started = start_plan(item.plan, self.local(item), self.world, donate=self.donate)
+        self.started.append(started)
+
+    def finish(self) -> list[torch.Tensor]:
+        """Issue the items not issued yet, wait for all; each item's result, in order."""
+        for index in range(self.issued, len(self.items)):
+            self._start(index)
+        with torch.no_grad():
+            outs = [started.wait() for started in self.started]
+        self._reset()
+        assert all(out is not None for out in outs), "every source of a grad plan keeps a piece"
+        return [out for out in outs if out is not None]
+
+    def results(self) -> list[tuple[SyncItem, torch.Tensor]]:
+        """``finish()`` paired with the items."""
+        return list(zip(self.items, self.finish(), strict=True))
