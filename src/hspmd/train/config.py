@@ -58,6 +58,9 @@ class TrainConfig:
     bucket_bytes: int = 4 << 20  # flat gradient buckets of Post (hspmd.train.sync)
     # (step, strategy): switch to that strategy in memory before that step (hspmd.switch.live)
     switches: tuple[tuple[int, str], ...] = ()
+    # "states": a switch moves fp32 masters and Adam states (unstable devices);
+    # "weights": they stay under a fixed home layout, only compute weights move (mixed-length)
+    switch_mode: str = "states"
     save: str | None = None  # checkpoint directory (hspmd.checkpoint)
     save_every: int = 1  # save after every N-th step (with ``save``)
     resume: str | None = None  # continue from the newest checkpoint in this directory
@@ -76,6 +79,14 @@ class TrainConfig:
             raise TrainError(f"schedule={self.schedule!r}: choose 1f1b or gpipe")
         if self.dtype not in ("fp32", "bf16"):
             raise TrainError(f"dtype={self.dtype!r}: choose fp32 or bf16")
+        if self.switch_mode not in ("states", "weights"):
+            raise TrainError(f"switch_mode={self.switch_mode!r}: choose states or weights")
+        if self.switch_mode == "weights" and (self.zero1 or self.save or self.resume):
+            raise TrainError(
+                "switch mode 'weights' keeps the optimizer states sharded over all ranks "
+                "already (no --zero1) and has no checkpoints yet (no --save/--resume): "
+                "drop those options or use --switch-mode states"
+            )
         model = self.model_config()
         if model.config_only:
             raise TrainError(

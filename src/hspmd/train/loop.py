@@ -47,6 +47,7 @@ from hspmd.specialize.schedule import make_schedule
 from hspmd.switch.live import plan_switch, run_switch
 from hspmd.train.batches import step_batches
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
+from hspmd.train.home import home_post, switch_weights
 from hspmd.train.layout import Layout, Role
 from hspmd.train.post import MixedPost, PlainPost, Post
 from hspmd.train.sync import SyncItem, grad_sync_plan
@@ -191,13 +192,16 @@ def prepare_all(world: World, config: TrainConfig) -> None:
     world.prepare_groups([*plan_groups(plans), *groups])
 
 
-def activate(world: World, config: TrainConfig, text: str) -> _Active:
-    """Build this rank's executable graph, boundary plans and Post under strategy ``text``."""
+def activate(world: World, config: TrainConfig, text: str, *, home: Any = None) -> _Active:
+    """Build this rank's executable graph, boundary plans and Post under strategy ``text``
+    (``home``: the mixed-length mode's optimizer state to keep, ``hspmd.train.home``)."""
     model = config.model_config()
     layout = Layout.from_text(text, num_layers=model.num_layers)
     active = _Active(text, layout, layout.role(world.rank))
     role = active.role
     if role is None:
+        if config.switch_mode == "weights":  # an idle rank keeps its home shards
+            active.post = home_post(world, config, layout.strategy, {}, home=home)
         return active
     sync = (
         ()
@@ -217,6 +221,9 @@ def activate(world: World, config: TrainConfig, text: str) -> _Active:
     if config.dtype == "bf16":
         exe.graph_module.to(torch.bfloat16)  # compute copy; Post keeps fp32 masters
     active.exe = exe
+    if config.switch_mode == "weights":
+        active.post = home_post(world, config, layout.strategy, exe.params, home=home)
+        return active
     # gradients still partial inside the stage after B (sequence parallel norm weights)
     deferred = frozenset(name for item in exe.grad_sync for name in item.names)
     active.post = _post(config, exe.params, sync, zero, world, deferred=deferred)
@@ -228,7 +235,10 @@ def switch_to(
 ) -> tuple[_Active, int]:
     """Move the training state from ``active``'s strategy to ``text`` in memory (one fused
     BSR, ``hspmd.switch.live``) and continue under it; ``steps``: Adam's step count.
-    Returns the new part and the messages this rank sent."""
+    Returns the new part and the messages this rank sent. Under ``switch_mode="weights"``
+    only the compute weights move (``hspmd.train.home.switch_weights``)."""
+    if config.switch_mode == "weights":
+        return switch_weights(world, config, active, text, activate=activate)
     model = config.model_config()
     target = Layout.from_text(text, num_layers=model.num_layers)
     plan = plan_switch(model, active.layout.strategy, target.strategy, zero1=config.zero1)
@@ -340,6 +350,8 @@ def run_rank(world: World, config: TrainConfig, *, report: Any = None) -> dict[s
             active.exe.sync_grads()  # partial grads inside the stage (SP norm weights)
             if role.is_last and role.rank == role.tp_ranks[0]:  # one reporter per pipeline
                 loss += value
+            post.step()
+        elif post is not None:  # an idle rank's home shards (switch_mode="weights")
             post.step()
         adam_steps += 1
         dist.all_reduce(loss)
