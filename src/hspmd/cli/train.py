@@ -9,7 +9,8 @@ step (``step``, ``loss``: the global mean token loss, ``tokens``, ``seconds``);
 ``--reference`` trains the plain model on this process instead, on the same data.
 ``--switch STEP="STRATEGY"`` moves weights and Adam states in memory to STRATEGY before
 STEP (one process per rank of the largest strategy); the step's record carries
-``switch_seconds``. ``--save``/``--resume``: checkpoints that load onto any strategy.
+``switch_seconds``; with ``--switch-mode weights`` the states stay put and only the compute
+weights move. ``--save``/``--resume``: checkpoints that load onto any strategy.
 """
 
 from __future__ import annotations
@@ -56,6 +57,14 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | Non
         metavar='STEP="STRATEGY"',
         help="switch to STRATEGY in memory before step STEP (repeatable)",
     )
+    parser.add_argument(
+        "--switch-mode",
+        default="states",
+        choices=["states", "weights"],
+        help="what a switch moves: fp32 masters and Adam states (states, for unstable "
+        "devices) or only the compute weights, states kept sharded over all ranks (weights, "
+        "for mixed-length data)",
+    )
     parser.add_argument("--save", default=None, metavar="DIR", help="checkpoint directory")
     parser.add_argument("--save-every", type=int, default=1, metavar="N", help="save every N steps")
     parser.add_argument("--resume", default=None, metavar="DIR", help="continue from DIR")
@@ -89,6 +98,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         sequence_parallel=args.sequence_parallel,
         recompute=args.recompute,
         switches=parse_switches(args.switch),
+        switch_mode=getattr(args, "switch_mode", "states"),
         save=args.save,
         save_every=args.save_every,
         resume=args.resume,
