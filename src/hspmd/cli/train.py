@@ -51,6 +51,11 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | Non
     parser.add_argument("--sequence-parallel", action="store_true")
     parser.add_argument("--recompute", action="store_true")
     parser.add_argument(
+        "--no-overlap",
+        action="store_true",
+        help="sync gradients after the last backward instead of during it (debugging)",
+    )
+    parser.add_argument(
         "--switch",
         action="append",
         default=[],
@@ -97,6 +102,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         zero1=args.zero1,
         sequence_parallel=args.sequence_parallel,
         recompute=args.recompute,
+        overlap=not getattr(args, "no_overlap", False),
         switches=parse_switches(args.switch),
         switch_mode=getattr(args, "switch_mode", "states"),
         save=args.save,
