@@ -11,6 +11,12 @@ Part 1 runs on local processes (gloo, one thread each). The training state of a 
 Both include building the new strategy's executable graphs (shown alone as "build"). Times
 are the slowest rank's, between barriers; the ratio is measured side by side in one run.
 
+Part 1b compares the two switch modes under bf16 compute in one launch: the unstable-devices
+mode (``states``: fp32 masters and both moments move) against the mixed-length mode
+(``weights``: only the bf16 compute weights move, one fused BSR; or, instead of the move,
+B's compute weights gathered from the home shards by B's Pre plan, "rederive"). "move" is
+the communication alone; "switch" is ``switch_to`` whole (move + build + load).
+
 Part 2 is ``hspmd.switch.cost`` on the paper's C1 -> C2 (llama-32b, 32 x H20, rank 31
 failed; estimates, nothing runs).
 
@@ -21,6 +27,7 @@ failed; estimates, nothing runs).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 import time
@@ -35,7 +42,10 @@ from hspmd.runtime.launch import launch
 from hspmd.runtime.world import World
 from hspmd.switch.cluster import load_cluster
 from hspmd.switch.cost import ALGOS, switch_cost
+from hspmd.switch.live import plan_switch, run_switch
+from hspmd.switch.weights import plan_weight_switch, run_weight_switch
 from hspmd.train.config import TrainConfig
+from hspmd.train.layout import Layout
 from hspmd.train.loop import activate, load_checkpoint, prepare_all, save_checkpoint, switch_to
 
 A = "1x4: R0-1:L0-{mid} R2-3:L{mid1}-{last}"  # PP 2 x TP 2
@@ -85,6 +95,54 @@ def _worker(world: World, config: TrainConfig, a: str, b: str, repeats: int) -> 
     return rows
 
 
+def _modes_worker(
+    world: World, states: TrainConfig, weights: TrainConfig, a: str, b: str, repeats: int
+) -> list[dict]:
+    """Switch times of both modes (bf16), A -> B and back, ``repeats`` times each way."""
+    model = states.model_config()
+    rows = []
+    for config in (states, weights):
+        prepare_all(world, config)
+        active = activate(world, config, a)
+        for _ in range(repeats):
+            for source, target in ((a, b), (b, a)):
+                src, dst = (Layout.from_text(t, num_layers=model.num_layers).strategy
+                            for t in (source, target))  # fmt: skip
+                if config.switch_mode == "states":
+                    plan = plan_switch(model, src, dst)
+                    state = active.post.state() if active.post is not None else {}
+                    _, move = _timed(partial(run_switch, plan, state, world))
+                else:
+                    wplan = plan_weight_switch(model, src, dst, itemsize=2)
+                    params = active.exe.params if active.exe is not None else {}
+                    _, move = _timed(partial(run_weight_switch, wplan, params, world,
+                                             dtype=torch.bfloat16))  # fmt: skip
+                (active, _), whole = _timed(partial(switch_to, world, config, active, target,
+                                                    steps=1))  # fmt: skip
+                row = {"mode": config.switch_mode, "move": f"{source} -> {target}",
+                       "move_s": move, "switch_s": whole}  # fmt: skip
+                if config.switch_mode == "weights":
+                    post = active.post
+                    # the alternative to the move: B's Pre plan from the home shards
+                    _, row["rederive_s"] = _timed(post.refresh if post is not None else list)
+                rows.append(row)
+    return rows
+
+
+def measure_modes(*, layers: int, hidden: int, repeats: int) -> list[dict]:
+    mid = layers // 2 - 1
+    a = A.format(mid=mid, mid1=mid + 1, last=layers - 1)
+    b = B.format(last=layers - 1)
+    overrides = (("num_layers", layers), ("hidden_size", hidden),
+                 ("intermediate_size", 3 * hidden))  # fmt: skip
+    states = TrainConfig(model="llama-small", model_overrides=overrides, seq_len=16,
+                         global_batch=4, strategy=a, switches=((2, b),), dtype="bf16")  # fmt: skip
+    weights = dataclasses.replace(states, switch_mode="weights")
+    results = launch(_modes_worker, 4, args=(states, weights, a, b, repeats), threads=1,
+                     timeout_s=600)  # fmt: skip
+    return results[0]
+
+
 def measure(*, layers: int, hidden: int, repeats: int) -> list[dict]:
     mid = layers // 2 - 1
     a = A.format(mid=mid, mid1=mid + 1, last=layers - 1)
@@ -128,6 +186,26 @@ def main() -> None:
     checkpoint = sum(r["save"] + r["build"] + r["load"] for r in rows)
     print(f"checkpoint (save + build + load) / in-memory switch: {checkpoint / memory:.2f}")
     print()
+    modes = measure_modes(layers=args.layers, hidden=args.hidden, repeats=args.repeats)
+    print(f"switch modes, bf16 compute ({12 * params / 1e6:.0f} MB of fp32 state vs "
+          f"{2 * params / 1e6:.0f} MB of bf16 weights)")  # fmt: skip
+    print(f"{'mode':8} {'move':44} {'move ms':>8} {'switch ms':>10} {'rederive ms':>12}")
+    for r in modes:
+        rederive = f"{r['rederive_s'] * 1e3:12.1f}" if "rederive_s" in r else f"{'':12}"
+        print(f"{r['mode']:8} {r['move']:44} {r['move_s'] * 1e3:8.1f} "
+              f"{r['switch_s'] * 1e3:10.1f} {rederive}")  # fmt: skip
+
+    def total(mode: str, key: str) -> float:
+        return sum(r[key] for r in modes if r["mode"] == mode)
+
+    move_ratio = total("weights", "move_s") / total("states", "move_s")
+    switch_ratio = total("weights", "switch_s") / total("states", "switch_s")
+    rederive_ratio = total("weights", "rederive_s") / total("weights", "move_s")
+    print(
+        f"weights / states: move {move_ratio:.2f}, whole switch {switch_ratio:.2f}; "
+        f"rederive from home / weights move {rederive_ratio:.2f}"
+    )
+    print()
     table = cost_table()
     print("C1 -> C2, llama-32b on h20x32, rank 31 failed (estimates: hspmd.switch.cost)")
     print(f"{'algo':12} {'messages':>8} {'NVLink MB':>10} {'IB MB':>8} {'slowest':>8} {'ms':>8}")
@@ -139,6 +217,9 @@ def main() -> None:
         "benchmark": "switch", "layers": args.layers, "hidden": args.hidden,
         "checkpoint_over_memory": round(checkpoint / memory, 3),
         "build_over_memory": round(sum(r["build"] for r in rows) / memory, 3),
+        "weights_move_over_states_move": round(move_ratio, 3),
+        "weights_switch_over_states_switch": round(switch_ratio, 3),
+        "rederive_over_weights_move": round(rederive_ratio, 3),
         "fused_over_naive": round(by["fused"] / by["naive"], 3),
         "relay_over_fused": round(by["relay"] / by["fused"], 3),
     }))  # fmt: skip
