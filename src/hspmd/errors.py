@@ -1,4 +1,40 @@
-"""Typed errors. Each names the offending value and, where one exists, the fix."""
+"""Typed errors. Each names the offending value and, where one exists, the fix.
+
+Every error raised on bad user input subclasses ``HspmdError`` (the CLI prints it as one
+line and exits 2), and ``ValueError`` too where the input is a value the user gave. The
+four below are shared; the others live beside the module that raises them:
+
+==================  =============================  ==================================
+error               module                         bases
+==================  =============================  ==================================
+AnnotationError     hspmd.errors                   HspmdError, ValueError
+ResolutionError     hspmd.errors                   HspmdError, ValueError
+StrategyError       hspmd.errors                   HspmdError, ValueError
+PartitionError      hspmd.errors                   HspmdError, ValueError
+DataError           hspmd.data                     HspmdError, ValueError
+ModelConfigError    hspmd.models.llama             HspmdError, ValueError
+CaptureError        hspmd.graph.capture            HspmdError, ValueError
+ShapeError          hspmd.graph.shapes             HspmdError, ValueError
+DeductionError      hspmd.deduce.rules             HspmdError, ValueError
+NoRuleError         hspmd.deduce.rules             DeductionError
+TopologyError       hspmd.comm.topology            HspmdError, ValueError
+LocalizeError       hspmd.specialize.localize      HspmdError, ValueError
+ScheduleError       hspmd.specialize.schedule      HspmdError, ValueError
+BoundaryError       hspmd.specialize.boundary      HspmdError, ValueError
+ExecutableError     hspmd.specialize.executable    HspmdError, ValueError
+CheckpointError     hspmd.checkpoint.store         HspmdError, ValueError
+ClusterError        hspmd.switch.cluster           HspmdError, ValueError
+SwitchError         hspmd.switch.cost              HspmdError, ValueError
+ExecuteError        hspmd.runtime.execute          HspmdError, ValueError
+WorldError          hspmd.runtime.world            HspmdError, RuntimeError
+LaunchError         hspmd.runtime.launch           HspmdError, RuntimeError
+TrainError          hspmd.train.config             HspmdError, ValueError
+==================  =============================  ==================================
+
+``hspmd.deduce.rules.RuleError`` and ``hspmd.deduce.axes.AxesError`` are internal: a
+rule raises them for one axis and deduction re-raises them as a ``DeductionError`` that
+names the node and its annotations.
+"""
 
 
 class HspmdError(Exception):
