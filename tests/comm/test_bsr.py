@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from hspmd.annotation import parse_annotation as A
-from hspmd.comm.bsr import BsrTable, messages, relay, schedule
+from hspmd.comm.bsr import BsrTable, messages, schedule
 from hspmd.comm.plan import Transfer
+from hspmd.comm.relay import plan_relay
 from hspmd.comm.slices import holders_table, merge_boxes
 from hspmd.comm.topology import LinkClass, Topology, TopologyError
 from hspmd.comm.traffic import estimate
@@ -96,7 +97,7 @@ def test_estimate_and_relay_spread_a_single_owner() -> None:
     plain = estimate([direct], topology=topo, itemsizes={0: 4})
     assert plain.sent == {0: {"ib": 64 * 8 * 4}}
     assert plain.time == pytest.approx(64 * 8 * 4 / 50e9)
-    stages = relay([table], direct, topology=topo, exclude={7})
+    stages = plan_relay([table], direct, topology=topo, exclude={7}).stages()
     relayed = estimate(stages, topology=topo, itemsizes={0: 4})
     assert relayed.total("ib") == plain.total("ib")
     assert len({t.src for t in stages[1]}) == 7  # every live NIC of node 0

@@ -13,6 +13,7 @@ rank that sends it. ``method="heuristic"`` applies the paper's rules in order:
 baseline). A scheme over several tables at once is *fused*: the bytes-so-far counter is shared
 by all tensors, so the load balances over the whole switch, and messages are counted once per
 (sender, receiver) pair. ``fused=False`` resets the counter for every tensor (per-tensor BSR).
+``hspmd.comm.relay`` turns a fused scheme into a relayed one (several rounds).
 
     >>> from hspmd.annotation import parse_annotation as A
     >>> table = BsrTable.between(A("[0,1]{0:2}"), A("[2,3]{D:2}"), (4, 2))
@@ -22,14 +23,13 @@ by all tensors, so the load balances over the whole switch, and messages are cou
 
 from __future__ import annotations
 
-import itertools
 from collections import defaultdict
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hspmd.annotation import PARTIAL, Annotation, Region
 from hspmd.comm.plan import Transfer, volume
-from hspmd.comm.slices import contains, holders_table, merge_boxes
+from hspmd.comm.slices import holders_table, merge_boxes
 from hspmd.comm.topology import Topology
 from hspmd.errors import ResolutionError
 
@@ -150,65 +150,3 @@ def messages(transfers: Sequence[Transfer]) -> dict[tuple[int, int], tuple[Trans
         if t.src != t.dst:
             out[(t.src, t.dst)].append(t)
     return {pair: tuple(ts) for pair, ts in sorted(out.items())}
-
-
-def relay(
-    tables: Sequence[BsrTable],
-    transfers: Sequence[Transfer],
-    *,
-    topology: Topology,
-    exclude: Collection[int] = (),
-) -> list[list[Transfer]]:
-    """Spread single-owner transfers between nodes over every NIC of both nodes.
-
-    Beyond the paper. Where a slice has one owner and a needer on another node, that one
-    link would carry it all. Instead its region is cut into one chunk per rank of the
-    owner's node; chunk ``i`` goes owner -> i-th rank of its node (NVLink, stage 0) -> i-th
-    rank of the needer's node (the i-th NIC pair, stage 1) -> needer (NVLink, stage 2).
-    Ranks in ``exclude`` (failed ones) do not relay. Every other transfer stays in stage 1.
-    Intermediate ranks hold chunks in relay buffers, so the stages are a cost plan for
-    ``hspmd.comm.traffic.estimate``, not Transfers between two layouts.
-
-    >>> topo = Topology.uniform_nodes(4, ranks_per_node=2)
-    >>> table = BsrTable.of({0: ((0, 4),)}, {2: ((0, 4),)}, (4,))
-    >>> stages = relay([table], schedule([table]), topology=topo)
-    >>> [[(t.src, t.dst, t.region) for t in s] for s in stages]
-    [[(0, 1, ((2, 4),))], [(0, 2, ((0, 2),)), (1, 3, ((2, 4),))], [(3, 2, ((2, 4),))]]
-    """
-    entries = {t.tensor: t.entries for t in tables}
-    stages: list[list[Transfer]] = [[], [], []]
-    for t in transfers:
-        crosses = t.src != t.dst and topology.node_of(t.src) != topology.node_of(t.dst)
-        if not crosses or not _single_owner(t, entries[t.tensor]):
-            stages[1].append(t)
-            continue
-        senders = _node_ranks(topology, t.src, exclude)
-        receivers = _node_ranks(topology, t.dst, exclude)
-        chunks = _chunks(t.region, min(len(senders), len(receivers)))
-        for chunk, hop_src, hop_dst in zip(chunks, senders, receivers, strict=False):
-            if hop_src != t.src:
-                stages[0].append(Transfer(t.src, hop_src, chunk, t.tensor))
-            stages[1].append(Transfer(hop_src, hop_dst, chunk, t.tensor))
-            if hop_dst != t.dst:
-                stages[2].append(Transfer(hop_dst, t.dst, chunk, t.tensor))
-    return stages
-
-
-def _single_owner(t: Transfer, entries: Sequence[BsrEntry]) -> bool:
-    """Whether every finest slice inside ``t.region`` has ``t.src`` as its only owner."""
-    return all(e.owners == (t.src,) for e in entries if contains(t.region, e.region))
-
-
-def _node_ranks(topology: Topology, rank: int, exclude: Collection[int]) -> list[int]:
-    """The ranks of ``rank``'s node that may relay, ``rank`` first."""
-    node = topology.nodes[topology.node_of(rank)].ranks
-    return [rank] + [r for r in node if r != rank and r not in exclude]
-
-
-def _chunks(region: Region, count: int) -> list[Region]:
-    """``region`` cut into ``count`` nearly equal boxes along its longest dim."""
-    dim = max(range(len(region)), key=lambda d: region[d][1] - region[d][0])
-    start, stop = region[dim]
-    count = max(1, min(count, stop - start))
-    cuts = [start + (stop - start) * i // count for i in range(count + 1)]
-    return [region[:dim] + ((a, b),) + region[dim + 1 :] for a, b in itertools.pairwise(cuts)]

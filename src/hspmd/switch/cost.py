@@ -16,7 +16,7 @@ The three fp32 tensors of a parameter share one annotation, so they move as one 
     per-tensor  the paper's heuristic (fastest link, then least loaded), one BSR per tensor
     fused       one heuristic scheme over all tensors: load balanced over the whole switch
     relay       fused, then single-owner inter-node transfers spread over every NIC of both
-                nodes (beyond the paper; ``hspmd.comm.bsr.relay``)
+                nodes (beyond the paper; ``hspmd.comm.relay``: the rounds of the relay plan)
 
 Ranks in ``failed`` own nothing (their pieces are lost) and relay nothing.
 
@@ -33,8 +33,9 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hspmd.comm.bsr import BsrEntry, BsrTable, messages, relay, schedule
+from hspmd.comm.bsr import BsrEntry, BsrTable, messages, schedule
 from hspmd.comm.plan import Transfer
+from hspmd.comm.relay import plan_relay
 from hspmd.comm.slices import holders_table
 from hspmd.comm.topology import Topology
 from hspmd.comm.traffic import Estimate, estimate
@@ -99,7 +100,7 @@ def scheme_stages(
     fused = schedule(tables, topology=topology)
     if algo == "fused":
         return [list(fused)]
-    return relay(tables, fused, topology=topology, exclude=failed)
+    return plan_relay(tables, fused, topology=topology, exclude=failed).stages()
 
 
 def estimate_scheme(
