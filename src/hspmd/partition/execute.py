@@ -13,21 +13,17 @@ previous token and makes the next), so autograd runs their backwards in exactly 
 reverse of the forward order. Forward order is the same plan on every rank, so the
 backward sends and receives pair up in the same order too: no deadlock.
 
-    plan = make_plan(tiny_net, batch, num_ranks=2)
+    plan = make_plan(tiny_net(), batch, loss_fn=F.cross_entropy, num_ranks=2)
     print(plan)                       # node -> rank, and the transfers
-    result = run_plan(tiny_net, batch, plan)
-    result.loss, result.grads         # equal to one process's loss and gradients
+    spec = RunSpec(tiny_net, F.cross_entropy, batch, plan)
+    results = run_plan(spec)          # one RankResult per rank: loss, grads, updated
+    reference(spec)                   # the same step in one process: equal
 """
 
 from __future__ import annotations
 
-import datetime
-import multiprocessing as mp
-import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from queue import Empty
 from typing import Any
 
 import numpy as np
@@ -41,6 +37,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from hspmd.errors import PartitionError
 from hspmd.partition.capture import DEVICES, Device
 from hspmd.partition.graph import OpGraph
+from hspmd.runtime.launch import launch
+from hspmd.runtime.world import World
 
 ModelFactory = Callable[[], nn.Module]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -393,66 +391,8 @@ def reference(spec: RunSpec) -> RankResult:
 
 def run_plan(spec: RunSpec, *, timeout_s: float = 120.0) -> list[RankResult]:
     """Run ``spec`` on ``spec.plan.num_ranks`` local gloo processes; results by rank."""
-    try:
-        from hspmd.runtime.launch import launch
-    except ImportError:
-        return _launch_local(spec, timeout_s=timeout_s)
     return launch(_world_entry, spec.plan.num_ranks, args=(spec,), timeout_s=timeout_s, threads=1)
 
 
-def _world_entry(world: Any, spec: RunSpec) -> RankResult:
+def _world_entry(world: World, spec: RunSpec) -> RankResult:
     return run_rank(world.rank, spec)
-
-
-def _launch_local(spec: RunSpec, *, timeout_s: float) -> list[RankResult]:
-    """A tiny launcher: forkserver workers, a TCPStore hosted here, bounded waits."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed"])
-    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
-    queue = ctx.Queue()
-    procs = [
-        ctx.Process(target=_local_worker, args=(r, spec, store.port, queue, timeout_s))
-        for r in range(spec.plan.num_ranks)
-    ]
-    for proc in procs:
-        proc.start()
-    results: dict[int, Any] = {}
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(results) < len(procs):
-            if time.monotonic() > deadline:
-                raise PartitionError(f"plan did not finish in {timeout_s} s; raise timeout_s")
-            try:
-                rank, payload = queue.get(timeout=0.5)
-            except Empty:
-                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-                if dead:
-                    raise PartitionError(f"ranks {dead} died without a result") from None
-                continue
-            if isinstance(payload, str):
-                raise PartitionError(f"rank {rank} failed running the plan:\n{payload}")
-            results[rank] = payload
-    finally:
-        for proc in procs:
-            proc.join(timeout=5)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-    return [results[r] for r in range(len(procs))]
-
-
-def _local_worker(rank: int, spec: RunSpec, port: int, queue: Any, timeout_s: float) -> None:
-    import traceback
-
-    torch.set_num_threads(1)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    try:
-        timeout = datetime.timedelta(seconds=timeout_s)
-        store = dist.TCPStore("127.0.0.1", port, None, False, timeout=timeout)
-        dist.init_process_group(
-            "gloo", store=store, rank=rank, world_size=spec.plan.num_ranks, timeout=timeout
-        )
-        queue.put((rank, run_rank(rank, spec)))
-        dist.destroy_process_group()
-    except Exception:
-        queue.put((rank, traceback.format_exc()))
