@@ -19,14 +19,14 @@ give to the common one, ``resolve(grad_from, grad_to, shape)``::
 from __future__ import annotations
 
 from hspmd.comm.plan import CommPlan
+from hspmd.comm.resolve import resolve
 from hspmd.deduce import AlignSite
-from hspmd.specialize.sites import resolve_cached
 
 __all__ = ["align_plans"]
 
 
 def align_plans(site: AlignSite) -> tuple[CommPlan, CommPlan]:
     """``(forward, backward)`` plans of an align site; the forward has no steps."""
-    forward = resolve_cached(site.annotation, site.annotation, site.shape)
+    forward = resolve(site.annotation, site.annotation, site.shape)
     assert not forward.steps, f"{site}: an identity resolved to {forward.kinds}"
-    return forward, resolve_cached(site.grad_from, site.grad_to, site.shape)
+    return forward, resolve(site.grad_from, site.grad_to, site.shape)

@@ -31,12 +31,12 @@ import torch.distributed as dist
 
 from hspmd.annotation import Region
 from hspmd.comm.plan import BatchedSendRecv, CommPlan, SendRecv, local_box
+from hspmd.comm.resolve import resolve
 from hspmd.errors import HspmdError
 from hspmd.models.llama import LlamaConfig
 from hspmd.plan.schema import activation_annotations
 from hspmd.plan.strategy import Strategy, StrategyOptions
 from hspmd.runtime.world import World
-from hspmd.specialize.sites import resolve_cached
 
 __all__ = [
     "Boundary",
@@ -112,7 +112,7 @@ def boundary_plans(
         src = acts[f"layers.{layer - 1}.input"].annotation  # the previous stage's residual
         dst = acts[f"layers.{layer}.input"].annotation
         name = f"layers.{layer}.input"
-        return Boundary(name, resolve_cached(src, dst, shape), resolve_cached(dst, src, shape))
+        return Boundary(name, resolve(src, dst, shape), resolve(dst, src, shape))
 
     last = len(pipeline.stages) - 1
     return BoundaryPlans(between(s) if s > 0 else None, between(s + 1) if s < last else None)

@@ -45,6 +45,7 @@ from torch import nn
 
 from hspmd.annotation import DUP, Annotation, DistributedStates, Piece
 from hspmd.comm.plan import CommPlan
+from hspmd.comm.resolve import resolve
 from hspmd.deduce import AnnotatedGraph, deduce
 from hspmd.errors import HspmdError
 from hspmd.graph.capture import capture
@@ -59,7 +60,6 @@ from hspmd.specialize.align import align_plans
 from hspmd.specialize.grad_sync import StageGradSync, run_stage_grad_sync, stage_grad_sync
 from hspmd.specialize.localize import local_slice, local_view_sizes, vocab_parallel_embedding
 from hspmd.specialize.recompute import checkpoint_layers, layer_of
-from hspmd.specialize.sites import resolve_cached
 
 __all__ = [
     "Executable",
@@ -379,9 +379,9 @@ class _Builder:
     def marker(self, node: torch.fx.Node) -> None:
         name = str(node.args[1])
         site = self.ag.reshard(name)
-        forward = resolve_cached(site.src, site.dst, site.shape)
+        forward = resolve(site.src, site.dst, site.shape)
         assert site.grad_out is not None and site.grad_in is not None, name
-        backward = resolve_cached(site.grad_out, site.grad_in, site.shape)
+        backward = resolve(site.grad_out, site.grad_in, site.shape)
         source = self.env[node.args[0]]  # type: ignore[index]
         if not forward.steps and not backward.steps:
             self.env[node] = source

@@ -31,9 +31,9 @@ import torch
 
 from hspmd.annotation import DUP, Annotation
 from hspmd.comm.plan import CommPlan
+from hspmd.comm.resolve import resolve
 from hspmd.runtime.execute import run_plan
 from hspmd.runtime.world import World
-from hspmd.specialize.sites import resolve_cached
 
 __all__ = ["StageGradSync", "run_stage_grad_sync", "stage_grad_sync"]
 
@@ -69,10 +69,10 @@ def stage_grad_sync(
         if _whole(param):
             buckets.setdefault((grad, param), []).append((name, math.prod(shape)))
         else:
-            items.append(StageGradSync((name,), resolve_cached(grad, param, shape)))
+            items.append(StageGradSync((name,), resolve(grad, param, shape)))
     for (grad, param), members in buckets.items():
         numel = sum(n for _, n in members)
-        plan = resolve_cached(grad, param, (numel,))
+        plan = resolve(grad, param, (numel,))
         items.append(StageGradSync(tuple(name for name, _ in members), plan))
     return tuple(items)
 

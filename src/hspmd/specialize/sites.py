@@ -30,15 +30,15 @@ explain`` needs no graph; ``hspmd.deduce`` computes the same annotations for any
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 from hspmd.annotation import DUP, PARTIAL, Annotation, DeviceGroup, DistributedStates
 from hspmd.comm.plan import CommPlan
+from hspmd.comm.resolve import resolve
 from hspmd.models.llama import LlamaConfig
 from hspmd.plan.strategy import Stage, Strategy, StrategyOptions
 
-__all__ = ["ParamLayout", "Site", "llama_params", "llama_sites", "resolve_cached"]
+__all__ = ["ParamLayout", "Site", "llama_params", "llama_sites"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +53,10 @@ class Site:
     grad_in: Annotation
 
     def forward_plan(self) -> CommPlan:
-        return resolve_cached(self.src, self.dst, self.shape)
+        return resolve(self.src, self.dst, self.shape)
 
     def backward_plan(self) -> CommPlan:
-        return resolve_cached(self.grad_out, self.grad_in, self.shape)
+        return resolve(self.grad_out, self.grad_in, self.shape)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,15 +70,7 @@ class ParamLayout:
 
     def sync_plan(self) -> CommPlan:
         """Post's gradient sync: ``resolve(grad, annotation)``."""
-        return resolve_cached(self.grad, self.annotation, self.shape)
-
-
-@functools.cache
-def resolve_cached(src: Annotation, dst: Annotation, shape: tuple[int, ...]) -> CommPlan:
-    """``hspmd.comm.resolve.resolve``, cached on its (frozen) arguments."""
-    from hspmd.comm.resolve import resolve
-
-    return resolve(src, dst, shape)
+        return resolve(self.grad, self.annotation, self.shape)
 
 
 def _ds(*entries: tuple[int, int]) -> DistributedStates:
