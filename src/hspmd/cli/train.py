@@ -10,7 +10,8 @@ step (``step``, ``loss``: the global mean token loss, ``tokens``, ``seconds``);
 ``--switch STEP="STRATEGY"`` moves weights and Adam states in memory to STRATEGY before
 STEP (one process per rank of the largest strategy); the step's record carries
 ``switch_seconds``; with ``--switch-mode weights`` the states stay put and only the compute
-weights move. ``--save``/``--resume``: checkpoints that load onto any strategy.
+weights move; ``--switch-algo relay`` relays single-owner transfers between nodes over
+every NIC (nodes from ``--cluster`` or ``--ranks-per-node``). ``--save``/``--resume``: checkpoints that load onto any strategy.
 """
 
 from __future__ import annotations
@@ -70,6 +71,23 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | Non
         "devices) or only the compute weights, states kept sharded over all ranks (weights, "
         "for mixed-length data)",
     )
+    parser.add_argument(
+        "--switch-algo",
+        default="fused",
+        choices=["fused", "relay"],
+        help="how a switch moves the states: one fused BSR, or relayed over every NIC of "
+        "the nodes (needs --cluster or --ranks-per-node)",
+    )
+    parser.add_argument(
+        "--cluster", default=None, metavar="FILE_OR_NAME", help="the nodes switches plan on"
+    )
+    parser.add_argument(
+        "--ranks-per-node",
+        type=int,
+        default=None,
+        metavar="N",
+        help="fake nodes of N local processes each, for switches (instead of --cluster)",
+    )
     parser.add_argument("--save", default=None, metavar="DIR", help="checkpoint directory")
     parser.add_argument("--save-every", type=int, default=1, metavar="N", help="save every N steps")
     parser.add_argument("--resume", default=None, metavar="DIR", help="continue from DIR")
@@ -105,6 +123,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         overlap=not getattr(args, "no_overlap", False),
         switches=parse_switches(args.switch),
         switch_mode=getattr(args, "switch_mode", "states"),
+        switch_algo=getattr(args, "switch_algo", "fused"),
+        cluster=getattr(args, "cluster", None),
+        ranks_per_node=getattr(args, "ranks_per_node", None),
         save=args.save,
         save_every=args.save_every,
         resume=args.resume,

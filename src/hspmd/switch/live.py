@@ -33,16 +33,28 @@ import torch
 
 from hspmd.comm.bsr import BsrTable, messages, schedule
 from hspmd.comm.plan import Transfer
+from hspmd.comm.relay import RelayPlan, plan_relay
 from hspmd.comm.topology import Topology
 from hspmd.models.llama import LlamaConfig
 from hspmd.plan.params import parameter_annotations, state_annotations
 from hspmd.plan.strategy import Strategy
 from hspmd.runtime.fused import FusedTensor, run_fused_bsr
+from hspmd.runtime.relay import run_relay
 from hspmd.runtime.world import World
+from hspmd.switch.cost import SwitchError
 
-__all__ = ["STATE_KINDS", "SwitchPlan", "TrainState", "plan_switch", "run_switch"]
+__all__ = [
+    "STATE_KINDS",
+    "SWITCH_ALGOS",
+    "SwitchPlan",
+    "TrainState",
+    "plan_switch",
+    "run_switch",
+    "switch_topology",
+]
 
 STATE_KINDS = ("master", "exp_avg", "exp_avg_sq")
+SWITCH_ALGOS = ("fused", "relay")  # what a live switch can run
 
 # name -> (fp32 master, exp_avg, exp_avg_sq): this rank's pieces under its state annotation
 TrainState = dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -55,15 +67,29 @@ class SwitchPlan:
     names: tuple[str, ...]
     tensors: tuple[FusedTensor, ...]
     transfers: tuple[Transfer, ...]
+    relay: RelayPlan | None = None  # algo "relay": the rounds that run instead
 
     def messages(self) -> dict[tuple[int, int], int]:
-        """Messages per (sender, receiver) pair: one each (local copies are none)."""
+        """Messages per (sender, receiver) pair: one each (local copies are none); under
+        relay, summed over the rounds."""
+        if self.relay is not None:
+            return dict(sum((Counter(per) for per in self.relay.messages()), Counter()))
         return {pair: 1 for pair in messages(self.transfers)}
+
+    @property
+    def num_messages(self) -> int:
+        """Sends the switch issues, summed over ranks (and rounds)."""
+        return sum(self.messages().values())
 
     def sent_bytes(self) -> Counter[int]:
         """Bytes each rank sends (fp32)."""
         out: Counter[int] = Counter()
-        for t in self.transfers:
+        moves = (
+            self.transfers
+            if self.relay is None
+            else [t for stage in self.relay.stages() for t in stage]
+        )
+        for t in moves:
             if t.src != t.dst:
                 n = 4
                 for lo, hi in t.region:
@@ -74,7 +100,29 @@ class SwitchPlan:
     def __str__(self) -> str:
         pairs = self.messages()
         total = sum(self.sent_bytes().values())
-        return f"switch: {len(self.tensors)} tensors, {len(pairs)} messages, {total} bytes"
+        algo = "fused" if self.relay is None else f"relay ({len(self.relay.rounds)} rounds)"
+        return (
+            f"switch ({algo}): {len(self.tensors)} tensors, {sum(pairs.values())} messages, "
+            f"{total} bytes"
+        )
+
+
+def switch_topology(
+    *, cluster: str | None, ranks_per_node: int | None, num_ranks: int
+) -> Topology | None:
+    """The nodes a live switch plans on: a cluster file or shipped name, or fake nodes of
+    ``ranks_per_node`` local processes each; None (flat) when neither is given.
+
+    >>> [n.ranks for n in switch_topology(cluster=None, ranks_per_node=2, num_ranks=4).nodes]
+    [(0, 1), (2, 3)]
+    """
+    if cluster is not None:
+        from hspmd.switch.cluster import load_cluster
+
+        return load_cluster(cluster).topology()
+    if ranks_per_node is not None:
+        return Topology.uniform_nodes(num_ranks, ranks_per_node=ranks_per_node)
+    return None
 
 
 def plan_switch(
@@ -84,8 +132,17 @@ def plan_switch(
     *,
     zero1: bool = False,
     topology: Topology | None = None,
+    algo: str = "fused",
+    num_ranks: int | None = None,
 ) -> SwitchPlan:
-    """The fused BSR moving the training state from ``source`` to ``target`` (metadata only)."""
+    """The fused BSR moving the training state from ``source`` to ``target`` (metadata only).
+
+    ``algo="relay"`` adds the relay plan of that scheme on ``topology``
+    (``hspmd.comm.relay``); only ranks below ``num_ranks`` (the processes running) relay."""
+    if algo not in SWITCH_ALGOS:
+        raise SwitchError(
+            f"unknown switch algorithm {algo!r}: use one of {', '.join(SWITCH_ALGOS)}"
+        )
     src_states = state_annotations(source, config, zero1=zero1)
     dst_states = state_annotations(target, config, zero1=zero1)
     dst_params = parameter_annotations(target, config)
@@ -102,8 +159,13 @@ def plan_switch(
     tables = [
         BsrTable.between(t.src, t.dst, t.shape, tensor=i, itemsize=4) for i, t in enumerate(tensors)
     ]
-    transfers = schedule(tables, topology=topology or Topology.flat(), fused=True)
-    return SwitchPlan(tuple(names), tuple(tensors), transfers)
+    topology = topology or Topology.flat()
+    transfers = schedule(tables, topology=topology, fused=True)
+    relay = None
+    if algo == "relay":
+        absent = [r for n in topology.nodes for r in n.ranks if r >= (num_ranks or 1 << 30)]
+        relay = plan_relay(tables, transfers, topology=topology, exclude=absent)
+    return SwitchPlan(tuple(names), tuple(tensors), transfers, relay)
 
 
 def run_switch(
@@ -118,7 +180,10 @@ def run_switch(
         if name in state:
             which = 0 if kind == "param" else STATE_KINDS.index(kind)
             local[index] = state[name][which].detach()
-    out = run_fused_bsr(plan.transfers, plan.tensors, local, world)
+    if plan.relay is not None:
+        out = run_relay(plan.relay, plan.tensors, local, world)
+    else:
+        out = run_fused_bsr(plan.transfers, plan.tensors, local, world)
     parts: dict[str, dict[str, torch.Tensor]] = {k: {} for k in (*STATE_KINDS, "param")}
     for index, tensor in out.items():
         kind, name = plan.names[index].split("/", 1)

@@ -61,6 +61,12 @@ class TrainConfig:
     # "states": a switch moves fp32 masters and Adam states (unstable devices);
     # "weights": they stay under a fixed home layout, only compute weights move (mixed-length)
     switch_mode: str = "states"
+    # "fused": one BSR per switch; "relay": its single-owner inter-node transfers relayed
+    # over every NIC of both nodes (hspmd.comm.relay), which needs nodes: ``cluster`` (a
+    # cluster file or shipped name) or ``ranks_per_node`` (fake nodes of local processes)
+    switch_algo: str = "fused"
+    cluster: str | None = None
+    ranks_per_node: int | None = None
     save: str | None = None  # checkpoint directory (hspmd.checkpoint)
     save_every: int = 1  # save after every N-th step (with ``save``)
     resume: str | None = None  # continue from the newest checkpoint in this directory
@@ -81,6 +87,20 @@ class TrainConfig:
             raise TrainError(f"dtype={self.dtype!r}: choose fp32 or bf16")
         if self.switch_mode not in ("states", "weights"):
             raise TrainError(f"switch_mode={self.switch_mode!r}: choose states or weights")
+        if self.switch_algo not in ("fused", "relay"):
+            raise TrainError(f"switch_algo={self.switch_algo!r}: choose fused or relay")
+        if self.switch_algo == "relay" and not (self.cluster or self.ranks_per_node):
+            raise TrainError(
+                "switch algorithm 'relay' needs nodes to relay through: give --cluster "
+                "FILE_OR_NAME or --ranks-per-node N"
+            )
+        if self.switch_algo == "relay" and self.switch_mode == "weights":
+            raise TrainError(
+                "switch algorithm 'relay' runs the states mode's switch only: use "
+                "--switch-mode states or --switch-algo fused"
+            )
+        if self.ranks_per_node is not None and self.ranks_per_node < 1:
+            raise TrainError(f"ranks_per_node={self.ranks_per_node} must be at least 1")
         if self.switch_mode == "weights" and (self.zero1 or self.save or self.resume):
             raise TrainError(
                 "switch mode 'weights' keeps the optimizer states sharded over all ranks "

@@ -44,7 +44,7 @@ from hspmd.runtime.world import World, plan_groups
 from hspmd.specialize.boundary import BoundaryPlans, Pending, boundary_plans, recv, send
 from hspmd.specialize.executable import build_executable, executable_groups
 from hspmd.specialize.schedule import make_schedule
-from hspmd.switch.live import plan_switch, run_switch
+from hspmd.switch.live import plan_switch, run_switch, switch_topology
 from hspmd.train.batches import step_batches
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.home import home_post, switch_weights
@@ -241,7 +241,13 @@ def switch_to(
         return switch_weights(world, config, active, text, activate=activate)
     model = config.model_config()
     target = Layout.from_text(text, num_layers=model.num_layers)
-    plan = plan_switch(model, active.layout.strategy, target.strategy, zero1=config.zero1)
+    nodes = switch_topology(
+        cluster=config.cluster, ranks_per_node=config.ranks_per_node, num_ranks=world.world_size
+    )
+    plan = plan_switch(
+        model, active.layout.strategy, target.strategy, zero1=config.zero1, topology=nodes,
+        algo=config.switch_algo, num_ranks=world.world_size,
+    )  # fmt: skip
     state = active.post.state() if active.post is not None else {}
     with count_comm(world) as log:
         moved, compute = run_switch(plan, state, world)

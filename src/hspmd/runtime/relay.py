@@ -1,0 +1,97 @@
+"""Run a relay plan (``hspmd.comm.relay``): its rounds one after the other, each one
+``batch_isend_irecv`` with one packed buffer per pair of ranks (``Exchange``).
+
+A transfer reads from the sender's source piece or from one of its relay buffers, and
+writes into the receiver's destination piece or into a relay buffer it allocates, keyed by
+``(tensor, region)``. The buffers live only inside ``run_relay``::
+
+    plan = plan_relay(tables, schedule(tables, topology=topo), topology=topo)
+    out = run_relay(plan, tensors, {0: w} if rank == 0 else {}, world)
+    # every rank: its destination pieces, as run_fused_bsr would return them
+
+Every tensor of one call has the same dtype (one buffer per pair).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from hspmd.annotation import Piece
+from hspmd.comm.plan import local_box
+from hspmd.comm.relay import BufferKey, RelayPlan, RelayTransfer
+from hspmd.runtime.fused import FusedTensor
+from hspmd.runtime.p2p import Exchange
+from hspmd.runtime.world import World
+
+__all__ = ["run_relay"]
+
+
+class _Ends:
+    """This rank's source pieces, destination pieces and relay buffers during one run."""
+
+    def __init__(
+        self,
+        tensors: Sequence[FusedTensor],
+        local: Mapping[int, torch.Tensor],
+        world: World,
+        dtype: torch.dtype,
+    ) -> None:
+        rank = world.rank
+        self.local, self.dtype, self.device = local, dtype, world.device
+        self.old: dict[int, Piece] = {}
+        self.new: dict[int, Piece] = {}
+        self.out: dict[int, torch.Tensor] = {}
+        self.buffers: dict[BufferKey, torch.Tensor] = {}
+        for index, t in enumerate(tensors):
+            if rank in t.dst.ranks:
+                self.new[index] = t.dst.piece(rank, t.shape)
+                self.out[index] = torch.empty(
+                    self.new[index].shape, dtype=dtype, device=self.device
+                )
+            if rank in t.src.ranks:
+                self.old[index] = t.src.piece(rank, t.shape)
+                assert index in local, f"rank {rank} must pass tensor {index} ({t})"
+
+    def read(self, t: RelayTransfer) -> torch.Tensor:
+        if t.from_relay:
+            return self.buffers[(t.tensor, t.region)]
+        return self.local[t.tensor][local_box(self.old[t.tensor], t.region)]
+
+    def write(self, t: RelayTransfer) -> torch.Tensor:
+        if not t.to_relay:
+            return self.out[t.tensor][local_box(self.new[t.tensor], t.region)]
+        key = (t.tensor, t.region)
+        if key not in self.buffers:
+            shape = tuple(hi - lo for lo, hi in t.region)
+            self.buffers[key] = torch.empty(shape, dtype=self.dtype, device=self.device)
+        return self.buffers[key]
+
+
+def run_relay(
+    plan: RelayPlan,
+    tensors: Sequence[FusedTensor],
+    local: Mapping[int, torch.Tensor],
+    world: World,
+    *,
+    dtype: torch.dtype = torch.float32,
+) -> dict[int, torch.Tensor]:
+    """This rank's piece of every tensor it holds after the move, by tensor index.
+
+    ``local`` maps the index of every tensor whose source piece this rank holds to that
+    piece. Per round, one message per (sender, receiver) pair of that round.
+    """
+    rank = world.rank
+    ends = _Ends(tensors, local, world, dtype)
+    for round_ in plan.rounds:
+        exchange = Exchange(world)
+        for t in round_:
+            if t.src == t.dst == rank:
+                ends.write(t).copy_(ends.read(t))
+            elif t.src == rank:
+                exchange.send(t.dst, [ends.read(t)])
+            elif t.dst == rank:
+                exchange.recv(t.src, [ends.write(t)])
+        exchange.run()
+    return ends.out
