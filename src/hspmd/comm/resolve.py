@@ -87,10 +87,17 @@ def _check_final(last: Annotation, dst: Annotation, shape: tuple[int, ...]) -> N
 def _bottom(
     src: Annotation, dst: Annotation, shape: tuple[int, ...], topology: Topology | None
 ) -> Steps:
+    return _subgroup_steps(src, axes_of(dst), shape, topology)
+
+
+def _subgroup_steps(
+    src: Annotation, targets: Sequence[Axes], shape: tuple[int, ...], topology: Topology | None
+) -> Steps:
+    """Each subgroup of ``src`` moved to its ``targets`` axes, src's top tier kept."""
     parts = part_regions(src, shape)
     moves = [
         subgroup_moves(a, b, part=p, shape=shape)
-        for a, b, p in zip(axes_of(src), axes_of(dst), parts, strict=True)
+        for a, b, p in zip(axes_of(src), targets, parts, strict=True)
     ]
     return merge_moves(
         moves,
@@ -116,19 +123,7 @@ def _top(
     top = top_step(first, second, shape)
     if top is None:
         return None
-    parts = part_regions(src, shape)
-    moves = [
-        subgroup_moves(a, b, part=p, shape=shape)
-        for a, b, p in zip(axes_of(src), aligned, parts, strict=True)
-    ]
-    steps, layouts = merge_moves(
-        moves,
-        axes_of(src),
-        make_layout=lambda state: layout(state, hdim=src.hdim, hsizes=src.hsizes),
-        parts=parts,
-        shape=shape,
-        topology=topology,
-    )
+    steps, layouts = _subgroup_steps(src, aligned, shape, topology)
     steps.append(top)
     layouts.append(second)
     _zero_partials(steps, layouts, dst, start=src)
