@@ -119,3 +119,14 @@ def test_relayed_switch_messages_match_the_plan(runs: dict[str, Any]) -> None:
         )  # fmt: skip
         assert plan.relay is not None and any(plan.relay.rounds[0])
         assert record.switch_messages == plan.num_messages
+
+
+def test_relay_needs_nodes_and_the_states_mode() -> None:
+    from hspmd.train.config import TrainError
+
+    with pytest.raises(TrainError, match="--ranks-per-node"):
+        dataclasses.replace(RELAY, ranks_per_node=None)
+    with pytest.raises(TrainError, match="--switch-mode states"):
+        dataclasses.replace(RELAY, switch_mode="weights")
+    with pytest.raises(TrainError, match="choose fused or relay"):
+        dataclasses.replace(RELAY, switch_algo="ring")
