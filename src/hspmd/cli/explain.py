@@ -14,7 +14,7 @@ import json
 import time
 from typing import Any
 
-from hspmd.models.llama import PRESETS, get_config
+from hspmd.models.config import PRESETS, get_config
 from hspmd.plan.strategy import StrategyOptions, check_strategy, parse_strategy
 from hspmd.specialize.explain import explain, render
 

@@ -1,15 +1,17 @@
-"""Plain PyTorch models that know nothing of parallelism (only ``hspmd.reshard`` markers)."""
+"""Plain PyTorch models that know nothing of parallelism (only ``hspmd.reshard`` markers).
 
-from hspmd.models.llama import (
-    PRESETS,
-    Llama,
-    LlamaConfig,
-    ModelConfigError,
-    get_config,
-    init_parameter,
-    init_weights,
-    parameter_shapes,
-)
+The configuration (``hspmd.models.config``) is importable without torch; the modules and
+initializers load ``hspmd.models.llama`` (and torch) on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hspmd.models.config import PRESETS, LlamaConfig, ModelConfigError, get_config, parameter_shapes
+
+if TYPE_CHECKING:
+    from hspmd.models.llama import Llama, init_parameter, init_weights
 
 __all__ = [
     "PRESETS",
@@ -21,3 +23,14 @@ __all__ = [
     "init_weights",
     "parameter_shapes",
 ]
+
+_TORCH_NAMES = ("Llama", "init_parameter", "init_weights")
+
+
+def __getattr__(name: str) -> object:
+    # Lazy, so that planning code reading a config does not import torch.
+    if name in _TORCH_NAMES:
+        from hspmd.models import llama
+
+        return getattr(llama, name)
+    raise AttributeError(f"module 'hspmd.models' has no attribute {name!r}")

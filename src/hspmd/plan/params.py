@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from hspmd.annotation import DUP, Annotation, DeviceGroup, DistributedStates
 from hspmd.errors import AnnotationError, StrategyError
-from hspmd.models.llama import LlamaConfig, parameter_shapes
+from hspmd.models.config import LlamaConfig, parameter_shapes
 from hspmd.plan.strategy import Stage, Strategy, check_strategy
 
 __all__ = ["ParamSpec", "parameter_annotations", "param_kind", "state_annotations"]

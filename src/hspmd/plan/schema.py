@@ -33,7 +33,7 @@ from typing import Any
 
 from hspmd.annotation import DUP, Annotation, DeviceGroup, DistributedStates
 from hspmd.errors import AnnotationError, StrategyError
-from hspmd.models.llama import LlamaConfig
+from hspmd.models.config import LlamaConfig
 from hspmd.plan.params import ParamSpec, parameter_annotations, state_annotations
 from hspmd.plan.strategy import Strategy, StrategyOptions, check_strategy
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Literal
 from hspmd.errors import StrategyError
 
 if TYPE_CHECKING:
-    from hspmd.models.llama import LlamaConfig
+    from hspmd.models.config import LlamaConfig
 
 __all__ = [
     "Pipeline",

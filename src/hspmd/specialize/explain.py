@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hspmd.comm.plan import CommPlan
-from hspmd.models.llama import LlamaConfig
+from hspmd.models.config import LlamaConfig
 from hspmd.plan.strategy import Strategy, StrategyOptions
 from hspmd.specialize.pipeline import PipelineLayout, check_pipelines, construct_pipelines
 from hspmd.specialize.schedule import make_schedule

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from hspmd.annotation import DUP, PARTIAL, Annotation, DeviceGroup, DistributedStates
 from hspmd.comm.plan import CommPlan
 from hspmd.comm.resolve import resolve
-from hspmd.models.llama import LlamaConfig
+from hspmd.models.config import LlamaConfig
 from hspmd.plan.strategy import Stage, Strategy, StrategyOptions
 
 __all__ = ["ParamLayout", "Site", "llama_params", "llama_sites"]
