@@ -12,7 +12,7 @@ ResolutionError     hspmd.errors                   HspmdError, ValueError
 StrategyError       hspmd.errors                   HspmdError, ValueError
 PartitionError      hspmd.errors                   HspmdError, ValueError
 DataError           hspmd.data                     HspmdError, ValueError
-ModelConfigError    hspmd.models.llama             HspmdError, ValueError
+ModelConfigError    hspmd.models.config            HspmdError, ValueError
 CaptureError        hspmd.graph.capture            HspmdError, ValueError
 ShapeError          hspmd.graph.shapes             HspmdError, ValueError
 DeductionError      hspmd.deduce.rules             HspmdError, ValueError
