@@ -18,7 +18,6 @@ degrees multiply to ``n`` (the mixed-radix numbering is the same), so ``{D:4}`` 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 
 from hspmd.annotation import DUP, PARTIAL, Annotation, DistributedStates
 from hspmd.errors import AnnotationError
@@ -108,8 +107,3 @@ def all_duplicate(annotation: Annotation) -> Annotation:
     return Annotation(
         annotation.groups, tuple(DistributedStates(((DUP, len(g)),)) for g in annotation.groups)
     )
-
-
-def degrees_of(states: Sequence[DistributedStates]) -> tuple[int, ...]:
-    """``common_degrees`` of a sequence (cached by tuple)."""
-    return common_degrees(tuple(states))
