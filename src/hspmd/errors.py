@@ -21,7 +21,7 @@ TopologyError       hspmd.comm.topology            HspmdError, ValueError
 LocalizeError       hspmd.specialize.localize      HspmdError, ValueError
 ScheduleError       hspmd.specialize.schedule      HspmdError, ValueError
 BoundaryError       hspmd.specialize.boundary      HspmdError, ValueError
-ExecutableError     hspmd.specialize.executable    HspmdError, ValueError
+ExecutableError     hspmd.specialize.cut           HspmdError, ValueError
 CheckpointError     hspmd.checkpoint.store         HspmdError, ValueError
 ClusterError        hspmd.switch.cluster           HspmdError, ValueError
 SwitchError         hspmd.switch.cost              HspmdError, ValueError

@@ -9,6 +9,8 @@ partial gradient from the column-parallel linear is added to the duplicate one f
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -18,6 +20,7 @@ from hspmd.comm.resolve import resolve
 from hspmd.deduce import AnnotatedGraph
 from hspmd.markers import is_align_node, is_reshard_node
 from hspmd.runtime import World, launch
+from hspmd.runtime.autograd import reshard
 from hspmd.specialize.align import align_plans
 from hspmd.specialize.executable import ReshardModule
 from hspmd.specialize.localize import local_slice
@@ -41,11 +44,13 @@ def _module(node: torch.fx.Node, ag: AnnotatedGraph, world: World) -> ReshardMod
             site.name,
             resolve(site.src, site.dst, site.shape),
             resolve(site.grad_out, site.grad_in, site.shape),
-            world,
+            runner=functools.partial(reshard, world=world),
         )
     align_site = ag.alignment(node.name)
     assert align_site is not None
-    return ReshardModule(str(node.args[1]), *align_plans(align_site), world)
+    return ReshardModule(
+        str(node.args[1]), *align_plans(align_site), runner=functools.partial(reshard, world=world)
+    )
 
 
 def specialize(ag: AnnotatedGraph, world: World, *, skip_align: bool) -> torch.fx.GraphModule:

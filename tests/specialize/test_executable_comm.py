@@ -22,6 +22,7 @@ import torch
 from hspmd.models.llama import get_config
 from hspmd.plan.strategy import StrategyOptions, parse_strategy
 from hspmd.runtime import World, count_comm, launch
+from hspmd.runtime.executable import bind_executable, sync_grads
 from hspmd.specialize.executable import build_executable, executable_groups
 
 pytestmark = pytest.mark.multiproc
@@ -45,14 +46,14 @@ def counted(world: World) -> dict[str, Any]:
     targets = torch.randint(0, CONFIG.vocab_size, (2, 16), generator=g)
     out = {}
     for name, options in CASES.items():
-        exe = build_executable(
-            CONFIG, strategy, options, world.rank, seq_len=16, seed=0, world=world
+        exe = bind_executable(
+            build_executable(CONFIG, strategy, options, world.rank, seq_len=16, seed=0), world
         )
         with count_comm(world) as forward:
             loss = exe.forward(tokens, targets)
         with count_comm(world) as backward:
             loss.backward()
-            exe.sync_grads()
+            sync_grads(exe, world)
         # numpy: tensors would travel as shared-memory fds
         grads = {n: p.grad.numpy().copy() for n, p in exe.params.items() if p.grad is not None}
         out[name] = (forward.counts(), backward.counts(), float(loss.detach()), grads)

@@ -4,23 +4,26 @@
 ``Executable``: an fx GraphModule of the rank's ops only, on local tensors, plus the
 rank's parameter slices. Steps:
 
-1. capture the defined graph on the meta device; deduce every annotation with the plan
-   of the rank's pipeline (``hspmd.plan``), at that pipeline's micro-batch shapes. The
-   ``logits`` marker is overridden to duplicate inside the stage, so cross-entropy runs
-   on full logits (docs/decisions.md, "Logits are gathered before the loss");
-2. cut the stage out: from the tokens (stage 0) or the ``layers.{first}.input`` marker's
-   output (a new placeholder, the activation the previous stage sends) to the loss (last
-   stage) or the residual stream entering ``layers.{last+1}.input``. Constants (RoPE
-   tables, sizes) the stage needs stay; the sizes read from ``tokens.shape`` read the
-   activation's shape instead (same B and T);
-3. markers inside the stage become ``ReshardModule`` calls holding the resolved forward
+1. ``hspmd.specialize.cut``: deduce the plan of the rank's pipeline (logits gathered)
+   and cut the stage out: from the tokens (stage 0) or the ``layers.{first}.input``
+   marker's output (a new placeholder, the activation the previous stage sends) to the
+   loss (last stage) or the residual stream entering ``layers.{last+1}.input``.
+   Constants (RoPE tables, sizes) the stage needs stay; the sizes read from
+   ``tokens.shape`` read the activation's shape instead (same B and T);
+2. markers inside the stage become ``ReshardModule`` calls holding the resolved forward
    plan ``resolve(src, dst)`` and backward plan ``resolve(grad_out, grad_in)``; markers
    whose plans both do nothing vanish. Align nodes (deduction's, where consumers give a
    tensor's gradient different annotations) become ``ReshardModule`` calls with an
    identity forward and the backward ``resolve(grad_from, grad_to)``. Pipeline
    boundaries stay with the trainer (``hspmd.specialize.boundary``);
-4. localize: parameters are the rank's slices of the plan-free global init (DESIGN 5),
+3. localize: parameters are the rank's slices of the plan-free global init (DESIGN 5),
    view/reshape constants become local sizes, the embedding becomes vocab-parallel.
+
+The result is data: the ``ReshardModule`` calls hold their plans and no process group.
+``hspmd.runtime.executable.bind_executable(exe, world)`` gives each one the runtime's
+autograd reshard on ``world`` (and moves the graph to the world's device)::
+
+    reshard_embed = self.reshard_embed(vocab_parallel_embedding)  # embed: all-reduce
 
 >>> from hspmd.models.llama import get_config
 >>> from hspmd.plan.strategy import StrategyOptions, parse_strategy
@@ -33,8 +36,7 @@ rank's parameter slices. Steps:
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,21 +45,16 @@ import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
-from hspmd.annotation import DUP, Annotation, DistributedStates, Piece
+from hspmd.annotation import Piece
 from hspmd.comm.plan import CommPlan
 from hspmd.comm.resolve import resolve
-from hspmd.deduce import AnnotatedGraph, deduce
-from hspmd.errors import HspmdError
-from hspmd.graph.capture import capture
+from hspmd.deduce import AnnotatedGraph
 from hspmd.markers import is_align_node, is_reshard_node
-from hspmd.models.llama import Llama, LlamaConfig, init_parameter, rope_tables
-from hspmd.plan.params import parameter_annotations
-from hspmd.plan.schema import activation_annotations, input_annotations
-from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
-from hspmd.runtime.autograd import reshard as autograd_reshard
-from hspmd.runtime.world import World, plan_groups
+from hspmd.models.llama import LlamaConfig, init_parameter, rope_tables
+from hspmd.plan.strategy import Strategy, StrategyOptions
 from hspmd.specialize.align import align_plans
-from hspmd.specialize.grad_sync import StageGradSync, run_stage_grad_sync, stage_grad_sync
+from hspmd.specialize.cut import ExecutableError, cut, deduce_pipeline, locate
+from hspmd.specialize.grad_sync import StageGradSync, stage_grad_sync
 from hspmd.specialize.localize import local_slice, local_view_sizes, vocab_parallel_embedding
 from hspmd.specialize.recompute import checkpoint_layers, layer_of
 
@@ -69,32 +66,34 @@ __all__ = [
     "deduce_pipeline",
     "executable_groups",
     "locate",
+    "reshard_plans",
 ]
 
-
-class ExecutableError(HspmdError, ValueError):
-    """A strategy, option or rank that no executable graph can be built for (yet)."""
+Runner = Callable[[torch.Tensor, CommPlan, CommPlan], torch.Tensor]
 
 
 class ReshardModule(nn.Module):
-    """A marker in an executable graph: forward plan, backward plan (autograd reshard)."""
+    """A marker in an executable graph: its forward and backward plans, as data.
 
-    def __init__(self, name: str, forward: CommPlan, backward: CommPlan, world: World | None):
+    ``runner(x, forward_plan, backward_plan)`` executes them; the runtime sets it
+    (``hspmd.runtime.executable.bind_executable``), specialization leaves it None.
+    """
+
+    def __init__(
+        self, name: str, forward: CommPlan, backward: CommPlan, *, runner: Runner | None = None
+    ):
         super().__init__()
-        self.name, self.forward_plan, self.backward_plan, self.world = (
-            name,
-            forward,
-            backward,
-            world,
-        )
+        self.name, self.forward_plan, self.backward_plan = name, forward, backward
+        self.runner = runner
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.world is None:
+        if self.runner is None:
             raise ExecutableError(
-                f"marker {self.name!r} communicates ({self.extra_repr()}): build the "
-                "executable with world= (a hspmd.runtime.World) to run it"
+                f"marker {self.name!r} communicates ({self.extra_repr()}): bind the "
+                "executable to a world first: "
+                "hspmd.runtime.executable.bind_executable(exe, world)"
             )
-        return autograd_reshard(x, self.forward_plan, self.backward_plan, self.world)
+        return self.runner(x, self.forward_plan, self.backward_plan)
 
     def extra_repr(self) -> str:
         fwd, bwd = self.forward_plan.kinds, self.backward_plan.kinds
@@ -119,15 +118,6 @@ class Executable:
     layers: tuple[int, int]
     comm: tuple[str, ...]  # one line per kept marker: name, forward and backward kinds
     grad_sync: tuple[StageGradSync, ...] = ()  # deduced partial grads inside the stage
-    world: World | None = None
-
-    def sync_grads(self) -> None:
-        """Reshard the stage's partial parameter gradients (e.g. norm weights under
-        sequence parallelism) to their parameters' annotation: once per step, after the
-        last B and before the gradient sync across pipelines."""
-        if self.grad_sync:
-            assert self.world is not None, "build with world= to sync gradients"
-            run_stage_grad_sync(self.grad_sync, self.params, self.world)
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         out = self.graph_module(x, targets)
@@ -143,25 +133,6 @@ class Executable:
         return "\n".join([head, *(f"  {line}" for line in (*self.comm, *sync))])
 
 
-# -- where the rank is, and the plan of its pipeline ---------------------------------------
-
-
-def locate(strategy: Strategy, rank: int) -> tuple[int, int]:
-    """``(pipeline index, stage index)`` of ``rank``."""
-    for p, s, stage in strategy.stages():
-        if rank in stage.ranks:
-            return p, s
-    raise ExecutableError(
-        f"rank {rank} is in no stage of {strategy}: build executables for its ranks "
-        f"{list(strategy.ranks)} only"
-    )
-
-
-def _gathered_logits(annotation: Annotation) -> Annotation:
-    states = tuple(DistributedStates(((DUP, len(g)),)) for g in annotation.groups)
-    return dataclasses.replace(annotation, states=states)
-
-
 def _check_supported(config: LlamaConfig, options: StrategyOptions) -> None:
     unsupported = ["zero1"] if options.zero1 else []
     if options.dtype != "fp32":
@@ -175,118 +146,10 @@ def _check_supported(config: LlamaConfig, options: StrategyOptions) -> None:
         )
 
 
-@functools.cache
-def _meta_graph(config: LlamaConfig) -> torch.fx.GraphModule:
-    with torch.device("meta"):
-        return capture(Llama(config))
-
-
-def deduce_pipeline(
-    config: LlamaConfig, pipeline: Pipeline, options: StrategyOptions, *, seq_len: int
-) -> AnnotatedGraph:
-    """The Llama graph deduced under one pipeline's plan, at its micro-batch shapes.
-
-    Every rank runs only its own pipeline's ops, so the pipeline's plan (one subgroup per
-    annotation, ``hsize == 1``) is all a stage needs; gradient sync across pipelines is
-    Post's (``hspmd.train.sync``).
-    """
-    sub = Strategy((pipeline,))
-    inputs = input_annotations(sub, config, seq_len=seq_len)
-    markers = {
-        name: spec.annotation
-        for name, spec in activation_annotations(
-            sub, config, seq_len=seq_len, options=options
-        ).items()
-    }
-    markers["logits"] = _gathered_logits(markers["logits"])
-    return deduce(
-        _meta_graph(config),
-        input_annotations={name: spec.annotation for name, spec in inputs.items()},
-        param_annotations={
-            name: spec.annotation for name, spec in parameter_annotations(sub, config).items()
-        },
-        marker_annotations=markers,
-        input_shapes={name: spec.shape for name, spec in inputs.items()},
-    )
-
-
 def executable_groups(strategy: Strategy) -> list[tuple[int, ...]]:
     """Process groups executables use (every stage's TP ranks): prepare them on EVERY
     rank of the world, idle ones included, before building: ``world.prepare_groups(...)``."""
     return sorted({tuple(sorted(s.ranks)) for _, _, s in strategy.stages() if s.tp > 1})
-
-
-# -- the cut ---------------------------------------------------------------------------------
-
-
-def _markers(gm: torch.fx.GraphModule) -> dict[str, torch.fx.Node]:
-    return {str(n.args[1]): n for n in gm.graph.nodes if is_reshard_node(n)}
-
-
-def _ancestors(start: torch.fx.Node | None) -> set[torch.fx.Node]:
-    """``start`` and everything it depends on (empty for None)."""
-    seen: set[torch.fx.Node] = set()
-    stack = [] if start is None else [start]
-    while stack:
-        node = stack.pop()
-        if node not in seen:
-            seen.add(node)
-            stack.extend(node.all_input_nodes)
-    return seen
-
-
-@dataclass(frozen=True, slots=True)
-class _Cut:
-    """The stage's slice of the defined graph."""
-
-    start: torch.fx.Node | None  # the marker whose output is the stage input (None: tokens)
-    end: torch.fx.Node  # the value the stage returns
-    keep: frozenset[torch.fx.Node]  # nodes copied into the executable (start excluded)
-    swap: frozenset[torch.fx.Node]  # earlier stages' tensors read for shape/dtype: the input
-
-
-def _cut(ag: AnnotatedGraph, stage: Stage, num_layers: int) -> _Cut:
-    gm, markers = ag.module, _markers(ag.module)
-    first, last = stage.first_layer, stage.last_layer
-    start = markers[f"layers.{first}.input"] if first > 0 else None
-    if last < num_layers - 1:
-        end = markers[f"layers.{last + 1}.input"].args[0]
-    else:
-        end = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-    assert isinstance(end, torch.fx.Node)
-    before = _ancestors(start)
-    keep: set[torch.fx.Node] = set()
-    swap: set[torch.fx.Node] = set()
-    stack = [end, *(n for n in gm.graph.nodes if n.op == "placeholder")]
-    while stack:
-        node = stack.pop()
-        if node in keep or node is start:
-            continue
-        if node in before and ag.annotations.get(node.name) is not None:
-            swap.add(node)  # data of an earlier stage (constants and sizes are recomputed)
-            continue
-        keep.add(node)
-        stack.extend(node.all_input_nodes)
-    for node in swap:
-        _check_swap(node, keep, start)
-    return _Cut(start, end, frozenset(keep), frozenset(swap))
-
-
-def _check_swap(node: torch.fx.Node, keep: set[torch.fx.Node], start: Any) -> None:
-    """A pre-stage value used by the stage only for its shape (B, T) or dtype."""
-    if node.op == "placeholder":
-        return  # tokens: the stage receives an activation of the same B and T instead
-    for user in node.users:
-        if user not in keep:
-            continue
-        shape_read = user.target is getattr and user.args[1] == "shape"
-        dtype_read = user.target == "type_as" and user.args[1] is node
-        if not (shape_read or dtype_read):
-            raise ExecutableError(
-                f"node {user.name} ({user.format_node()}) of a later stage reads "
-                f"{node.name}, which an earlier stage computes: only shapes and dtypes "
-                f"may cross a stage boundary outside the {start.name} marker"
-            )
 
 
 # -- building the executable graph ------------------------------------------------------------
@@ -300,7 +163,6 @@ class _Builder:
     config: LlamaConfig
     rank: int
     seed: int
-    world: World | None
     graph: torch.fx.Graph = dataclasses.field(default_factory=torch.fx.Graph)
     root: dict[str, Any] = dataclasses.field(default_factory=dict)
     env: dict[torch.fx.Node, Any] = dataclasses.field(default_factory=dict)
@@ -386,7 +248,7 @@ class _Builder:
         if not forward.steps and not backward.steps:
             self.env[node] = source
             return
-        module = ReshardModule(name, forward, backward, self.world)
+        module = ReshardModule(name, forward, backward)
         target = "reshard_" + name.replace(".", "_")
         self.root[target] = module
         self.comm.append(module.extra_repr())
@@ -399,7 +261,7 @@ class _Builder:
         if forward is None or backward is None or not backward.steps:
             self.env[node] = source
             return
-        module = ReshardModule(str(node.args[1]), forward, backward, self.world)
+        module = ReshardModule(str(node.args[1]), forward, backward)
         self.root["align_" + node.name] = module
         self.comm.append(module.extra_repr())
         self.env[node] = self.graph.call_module("align_" + node.name, (source,))
@@ -433,36 +295,32 @@ def build_executable(
     *,
     seq_len: int,
     seed: int,
-    world: World | None = None,
 ) -> Executable:
-    """The executable graph of ``rank`` (see the module docstring).
+    """The executable graph of ``rank`` (see the module docstring), on the CPU.
 
-    ``world`` is needed to run markers that communicate (TP > 1); its groups must be
-    prepared first, on every rank: ``world.prepare_groups(executable_groups(strategy))``.
+    Markers that communicate (TP > 1) run once the runtime binds it to a world:
+    ``hspmd.runtime.executable.bind_executable(exe, world)``.
     """
     _check_supported(config, options)
     p, s = locate(strategy, rank)
     pipeline = strategy.pipelines[p]
     stage = pipeline.stages[s]
     ag = deduce_pipeline(config, pipeline, options, seq_len=seq_len)
-    cut = _cut(ag, stage, config.num_layers)
-    b = _Builder(ag, config, rank, seed, world)
-    x = b.graph.placeholder("tokens" if cut.start is None else "activation")
+    stage_cut = cut(ag, stage, config.num_layers)
+    b = _Builder(ag, config, rank, seed)
+    x = b.graph.placeholder("tokens" if stage_cut.start is None else "activation")
     targets = b.graph.placeholder("targets")
     for node in ag.module.graph.nodes:
-        if node.op == "placeholder" and (node.target == "targets" or cut.start is None):
+        if node.op == "placeholder" and (node.target == "targets" or stage_cut.start is None):
             b.env[node] = targets if node.target == "targets" else x
-        elif cut.start is not None and node is cut.start:
+        elif stage_cut.start is not None and node is stage_cut.start:
             b.env[node] = x
-        elif node in cut.swap:
+        elif node in stage_cut.swap:
             b.swapped(node, x)
-        elif node in cut.keep:
+        elif node in stage_cut.keep:
             b.copy(node)
-    b.graph.output(b.env[cut.end])
+    b.graph.output(b.env[stage_cut.end])
     gm = torch.fx.GraphModule(b.root, b.graph, class_name=f"Rank{rank}Stage")
-    if world is not None:
-        _check_groups(gm, world)
-        gm.to(world.device)  # parameters stay the same Parameter objects (moved in place)
     named = dict(gm.named_parameters())
     params: dict[str, torch.Tensor] = {name: named[name] for name in b.pieces}
     if options.recompute:
@@ -478,7 +336,6 @@ def build_executable(
         layers=(stage.first_layer, stage.last_layer),
         comm=tuple(b.comm),
         grad_sync=_grad_sync(ag, b.pieces),
-        world=world,
     )
 
 
@@ -501,16 +358,8 @@ def _grad_sync(ag: AnnotatedGraph, pieces: dict[str, Piece]) -> tuple[StageGradS
     return stage_grad_sync(table)
 
 
-def _plans(gm: torch.fx.GraphModule) -> Iterable[CommPlan]:
+def reshard_plans(gm: torch.fx.GraphModule) -> Iterable[CommPlan]:
+    """The forward and backward plans of every ``ReshardModule`` in ``gm``."""
     for module in gm.modules():
         if isinstance(module, ReshardModule):
             yield from (module.forward_plan, module.backward_plan)
-
-
-def _check_groups(gm: torch.fx.GraphModule, world: World) -> None:
-    for group in plan_groups(_plans(gm)):
-        if len(group) < world.world_size and group not in world.groups:
-            raise ExecutableError(
-                f"process group {list(group)} is not prepared: call "
-                "world.prepare_groups(executable_groups(strategy)) on every rank first"
-            )

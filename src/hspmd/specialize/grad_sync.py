@@ -12,7 +12,8 @@ Parameters with the same (gradient, parameter) annotations whose pieces are whol
 flattened in one plan (one all-reduce for all of a stage's norm weights). These plans
 are per pipeline; the gradient sync across pipelines (``hspmd.train.sync``, ``hP -> hD``)
 runs after them on the stage-synchronized gradients, which together compose the plan
-``resolve(deduced grad with hP, parameter annotation)``.
+``resolve(deduced grad with hP, parameter annotation)``. The runtime runs them
+(``hspmd.runtime.executable.run_stage_grad_sync``).
 
 >>> from hspmd.annotation import parse_annotation
 >>> grad, param = parse_annotation("[0,1]{P:2}"), parse_annotation("[0,1]{D:2}")
@@ -27,15 +28,11 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import torch
-
 from hspmd.annotation import DUP, Annotation
 from hspmd.comm.plan import CommPlan
 from hspmd.comm.resolve import resolve
-from hspmd.runtime.execute import run_plan
-from hspmd.runtime.world import World
 
-__all__ = ["StageGradSync", "run_stage_grad_sync", "stage_grad_sync"]
+__all__ = ["StageGradSync", "stage_grad_sync"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,23 +72,3 @@ def stage_grad_sync(
         plan = resolve(grad, param, (numel,))
         items.append(StageGradSync(tuple(name for name, _ in members), plan))
     return tuple(items)
-
-
-@torch.no_grad()
-def run_stage_grad_sync(
-    items: tuple[StageGradSync, ...], params: Mapping[str, torch.Tensor], world: World
-) -> None:
-    """Replace each listed local gradient by its synchronized value (in place)."""
-    for item in items:
-        grads = [params[name].grad for name in item.names]
-        assert all(g is not None for g in grads), f"{item}: a parameter got no gradient"
-        local = torch.cat([g.reshape(-1) for g in grads])  # type: ignore[union-attr]
-        if len(item.names) == 1:
-            local = local.view_as(grads[0])  # type: ignore[arg-type]
-        out = run_plan(item.plan, local, world)
-        assert out is not None
-        flat, offset = out.reshape(-1), 0
-        for g in grads:
-            assert g is not None
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()

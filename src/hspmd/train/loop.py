@@ -39,9 +39,11 @@ from hspmd.checkpoint import (
 )
 from hspmd.plan.params import state_annotations
 from hspmd.plan.strategy import StrategyOptions
+from hspmd.runtime.boundary import Pending, recv, send
 from hspmd.runtime.counting import count_comm
+from hspmd.runtime.executable import bind_executable, sync_grads
 from hspmd.runtime.world import World, plan_groups
-from hspmd.specialize.boundary import BoundaryPlans, Pending, boundary_plans, recv, send
+from hspmd.specialize.boundary import BoundaryPlans, boundary_plans
 from hspmd.specialize.executable import build_executable, executable_groups
 from hspmd.specialize.schedule import make_schedule
 from hspmd.switch.live import plan_switch, run_switch, switch_topology
@@ -212,10 +214,9 @@ def activate(world: World, config: TrainConfig, text: str, *, home: Any = None) 
     # ZeRO-1 and bf16 change only Pre/Post: the executable graph is the fp32 one
     # (sequence parallel and per-layer recompute are the executable's)
     options = dataclasses.replace(options_of(config), zero1=False, dtype="fp32")
-    exe = build_executable(
-        model, layout.strategy, options, world.rank,
-        seq_len=config.seq_len, seed=config.seed, world=world,
-    )  # fmt: skip
+    exe = bind_executable(build_executable(
+        model, layout.strategy, options, world.rank, seq_len=config.seq_len, seed=config.seed,
+    ), world)  # fmt: skip
     shape = (role.micro_batch_size, config.seq_len, model.hidden_size)
     active.plans = boundary_plans(layout.strategy, model, world.rank, shape, options=options)
     if config.dtype == "bf16":
@@ -353,7 +354,7 @@ def run_rank(world: World, config: TrainConfig, *, report: Any = None) -> dict[s
         if role is not None and post is not None and active.plans is not None:
             post.zero_grad()
             value = run_step(active.exe, role, active.plans, config, world, batch, post=post)
-            active.exe.sync_grads()  # partial grads inside the stage (SP norm weights)
+            sync_grads(active.exe, world)  # partial grads inside the stage (SP norm weights)
             if role.is_last and role.rank == role.tp_ranks[0]:  # one reporter per pipeline
                 loss += value
             post.step()

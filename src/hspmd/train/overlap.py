@@ -16,7 +16,7 @@ each item's result; without ``arm()`` it is the synchronous Post::
 Items stay for ``finish`` when their plan would block inside a hook (``startable`` is
 false: point-to-point steps such as ZeRO-1's split-reduce-scatter) or when one of their
 gradients is still partial inside the stage after backward (``deferred``: sequence
-parallel norm weights, synchronized by ``Executable.sync_grads`` first).
+parallel norm weights, synchronized by ``hspmd.runtime.executable.sync_grads`` first).
 
 >>> import torch
 >>> from hspmd.comm.plan import CommPlan

@@ -1,0 +1,165 @@
+"""The stage cut: where a rank is, its pipeline's deduced graph, and the stage's slice of it.
+
+``locate`` finds a rank's ``(pipeline, stage)``; ``deduce_pipeline`` deduces the defined
+Llama graph under that pipeline's plan at its micro-batch shapes; ``cut`` selects the
+nodes of one stage: from the tokens (stage 0) or the ``layers.{first}.input`` marker's
+output to the loss (last stage) or the residual stream entering ``layers.{last+1}.input``.
+Earlier stages' tensors that the stage reads only for their shape or dtype are
+``swap``ped for the stage input::
+
+    stage L1 of "2x1: R0:L0 R1:L1"   start = layers.1.input   end = the loss
+
+>>> from hspmd.plan.strategy import parse_strategy
+>>> locate(parse_strategy("2x1: R0:L0 R1:L1"), 1)
+(0, 1)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+from hspmd.annotation import DUP, Annotation, DistributedStates
+from hspmd.deduce import AnnotatedGraph, deduce
+from hspmd.errors import HspmdError
+from hspmd.graph.capture import capture
+from hspmd.markers import is_reshard_node
+from hspmd.models.llama import Llama, LlamaConfig
+from hspmd.plan.params import parameter_annotations
+from hspmd.plan.schema import activation_annotations, input_annotations
+from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
+
+__all__ = ["Cut", "ExecutableError", "cut", "deduce_pipeline", "locate"]
+
+
+class ExecutableError(HspmdError, ValueError):
+    """A strategy, option or rank that no executable graph can be built for (yet)."""
+
+
+def locate(strategy: Strategy, rank: int) -> tuple[int, int]:
+    """``(pipeline index, stage index)`` of ``rank``."""
+    for p, s, stage in strategy.stages():
+        if rank in stage.ranks:
+            return p, s
+    raise ExecutableError(
+        f"rank {rank} is in no stage of {strategy}: build executables for its ranks "
+        f"{list(strategy.ranks)} only"
+    )
+
+
+def _gathered_logits(annotation: Annotation) -> Annotation:
+    states = tuple(DistributedStates(((DUP, len(g)),)) for g in annotation.groups)
+    return dataclasses.replace(annotation, states=states)
+
+
+@functools.cache
+def _meta_graph(config: LlamaConfig) -> torch.fx.GraphModule:
+    with torch.device("meta"):
+        return capture(Llama(config))
+
+
+def deduce_pipeline(
+    config: LlamaConfig, pipeline: Pipeline, options: StrategyOptions, *, seq_len: int
+) -> AnnotatedGraph:
+    """The Llama graph deduced under one pipeline's plan, at its micro-batch shapes.
+
+    Every rank runs only its own pipeline's ops, so the pipeline's plan (one subgroup per
+    annotation, ``hsize == 1``) is all a stage needs; gradient sync across pipelines is
+    Post's (``hspmd.train.sync``). The ``logits``
+    marker is overridden to duplicate inside the stage, so cross-entropy runs on full
+    logits (docs/decisions.md, "Logits are gathered before the loss").
+    """
+    sub = Strategy((pipeline,))
+    inputs = input_annotations(sub, config, seq_len=seq_len)
+    markers = {
+        name: spec.annotation
+        for name, spec in activation_annotations(
+            sub, config, seq_len=seq_len, options=options
+        ).items()
+    }
+    markers["logits"] = _gathered_logits(markers["logits"])
+    return deduce(
+        _meta_graph(config),
+        input_annotations={name: spec.annotation for name, spec in inputs.items()},
+        param_annotations={
+            name: spec.annotation for name, spec in parameter_annotations(sub, config).items()
+        },
+        marker_annotations=markers,
+        input_shapes={name: spec.shape for name, spec in inputs.items()},
+    )
+
+
+def _markers(gm: torch.fx.GraphModule) -> dict[str, torch.fx.Node]:
+    return {str(n.args[1]): n for n in gm.graph.nodes if is_reshard_node(n)}
+
+
+def _ancestors(start: torch.fx.Node | None) -> set[torch.fx.Node]:
+    """``start`` and everything it depends on (empty for None)."""
+    seen: set[torch.fx.Node] = set()
+    stack = [] if start is None else [start]
+    while stack:
+        node = stack.pop()
+        if node not in seen:
+            seen.add(node)
+            stack.extend(node.all_input_nodes)
+    return seen
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """The stage's slice of the defined graph."""
+
+    start: torch.fx.Node | None  # the marker whose output is the stage input (None: tokens)
+    end: torch.fx.Node  # the value the stage returns
+    keep: frozenset[torch.fx.Node]  # nodes copied into the executable (start excluded)
+    swap: frozenset[torch.fx.Node]  # earlier stages' tensors read for shape/dtype: the input
+
+
+def cut(ag: AnnotatedGraph, stage: Stage, num_layers: int) -> Cut:
+    """The nodes of ``stage`` in the deduced graph ``ag`` (see the module docstring)."""
+    gm, markers = ag.module, _markers(ag.module)
+    first, last = stage.first_layer, stage.last_layer
+    start = markers[f"layers.{first}.input"] if first > 0 else None
+    if last < num_layers - 1:
+        end = markers[f"layers.{last + 1}.input"].args[0]
+    else:
+        end = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    assert isinstance(end, torch.fx.Node)
+    before = _ancestors(start)
+    keep: set[torch.fx.Node] = set()
+    swap: set[torch.fx.Node] = set()
+    stack = [end, *(n for n in gm.graph.nodes if n.op == "placeholder")]
+    while stack:
+        node = stack.pop()
+        if node in keep or node is start:
+            continue
+        if node in before and ag.annotations.get(node.name) is not None:
+            swap.add(node)  # data of an earlier stage (constants and sizes are recomputed)
+            continue
+        keep.add(node)
+        stack.extend(node.all_input_nodes)
+    for node in swap:
+        _check_swap(node, keep, start)
+    return Cut(start, end, frozenset(keep), frozenset(swap))
+
+
+def _check_swap(node: torch.fx.Node, keep: set[torch.fx.Node], start: Any) -> None:
+    """A pre-stage value used by the stage only for its shape (B, T) or dtype."""
+    if node.op == "placeholder":
+        return  # tokens: the stage receives an activation of the same B and T instead
+    for user in node.users:
+        if user not in keep:
+            continue
+        shape_read = user.target is getattr and user.args[1] == "shape"
+        dtype_read = user.target == "type_as" and user.args[1] is node
+        if not (shape_read or dtype_read):
+            raise ExecutableError(
+                f"node {user.name} ({user.format_node()}) of a later stage reads "
+                f"{node.name}, which an earlier stage computes: only shapes and dtypes "
+                f"may cross a stage boundary outside the {start.name} marker"
+            )
