@@ -1,9 +1,10 @@
 """hspmd: hierarchical, heterogeneous SPMD training on PyTorch.
 
-The package is layered; each module depends only on those above it:
+The package is layered as DESIGN.md's "Architecture" lists it; each layer depends only on
+those above it (specialize builds plans and graphs as data, runtime executes them):
 
     annotation -> graph -> deduce -> comm -> specialize -> runtime -> switch
-    -> elastic -> planner -> sim;  partition (ParDNN) stands apart;  models;  cli
+    -> elastic -> planner -> sim -> partition (ParDNN) -> models -> cli
 """
 
 __version__ = "0.1.0"
