@@ -93,7 +93,21 @@ def test_tp2_graph_is_localized() -> None:
     assert kinds["embed"] == "forward all-reduce, backward identity"
     assert kinds["layers.1.attn_in"] == "forward identity, backward all-reduce"
     assert kinds["layers.0.mlp_out"] == "forward all-reduce, backward identity"
-    assert kinds["logits"] == "forward all-gather, backward local"
+    assert "logits" not in kinds  # {2:2} -> {2:2}: the loss is vocab-parallel
+    assert kinds["loss"] == (
+        "vocab-parallel cross-entropy over [0, 1] (classes from 128 of 256): forward 3 all-reduce"
+    )
+    gathered = build_executable(
+        CONFIG,
+        parse_strategy("1x2: R0-1:L0-1"),
+        OPTIONS,
+        1,
+        seq_len=SEQ,
+        seed=0,
+        gather_logits=True,
+    )
+    kinds = dict(line.split(": ", 1) for line in gathered.comm)
+    assert kinds["logits"] == "forward all-gather, backward local" and "loss" not in kinds
     assert kinds["head_in"] == "forward identity, backward all-reduce"
     with pytest.raises(ExecutableError, match="bind_executable"):
         exe.forward(*batch(1))

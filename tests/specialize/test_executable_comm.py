@@ -3,9 +3,11 @@ under the four combinations of sequence parallel and per-layer recompute, on 2 g
 processes in one launch.
 
 Per step, L layers, Megatron TP (no SP): all-reduces only, forward ``embed`` + two per
-layer, backward two per layer + ``head_in`` (4L + 2), and the ``logits`` all-gather.
-Sequence parallel swaps every all-reduce for an all-gather or a reduce-scatter (each
-moving half the bytes) and adds one all-reduce: the norm weights' partial gradients
+layer, backward two per layer + ``head_in`` (4L + 2), and the vocab-parallel loss's three
+all-reduces of one float per token (max, sum of exponentials, target logit) where the
+gathered path (``gather_logits=True``, also run) all-gathers the ``(B, T, V)`` logits.
+Sequence parallel swaps every marker's all-reduce for an all-gather or a reduce-scatter
+(each moving half the bytes) and adds one all-reduce: the norm weights' partial gradients
 (stage grad sync). Recompute per layer reruns each layer's forward in backward, so the
 forward collectives of a layer are issued once more per layer; non-reentrant checkpointing
 stops the rerun after the layer's last saved tensor, so a layer's final marker (mlp_out),
@@ -31,6 +33,7 @@ CONFIG = get_config("llama-tiny", num_layers=2)
 STRATEGY = "1x2: R0-1:L0-1"
 CASES = {
     "TP": StrategyOptions(),
+    "TP gathered logits": StrategyOptions(),
     "TP + recompute": StrategyOptions(recompute=True),
     "TP + SP": StrategyOptions(sequence_parallel=True),
     "TP + SP + recompute": StrategyOptions(sequence_parallel=True, recompute=True),
@@ -46,9 +49,11 @@ def counted(world: World) -> dict[str, Any]:
     targets = torch.randint(0, CONFIG.vocab_size, (2, 16), generator=g)
     out = {}
     for name, options in CASES.items():
-        exe = bind_executable(
-            build_executable(CONFIG, strategy, options, world.rank, seq_len=16, seed=0), world
+        gather = name == "TP gathered logits"
+        exe = build_executable(
+            CONFIG, strategy, options, world.rank, seq_len=16, seed=0, gather_logits=gather
         )
+        bind_executable(exe, world)
         with count_comm(world) as forward:
             loss = exe.forward(tokens, targets)
         with count_comm(world) as backward:
@@ -57,6 +62,7 @@ def counted(world: World) -> dict[str, Any]:
         # numpy: tensors would travel as shared-memory fds
         grads = {n: p.grad.numpy().copy() for n, p in exe.params.items() if p.grad is not None}
         out[name] = (forward.counts(), backward.counts(), float(loss.detach()), grads)
+        out[name + " events"] = [(e.op, e.group, e.nbytes) for e in forward.events]
     return out
 
 
@@ -71,13 +77,29 @@ def test_sequence_parallel_gathers_and_scatters_instead_of_all_reduces(
     L = CONFIG.num_layers
     for per_rank in results:
         forward, backward, *_ = per_rank["TP"]
-        assert forward == {"all_reduce": 2 * L + 1, "all_gather": 1}
+        assert forward == {"all_reduce": 2 * L + 1 + 3}
         assert backward == {"all_reduce": 2 * L + 1}
         forward, backward, *_ = per_rank["TP + SP"]
-        # embed, attn_out, mlp_out reduce-scatter; attn_in, mlp_in, head_in, logits gather
-        assert forward == {"reduce_scatter": 2 * L + 1, "all_gather": 2 * L + 2}
-        # the conjugates (logits' backward is local), then one all-reduce of the norm grads
+        # embed, attn_out, mlp_out reduce-scatter; attn_in, mlp_in, head_in gather; the loss
+        assert forward == {"reduce_scatter": 2 * L + 1, "all_gather": 2 * L + 1, "all_reduce": 3}
+        # the conjugates (the loss's backward is local), then one all-reduce of the norm grads
         assert backward == {"reduce_scatter": 2 * L + 1, "all_gather": 2 * L + 1, "all_reduce": 1}
+
+
+def test_last_stage_reduces_three_floats_per_token_instead_of_gathering_logits(
+    results: list[dict[str, Any]],
+) -> None:
+    tokens, vocab = 2 * 16, CONFIG.vocab_size
+    for per_rank in results:
+        # the head's output stays vocab-split: the last three forward collectives are the
+        # loss's all-reduces of one fp32 per token over the TP group
+        assert per_rank["TP events"][-3:] == [("all_reduce", (0, 1), tokens * 4)] * 3
+        assert all(op != "all_gather" for op, *_ in per_rank["TP events"])
+        forward, backward, *_ = per_rank["TP gathered logits"]
+        assert forward == {"all_reduce": 2 * CONFIG.num_layers + 1, "all_gather": 1}
+        assert backward == per_rank["TP"][1]
+        gather = per_rank["TP gathered logits events"][-1]
+        assert gather == ("all_gather", (0, 1), tokens * vocab // 2 * 4)
 
 
 def test_recompute_reissues_each_layers_forward_collectives_in_backward(

@@ -13,8 +13,16 @@ embedding ``(ids, W[V, H])`` on one axis::
 
 ``cross_entropy(logits[N, C, ...], targets[N, ...])``: split on N (and the extra dims) on
 both gives a partial loss: each part holds the mean over its tokens, a summand once the
-trainer weights it by its share of the tokens (DESIGN decision 6). A split class dim is an
-error (a vocab-parallel cross-entropy is not implemented).
+trainer weights it by its share of the tokens (DESIGN decision 6). Logits split on the
+class dim (dim 1) with duplicate targets give a duplicate loss: the vocab-parallel
+cross-entropy (max, sum-exp and target-logit all-reduces over the axis; specialization
+makes it ``hspmd.specialize.loss.VocabParallelLoss``), whose logits gradient keeps the
+class split::
+
+    logits  targets  loss
+    D       D        D
+    S(0)    S(0)     P        token split: per-part mean losses
+    S(1)    D        D        vocab-parallel
 """
 
 from __future__ import annotations
@@ -90,13 +98,20 @@ def cross_entropy(call: OpCall, placements: tuple[int, ...]) -> int:
         raise RuleError("cross_entropy with class weights has no rule", "drop weight=")
     if logits == DUP and targets == DUP:
         return DUP
+    if logits == 1 and targets == DUP:
+        if call.kwargs.get("label_smoothing", 0.0):
+            raise RuleError(
+                "cross_entropy with label_smoothing on logits split on the class dim",
+                "drop label_smoothing=, or reshard the logits to duplicate first",
+            )
+        return DUP
     matching = logits >= 0 and logits != 1 and targets == (logits if logits == 0 else logits - 1)
     if not matching:
         raise RuleError(
             f"cross_entropy of logits {placements_text((logits,))} and targets "
-            f"{placements_text((targets,))}: both must be split on the same tokens, or both "
-            "duplicate (a split class dim needs a vocab-parallel loss, not implemented)",
-            "reshard the logits to duplicate on the class dim (all-gather) first",
+            f"{placements_text((targets,))}: both must be split on the same tokens, both "
+            "duplicate, or the logits split on the class dim (1) with duplicate targets",
+            "reshard the logits and targets to one of these layouts first",
         )
     reduction = call.kwargs.get("reduction", "mean")
     return targets if reduction == "none" else PARTIAL

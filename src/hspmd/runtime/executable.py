@@ -3,7 +3,8 @@
 Specialization leaves an ``Executable`` as data: its ``ReshardModule`` calls hold their
 forward and backward plans and no process group. ``bind_executable(exe, world)`` checks
 that the groups the plans need are prepared, gives every ``ReshardModule`` the autograd
-reshard (``hspmd.runtime.autograd``) on ``world``, and moves the graph to the world's
+reshard (``hspmd.runtime.autograd``) on ``world``, gives a ``VocabParallelLoss`` the
+vocab-parallel cross-entropy (``hspmd.runtime.vocab_loss``), and moves the graph to the world's
 device. ``sync_grads(exe, world)`` runs the stage's gradient sync plans once per step,
 after the last B::
 
@@ -21,10 +22,12 @@ import torch
 
 from hspmd.runtime.autograd import reshard
 from hspmd.runtime.execute import run_plan
+from hspmd.runtime.vocab_loss import vocab_parallel_cross_entropy
 from hspmd.runtime.world import World, plan_groups
 from hspmd.specialize.cut import ExecutableError
 from hspmd.specialize.executable import Executable, ReshardModule, reshard_plans
 from hspmd.specialize.grad_sync import StageGradSync
+from hspmd.specialize.loss import VocabParallelLoss
 
 __all__ = ["bind_executable", "run_stage_grad_sync", "sync_grads"]
 
@@ -35,7 +38,9 @@ def bind_executable(exe: Executable, world: World) -> Executable:
     The groups of its plans must be prepared first, on every rank:
     ``world.prepare_groups(executable_groups(strategy))``.
     """
-    for group in plan_groups(reshard_plans(exe.graph_module)):
+    losses = [m for m in exe.graph_module.modules() if isinstance(m, VocabParallelLoss)]
+    groups = plan_groups(reshard_plans(exe.graph_module)) + [m.shard.group for m in losses]
+    for group in groups:
         if len(group) < world.world_size and group not in world.groups:
             raise ExecutableError(
                 f"process group {list(group)} is not prepared: call "
@@ -45,6 +50,8 @@ def bind_executable(exe: Executable, world: World) -> Executable:
     for module in exe.graph_module.modules():
         if isinstance(module, ReshardModule):
             module.runner = runner
+    for loss in losses:
+        loss.runner = functools.partial(vocab_parallel_cross_entropy, world=world)
     exe.graph_module.to(world.device)  # parameters stay the same objects (moved in place)
     return exe
 

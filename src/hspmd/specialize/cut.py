@@ -64,15 +64,21 @@ def _meta_graph(config: LlamaConfig) -> torch.fx.GraphModule:
 
 
 def deduce_pipeline(
-    config: LlamaConfig, pipeline: Pipeline, options: StrategyOptions, *, seq_len: int
+    config: LlamaConfig,
+    pipeline: Pipeline,
+    options: StrategyOptions,
+    *,
+    seq_len: int,
+    gather_logits: bool = False,
 ) -> AnnotatedGraph:
     """The Llama graph deduced under one pipeline's plan, at its micro-batch shapes.
 
     Every rank runs only its own pipeline's ops, so the pipeline's plan (one subgroup per
     annotation, ``hsize == 1``) is all a stage needs; gradient sync across pipelines is
-    Post's (``hspmd.train.sync``). The ``logits``
-    marker is overridden to duplicate inside the stage, so cross-entropy runs on full
-    logits (docs/decisions.md, "Logits are gathered before the loss").
+    Post's (``hspmd.train.sync``). The ``logits`` marker keeps the plan's vocab split
+    (``{2:t}``: the loss is vocab-parallel); ``gather_logits=True`` overrides it to duplicate
+    inside the stage, so cross-entropy runs on full logits (docs/decisions.md, "The loss is
+    vocab-parallel").
     """
     sub = Strategy((pipeline,))
     inputs = input_annotations(sub, config, seq_len=seq_len)
@@ -82,7 +88,8 @@ def deduce_pipeline(
             sub, config, seq_len=seq_len, options=options
         ).items()
     }
-    markers["logits"] = _gathered_logits(markers["logits"])
+    if gather_logits:
+        markers["logits"] = _gathered_logits(markers["logits"])
     return deduce(
         _meta_graph(config),
         input_annotations={name: spec.annotation for name, spec in inputs.items()},

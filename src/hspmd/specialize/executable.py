@@ -4,8 +4,7 @@
 ``Executable``: an fx GraphModule of the rank's ops only, on local tensors, plus the
 rank's parameter slices. Steps:
 
-1. ``hspmd.specialize.cut``: deduce the plan of the rank's pipeline (logits gathered)
-   and cut the stage out: from the tokens (stage 0) or the ``layers.{first}.input``
+1. ``hspmd.specialize.cut``: deduce the plan of the rank's pipeline and cut the stage out: from the tokens (stage 0) or the ``layers.{first}.input``
    marker's output (a new placeholder, the activation the previous stage sends) to the
    loss (last stage) or the residual stream entering ``layers.{last+1}.input``.
    Constants (RoPE tables, sizes) the stage needs stay; the sizes read from
@@ -17,7 +16,9 @@ rank's parameter slices. Steps:
    identity forward and the backward ``resolve(grad_from, grad_to)``. Pipeline
    boundaries stay with the trainer (``hspmd.specialize.boundary``);
 3. localize: parameters are the rank's slices of the plan-free global init (DESIGN 5),
-   view/reshape constants become local sizes, the embedding becomes vocab-parallel.
+   view/reshape constants become local sizes, the embedding becomes vocab-parallel, and a
+   cross-entropy on vocab-split logits becomes a ``VocabParallelLoss`` call
+   (``hspmd.specialize.loss``; its runner is bound by the runtime like a marker's).
 
 The result is data: the ``ReshardModule`` calls hold their plans and no process group.
 ``hspmd.runtime.executable.bind_executable(exe, world)`` gives each one the runtime's
@@ -56,12 +57,14 @@ from hspmd.specialize.align import align_plans
 from hspmd.specialize.cut import ExecutableError, cut, deduce_pipeline, locate
 from hspmd.specialize.grad_sync import StageGradSync, stage_grad_sync
 from hspmd.specialize.localize import local_slice, local_view_sizes, vocab_parallel_embedding
+from hspmd.specialize.loss import VocabParallelLoss, vocab_shard
 from hspmd.specialize.recompute import checkpoint_layers, layer_of
 
 __all__ = [
     "Executable",
     "ExecutableError",
     "ReshardModule",
+    "VocabParallelLoss",
     "build_executable",
     "deduce_pipeline",
     "executable_groups",
@@ -222,6 +225,8 @@ class _Builder:
             self.view(node)
         elif node.target is F.embedding:
             self.embedding(node)
+        elif node.target is F.cross_entropy:
+            self.cross_entropy(node)
         else:
             self.env[node] = self.graph.node_copy(node, self.env.__getitem__)
 
@@ -286,6 +291,30 @@ class _Builder:
         args = (self.env[tokens], self.env[weight], start)
         self.env[node] = self.graph.call_function(vocab_parallel_embedding, args)
 
+    def cross_entropy(self, node: torch.fx.Node) -> None:
+        """Logits split on the class dim: the vocab-parallel loss (hspmd.specialize.loss)."""
+        logits = node.args[0]
+        assert isinstance(logits, torch.fx.Node)
+        ann = self.ag.annotations.get(logits.name)
+        shard = None
+        if ann is not None and self.ag.shape(logits.name)[1:2]:
+            kwargs = node.kwargs
+            shard = vocab_shard(
+                ann,
+                self.ag.shape(logits.name),
+                self.rank,
+                ignore_index=int(kwargs.get("ignore_index", -100)),  # type: ignore[arg-type]
+                reduction=str(kwargs.get("reduction", "mean")),
+            )
+        if shard is None:
+            self.env[node] = self.graph.node_copy(node, self.env.__getitem__)
+            return
+        module = VocabParallelLoss(shard)
+        self.root["vocab_parallel_loss"] = module
+        self.comm.append(f"loss: {shard}")
+        args = torch.fx.node.map_arg(node.args[:2], self.env.__getitem__)
+        self.env[node] = self.graph.call_module("vocab_parallel_loss", args)
+
 
 def build_executable(
     config: LlamaConfig,
@@ -295,17 +324,21 @@ def build_executable(
     *,
     seq_len: int,
     seed: int,
+    gather_logits: bool = False,
 ) -> Executable:
     """The executable graph of ``rank`` (see the module docstring), on the CPU.
 
     Markers that communicate (TP > 1) run once the runtime binds it to a world:
-    ``hspmd.runtime.executable.bind_executable(exe, world)``.
+    ``hspmd.runtime.executable.bind_executable(exe, world)``. The loss is the vocab-parallel
+    cross-entropy where the last stage's TP degree is above 1; ``gather_logits=True``
+    all-gathers the logits and runs ``F.cross_entropy`` on every TP rank instead (the
+    earlier path, kept for comparison).
     """
     _check_supported(config, options)
     p, s = locate(strategy, rank)
     pipeline = strategy.pipelines[p]
     stage = pipeline.stages[s]
-    ag = deduce_pipeline(config, pipeline, options, seq_len=seq_len)
+    ag = deduce_pipeline(config, pipeline, options, seq_len=seq_len, gather_logits=gather_logits)
     stage_cut = cut(ag, stage, config.num_layers)
     b = _Builder(ag, config, rank, seed)
     x = b.graph.placeholder("tokens" if stage_cut.start is None else "activation")

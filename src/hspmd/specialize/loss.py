@@ -1,0 +1,121 @@
+"""The vocab-parallel cross-entropy of an executable graph, as data.
+
+Where deduction leaves the logits split on the class dim inside a stage (the ``logits``
+marker's ``{2:t}``, flattened to ``(N, V)`` split on dim 1), every TP rank holds a
+contiguous slice ``[vocab_start, vocab_start + rows)`` of each token's logits. The loss is
+computed without gathering them (Megatron's vocab-parallel cross-entropy)::
+
+    m  = all-reduce MAX  (max of the local slice)            per token
+    s  = all-reduce SUM  (sum of exp(logits - m), local)     per token
+    zt = all-reduce SUM  (logits[target] - m where the target is local, else 0)
+    loss = mean over tokens (not ignore_index) of log(s) - zt
+
+Every rank of the group ends with the same loss (deduced duplicate); the gradient of its
+logits slice is ``softmax - one_hot(target)`` restricted to the slice, times the loss
+gradient over the token count. ``VocabShard`` holds what a rank needs (plain data);
+``VocabParallelLoss`` is the graph's module, whose ``runner`` the runtime sets
+(``hspmd.runtime.executable.bind_executable``, the autograd Function in
+``hspmd.runtime.vocab_loss``)::
+
+    >>> VocabShard(group=(2, 3), vocab_start=128, vocab_size=256)
+    VocabShard(group=(2, 3), vocab_start=128, vocab_size=256, ignore_index=-100, reduction='mean')
+    >>> print(VocabShard(group=(2, 3), vocab_start=128, vocab_size=256))
+    vocab-parallel cross-entropy over [2, 3] (classes from 128 of 256): forward 3 all-reduce
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from hspmd.annotation import Annotation
+from hspmd.errors import HspmdError
+
+__all__ = ["LossRunner", "VocabParallelLoss", "VocabShard", "vocab_shard"]
+
+
+class VocabLossError(HspmdError, ValueError):
+    """A cross-entropy whose split logits no vocab-parallel loss can handle."""
+
+
+@dataclass(frozen=True, slots=True)
+class VocabShard:
+    """One rank's part of a vocab-parallel cross-entropy over the ranks ``group``."""
+
+    group: tuple[int, ...]
+    vocab_start: int
+    vocab_size: int  # the global class count
+    ignore_index: int = -100
+    reduction: str = "mean"
+
+    def __str__(self) -> str:
+        return (
+            f"vocab-parallel cross-entropy over {list(self.group)} (classes from "
+            f"{self.vocab_start} of {self.vocab_size}): forward 3 all-reduce"
+        )
+
+
+LossRunner = Callable[[torch.Tensor, torch.Tensor, VocabShard], torch.Tensor]
+
+
+class VocabParallelLoss(nn.Module):
+    """``cross_entropy(logits, targets)`` on this rank's class slice; ``runner`` runs it
+    (set by the runtime; None raises)."""
+
+    def __init__(self, shard: VocabShard, *, runner: LossRunner | None = None) -> None:
+        super().__init__()
+        self.shard, self.runner = shard, runner
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if self.runner is None:
+            raise VocabLossError(
+                f"{self.shard} communicates: bind the executable to a world first: "
+                "hspmd.runtime.executable.bind_executable(exe, world)"
+            )
+        return self.runner(logits, targets, self.shard)
+
+    def extra_repr(self) -> str:
+        return str(self.shard)
+
+
+def vocab_shard(
+    logits: Annotation, shape: tuple[int, ...], rank: int, *, ignore_index: int, reduction: str
+) -> VocabShard | None:
+    """``rank``'s shard of logits annotated ``logits`` (global ``shape``, classes on dim 1);
+    None where the rank holds every class (plain ``F.cross_entropy`` does).
+
+    The group is the ranks holding the same tokens: their pieces differ on dim 1 only.
+    """
+    mine = logits.piece(rank, shape)
+    if mine.shape[1] == shape[1]:
+        return None
+    if len(shape) != 2:
+        raise VocabLossError(
+            f"cross_entropy logits {list(shape)} split on the class dim: the vocab-parallel "
+            "loss takes (tokens, classes); flatten the extra dims into the tokens first"
+        )
+    others = {r: logits.piece(r, shape) for r in logits.ranks}
+    same_tokens = [
+        r
+        for r, p in others.items()
+        if all(p.region[d] == mine.region[d] for d in range(len(shape)) if d != 1)
+    ]
+    rows = sorted(others[r].region[1] for r in same_tokens)
+    tiled = rows[0][0] == 0 and rows[-1][1] == shape[1]
+    tiled = tiled and all(a[1] == b[0] for a, b in zip(rows, rows[1:], strict=False))
+    if mine.partial or not tiled:
+        raise VocabLossError(
+            f"cross_entropy logits annotated {logits} {list(shape)}: rank {rank}'s group "
+            f"{sorted(same_tokens)} does not tile the classes once ({rows}); split the class "
+            "dim over one axis of the stage, or reshard the logits to duplicate"
+        )
+    return VocabShard(
+        group=tuple(sorted(same_tokens)),
+        vocab_start=mine.region[1][0],
+        vocab_size=shape[1],
+        ignore_index=ignore_index,
+        reduction=reduction,
+    )
