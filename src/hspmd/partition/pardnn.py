@@ -2,7 +2,7 @@
 
     slicing -> mapping (initial merge, LALB) -> refinement -> [memory repair]
 
->>> from hspmd.partition.graph import OpGraph
+>>> from hspmd.partition.graph import OpGraph, longest_paths
 >>> g = OpGraph.build("fork", "abc", time_us=[1.0, 100.0, 100.0], out_bytes=[8, 8, 8],
 ...                   residual_bytes=[0, 0, 0], edges=[(0, 1), (0, 2)])
 >>> r = partition(g, num_devices=2)
@@ -22,7 +22,7 @@ from hspmd.errors import PartitionError
 from hspmd.partition.baselines import upward_rank
 from hspmd.partition.eft import eft_placement
 from hspmd.partition.emulate import CommModel, Emulation, emulation_of, schedule
-from hspmd.partition.graph import OpGraph
+from hspmd.partition.graph import OpGraph, longest_paths
 from hspmd.partition.mapping import map_clusters
 from hspmd.partition.memory import gib, repair_memory
 from hspmd.partition.refine import (
@@ -84,7 +84,7 @@ def partition(
         trials = _SEARCH_WORK // max(graph.num_nodes + graph.num_edges, 1)
         search_trials = int(min(400, trials)) if trials >= 8 else 0
     # emulate each stage's result and keep the best (large graphs: only the last stage)
-    best = _Best(graph, comm, every_stage=search_trials > 0)
+    best = _Best(graph, comm, every_stage=search_trials > 0, prune=caps is None, edge_us=edge_us)
     best.offer(place)
     place = remap_clusters(graph, slicing, place, num_devices=num_devices, edge_us=edge_us, top=top)
     best.offer(colocate(graph, place))
@@ -180,14 +180,27 @@ class _Best:
 
     With ``every_stage`` False (graphs too big to emulate every stage) a stage's result
     is not emulated: the latest stage stands for ParDNN, and is judged against the
-    candidates offered with ``always`` (one emulation each).
+    candidates offered with ``always`` (one emulation each). With ``prune`` (no caps, so
+    the losers are never repaired) that stage is not emulated when its critical path
+    (crossing edges cost) already exceeds the candidate's makespan: no FIFO schedule
+    of it can be faster, so the choice is the same.
     """
 
-    def __init__(self, graph: OpGraph, comm: CommModel, *, every_stage: bool) -> None:
+    def __init__(
+        self,
+        graph: OpGraph,
+        comm: CommModel,
+        *,
+        every_stage: bool,
+        prune: bool = False,
+        edge_us: np.ndarray | None = None,
+    ) -> None:
         self.graph, self.comm, self.every_stage = graph, comm, every_stage
+        self.prune, self.edge_us = prune and edge_us is not None, edge_us
         self.pending: np.ndarray | None = None
         self.best: tuple[float, np.ndarray, np.ndarray, np.ndarray] | None = None
         self.seen: list[tuple[float, np.ndarray]] = []
+        self.pruned = 0
 
     @property
     def place(self) -> np.ndarray:
@@ -209,8 +222,18 @@ class _Best:
         if not (self.every_stage or always):
             self.pending = place
             return
-        self._flush()
-        self._judge(place)
+        if not (self.prune and self.pending is not None):
+            self._flush()
+            self._keep(self._run(place))
+            return
+        # judge the candidate first; the pending stage only if it could beat it
+        pending, self.pending = self.pending, None
+        judged = self._run(place)
+        if self._bound(pending) <= judged[0] * (1.0 + 1e-9):
+            self._keep(self._run(pending))
+        else:
+            self.pruned += 1
+        self._keep(judged)
 
     def emulation(self, place: np.ndarray, *, num_devices: int) -> Emulation:
         """The full emulation of ``place`` (reusing the schedule if it was judged)."""
@@ -225,14 +248,25 @@ class _Best:
     def _flush(self) -> None:
         if self.pending is not None:
             pending, self.pending = self.pending, None
-            self._judge(pending)
+            self._keep(self._run(pending))
 
-    def _judge(self, place: np.ndarray) -> None:
+    def _bound(self, place: np.ndarray) -> float:
+        """A lower bound on the emulated makespan: the placed graph's critical path."""
+        graph = self.graph
+        assert self.edge_us is not None
+        crossing = np.where(place[graph.src] != place[graph.dst], self.edge_us, 0.0)
+        top, bottom = longest_paths(graph, node_w=graph.time_us, edge_w=crossing)
+        return float((top + bottom).max(initial=0.0))
+
+    def _run(self, place: np.ndarray) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
         start, finish = schedule(self.graph, place, comm=self.comm)
-        makespan = float(finish.max(initial=0.0))
+        return float(finish.max(initial=0.0)), place, start, finish
+
+    def _keep(self, judged: tuple[float, np.ndarray, np.ndarray, np.ndarray]) -> None:
+        makespan, place = judged[0], judged[1]
         self.seen.append((makespan, place))
         if self.best is None or makespan < self.best[0]:
-            self.best = (makespan, place, start, finish)
+            self.best = judged
 
 
 class _Clock:
