@@ -19,7 +19,7 @@ import numpy as np
 
 from hspmd.partition.emulate import CommModel, schedule
 from hspmd.partition.graph import OpGraph, longest_paths
-from hspmd.partition.mapping import Fenwick, boundary_lists, cluster_spans
+from hspmd.partition.mapping import DeviceWork, boundary_lists, cluster_spans
 from hspmd.partition.slicing import Slicing
 
 
@@ -52,10 +52,7 @@ def remap_clusters(
     pos[order_by_time] = np.arange(graph.num_nodes)
     lo = np.searchsorted(sorted_top, start, side="left").tolist()
     hi = np.searchsorted(sorted_top, end, side="left").tolist()
-    trees = [
-        Fenwick(np.where(place[order_by_time] == d, w[order_by_time], 0.0))
-        for d in range(num_devices)
-    ]
+    trees = DeviceWork(w[order_by_time], place[order_by_time], k=num_devices)
     bptr, bother, bcost = boundary_lists(graph, slicing, edge_us=edge_us)
     members, ptr = slicing.members.tolist(), slicing.ptr.tolist()
     place_l, pos_l, w_l = place.tolist(), pos.tolist(), w.tolist()
@@ -72,15 +69,14 @@ def remap_clusters(
         own = [0.0] * num_devices
         own[here] = float(work[c])  # the cluster's own work is in its device's tree
         total = sum(acc)
-        cost = [
-            trees[d].range_sum(lo[c], hi[c]) - own[d] + total - acc[d] for d in range(num_devices)
-        ]
+        span = trees.range_sums(lo[c], hi[c])
+        cost = [span[d] - own[d] + total - acc[d] for d in range(num_devices)]
         best = min(range(num_devices), key=lambda d: (cost[d], d != here))
         if best != here and cost[best] < cost[here] - 1e-9:
             for v in nodes:
                 place_l[v] = best
-                trees[here].add(pos_l[v], -w_l[v])
-                trees[best].add(pos_l[v], w_l[v])
+                trees.add(here, pos_l[v], -w_l[v])
+                trees.add(best, pos_l[v], w_l[v])
     return np.asarray(place_l, dtype=np.int64)
 
 
