@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -177,6 +178,14 @@ class OpGraph:
         return np.argsort(self.topo_rank[self.src], kind="stable").astype(np.int64)
 
     @cached_property
+    def edge_tuples(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Sources and destinations of :attr:`edges_by_src_rank` as tuples of ints, for
+        the pure-Python passes of :func:`longest_paths` (built once: converting 450K
+        edges costs about as much as one pass)."""
+        order = self.edges_by_src_rank
+        return tuple(self.src[order].tolist()), tuple(self.dst[order].tolist())
+
+    @cached_property
     def level(self) -> IntArray:
         """Hop level: 0 for sources, else 1 + the largest level of a predecessor."""
         ones = np.ones(self.num_nodes)
@@ -218,21 +227,26 @@ def longest_paths(
     to the critical path length on every critical node. O(V + E).
     """
     order = graph.edges_by_src_rank
-    if alive is not None:
-        order = order[alive[graph.src[order]] & alive[graph.dst[order]]]
     src, dst = graph.src[order], graph.dst[order]
+    src_l, dst_l = graph.edge_tuples
     weights = np.where(alive, node_w, 0.0) if alive is not None else node_w
+    forward = edge_w[order] + weights[dst]
+    backward = edge_w[order] + weights[src]
+    if alive is not None:
+        live = alive[src] & alive[dst]
+        keep = live.tolist()
+        src_l, dst_l = tuple(compress(src_l, keep)), tuple(compress(dst_l, keep))
+        forward, backward = forward[live], backward[live]
     # forward: finish[t] = max(finish[t], finish[s] + edge + w[t]), s in topological order
     finish = weights.tolist()
-    step = (edge_w[order] + weights[dst]).tolist()
-    for s, t, c in zip(src.tolist(), dst.tolist(), step, strict=True):
+    for s, t, c in zip(src_l, dst_l, forward.tolist(), strict=True):
         x = finish[s] + c
         if x > finish[t]:
             finish[t] = x
     # backward: bl[s] = max(bl[s], w[s] + edge + bl[t]), s in reverse topological order
     bottom = weights.tolist()
-    step = (edge_w[order] + weights[src]).tolist()[::-1]
-    for s, t, c in zip(src.tolist()[::-1], dst.tolist()[::-1], step, strict=True):
+    steps = backward.tolist()
+    for s, t, c in zip(reversed(src_l), reversed(dst_l), reversed(steps), strict=True):
         x = bottom[t] + c
         if x > bottom[s]:
             bottom[s] = x
