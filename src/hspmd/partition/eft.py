@@ -124,7 +124,11 @@ def arrivals(
             top_t, top_d = t, pu
         elif pu != top_d and t > second:
             second = t
-    return [max(local[d], second if d == top_d else top_t) for d in range(num_devices)]
+    for d in range(num_devices):
+        t = second if d == top_d else top_t
+        if t > local[d]:
+            local[d] = t
+    return local
 
 
 class _MemoryEstimate:

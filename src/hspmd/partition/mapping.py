@@ -118,9 +118,10 @@ def cluster_spans(
     return start, np.maximum(end, start)
 
 
-def boundary_lists(
-    graph: OpGraph, slicing: Slicing, *, edge_us: np.ndarray
-) -> tuple[list[int], list[int], list[float]]:
+Boundary = tuple[list[int], list[int], list[float]]
+
+
+def boundary_lists(graph: OpGraph, slicing: Slicing, *, edge_us: np.ndarray) -> Boundary:
     """Per cluster, its edges to other clusters as (ptr, other node, cost) in CSR."""
     cl = slicing.cluster_of
     cross = cl[graph.src] != cl[graph.dst]
@@ -140,8 +141,10 @@ def map_clusters(
     num_devices: int,
     edge_us: np.ndarray,
     top: np.ndarray,
+    boundary: Boundary | None = None,
 ) -> np.ndarray:
-    """Device of every node after initial merging and LALB."""
+    """Device of every node after initial merging and LALB (``boundary``: the result of
+    :func:`boundary_lists`, if the caller has it)."""
     w = graph.time_us
     place = np.full(graph.num_nodes, -1, dtype=np.int64)
     for c in range(slicing.num_primary):
@@ -156,7 +159,7 @@ def map_clusters(
     cluster_work = np.bincount(slicing.cluster_of, weights=w, minlength=slicing.num_clusters)
     cum_work = np.concatenate(([0.0], np.cumsum(w[order_by_time])))
     potential = cum_work[hi] - cum_work[lo] - cluster_work
-    bptr, bother, bcost = boundary_lists(graph, slicing, edge_us=edge_us)
+    bptr, bother, bcost = boundary or boundary_lists(graph, slicing, edge_us=edge_us)
     comm_total = np.add.reduceat(np.asarray(bcost + [0.0]), np.asarray(bptr[:-1]))
     comm_total[np.diff(bptr) == 0] = 0.0
     place_l = place.tolist()

@@ -23,7 +23,7 @@ from hspmd.partition.baselines import upward_rank
 from hspmd.partition.eft import eft_placement
 from hspmd.partition.emulate import CommModel, Emulation, emulation_of, schedule
 from hspmd.partition.graph import OpGraph, longest_paths
-from hspmd.partition.mapping import map_clusters
+from hspmd.partition.mapping import boundary_lists, map_clusters
 from hspmd.partition.memory import gib, repair_memory
 from hspmd.partition.refine import (
     improve_by_emulation,
@@ -77,7 +77,10 @@ def partition(
     slicing = slice_graph(graph, num_devices=num_devices, edge_us=edge_us)
     top = slicing.top_level
     clock.lap("slicing")
-    place = map_clusters(graph, slicing, num_devices=num_devices, edge_us=edge_us, top=top)
+    boundary = boundary_lists(graph, slicing, edge_us=edge_us)  # shared by three stages
+    place = map_clusters(
+        graph, slicing, num_devices=num_devices, edge_us=edge_us, top=top, boundary=boundary
+    )
     place = colocate(graph, place)
     clock.lap("mapping")
     if search_trials is None:
@@ -86,14 +89,22 @@ def partition(
     # emulate each stage's result and keep the best (large graphs: only the last stage)
     best = _Best(graph, comm, every_stage=search_trials > 0, prune=caps is None, edge_us=edge_us)
     best.offer(place)
-    place = remap_clusters(graph, slicing, place, num_devices=num_devices, edge_us=edge_us, top=top)
+    place = remap_clusters(
+        graph, slicing, place, num_devices=num_devices, edge_us=edge_us, top=top, boundary=boundary
+    )
     best.offer(colocate(graph, place))
     # large graphs: one round each of node switching and load relief (one level pass each)
     rounds = num_devices if search_trials > 0 else 1
     place = switch_critical_nodes(graph, place, edge_us=edge_us, rounds=rounds)
     best.offer(colocate(graph, place))
     place = relieve_busiest(
-        graph, slicing, best.place, num_devices=num_devices, edge_us=edge_us, rounds=min(3, rounds)
+        graph,
+        slicing,
+        best.place,
+        num_devices=num_devices,
+        edge_us=edge_us,
+        rounds=min(3, rounds),
+        boundary=boundary,
     )
     best.offer(colocate(graph, place))
     clock.lap("refinement")

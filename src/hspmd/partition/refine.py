@@ -19,7 +19,7 @@ import numpy as np
 
 from hspmd.partition.emulate import CommModel, schedule
 from hspmd.partition.graph import OpGraph, longest_paths
-from hspmd.partition.mapping import DeviceWork, boundary_lists, cluster_spans
+from hspmd.partition.mapping import Boundary, DeviceWork, boundary_lists, cluster_spans
 from hspmd.partition.slicing import Slicing
 
 
@@ -42,8 +42,10 @@ def remap_clusters(
     num_devices: int,
     edge_us: np.ndarray,
     top: np.ndarray,
+    boundary: Boundary | None = None,
 ) -> np.ndarray:
-    """Move whole secondary clusters where the LALB cost, with full information, drops."""
+    """Move whole secondary clusters where the LALB cost, with full information, drops
+    (``boundary``: the result of :func:`boundary_lists`, if the caller has it)."""
     w = graph.time_us
     start, end = cluster_spans(graph, slicing, top=top)
     order_by_time = np.argsort(top, kind="stable")
@@ -53,7 +55,7 @@ def remap_clusters(
     lo = np.searchsorted(sorted_top, start, side="left").tolist()
     hi = np.searchsorted(sorted_top, end, side="left").tolist()
     trees = DeviceWork(w[order_by_time], place[order_by_time], k=num_devices)
-    bptr, bother, bcost = boundary_lists(graph, slicing, edge_us=edge_us)
+    bptr, bother, bcost = boundary or boundary_lists(graph, slicing, edge_us=edge_us)
     members, ptr = slicing.members.tolist(), slicing.ptr.tolist()
     place_l, pos_l, w_l = place.tolist(), pos.tolist(), w.tolist()
     group_free = (graph.group_of == np.arange(graph.num_nodes)).tolist()
@@ -251,6 +253,7 @@ def relieve_busiest(
     num_devices: int,
     edge_us: np.ndarray,
     rounds: int = 2,
+    boundary: Boundary | None = None,
 ) -> np.ndarray:
     """Move secondary clusters off the busiest devices while their slack hides the new
     transfers (see docs/decisions.md, "load relief").
@@ -259,11 +262,12 @@ def relieve_busiest(
     device ``h`` moves to a less loaded ``t`` if the heaviest path through it with the
     new crossings stays within ``L`` and the move lowers ``max(W[h], W[t])`` (``W``: work
     per device). Neighbours of a moved cluster wait for the next round (their levels are
-    stale). One level computation per round: O(rounds (V + E)).
+    stale). One level computation per round: O(rounds (V + E)). ``boundary``: the
+    result of :func:`boundary_lists`, if the caller has it.
     """
     place = place.copy()
     w = graph.time_us
-    bptr, bother, bcost = boundary_lists(graph, slicing, edge_us=edge_us)
+    bptr, bother, bcost = boundary or boundary_lists(graph, slicing, edge_us=edge_us)
     in_side = _entry_sides(graph, slicing, edge_us=edge_us)
     members, ptr = slicing.members.tolist(), slicing.ptr.tolist()
     work = np.bincount(slicing.cluster_of, weights=w, minlength=slicing.num_clusters).tolist()
