@@ -244,6 +244,10 @@ def _lalb(
         total = sum(acc)
         span = work.range_sums(lo[c], hi[c])
         best = min(devices, key=lambda d: (span[d] + total - acc[d], -acc[d]))
+        tree, n = work.trees[best], work.size
         for v in members[ptr[c] : ptr[c + 1]]:
             place[v] = best
-            work.add(best, pos[v], w[v])
+            i, x = pos[v] + 1, w[v]  # work.add, inlined (the hottest loop)
+            while i <= n:
+                tree[i] += x
+                i += i & -i

@@ -272,6 +272,8 @@ def relieve_busiest(
     members, ptr = slicing.members.tolist(), slicing.ptr.tolist()
     work = np.bincount(slicing.cluster_of, weights=w, minlength=slicing.num_clusters).tolist()
     group_free = (graph.group_of == np.arange(graph.num_nodes)).tolist()
+    # clusters 1.. by decreasing work, ties by index (a stable sort, as sorted() was)
+    order = (np.argsort(-np.asarray(work[1:]), kind="stable") + 1).tolist()
     for _ in range(rounds):
         crossing = np.where(place[graph.src] != place[graph.dst], edge_us, 0.0)
         top, bottom = longest_paths(graph, node_w=w, edge_w=crossing)
@@ -280,7 +282,6 @@ def relieve_busiest(
         place_l, top_l, bot_l = place.tolist(), top.tolist(), bottom.tolist()
         frozen = [False] * slicing.num_clusters
         cl = slicing.cluster_of.tolist()
-        order = sorted(range(1, slicing.num_clusters), key=lambda c: -work[c])
         moved = 0
         for c in order:
             nodes = members[ptr[c] : ptr[c + 1]]
