@@ -204,16 +204,33 @@ def _local(step: Any, state: Locals, before: Annotation, after: Annotation, shap
     return out
 
 
+def _slice_sum(piece: Any, state: Locals, before: Annotation, shape: Shape) -> np.ndarray:
+    """The sum of ``piece.region`` over the slice's ranks, less those that add zeros."""
+    return sum(
+        (
+            state[r][local_box(before.piece(r, shape), piece.region)]
+            for r in piece.ranks
+            if r not in piece.zero
+        ),
+        np.zeros(tuple(b - a for a, b in piece.region)),
+    )
+
+
+def _fresh(step: Any, after: Annotation, shape: Shape) -> Locals:
+    """New pieces for the step's ranks, NaN until written (so a gap is caught)."""
+    return {r: np.full(after.piece(r, shape).shape, np.nan) for r in step.ranks if r in after}
+
+
+def _check_filled(fresh: Locals, kind: str) -> None:
+    assert not any(np.isnan(t).any() for t in fresh.values()), f"{kind} left a gap"
+
+
 def _split_all_reduce(
     step: Any, state: Locals, before: Annotation, after: Annotation, shape: Shape
 ) -> Locals:
     out = {r: t.copy() for r, t in state.items() if r in after}
     for s in step.slices:
-        total = sum(
-            state[r][local_box(before.piece(r, shape), s.region)]
-            for r in s.ranks
-            if r not in s.zero
-        )
+        total = _slice_sum(s, state, before, shape)
         for r in s.ranks:
             out[r][local_box(after.piece(r, shape), s.region)] = total
     return out
@@ -223,15 +240,11 @@ def _split_reduce_scatter(
     step: Any, state: Locals, before: Annotation, after: Annotation, shape: Shape
 ) -> Locals:
     out = _carry(state, step, after)
-    fresh = {r: np.full(after.piece(r, shape).shape, np.nan) for r in step.ranks if r in after}
+    fresh = _fresh(step, after, shape)
     for s in step.slices:
-        total = sum(
-            state[r][local_box(before.piece(r, shape), s.region)]
-            for r in s.ranks
-            if r not in s.zero
-        )
+        total = _slice_sum(s, state, before, shape)
         fresh[s.root][local_box(after.piece(s.root, shape), s.region)] = total
-    assert not any(np.isnan(t).any() for t in fresh.values()), "split-reduce-scatter left a gap"
+    _check_filled(fresh, step.kind)
     out.update(fresh)
     return out
 
@@ -240,13 +253,13 @@ def _split_all_gather(
     step: Any, state: Locals, before: Annotation, after: Annotation, shape: Shape
 ) -> Locals:
     out = _carry(state, step, after)
-    fresh = {r: np.full(after.piece(r, shape).shape, np.nan) for r in step.ranks if r in after}
+    fresh = _fresh(step, after, shape)
     for s in step.slices:
         for owner, region in s.owners:
             data = state[owner][local_box(before.piece(owner, shape), region)]
             for r in s.ranks:
                 fresh[r][local_box(after.piece(r, shape), region)] = data
-    assert not any(np.isnan(t).any() for t in fresh.values()), "split-all-gather left a gap"
+    _check_filled(fresh, step.kind)
     out.update(fresh)
     return out
 
@@ -257,7 +270,7 @@ def _bsr(step: Any, state: Locals, before: Annotation, after: Annotation, shape:
     for t in step.transfers:
         data = state[t.src][local_box(before.piece(t.src, shape), t.region)]
         fresh[t.dst][local_box(after.piece(t.dst, shape), t.region)] = data
-    assert not any(np.isnan(t).any() for t in fresh.values()), "bsr left a gap"
+    _check_filled(fresh, step.kind)
     out.update(fresh)
     return out
 
