@@ -4,7 +4,8 @@ One launch of 4 processes trains the same run with switches among three strategi
 modes, in fp32 and in bf16, then switches once more while counting the bytes sent. The two
 modes must give the same numbers (bitwise: the home masters start as the compute weights
 rounded, as the unstable-devices mode's do, and Adam is elementwise), and a switch in the
-weights mode must send exactly the compute weights' bytes that change owner.
+weights mode must send exactly the compute weights' bytes that change owner. A checkpoint of
+the weights mode saved on 3 ranks resumes on 4 under another strategy with the same numbers.
 """
 
 from __future__ import annotations
@@ -105,8 +106,8 @@ def test_weight_plan_moves_every_piece_and_only_changed_owners(source: str, targ
     assert sum(states.sent_bytes().values()) == 6 * got  # 3 fp32 tensors vs 1 bf16
 
 
-def test_weights_mode_refuses_zero1_and_checkpoints() -> None:
-    with pytest.raises(TrainError, match="--switch-mode states"):
+def test_weights_mode_refuses_zero1_and_says_why() -> None:
+    with pytest.raises(TrainError, match="adds nothing.*already shards.*--switch-mode states"):
         dataclasses.replace(BASE, switch_mode="weights", zero1=True)
     with pytest.raises(TrainError, match="choose states or weights"):
         dataclasses.replace(BASE, switch_mode="bf16")
@@ -125,9 +126,20 @@ def _worker(world: World, configs: list[TrainConfig]) -> dict[str, Any]:
     return {"runs": runs, "switch_bytes": log.nbytes("send"), "switch_sends": log.counts()}
 
 
+THREE = "2x1: R0:L0-3; 1x2: R1:L0-1 R2:L2-3"  # 3 ranks: home split 22/21/21 on 64-long dims
+
+
+def _checkpoint_runs(folder: str) -> list[TrainConfig]:
+    """Save at step 2 in the weights mode on 3 ranks, resume on 4 (TP 4, then HETERO at 5)."""
+    run = CONFIGS[("fp32", "weights")]
+    save = dataclasses.replace(run, strategy=THREE, switches=(), steps=2, save=folder, save_every=2)
+    return [save, dataclasses.replace(run, resume=folder)]
+
+
 @pytest.fixture(scope="module")
-def outcome() -> list[dict[str, Any]]:
-    return launch(_worker, 4, args=(list(CONFIGS.values()),), timeout_s=300, threads=1)
+def outcome(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    configs = [*CONFIGS.values(), *_checkpoint_runs(str(tmp_path_factory.mktemp("weights-ck")))]
+    return launch(_worker, 4, args=(configs,), timeout_s=300, threads=1)
 
 
 def _losses(outcome: list[dict[str, Any]], index: int) -> list[float]:
@@ -167,3 +179,22 @@ def test_weights_switch_sends_only_compute_bytes(outcome: list[dict[str, Any]]) 
     assert sum(sent) == _changed_owner_bytes(model, TP4, HETERO, itemsize=2)
     # one message per pair, no state tensor: a states-mode switch would send 6x the bytes
     assert sum(p["switch_sends"].get("send", 0) for p in outcome) == len(plan.messages())
+
+
+@pytest.mark.multiproc
+def test_weights_mode_checkpoint_resumes_on_another_strategy(outcome: list[dict[str, Any]]) -> None:
+    """Home states saved on 3 ranks load into the home layout of 4 ranks; the compute
+    weights of TP 4 are derived from them; losses and weights equal the uninterrupted run."""
+    whole = list(CONFIGS).index(("fp32", "weights"))
+    saved, resumed = len(CONFIGS), len(CONFIGS) + 1
+    assert _losses(outcome, saved) == pytest.approx(_losses(outcome, whole)[:2], rel=1e-5)
+    records = outcome[0]["runs"][resumed]["records"]
+    assert [r.step for r in records] == [3, 4, 5, 6]
+    assert [r.step for r in records if r.switch_seconds is not None] == [5]
+    assert _losses(outcome, resumed) == pytest.approx(_losses(outcome, whole)[2:], rel=1e-5)
+    for per_rank in outcome:
+        got, want = per_rank["runs"][resumed]["pieces"], per_rank["runs"][whole]["pieces"]
+        assert got.keys() == want.keys()
+        for name, (region, value) in want.items():
+            assert got[name][0] == region
+            np.testing.assert_allclose(got[name][1], value, rtol=1e-5, atol=1e-6, err_msg=name)

@@ -101,11 +101,11 @@ class TrainConfig:
             )
         if self.ranks_per_node is not None and self.ranks_per_node < 1:
             raise TrainError(f"ranks_per_node={self.ranks_per_node} must be at least 1")
-        if self.switch_mode == "weights" and (self.zero1 or self.save or self.resume):
+        if self.switch_mode == "weights" and self.zero1:
             raise TrainError(
-                "switch mode 'weights' keeps the optimizer states sharded over all ranks "
-                "already (no --zero1) and has no checkpoints yet (no --save/--resume): "
-                "drop those options or use --switch-mode states"
+                "--zero1 adds nothing under switch mode 'weights': its home layout already "
+                "shards the fp32 masters and Adam states over all ranks of the run; drop "
+                "--zero1, or use --switch-mode states to shard them over replicas with ZeRO-1"
             )
         model = self.model_config()
         if model.config_only:

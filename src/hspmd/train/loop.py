@@ -37,7 +37,7 @@ from hspmd.checkpoint import (
     read_manifest,
     save_rank_state,
 )
-from hspmd.plan.params import state_annotations
+from hspmd.plan.params import ParamSpec, state_annotations
 from hspmd.plan.strategy import StrategyOptions
 from hspmd.runtime.boundary import Pending, recv, send
 from hspmd.runtime.counting import count_comm
@@ -49,7 +49,7 @@ from hspmd.specialize.schedule import make_schedule
 from hspmd.switch.live import plan_switch, run_switch, switch_topology
 from hspmd.train.batches import step_batches
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
-from hspmd.train.home import home_post, switch_weights
+from hspmd.train.home import home_annotations, home_post, run_ranks, switch_weights
 from hspmd.train.layout import Layout, Role
 from hspmd.train.post import MixedPost, PlainPost, Post
 from hspmd.train.sync import SyncItem, grad_sync_plan
@@ -272,13 +272,23 @@ def _timed_switch(
     return active, float(took), int(messages)
 
 
+def _state_specs(config: TrainConfig, active: _Active) -> dict[str, ParamSpec]:
+    """Where the fp32 masters and Adam moments live: the strategy's state annotations, or
+    under ``switch_mode="weights"`` the run's home layout (it depends on the run's number
+    of ranks, not on the strategy), e.g. ``[0,1,2,3]{0:4}`` for a [64, 64] weight."""
+    model = config.model_config()
+    if config.switch_mode == "weights":
+        return dict(home_annotations(model, num_ranks=run_ranks(config)))
+    return state_annotations(active.layout.strategy, model, zero1=config.zero1)
+
+
 def save_checkpoint(
     world: World, config: TrainConfig, active: _Active, *, directory: str, step: int, steps: int
 ) -> None:
     """Write a checkpoint of step ``step`` on every rank (docs/switching.md, "the trainer's
-    calls"); masters and moments are saved with their state annotation."""
-    model = config.model_config()
-    specs = state_annotations(active.layout.strategy, model, zero1=config.zero1)
+    calls"); masters and moments are saved with their state annotation (their home
+    annotation under ``switch_mode="weights"``)."""
+    specs = _state_specs(config, active)
     if active.post is not None:
         state = active.post.state()
         save_rank_state(
@@ -300,9 +310,10 @@ def load_checkpoint(
     world: World, config: TrainConfig, active: _Active, *, directory: str
 ) -> RankState:
     """Load the newest checkpoint in ``directory`` into ``active`` (any strategy: resharded
-    on load); returns what was loaded (step, Adam step, data position)."""
-    model = config.model_config()
-    specs = state_annotations(active.layout.strategy, model, zero1=config.zero1)
+    on load); returns what was loaded (step, Adam step, data position). Under
+    ``switch_mode="weights"`` the states load into this run's home layout and the compute
+    weights of ``active``'s strategy are derived from them (``HomePost.load_state``)."""
+    specs = _state_specs(config, active)
     state = load_rank_state(directory, rank=world.rank, param_specs=specs, model=config.model)
     if active.post is not None:
         moved = {n: (m, state.exp_avg[n], state.exp_avg_sq[n]) for n, m in state.params.items()}
