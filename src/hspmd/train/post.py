@@ -115,7 +115,22 @@ class PlainPost:
         load_adam(self.adam, list(self.params), state, steps)
 
 
-class MixedPost:
+class MasterAdam:
+    """What the Posts with fp32 masters share: compute ``params``, ``masters``, Adam on them."""
+
+    params: dict[str, torch.Tensor]
+    masters: dict[str, torch.Tensor]
+    adam: Adam
+
+    def zero_grad(self) -> None:
+        for param in self.params.values():
+            param.grad = None
+
+    def state(self) -> TrainState:
+        return adam_states(self.adam, list(self.masters))
+
+
+class MixedPost(MasterAdam):
     """bf16 compute parameters with fp32 masters of the same annotation."""
 
     def __init__(
@@ -146,13 +161,6 @@ class MixedPost:
         self.adam.step()
         for name, param in self.params.items():
             param.copy_(self.masters[name])
-
-    def zero_grad(self) -> None:
-        for param in self.params.values():
-            param.grad = None
-
-    def state(self) -> TrainState:
-        return adam_states(self.adam, list(self.masters))
 
     @torch.no_grad()
     def load_state(

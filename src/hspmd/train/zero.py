@@ -40,7 +40,7 @@ from hspmd.switch.live import TrainState
 from hspmd.train.config import AdamConfig
 from hspmd.train.optim import Adam
 from hspmd.train.overlap import GradOverlap
-from hspmd.train.post import adam_states, load_adam
+from hspmd.train.post import MasterAdam, load_adam
 from hspmd.train.sync import SyncItem
 
 __all__ = ["ZeroItem", "ZeroOne", "zero1_plan"]
@@ -70,7 +70,7 @@ def zero1_plan(strategy: Strategy, config: LlamaConfig) -> dict[str, ZeroItem]:
     return items
 
 
-class ZeroOne:
+class ZeroOne(MasterAdam):
     """This rank's masters and Adam states (its shards), and the Post that uses them."""
 
     def __init__(
@@ -108,13 +108,6 @@ class ZeroOne:
             value = run_plan(item.gather, self.masters[item.name], self.world)
             assert value is not None, item.name
             self.params[item.name].copy_(value)
-
-    def zero_grad(self) -> None:
-        for param in self.params.values():
-            param.grad = None
-
-    def state(self) -> TrainState:
-        return adam_states(self.adam, list(self.masters))
 
     @torch.no_grad()
     def load_state(
