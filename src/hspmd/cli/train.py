@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from hspmd.checkpoint.store import latest, read_manifest
 from hspmd.models.llama import PRESETS
 from hspmd.train.config import AdamConfig, StepRecord, TrainConfig, TrainError
 from hspmd.train.reference import TrainResult, run_reference
@@ -149,9 +150,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 @contextmanager
 def progress(
-    config: TrainConfig, *, title: str, as_json: bool
+    config: TrainConfig, *, title: str, as_json: bool, done: int = 0
 ) -> Iterator[Callable[[StepRecord], None]]:
-    """A step callback: JSON lines, or a rich progress bar with the latest loss."""
+    """A step callback: JSON lines, or a rich progress bar (from step ``done``) with the latest loss."""
     if as_json:
         yield lambda record: print(json.dumps(record.to_json()), flush=True)
         return
@@ -165,7 +166,7 @@ def progress(
         TimeElapsedColumn(),
     )
     with Progress(*columns, transient=False) as bar:
-        task = bar.add_task(title, total=config.steps, loss="-")
+        task = bar.add_task(title, total=config.steps, completed=done, loss="-")
 
         def update(record: StepRecord) -> None:
             if record.switch_seconds is not None:
@@ -182,6 +183,13 @@ def progress(
         yield update
 
 
+def resumed_step(config: TrainConfig) -> int:
+    """The step the checkpoint in ``config.resume`` was saved at (0 without ``--resume``)."""
+    if not config.resume:
+        return 0
+    return read_manifest(latest(config.resume)).step
+
+
 def run_config(config: TrainConfig, *, reference: bool, as_json: bool) -> TrainResult:
     """Train (or run the reference) with the progress display; the CLI's core."""
     if reference:
@@ -189,13 +197,21 @@ def run_config(config: TrainConfig, *, reference: bool, as_json: bool) -> TrainR
             return run_reference(config, on_step=on_step)
     check_config(config)  # before any process starts
     title = f"{num_processes(config)} ranks"
-    with progress(config, title=title, as_json=as_json) as on_step:
+    done = resumed_step(config)  # the bar starts there
+    with progress(config, title=title, as_json=as_json, done=done) as on_step:
         return train(config, on_step=on_step)
 
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    if not args.reference and (done := resumed_step(config)) >= config.steps:
+        print(
+            f"nothing to do: checkpoint in {config.resume} is at step {done} and --steps is "
+            f"{config.steps}; pass --steps above {done} to train on",
+            file=sys.stderr,
+        )
+        return 0
     result = run_config(config, reference=args.reference, as_json=args.json)
-    if not args.json:
+    if not args.json and result.records:
         print(f"final loss {result.records[-1].loss:.6f}", file=sys.stderr)
     return 0
