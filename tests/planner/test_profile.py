@@ -85,3 +85,13 @@ def test_load_profile_names_file_and_field(tmp_path: Path) -> None:
         load_profile(path)
     with pytest.raises(ProfileError, match="cannot read"):
         load_profile(tmp_path / "missing.json")
+
+
+def test_measure_matmul_and_elementwise_tiny_sizes() -> None:
+    from hspmd.planner.measure import measure_elementwise, measure_matmul
+
+    samples = measure_matmul([8, 16], reps=2) + measure_elementwise([64, 128], reps=2)
+    assert [s.op for s in samples] == ["matmul"] * 4 + ["elementwise"] * 4
+    assert samples[1].units == 2 * samples[0].units == 2 * 2 * 8**3
+    assert all(s.seconds > 0 for s in samples)
+    fit_linear([(s.units, s.seconds) for s in samples[:4]])
