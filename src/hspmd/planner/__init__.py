@@ -1,0 +1,1 @@
+"""Cost model, profiles and planners."""
