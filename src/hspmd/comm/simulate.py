@@ -30,6 +30,7 @@ from hspmd.comm.plan import (
     intersect,
     local_box,
 )
+from hspmd.errors import ResolutionError
 
 Locals = dict[int, np.ndarray]
 Shape = tuple[int, ...]
@@ -88,7 +89,11 @@ def assemble(
         filled: dict[tuple[int, ...], np.ndarray] = {}
         for rank in group.ranks:
             piece, data = pieces[rank], locals_[rank]
-            assert data.shape == piece.shape, f"rank {rank}: {data.shape} != {piece.shape}"
+            if data.shape != piece.shape:
+                raise ResolutionError(
+                    f"rank {rank} passed an array of shape {data.shape}, but its piece under "
+                    f"{annotation} of {shape} has shape {piece.shape}: pass the piece's shape"
+                )
             field = fields.setdefault(piece.partial, np.zeros(shape))
             mask = filled.setdefault(piece.partial, np.zeros(shape, dtype=bool))
             box = _box(piece)
@@ -103,7 +108,8 @@ def assemble(
         value = sum(fields.values(), np.zeros(shape))
         part = _part_box(annotation, s, pieces, group.ranks)
         for key, mask in filled.items():
-            assert mask[part].all(), f"subgroup {s} summand {key} does not cover its part"
+            if not mask[part].all():
+                raise ResolutionError(f"subgroup {s} summand {key} does not cover its part")
         if annotation.hdim == PARTIAL or s == 0:
             out[part] += value[part]
         elif annotation.hdim >= 0:
@@ -222,7 +228,8 @@ def _fresh(step: Any, after: Annotation, shape: Shape) -> Locals:
 
 
 def _check_filled(fresh: Locals, kind: str) -> None:
-    assert not any(np.isnan(t).any() for t in fresh.values()), f"{kind} left a gap"
+    if any(np.isnan(t).any() for t in fresh.values()):
+        raise ResolutionError(f"{kind} left a gap: a plan step wrote no value there")
 
 
 def _split_all_reduce(

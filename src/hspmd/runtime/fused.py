@@ -23,10 +23,15 @@ import torch
 
 from hspmd.annotation import Annotation, Piece
 from hspmd.comm.plan import Transfer, local_box
+from hspmd.errors import HspmdError
 from hspmd.runtime.p2p import Exchange
 from hspmd.runtime.world import World
 
-__all__ = ["FusedTensor", "run_fused_bsr"]
+__all__ = ["FusedInputError", "FusedTensor", "run_fused_bsr"]
+
+
+class FusedInputError(HspmdError, ValueError):
+    """A rank that holds a source piece but passed no tensor for it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +69,11 @@ def run_fused_bsr(
             out[index] = torch.empty(new[index].shape, dtype=dtype, device=world.device)
         if rank in t.src.ranks:
             old[index] = t.src.piece(rank, t.shape)
-            assert index in local, f"rank {rank} must pass tensor {index} ({t})"
+            if index not in local:
+                raise FusedInputError(
+                    f"rank {rank} holds a piece of tensor {index} ({t}) but passed none: "
+                    f"pass local[{index}], this rank's piece under {t.src}"
+                )
     exchange = Exchange(world)
     for tr in transfers:
         i = tr.tensor

@@ -21,7 +21,7 @@ import torch
 from hspmd.annotation import Piece
 from hspmd.comm.plan import local_box
 from hspmd.comm.relay import BufferKey, RelayPlan, RelayTransfer
-from hspmd.runtime.fused import FusedTensor
+from hspmd.runtime.fused import FusedInputError, FusedTensor
 from hspmd.runtime.p2p import Exchange
 from hspmd.runtime.world import World
 
@@ -52,7 +52,11 @@ class _Ends:
                 )
             if rank in t.src.ranks:
                 self.old[index] = t.src.piece(rank, t.shape)
-                assert index in local, f"rank {rank} must pass tensor {index} ({t})"
+                if index not in local:
+                    raise FusedInputError(
+                        f"rank {rank} holds a piece of tensor {index} ({t}) but passed none: "
+                        f"pass local[{index}], this rank's piece under {t.src}"
+                    )
 
     def read(self, t: RelayTransfer) -> torch.Tensor:
         if t.from_relay:

@@ -136,7 +136,11 @@ def _place(params: dict[str, torch.Tensor], name: str, region: Any, value: torch
     index = tuple(slice(a, b) for a, b in region)
     here = full[index]
     same = torch.isnan(here) | torch.isclose(here, value, rtol=1e-6, atol=0.0)
-    assert bool(same.all()), f"copies of {name} {region} differ between ranks"
+    if not bool(same.all()):
+        raise TrainError(
+            f"copies of {name} {region} differ between ranks: the ranks diverged "
+            "(report it: replicas must stay equal)"
+        )
     full[index] = value
 
 
