@@ -29,6 +29,9 @@ ExecuteError        hspmd.runtime.execute          HspmdError, ValueError
 WorldError          hspmd.runtime.world            HspmdError, RuntimeError
 LaunchError         hspmd.runtime.launch           HspmdError, RuntimeError
 TrainError          hspmd.train.config             HspmdError, ValueError
+VocabLossError      hspmd.specialize.loss          HspmdError, ValueError
+FusedInputError     hspmd.runtime.fused            HspmdError, ValueError
+ProfileError        hspmd.planner.profile          HspmdError, ValueError
 ==================  =============================  ==================================
 
 ``hspmd.deduce.rules.RuleError`` and ``hspmd.deduce.axes.AxesError`` are internal: a
