@@ -378,12 +378,17 @@ def parse_ds(text: str) -> DistributedStates:
     if not match:
         raise AnnotationError(f"bad DS {text!r}: expected e.g. {{0:2,D:2}}, {{P:2}} or {{}}")
     body = match.group(1).strip()
-    entries = []
+    entries: list[tuple[int, int]] = []
     for item in filter(None, (x.strip() for x in body.split(","))):
         key, sep, value = item.partition(":")
         if not sep or not value.strip().isdigit():
             raise AnnotationError(f"bad DS entry {item!r} in {text!r}: expected DIM:DEGREE")
-        entries.append((_parse_dim(key), int(value)))
+        dim = _parse_dim(key)
+        if any(d == dim for d, _ in entries):
+            raise AnnotationError(
+                f"DS {text!r} lists {_dim_text(dim)} twice: a DS is a map, give each dim once"
+            )
+        entries.append((dim, int(value)))
     return DistributedStates(tuple(entries))
 
 
