@@ -46,12 +46,23 @@ class ClusterError(HspmdError, ValueError):
 
 @dataclass(frozen=True, slots=True)
 class GpuKind:
-    """One GPU model: memory (MB), bf16 dense peak (TFLOPS), its intra-node link."""
+    """One GPU model: memory (MB), bf16 dense peak (TFLOPS), its intra-node link.
+
+    Optional, for the planner's cost model (``hspmd.planner.cost``): ``profile``, a measured
+    ``hspmd.profile/1`` file (a path, relative to the cluster file); ``achieved_tflops``, the
+    sustained dense matmul throughput where no profile exists; ``hbm_GBps``, the memory
+    bandwidth that bounds norms, element-wise ops and the optimizer; ``slowdown``, a factor
+    on every compute time (``hspmd train --slowdown`` emulates such a device).
+    """
 
     name: str
     memory_mb: float
     bf16_tflops: float
     intra_link: LinkClass
+    profile: str | None = None
+    achieved_tflops: float | None = None
+    hbm_GBps: float | None = None
+    slowdown: float = 1.0
 
     def __str__(self) -> str:
         return f"{self.name}({self.memory_mb:g} MB, {self.bf16_tflops:g} TFLOPS, {self.intra_link})"
@@ -209,12 +220,34 @@ def _kind(name: str, spec: Any, origin: str) -> GpuKind:
             f"cluster file {origin}: {where} needs memory_mb, bf16_tflops and intra_link "
             '{"name": "nvlink", "GBps": 900}'
         )
+    profile = spec.get("profile")
+    if profile is not None:
+        if not isinstance(profile, str) or not profile:
+            raise ClusterError(
+                f"cluster file {origin}: {where}.profile is {profile!r}: give the path of a "
+                "profile JSON written by `hspmd profile`"
+            )
+        base = Path(origin).parent if Path(origin).is_file() else Path.cwd()
+        profile = str(base / profile) if not Path(profile).is_absolute() else profile
+    optional = {k: _number(spec, k, where, origin) for k in _OPTIONAL if k in spec}
+    if optional.get("slowdown", 1.0) < 1.0:
+        raise ClusterError(
+            f"cluster file {origin}: {where}.slowdown is {optional['slowdown']:g}: "
+            "give a factor >= 1 (1 = full speed)"
+        )
     return GpuKind(
         name,
         _number(spec, "memory_mb", where, origin),
         _number(spec, "bf16_tflops", where, origin),
         _link(spec["intra_link"], f"{where}.intra_link", origin),
+        profile=profile,
+        achieved_tflops=optional.get("achieved_tflops"),
+        hbm_GBps=optional.get("hbm_GBps"),
+        slowdown=optional.get("slowdown", 1.0),
     )
+
+
+_OPTIONAL = ("achieved_tflops", "hbm_GBps", "slowdown")
 
 
 def _group(index: int, spec: Any, kinds: dict[str, Any], origin: str) -> NodeGroup:

@@ -1,0 +1,227 @@
+"""The cost model: seconds per operator on each GPU kind and each link class.
+
+Every time the planner and the simulator use is ``overhead + slope * units`` of one operator
+family (``hspmd.planner.profile``): matmul and attention per FLOP, norm, element-wise and
+optimizer per byte on a device; all-reduce, all-gather, reduce-scatter, all-to-all and
+send/recv per ring bus byte on a link. Where each line comes from, per GPU kind:
+
+1. ``"profile"`` in the cluster file: the fits ``hspmd profile`` measured (compute families
+   and, for link classes of the same name, the collectives);
+2. else ``"achieved_tflops"``: matmul and attention at that rate, norms, element-wise ops
+   and the optimizer bound by ``"hbm_GBps"`` (``DEFAULT_HBM_GBPS`` when absent);
+3. else the documented assumption: ``DEFAULT_EFFICIENCY`` (half) of ``bf16_tflops``.
+
+A link class without a profile runs at its file bandwidth with ``LINK_OVERHEAD_S`` per call.
+``slowdown`` in a kind multiplies its compute times (not its links). ``source`` on each
+line says which rule made it, and ``CostModel.describe()`` prints them all.
+
+>>> from hspmd.switch.cluster import load_cluster
+>>> model = CostModel.of(load_cluster("hetu-h800-h20"))
+>>> round(model.device("H800").seconds("matmul", 1e15), 3)  # 1 PFLOP at 495 TFLOPS
+2.02
+>>> round(model.collective("all-reduce", 1e9, (0, 1)) * 1e3, 2)  # 1 GB over 2 H800s, NVLink
+1.13
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from hspmd.comm.topology import LOCAL, LinkClass, Topology
+from hspmd.errors import HspmdError
+from hspmd.planner.profile import (
+    COLLECTIVE_OPS,
+    COMPUTE_OPS,
+    Fit,
+    Profile,
+    ProfileError,
+    bus_bytes,
+    load_profile,
+)
+from hspmd.switch.cluster import Cluster, GpuKind
+
+__all__ = [
+    "DEFAULT_EFFICIENCY",
+    "DEFAULT_HBM_GBPS",
+    "LINK_OVERHEAD_S",
+    "CostError",
+    "CostModel",
+    "DeviceCost",
+    "LinkCost",
+]
+
+Dtype = Literal["bf16", "fp32"]
+
+DEFAULT_EFFICIENCY = 0.5  # achieved / peak dense bf16 matmul throughput, when nothing is given
+DEFAULT_HBM_GBPS = 2000.0  # memory bandwidth when a kind gives none (GB/s)
+KERNEL_OVERHEAD_S = 5e-6  # per compute launch, when nothing is measured
+LINK_OVERHEAD_S = 20e-6  # per collective or send/recv call, when nothing is measured
+# Adam moves about 8 bytes of state per byte of fp32 parameter (read p, g, m, v; write p, m, v).
+OPTIMIZER_BYTES_PER_PARAM_BYTE = 8.0
+
+
+class CostError(HspmdError, ValueError):
+    """A cost model that cannot be built from the cluster file, or an unknown operator."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceCost:
+    """Compute lines of one GPU kind: ``fits[family].seconds(units) * slowdown``."""
+
+    kind: str
+    memory_bytes: float
+    fits: Mapping[str, Fit]
+    slowdown: float = 1.0
+    source: str = ""
+
+    def seconds(self, op: str, units: float) -> float:
+        if op not in self.fits:
+            raise CostError(f"no cost line for {op!r} on {self.kind}: known {', '.join(self.fits)}")
+        if units <= 0:
+            return 0.0
+        return self.fits[op].seconds(units) * self.slowdown
+
+
+@dataclass(frozen=True, slots=True)
+class LinkCost:
+    """Collective lines of one link class, per ring bus byte (``profile.bus_bytes``)."""
+
+    name: str
+    fits: Mapping[str, Fit]
+    source: str = ""
+
+    def seconds(self, op: str, nbytes: float, group_size: int) -> float:
+        if group_size <= 1 or nbytes <= 0:
+            return 0.0
+        if op not in self.fits:
+            raise CostError(f"no cost line for {op!r} on link {self.name}")
+        return self.fits[op].seconds(bus_bytes(op, nbytes, group_size))
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Device lines per GPU kind, link lines per link class, and the cluster's layout."""
+
+    cluster: Cluster
+    dtype: Dtype
+    devices: Mapping[str, DeviceCost]
+    links: Mapping[str, LinkCost]
+    _kinds: tuple[str, ...] = field(default=(), repr=False)
+    _topology: Topology = field(default_factory=Topology, repr=False)
+
+    @staticmethod
+    def of(cluster: Cluster, *, dtype: Dtype = "bf16") -> CostModel:
+        """The cost model of ``cluster`` (profiles read from the paths its kinds name)."""
+        profiles = {k.name: _read_profile(k) for k in cluster.kinds if k.profile}
+        devices = {k.name: _device(k, profiles.get(k.name)) for k in cluster.kinds}
+        link_classes = {k.intra_link.name: k.intra_link for k in cluster.kinds}
+        link_classes[cluster.inter_link.name] = cluster.inter_link
+        measured: dict[str, tuple[str, Mapping[str, Fit]]] = {}
+        for name, profile in profiles.items():
+            for link, fits in profile.links.items():
+                measured[link] = (name, {op: f.fit for op, f in fits.items()})
+        links = {n: _link(c, measured.get(n)) for n, c in link_classes.items()}
+        kinds = tuple(cluster.kind_of(r).name for r in range(cluster.num_ranks))
+        return CostModel(cluster, dtype, devices, links, kinds, cluster.topology())
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self._kinds)
+
+    @property
+    def element_bytes(self) -> int:
+        """Bytes of one activation or weight element in the compute dtype."""
+        return 2 if self.dtype == "bf16" else 4
+
+    def kind_of(self, rank: int) -> str:
+        return self._kinds[rank]
+
+    def device(self, kind: str) -> DeviceCost:
+        return self.devices[kind]
+
+    def device_of(self, rank: int) -> DeviceCost:
+        return self.devices[self._kinds[rank]]
+
+    def node_of(self, rank: int) -> int:
+        return self._topology.node_of(rank)
+
+    def link_between(self, a: int, b: int) -> LinkCost:
+        cls = self._topology.link(a, b)
+        if cls.name == LOCAL:
+            return _FREE
+        return self.links[cls.name]
+
+    def group_link(self, ranks: Sequence[int]) -> LinkCost:
+        """The slowest link a ring over ``ranks`` crosses (the inter-node one if it spans nodes)."""
+        if len(ranks) <= 1:
+            return _FREE
+        nodes = {self.node_of(r) for r in ranks}
+        if len(nodes) > 1:
+            return self.links[self.cluster.inter_link.name]
+        return self.link_between(ranks[0], ranks[1])
+
+    def collective(self, op: str, nbytes: float, ranks: Sequence[int]) -> float:
+        """Seconds for ``op`` of a ``nbytes`` tensor over ``ranks``."""
+        return self.group_link(ranks).seconds(op, nbytes, len(ranks))
+
+    def send(self, nbytes: float, src: int, dst: int) -> float:
+        return self.link_between(src, dst).seconds("send-recv", nbytes, 2)
+
+    def describe(self) -> str:
+        """One line per device kind and link class: where its figures come from."""
+        lines = [f"{d.kind}: {d.source}" for d in self.devices.values()]
+        lines += [f"{link.name}: {link.source}" for link in self.links.values()]
+        return "\n".join(lines)
+
+
+_FREE = LinkCost(LOCAL, {op: Fit(0.0, 0.0, 1.0) for op in COLLECTIVE_OPS}, "same rank")
+
+
+def _read_profile(kind: GpuKind) -> Profile:
+    assert kind.profile is not None
+    try:
+        return load_profile(kind.profile)
+    except ProfileError as error:
+        raise CostError(f"GPU kind {kind.name}: {error}") from None
+
+
+def _device(kind: GpuKind, profile: Profile | None) -> DeviceCost:
+    memory = kind.memory_mb * 1e6
+    if profile is not None:
+        missing = [op for op in COMPUTE_OPS if op not in profile.compute]
+        if missing:
+            raise CostError(
+                f"GPU kind {kind.name}: profile {kind.profile} has no {', '.join(missing)}: "
+                "run `hspmd profile` again (it measures every family)"
+            )
+        fits = {op: profile.compute[op] for op in COMPUTE_OPS}
+        source = f"profile {kind.profile} ({profile.device}, {profile.dtype})"
+        return DeviceCost(kind.name, memory, fits, kind.slowdown, source)
+    if kind.achieved_tflops is not None:
+        tflops, source = kind.achieved_tflops, f"achieved_tflops {kind.achieved_tflops:g}"
+    else:
+        tflops = DEFAULT_EFFICIENCY * kind.bf16_tflops
+        source = f"assumed {DEFAULT_EFFICIENCY:g} x bf16 peak = {tflops:g} TFLOPS"
+    hbm = (kind.hbm_GBps or DEFAULT_HBM_GBPS) * 1e9
+    source += f", HBM {hbm / 1e9:g} GB/s" + ("" if kind.hbm_GBps else " (assumed)")
+    per_flop = Fit(1.0 / (tflops * 1e12), KERNEL_OVERHEAD_S, 1.0)
+    per_byte = Fit(1.0 / hbm, KERNEL_OVERHEAD_S, 1.0)
+    fits = {
+        "matmul": per_flop,
+        "attention": per_flop,
+        "norm": per_byte,
+        "elementwise": per_byte,
+        "optimizer": Fit(OPTIMIZER_BYTES_PER_PARAM_BYTE / hbm, KERNEL_OVERHEAD_S, 1.0),
+    }
+    if kind.slowdown != 1.0:
+        source += f", slowdown x{kind.slowdown:g}"
+    return DeviceCost(kind.name, memory, fits, kind.slowdown, source)
+
+
+def _link(cls: LinkClass, measured: tuple[str, Mapping[str, Fit]] | None) -> LinkCost:
+    if measured is not None and all(op in measured[1] for op in COLLECTIVE_OPS):
+        return LinkCost(cls.name, dict(measured[1]), f"profile of {measured[0]}")
+    fits = {op: Fit(1.0 / cls.bandwidth, LINK_OVERHEAD_S, 1.0) for op in COLLECTIVE_OPS}
+    return LinkCost(cls.name, fits, f"{cls.bandwidth / 1e9:g} GB/s + {LINK_OVERHEAD_S * 1e6:g} us")
