@@ -15,7 +15,16 @@ import sys
 from hspmd.errors import HspmdError
 
 # Subcommand modules, in the order `hspmd --help` lists them.
-COMMANDS = ("reshard", "partition", "partition_capture", "train", "demo", "explain", "switch_cost")
+COMMANDS = (
+    "reshard",
+    "partition",
+    "partition_capture",
+    "train",
+    "demo",
+    "explain",
+    "switch_cost",
+    "profile",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,6 +12,8 @@ STEP (one process per rank of the largest strategy); the step's record carries
 ``switch_seconds``; with ``--switch-mode weights`` the states stay put and only the compute
 weights move; ``--switch-algo relay`` relays single-owner transfers between nodes over
 every NIC (nodes from ``--cluster`` or ``--ranks-per-node``). ``--save``/``--resume``: checkpoints that load onto any strategy.
+``--slowdown 2=3,5=3``: ranks 2 and 5 sleep twice the time of each compute they run, as on
+devices three times slower (the losses do not change).
 """
 
 from __future__ import annotations
@@ -92,6 +94,13 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | Non
     parser.add_argument("--save", default=None, metavar="DIR", help="checkpoint directory")
     parser.add_argument("--save-every", type=int, default=1, metavar="N", help="save every N steps")
     parser.add_argument("--resume", default=None, metavar="DIR", help="continue from DIR")
+    parser.add_argument(
+        "--slowdown",
+        default="",
+        metavar="RANK=FACTOR,...",
+        help="emulate slower devices: each listed rank sleeps (FACTOR-1) x the time of each "
+        "forward, backward and optimizer step it runs, e.g. 2=3,5=3; losses are unchanged",
+    )
 
 
 def parse_switches(values: list[str]) -> tuple[tuple[int, str], ...]:
@@ -102,6 +111,22 @@ def parse_switches(values: list[str]) -> tuple[tuple[int, str], ...]:
         if not sep or not step.strip().isdigit() or not text.strip():
             raise TrainError(f'--switch {value!r}: write STEP="STRATEGY", e.g. 3="1x4: R0-1:L0-3"')
         out.append((int(step), text.strip()))
+    return tuple(sorted(out))
+
+
+def parse_slowdown(text: str) -> tuple[tuple[int, float], ...]:
+    """``'2=3,5=1.5'`` -> ``((2, 3.0), (5, 1.5))``, sorted by rank; ``''`` -> ``()``."""
+    out = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        rank, sep, factor = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError(item)
+            out.append((int(rank), float(factor)))
+        except ValueError:
+            raise TrainError(
+                f"--slowdown {text!r}: {item!r} is not RANK=FACTOR; write e.g. 2=3,5=3"
+            ) from None
     return tuple(sorted(out))
 
 
@@ -130,6 +155,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         save=args.save,
         save_every=args.save_every,
         resume=args.resume,
+        slowdown=parse_slowdown(getattr(args, "slowdown", "")),
     )
 
 

@@ -1,59 +1,302 @@
 """Timing of operator families on the machine at hand (torch); units as in hspmd.planner.profile.
 
-Each sample is the median of several timed repetitions after one warm-up.
+Each sample is the median of several timed repetitions after one warm-up;
+``profile_machine`` takes them all and fits one line per family (``fit_linear``)::
+
+    family       sample                                   units
+    matmul       F.linear fwd, bwd                        2*M*N*K FLOPs, bwd twice
+    attention    causal SDPA fwd, bwd                     2*B*H*S*S*D FLOPs, bwd twice
+    norm         x * rsqrt(mean(x^2) + eps) * w fwd, bwd  input bytes, bwd twice (x and dy)
+    elementwise  silu(a) * b, a + b                       input bytes
+    optimizer    torch.optim.Adam step, fp32 params       parameter bytes
+    collectives  gloo over nproc local processes          bus bytes (profile.bus_bytes)
+
+Collectives run on ``nproc`` local gloo processes (``hspmd.runtime.launch``); a sample is
+the slowest rank's median, each repetition starting after a barrier.
 """
 
 from __future__ import annotations
 
+import datetime
+import os
+import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
-from hspmd.planner.profile import Sample
+from hspmd.planner.profile import (
+    COLLECTIVE_OPS,
+    COMPUTE_OPS,
+    LinkFit,
+    Profile,
+    ProfileError,
+    Sample,
+    bus_bytes,
+    fit_linear,
+)
+from hspmd.runtime.launch import launch
 
 
-def median_seconds(fn: Callable[[], object], reps: int) -> float:
-    """Median wall time of ``fn`` over ``reps`` runs, after one warm-up run."""
+def median_seconds(fn: Callable[[], object], reps: int, *, sync: bool = False) -> float:
+    """Median wall time of ``fn`` over ``reps`` runs, after one warm-up run.
+
+    ``sync``: wait for the CUDA device after each run (its kernels are asynchronous)."""
+    wait = torch.cuda.synchronize if sync else _nothing
     fn()
+    wait()
     times = []
     for _ in range(reps):
         start = time.perf_counter()
         fn()
+        wait()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
+def _nothing() -> None:
+    return None
+
+
 def measure_matmul(
-    sizes: Sequence[int], reps: int, dtype: torch.dtype = torch.float32
+    sizes: Sequence[int], reps: int, dtype: torch.dtype = torch.float32, *, device: str = "cpu"
 ) -> list[Sample]:
     """F.linear forward (``2*M*N*K`` FLOPs) and backward (twice that) on square sizes."""
-    out = []
+    out, sync = [], device != "cpu"
     for n in sizes:
-        x = torch.randn(n, n, dtype=dtype, requires_grad=True)
-        w = torch.randn(n, n, dtype=dtype, requires_grad=True)
+        x = torch.randn(n, n, dtype=dtype, device=device, requires_grad=True)
+        w = torch.randn(n, n, dtype=dtype, device=device, requires_grad=True)
         flops = 2.0 * n * n * n
-        out.append(Sample("matmul", flops, median_seconds(partial(F.linear, x, w), reps)))
+        forward = partial(F.linear, x, w)
+        out.append(Sample("matmul", flops, median_seconds(forward, reps, sync=sync)))
         y = F.linear(x, w)
         g = torch.ones_like(y)
         backward = partial(torch.autograd.grad, y, (x, w), g, retain_graph=True)
-        out.append(Sample("matmul", 2 * flops, median_seconds(backward, reps)))
+        out.append(Sample("matmul", 2 * flops, median_seconds(backward, reps, sync=sync)))
     return out
 
 
-def measure_elementwise(sizes: Sequence[int], reps: int) -> list[Sample]:
+def measure_attention(
+    seq_lens: Sequence[int], reps: int, dtype: torch.dtype = torch.float32, *,
+    heads: int = 4, head_dim: int = 64, device: str = "cpu",
+) -> list[Sample]:  # fmt: skip
+    """Causal ``F.scaled_dot_product_attention`` of one sequence, ``(1, heads, S, head_dim)``:
+    forward ``2*B*H*S*S*D`` FLOPs, backward twice that."""
+    out, sync = [], device != "cpu"
+    for s in seq_lens:
+        q, k, v = (
+            torch.randn(1, heads, s, head_dim, dtype=dtype, device=device, requires_grad=True)
+            for _ in range(3)
+        )
+        flops = 2.0 * heads * s * s * head_dim
+        forward = partial(F.scaled_dot_product_attention, q, k, v, is_causal=True)
+        out.append(Sample("attention", flops, median_seconds(forward, reps, sync=sync)))
+        y = forward()
+        backward = partial(torch.autograd.grad, y, (q, k, v), torch.ones_like(y), retain_graph=True)
+        out.append(Sample("attention", 2 * flops, median_seconds(backward, reps, sync=sync)))
+    return out
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``x * rsqrt(mean(x^2) + eps) * w`` over the last dim (the Llama norm, unfused)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def measure_norm(
+    rows: Sequence[int], reps: int, dtype: torch.dtype = torch.float32, *,
+    hidden: int = 1024, device: str = "cpu",
+) -> list[Sample]:  # fmt: skip
+    """``rms_norm`` of ``(rows, hidden)``: forward per input byte, backward (it reads x and
+    the output's gradient) counted as twice the input bytes."""
+    out, sync = [], device != "cpu"
+    for n in rows:
+        x = torch.randn(n, hidden, dtype=dtype, device=device, requires_grad=True)
+        w = torch.ones(hidden, dtype=dtype, device=device, requires_grad=True)
+        nbytes = float(x.numel() * x.element_size())
+        forward = partial(rms_norm, x, w)
+        out.append(Sample("norm", nbytes, median_seconds(forward, reps, sync=sync)))
+        y = forward()
+        backward = partial(torch.autograd.grad, y, (x, w), torch.ones_like(y), retain_graph=True)
+        out.append(Sample("norm", 2 * nbytes, median_seconds(backward, reps, sync=sync)))
+    return out
+
+
+def measure_elementwise(
+    sizes: Sequence[int], reps: int, dtype: torch.dtype = torch.float32, *, device: str = "cpu"
+) -> list[Sample]:
     """silu(a) * b and a + b, per input byte."""
-    out = []
+    out, sync = [], device != "cpu"
     for n in sizes:
-        a, b = torch.randn(n), torch.randn(n)
+        a = torch.randn(n, dtype=dtype, device=device)
+        b = torch.randn(n, dtype=dtype, device=device)
         nbytes = 2.0 * n * a.element_size()
-        out.append(Sample("elementwise", nbytes, median_seconds(partial(_silu_mul, a, b), reps)))
-        out.append(Sample("elementwise", nbytes, median_seconds(partial(torch.add, a, b), reps)))
+        silu_mul = partial(_silu_mul, a, b)
+        out.append(Sample("elementwise", nbytes, median_seconds(silu_mul, reps, sync=sync)))
+        add = partial(torch.add, a, b)
+        out.append(Sample("elementwise", nbytes, median_seconds(add, reps, sync=sync)))
     return out
 
 
 def _silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return F.silu(a) * b
+
+
+def measure_optimizer(sizes: Sequence[int], reps: int, *, device: str = "cpu") -> list[Sample]:
+    """One ``torch.optim.Adam`` step over four fp32 parameters of ``n / 4`` elements each
+    (gradients set), per parameter byte."""
+    out = []
+    for n in sizes:
+        params = [torch.zeros(n // 4, device=device, requires_grad=True) for _ in range(4)]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        adam = torch.optim.Adam(params, lr=1e-4)
+        nbytes = float(4 * (n // 4) * 4)
+        seconds = median_seconds(adam.step, reps, sync=device != "cpu")
+        out.append(Sample("optimizer", nbytes, seconds))
+    return out
+
+
+def _collective(op: str, nbytes: int, world: Any) -> Callable[[], object]:
+    """One call of ``op`` on ``nbytes`` (of the full tensor) over the whole world, fp32."""
+    n, rank = world.world_size, world.rank
+    numel = max(n, nbytes // 4 // n * n)  # divisible by the group size
+    full = torch.ones(numel)
+    part = torch.ones(numel // n)
+    if op == "all-reduce":
+        return partial(dist.all_reduce, full)
+    if op == "all-gather":
+        return partial(dist.all_gather_single, full, part)
+    if op == "reduce-scatter":
+        return partial(dist.reduce_scatter_single, part, full)
+    if op == "all-to-all":
+        return partial(dist.all_to_all_single, torch.empty_like(full), full)
+    assert op == "send-recv", op
+    peer = rank + 1 if rank % 2 == 0 else rank - 1  # pairs (0, 1), (2, 3)...
+    if peer >= n:
+        return _nothing  # the odd one out of an odd group
+    return partial(dist.send if rank % 2 == 0 else dist.recv, full, peer)
+
+
+def _collective_worker(
+    world: Any, ops: Sequence[str], sizes: Sequence[int], reps: int
+) -> list[tuple[str, int, float]]:
+    """On every rank: (op, nbytes, the slowest rank's median seconds) per op and size."""
+    out = []
+    for op in ops:
+        for nbytes in sizes:
+            call = _collective(op, nbytes, world)
+            call()  # warm-up
+            times = []
+            for _ in range(reps):
+                dist.barrier()  # every repetition starts together (the barrier is not timed)
+                start = time.perf_counter()
+                call()
+                times.append(time.perf_counter() - start)
+            seconds = torch.tensor([statistics.median(times)], dtype=torch.float64)
+            dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+            out.append((op, nbytes, float(seconds)))
+    return out
+
+
+def measure_collectives(
+    sizes: Sequence[int], reps: int, *, nproc: int, ops: Sequence[str] = COLLECTIVE_OPS
+) -> list[Sample]:
+    """Every collective of ``ops`` over ``nproc`` local gloo processes, per bus byte."""
+    if nproc < 2:
+        raise ProfileError(f"nproc={nproc}: collectives need at least 2 processes")
+    results = launch(_collective_worker, nproc, args=(tuple(ops), tuple(sizes), reps))
+    return [Sample(op, bus_bytes(op, nbytes, nproc), s) for op, nbytes, s in results[0]]
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    """What ``profile_machine`` measures: sizes per family and repetitions per sample."""
+
+    matmul: tuple[int, ...]  # square M = N = K
+    attention: tuple[int, ...]  # sequence lengths
+    norm: tuple[int, ...]  # rows of 1024
+    elementwise: tuple[int, ...]  # elements
+    optimizer: tuple[int, ...]  # fp32 parameter elements
+    collective: tuple[int, ...]  # bytes of the full tensor
+    reps: int
+
+
+KiB, MiB = 1 << 10, 1 << 20
+# bf16 runs more than 100x slower than fp32 on some CPUs: its compute sizes stay tiny there.
+SIZES = {
+    ("fp32", False): Sizes((128, 256, 384, 512, 768, 1024, 1536), (128, 256, 512, 768, 1024,
+                           1536), (256, 1024, 2048, 4096, 8192), (1 << 16, 1 << 20, 1 << 22,
+                           1 << 23, 1 << 24), (1 << 18, 1 << 20, 1 << 22, 1 << 24),
+                           (64 * KiB, 256 * KiB, MiB, 4 * MiB, 8 * MiB, 16 * MiB), reps=9),
+    ("fp32", True): Sizes((128, 256, 384, 512), (128, 256, 512), (256, 1024, 2048),
+                          (1 << 16, 1 << 20, 1 << 22), (1 << 18, 1 << 20, 1 << 22),
+                          (64 * KiB, MiB, 4 * MiB), reps=3),
+    ("bf16", False): Sizes((32, 64, 96, 128, 192), (32, 64, 128), (16, 64, 128),
+                           (1 << 12, 1 << 14, 1 << 16), (1 << 18, 1 << 20, 1 << 22),
+                           (64 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB), reps=5),
+    ("bf16", True): Sizes((32, 64, 96), (32, 64), (16, 64), (1 << 12, 1 << 14),
+                          (1 << 18, 1 << 20, 1 << 22), (64 * KiB, MiB, 4 * MiB), reps=3),
+}  # fmt: skip
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def profile_machine(*, quick: bool, nproc: int = 2, dtype: str = "fp32") -> Profile:
+    """Measure every family on this machine (the CUDA device when there is one) and
+    ``nproc`` local gloo processes ("loopback"), and fit each family's line."""
+    if dtype not in DTYPES:
+        raise ProfileError(f"dtype {dtype!r}: choose {' or '.join(DTYPES)}")
+    sizes = SIZES[dtype, quick]
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    torch_dtype = DTYPES[dtype]
+    reps = sizes.reps
+    samples = [
+        *measure_matmul(sizes.matmul, reps, torch_dtype, device=device),
+        *measure_attention(
+            sizes.attention,
+            reps,
+            torch_dtype,
+            device=device,
+            heads=4 if dtype == "fp32" else 2,
+            head_dim=64 if dtype == "fp32" else 32,
+        ),  # fmt: skip
+        *measure_norm(
+            sizes.norm, reps, torch_dtype, device=device, hidden=1024 if dtype == "fp32" else 256
+        ),
+        *measure_elementwise(sizes.elementwise, reps, torch_dtype, device=device),
+        *measure_optimizer(sizes.optimizer, reps, device=device),
+    ]
+    collectives = measure_collectives(sizes.collective, reps, nproc=nproc) if nproc > 1 else []
+    compute = {op: fit_linear(_points(samples, op)) for op in COMPUTE_OPS}
+    links = {"loopback": {op: LinkFit(fit_linear(_points(collectives, op)), nproc)
+                          for op in COLLECTIVE_OPS}} if collectives else {}  # fmt: skip
+    return Profile(
+        kind="cuda" if cuda else "cpu",
+        device=torch.cuda.get_device_name() if cuda else "cpu",
+        dtype={"fp32": "float32", "bf16": "bfloat16"}[dtype],
+        threads=torch.get_num_threads(),
+        created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        host={
+            "platform": platform.platform(),
+            "machine": platform.machine(),
+            "processor": platform.processor(),
+            "cpus": os.cpu_count() or 1,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "nproc": nproc,
+            "quick": quick,
+        },
+        compute=compute,
+        links=links,
+        samples=(*samples, *collectives),
+    )
+
+
+def _points(samples: Sequence[Sample], op: str) -> list[tuple[float, float]]:
+    return [(s.units, s.seconds) for s in samples if s.op == op]

@@ -70,6 +70,8 @@ class TrainConfig:
     save: str | None = None  # checkpoint directory (hspmd.checkpoint)
     save_every: int = 1  # save after every N-th step (with ``save``)
     resume: str | None = None  # continue from the newest checkpoint in this directory
+    # (rank, factor): that rank sleeps (factor - 1) x each compute's time (hspmd.train.slowdown)
+    slowdown: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("global_batch", "seq_len", "steps", "save_every", "bucket_bytes"):
@@ -81,6 +83,7 @@ class TrainConfig:
                 f"switch steps {steps}: give each step once, in increasing order, from 2 on "
                 "(the strategy of step 1 is --strategy)"
             )
+        self._check_slowdown()
         if self.schedule not in ("1f1b", "gpipe"):
             raise TrainError(f"schedule={self.schedule!r}: choose 1f1b or gpipe")
         if self.dtype not in ("fp32", "bf16"):
@@ -117,6 +120,21 @@ class TrainConfig:
             raise TrainError(
                 f"seq_len={self.seq_len} exceeds the model's max_seq_len={model.max_seq_len}"
             )
+
+    def _check_slowdown(self) -> None:
+        ranks = [rank for rank, _ in self.slowdown]
+        if len(set(ranks)) != len(ranks):
+            raise TrainError(
+                f"slowdown {self.slowdown}: rank listed twice; give each rank once, e.g. 2=3,5=3"
+            )
+        for rank, factor in self.slowdown:
+            if rank < 0:
+                raise TrainError(f"slowdown rank {rank} must be >= 0 (a rank of the strategy)")
+            if not factor >= 1.0 or factor == float("inf"):
+                raise TrainError(
+                    f"slowdown factor {factor} of rank {rank} must be a finite number >= 1 "
+                    "(3 makes the rank three times slower; 1 leaves it as is)"
+                )
 
     def model_config(self) -> LlamaConfig:
         return get_config(self.model, **dict(self.model_overrides))

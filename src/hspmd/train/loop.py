@@ -14,6 +14,9 @@ the rank's schedule (``hspmd.specialize.schedule``)::
           start during the rank's last B, as gradients become final (hspmd.train.overlap;
           ``TrainConfig.overlap=False``: all after it)
 
+With ``TrainConfig.slowdown`` a listed rank sleeps ``(factor - 1)`` times the wall time of
+each F and B compute and of Post's step after it (``hspmd.train.slowdown``).
+
 The reported loss is one all-reduce (sum) of the scaled losses: the global mean token loss.
 Sends are ``isend`` (waited at the end of the step): 1F1B deadlocks with blocking sends.
 """
@@ -52,6 +55,7 @@ from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.home import home_annotations, home_post, run_ranks, switch_weights
 from hspmd.train.layout import Layout, Role
 from hspmd.train.post import MixedPost, PlainPost, Post
+from hspmd.train.slowdown import Slowdown, slowdown_of
 from hspmd.train.sync import SyncItem, grad_sync_plan
 from hspmd.train.zero import ZeroItem, ZeroOne, zero1_plan
 
@@ -93,6 +97,7 @@ class _Live:
     outputs: dict[int, torch.Tensor] = field(default_factory=dict)
     sends: list[Pending] = field(default_factory=list)
     loss: float = 0.0
+    slow: Slowdown = field(default_factory=Slowdown)  # this rank's emulated slowdown
 
 
 def _forward(
@@ -106,7 +111,8 @@ def _forward(
         x = tokens[rows]
     else:
         x = recv(plans.incoming.forward, world, dtype=dtype).requires_grad_(True)
-    out = program.forward(x, targets[rows])  # recompute: per layer, inside the executable
+    with live.slow:  # the compute only, not the receive
+        out = program.forward(x, targets[rows])  # recompute: per layer, inside the executable
     if plans.outgoing is None:
         out = out * scale
         live.loss += float(out.detach())
@@ -117,10 +123,9 @@ def _forward(
 
 def _backward(plans: BoundaryPlans, world: World, live: _Live, *, m: int) -> None:
     x, out = live.inputs.pop(m), live.outputs.pop(m)
-    if plans.outgoing is None:
-        out.backward()
-    else:
-        out.backward(recv(plans.outgoing.backward, world, dtype=out.dtype))
+    grad = None if plans.outgoing is None else recv(plans.outgoing.backward, world, dtype=out.dtype)
+    with live.slow:  # the compute only, not the receive
+        out.backward(grad)
     if plans.incoming is not None:
         assert x.grad is not None
         live.sends += send(plans.incoming.backward, x.grad, world)
@@ -129,12 +134,14 @@ def _backward(plans: BoundaryPlans, world: World, live: _Live, *, m: int) -> Non
 def run_step(
     program: StageProgram, role: Role, plans: BoundaryPlans, config: TrainConfig,
     world: World, batch: tuple[torch.Tensor, torch.Tensor], *, post: Post | None = None,
+    slow: Slowdown | None = None,
 ) -> float:  # fmt: skip
     """Every F and B of the rank's schedule on one global batch; the scaled loss sum.
 
-    With ``post`` (and ``config.overlap``), ``post.arm()`` runs before the last B."""
+    With ``post`` (and ``config.overlap``), ``post.arm()`` runs before the last B. With
+    ``slow``, each F and B compute is followed by its sleep (``hspmd.train.slowdown``)."""
     schedule = make_schedule(config.schedule, role.num_stages, role.stage, role.micro_batches)
-    live = _Live()
+    live = _Live(slow=slow or Slowdown())
     scale = role.micro_batch_size / config.global_batch  # mb tokens / global tokens
     dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
     last_b = max((i for i, a in enumerate(schedule) if a.kind == "B"), default=-1)
@@ -352,6 +359,7 @@ def run_rank(world: World, config: TrainConfig, *, report: Any = None) -> dict[s
     # every rank reads the stream: a rank idle now may train after a switch
     data = islice(step_batches(config), first - 1, None)
     records = []
+    slow = slowdown_of(config.slowdown, world.rank)
     for step in range(first, config.steps + 1):
         switched, messages = None, None
         if step in switches and step != first:
@@ -364,13 +372,17 @@ def run_rank(world: World, config: TrainConfig, *, report: Any = None) -> dict[s
         role, post = active.role, active.post
         if role is not None and post is not None and active.plans is not None:
             post.zero_grad()
-            value = run_step(active.exe, role, active.plans, config, world, batch, post=post)
+            value = run_step(
+                active.exe, role, active.plans, config, world, batch, post=post, slow=slow
+            )
             sync_grads(active.exe, world)  # partial grads inside the stage (SP norm weights)
             if role.is_last and role.rank == role.tp_ranks[0]:  # one reporter per pipeline
                 loss += value
-            post.step()
+            with slow:
+                post.step()
         elif post is not None:  # an idle rank's home shards (switch_mode="weights")
-            post.step()
+            with slow:
+                post.step()
         adam_steps += 1
         dist.all_reduce(loss)
         record = StepRecord(

@@ -49,6 +49,12 @@ def check_config(config: TrainConfig) -> Strategy:
             f"the run's strategies use ranks {used}: number them 0..{len(used) - 1} "
             "without gaps (one local process per rank)"
         )
+    slow = [rank for rank, _ in config.slowdown if rank not in used]
+    if slow:
+        raise TrainError(
+            f"slowdown names ranks {slow} that the run's strategies do not use (ranks "
+            f"0..{len(used) - 1}): drop them or pick ranks of the strategy"
+        )
     if config.model_config().tie_embeddings:
         raise TrainError("tied embeddings: not supported by the trainer yet; train without them")
     return strategy

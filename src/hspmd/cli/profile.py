@@ -1,0 +1,87 @@
+"""`hspmd profile`: measure this machine and write its fitted cost model.
+
+    hspmd profile --out profile.json            # about a minute on 2 cores
+    hspmd profile --quick --nproc 2 --dtype fp32 --json
+
+Times matmul, causal attention, RMS norm, elementwise ops and an Adam step on this
+machine (the CUDA device when there is one), and all-reduce, all-gather, reduce-scatter,
+all-to-all and send-recv over ``--nproc`` local gloo processes (link "loopback"); fits
+``seconds = overhead_s + slope * units`` per family (units in hspmd.planner.profile) and
+writes the profile (format hspmd.profile/1, read back by hspmd.planner.profile.load_profile).
+Prints a table of the fits, or with ``--json`` the profile itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from hspmd.planner.profile import COMPUTE_UNIT, Profile, ProfileError
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "profile",
+        help="measure compute and local collectives, write the fitted profile (JSON)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--out", default="profile.json", help="profile file to write")
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
+    parser.add_argument(
+        "--nproc", type=int, default=2, help="local processes of the collectives (1: none)"
+    )
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--json", action="store_true", help="print the profile as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.nproc < 1:
+        raise ProfileError(f"--nproc {args.nproc}: give at least 1 (1 measures no collectives)")
+    from hspmd.planner.measure import profile_machine  # torch: only when measuring
+
+    profile = profile_machine(quick=args.quick, nproc=args.nproc, dtype=args.dtype)
+    out = Path(args.out)
+    try:
+        out.write_text(profile.to_json())
+    except OSError as error:
+        raise ProfileError(f"cannot write profile {out}: {error.strerror}") from None
+    if args.json:
+        print(profile.to_json(), end="")
+    else:
+        print(fits_text(profile))
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def fits_text(profile: Profile) -> str:
+    """One line per fitted family: slope, overhead and r2.
+
+    >>> from hspmd.planner.profile import Fit
+    >>> p = Profile(kind="cpu", device="cpu", dtype="float32", threads=2, created="-",
+    ...             host={}, compute={"matmul": Fit(1e-11, 1e-4, 0.995)}, links={})
+    >>> print(fits_text(p))
+    cpu (cpu), float32, 2 threads
+    family                link         slope  unit            overhead      r2
+    matmul                -         1.00e-11  s/flop          100.0 us   0.995
+    """
+    lines = [
+        f"{profile.device} ({profile.kind}), {profile.dtype}, {profile.threads} threads",
+        f"{'family':<22}{'link':<10}{'slope':>8}  {'unit':<12}{'overhead':>12}{'r2':>8}",
+    ]
+    for op, fit in profile.compute.items():
+        unit = "s/flop" if COMPUTE_UNIT[op] == "per_flop_s" else "s/byte"
+        lines.append(_row(op, "-", fit.per_unit_s, unit, fit.overhead_s, fit.r2))
+    for name, ops in profile.links.items():
+        for op, link in ops.items():
+            fit = link.fit
+            family = f"{op} (n={link.group_size})"
+            lines.append(_row(family, name, fit.per_unit_s, "s/bus-byte", fit.overhead_s, fit.r2))
+    return "\n".join(lines)
+
+
+def _row(family: str, link: str, slope: float, unit: str, overhead_s: float, r2: float) -> str:
+    return f"{family:<22}{link:<10}{slope:8.2e}  {unit:<12}{overhead_s * 1e6:9.1f} us{r2:8.3f}"

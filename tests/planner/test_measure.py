@@ -1,0 +1,107 @@
+"""hspmd.planner.measure on this machine: samples, fits, the profile's JSON round trip and
+`hspmd profile`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hspmd.cli import main
+from hspmd.planner import measure
+from hspmd.planner.measure import (
+    measure_attention,
+    measure_collectives,
+    measure_matmul,
+    measure_norm,
+    measure_optimizer,
+    profile_machine,
+    rms_norm,
+)
+from hspmd.planner.profile import (
+    COLLECTIVE_OPS,
+    COMPUTE_OPS,
+    ProfileError,
+    bus_bytes,
+    fit_linear,
+    load_profile,
+)
+
+
+def test_matmul_fit_is_a_line_with_a_positive_slope() -> None:
+    samples = measure_matmul((128, 256, 384, 512), reps=3)
+    fit = fit_linear([(s.units, s.seconds) for s in samples])
+    assert fit.per_unit_s > 0
+    assert fit.r2 > 0.8  # a few ms per sample on a shared 2-core machine
+
+
+def test_attention_norm_optimizer_units() -> None:
+    attention = measure_attention((64, 128), reps=1, heads=2, head_dim=16)
+    assert [s.units for s in attention] == [2.0 * 2 * 64 * 64 * 16, 4.0 * 2 * 64 * 64 * 16,
+                                            2.0 * 2 * 128 * 128 * 16, 4.0 * 2 * 128 * 128 * 16]  # fmt: skip
+    norm = measure_norm((8,), reps=1, hidden=64)
+    assert [s.units for s in norm] == [8 * 64 * 4.0, 2 * 8 * 64 * 4.0]
+    assert [s.units for s in measure_optimizer((1024,), reps=1)] == [4096.0]
+    assert all(s.seconds > 0 for s in (*attention, *norm))
+
+
+def test_rms_norm_matches_its_formula() -> None:
+    x, w = torch.randn(3, 8), torch.rand(8)
+    want = x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w
+    torch.testing.assert_close(rms_norm(x, w), want)
+
+
+@pytest.mark.multiproc
+def test_collectives_on_two_processes() -> None:
+    samples = measure_collectives((64 << 10, 1 << 20), reps=2, nproc=2)
+    assert [s.op for s in samples] == [op for op in COLLECTIVE_OPS for _ in range(2)]
+    assert samples[0].units == bus_bytes("all-reduce", 64 << 10, 2)
+    assert all(s.seconds > 0 for s in samples)
+    with pytest.raises(ProfileError, match="nproc=1"):
+        measure_collectives((1024,), reps=1, nproc=1)
+
+
+def _tiny(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shrink the quick fp32 sizes further: the tests check the plumbing, not the machine."""
+    small = measure.Sizes((64, 128, 192), (64, 128), (16, 64), (1 << 12, 1 << 16),
+                          (1 << 12, 1 << 16), (16 << 10, 256 << 10), reps=2)  # fmt: skip
+    monkeypatch.setitem(measure.SIZES, ("fp32", True), small)
+
+
+@pytest.mark.multiproc
+def test_quick_profile_round_trips_through_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _tiny(monkeypatch)
+    profile = profile_machine(quick=True, nproc=2, dtype="fp32")
+    assert set(profile.compute) == set(COMPUTE_OPS)
+    assert set(profile.links["loopback"]) == set(COLLECTIVE_OPS)
+    assert all(f.per_unit_s > 0 for f in profile.compute.values())
+    assert all(lf.group_size == 2 for lf in profile.links["loopback"].values())
+    assert profile.kind in ("cpu", "cuda") and profile.threads == torch.get_num_threads()
+    assert profile.host["torch"] == torch.__version__
+    path = tmp_path / "profile.json"
+    path.write_text(profile.to_json())
+    again = load_profile(path)
+    assert again == profile
+
+
+def test_cli_profile_without_collectives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _tiny(monkeypatch)
+    out = tmp_path / "p.json"
+    assert main(["profile", "--quick", "--nproc", "1", "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "matmul" in table and "s/flop" in table and "loopback" not in table
+    data = json.loads(out.read_text())
+    assert data["format"] == "hspmd.profile/1" and data["links"] == {}
+    assert load_profile(out).compute["matmul"].per_unit_s > 0
+
+
+def test_cli_profile_refuses_bad_nproc(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["profile", "--nproc", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hspmd profile: error: --nproc 0") and "\n" not in err
