@@ -110,6 +110,7 @@ class CostModel:
     links: Mapping[str, LinkCost]
     _kinds: tuple[str, ...] = field(default=(), repr=False)
     _topology: Topology = field(default_factory=Topology, repr=False)
+    _nodes: tuple[int, ...] = field(default=(), repr=False)  # node index per rank
 
     @staticmethod
     def of(cluster: Cluster, *, dtype: Dtype = "bf16") -> CostModel:
@@ -124,7 +125,9 @@ class CostModel:
                 measured[link] = (name, {op: f.fit for op, f in fits.items()})
         links = {n: _link(c, measured.get(n)) for n, c in link_classes.items()}
         kinds = tuple(cluster.kind_of(r).name for r in range(cluster.num_ranks))
-        return CostModel(cluster, dtype, devices, links, kinds, cluster.topology())
+        topology = cluster.topology()
+        nodes = tuple(topology.node_of(r) for r in range(cluster.num_ranks))
+        return CostModel(cluster, dtype, devices, links, kinds, topology, nodes)
 
     @property
     def num_ranks(self) -> int:
@@ -145,13 +148,14 @@ class CostModel:
         return self.devices[self._kinds[rank]]
 
     def node_of(self, rank: int) -> int:
-        return self._topology.node_of(rank)
+        return self._nodes[rank]
 
     def link_between(self, a: int, b: int) -> LinkCost:
-        cls = self._topology.link(a, b)
-        if cls.name == LOCAL:
+        if a == b:
             return _FREE
-        return self.links[cls.name]
+        if self._nodes[a] != self._nodes[b]:
+            return self.links[self.cluster.inter_link.name]
+        return self.links[self.cluster.kind(self._kinds[a]).intra_link.name]
 
     def group_link(self, ranks: Sequence[int]) -> LinkCost:
         """The slowest link a ring over ``ranks`` crosses (the inter-node one if it spans nodes)."""

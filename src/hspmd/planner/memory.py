@@ -1,0 +1,123 @@
+"""Peak memory of each rank under a strategy: model states, activations, logits, overhead.
+
+Per rank of a stage holding ``P`` parameters (its TP shard, ``workload.stage_params``):
+
+==================  ================================  =====================================
+what                bf16 compute                      fp32 compute
+==================  ================================  =====================================
+weights             ``2*P`` (bf16 copy)               ``4*P`` (the masters themselves)
+gradients           ``4*P`` (fp32)                    ``4*P``
+masters + Adam      ``12*P / z``                      ``8*P / z`` (moments only)
+==================  ================================  =====================================
+
+``z`` is 1, or with ZeRO-1 the number of pipelines that hold the stage's layers (the
+data-parallel replicas its optimizer states are sharded over).
+
+Activations kept per layer per micro-batch (Korthikanti et al., "Reducing Activation
+Recomputation in Large Transformer Models", with a fused attention kernel so no ``s*s``
+scores are kept): ``s*b*H*(10 + 24/t)`` bytes in 2-byte activations,
+``s*b*H*34/t`` with sequence parallelism; twice that in fp32. With recompute only each
+layer's input stays (``2*s*b*H``, divided by ``t`` under sequence parallelism) plus one
+layer's full set during its backward. Micro-batches in flight on stage ``i`` of ``S``:
+``min(S - i, m)`` under 1F1B, ``m`` under GPipe. The last stage adds fp32 logits and their
+gradient for one micro-batch, ``8*b*s*V/t``. Every rank adds ``OVERHEAD_BYTES`` (CUDA
+context, NCCL buffers, allocator fragmentation), an assumption.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hspmd.models.config import LlamaConfig
+from hspmd.plan.strategy import Strategy, StrategyOptions
+from hspmd.planner.workload import stage_params
+
+__all__ = ["OVERHEAD_BYTES", "RankMemory", "in_flight", "rank_memory", "strategy_memory"]
+
+OVERHEAD_BYTES = 3 * 2**30  # assumed: CUDA context ~0.5 GiB, NCCL, fragmentation
+
+
+@dataclass(frozen=True, slots=True)
+class RankMemory:
+    """Bytes one rank needs at its peak, by component."""
+
+    rank: int
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    logits: float
+    overhead: float = OVERHEAD_BYTES
+
+    @property
+    def peak(self) -> float:
+        return (
+            self.weights + self.gradients + self.optimizer + self.activations + self.logits
+            + self.overhead
+        )  # fmt: skip
+
+
+def in_flight(schedule: str, num_stages: int, stage: int, num_micro_batches: int) -> int:
+    """Micro-batches whose activations a stage holds at once."""
+    if schedule == "gpipe":
+        return num_micro_batches
+    return min(num_stages - stage, num_micro_batches)
+
+
+def activation_bytes_per_layer(
+    config: LlamaConfig, micro_batch_size: int, seq_len: int, tp: int, *, elt: int,
+    sequence_parallel: bool, recompute: bool,
+) -> tuple[float, float]:  # fmt: skip
+    """(kept per layer per micro-batch, one layer's full set) in bytes."""
+    sbh = seq_len * micro_batch_size * config.hidden_size * elt / 2
+    full = sbh * 34 / tp if sequence_parallel and tp > 1 else sbh * (10 + 24 / tp)
+    if not recompute:
+        return full, 0.0
+    kept = 2 * sbh / (tp if sequence_parallel and tp > 1 else 1)
+    return kept, full
+
+
+def rank_memory(
+    config: LlamaConfig, *, rank: int, tp: int, num_layers: int, first: bool, last: bool,
+    in_flight_micro_batches: int, micro_batch_size: int, seq_len: int, replicas: int,
+    options: StrategyOptions,
+) -> RankMemory:  # fmt: skip
+    """The memory of one rank of a stage (see the module docstring)."""
+    p = stage_params(config, num_layers, tp, first=first, last=last)
+    bf16 = options.dtype == "bf16"
+    z = replicas if options.zero1 else 1
+    weights = (2 if bf16 else 4) * p
+    optimizer = (12 if bf16 else 8) * p / z
+    elt = 2 if bf16 else 4
+    kept, full = activation_bytes_per_layer(
+        config, micro_batch_size, seq_len, tp, elt=elt,
+        sequence_parallel=options.sequence_parallel, recompute=options.recompute,
+    )  # fmt: skip
+    activations = num_layers * in_flight_micro_batches * kept + (full if num_layers else 0)
+    logits = 8 * micro_batch_size * seq_len * config.vocab_size / tp if last else 0.0
+    return RankMemory(rank, weights, 4 * p, optimizer, activations, logits)
+
+
+def strategy_memory(
+    strategy: Strategy, config: LlamaConfig, *, seq_len: int, options: StrategyOptions,
+) -> dict[int, RankMemory]:  # fmt: skip
+    """Every rank's memory under ``strategy``."""
+    holders = [0] * config.num_layers
+    for pipeline in strategy.pipelines:
+        for stage in pipeline.stages:
+            for layer in stage.layers:
+                holders[layer] += 1
+    out: dict[int, RankMemory] = {}
+    for pipeline in strategy.pipelines:
+        count = len(pipeline.stages)
+        for i, stage in enumerate(pipeline.stages):
+            replicas = min((holders[layer] for layer in stage.layers), default=1)
+            flight = in_flight(options.schedule, count, i, pipeline.num_micro_batches)
+            for rank in stage.ranks:
+                out[rank] = rank_memory(
+                    config, rank=rank, tp=stage.tp, num_layers=len(stage.layers),
+                    first=i == 0, last=i == count - 1, in_flight_micro_batches=flight,
+                    micro_batch_size=pipeline.micro_batch_size, seq_len=seq_len,
+                    replicas=replicas, options=options,
+                )  # fmt: skip
+    return out

@@ -1,0 +1,262 @@
+"""Predict one training step of a strategy: the runtime's schedules as simulator tasks.
+
+Each stage runs the schedule the runtime runs (``specialize.schedule.make_schedule``: the
+same Pre/F/B/Post lists), one task per action, as a collective over the stage's TP ranks
+(they compute in lock step). Activations and gradients travel as tasks on the sender's
+``send`` stream (non-blocking sends, as the runtime's ``isend``), holding the sender's
+``out`` and the receiver's ``in`` port so one port carries one message at a time. After
+the last backward, the cross-pipeline gradient sync runs per *segment*: a run of layers
+held by the same stages in every pipeline (the embedding joins the first segment, the
+final norm and the head the last). A segment is an all-reduce of its fp32 gradient shard
+over its replicas (split-all-reduce where TP degrees differ, costed by the ranks that hold
+the biggest shards), or with ZeRO-1 a reduce-scatter, the optimizer on the shard, then an
+all-gather of the updated compute-dtype weights. Then each rank's Adam step.
+
+Durations come from ``hspmd.planner.cost`` via ``hspmd.planner.workload``; memory from
+``hspmd.planner.memory``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hspmd.models.config import LlamaConfig
+from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
+from hspmd.planner.cost import CostModel
+from hspmd.planner.memory import RankMemory, strategy_memory
+from hspmd.planner.workload import (
+    StageWork,
+    embed_params,
+    head_params,
+    layer_params,
+    stage_params,
+    stage_work,
+)
+from hspmd.sim.engine import Result, Task, simulate
+from hspmd.specialize.schedule import make_schedule
+
+__all__ = ["Prediction", "Segment", "predict", "segments", "step_tasks"]
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Layers ``first..last`` held by the same stage of every pipeline (``holders``: one
+    ``(pipeline, stage)`` per pipeline), with ``params`` parameters including the embedding
+    or head where the segment holds them."""
+
+    first: int
+    last: int
+    holders: tuple[tuple[int, int], ...]
+    params: int
+
+
+def segments(strategy: Strategy, config: LlamaConfig) -> list[Segment]:
+    """The gradient-sync segments of ``strategy`` in layer order."""
+    cuts = {0, config.num_layers}
+    for _, _, stage in strategy.stages():
+        cuts |= {stage.first_layer, stage.last_layer + 1}
+    bounds = sorted(cuts)
+    out = []
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        holders = []
+        for p, pipeline in enumerate(strategy.pipelines):
+            s = next(
+                i for i, st in enumerate(pipeline.stages) if st.first_layer <= a <= st.last_layer
+            )
+            holders.append((p, s))
+        params = (b - a) * layer_params(config)
+        params += embed_params(config) if a == 0 else 0
+        params += head_params(config) if b == config.num_layers else 0
+        out.append(Segment(a, b - 1, tuple(holders), params))
+    return out
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A simulated step: ``step_time_s``, the engine's ``result``, memory per rank, and
+    ``over``: ranks whose peak exceeds their device's memory (rank -> (peak, cap))."""
+
+    strategy: Strategy
+    options: StrategyOptions
+    step_time_s: float
+    result: Result
+    memory: dict[int, RankMemory]
+    over: dict[int, tuple[float, float]] = field(default_factory=dict)
+    work: dict[tuple[int, int], StageWork] = field(default_factory=dict)
+
+    @property
+    def fits(self) -> bool:
+        return not self.over
+
+    def peak_by_kind(self, cost: CostModel) -> dict[str, float]:
+        peaks: dict[str, float] = {}
+        for rank, mem in self.memory.items():
+            kind = cost.kind_of(rank)
+            peaks[kind] = max(peaks.get(kind, 0.0), mem.peak)
+        return peaks
+
+    def to_json(self, cost: CostModel) -> dict[str, Any]:
+        summary = self.result.to_json()
+        return {
+            "strategy": str(self.strategy),
+            "options": str(self.options),
+            "step_time_s": self.step_time_s,
+            "fits": self.fits,
+            "peak_memory_by_kind": self.peak_by_kind(cost),
+            "ranks": {
+                str(r): {
+                    **summary["ranks"].get(str(r), {}),
+                    "kind": cost.kind_of(r),
+                    "peak_memory": self.memory[r].peak,
+                    "memory_cap": cost.device_of(r).memory_bytes,
+                }
+                for r in sorted(self.memory)
+            },
+            "over_memory": {str(r): {"peak": p, "cap": c} for r, (p, c) in self.over.items()},
+            "critical_path": summary["critical_path"],
+            "time_by_category": summary["time_by_category"],
+        }
+
+
+def _ports(src: Stage, dst: Stage) -> tuple[str, ...]:
+    return (f"out:{src.ranks[0]}", f"in:{dst.ranks[0]}")
+
+
+def _pipeline_tasks(
+    p: int, pipeline: Pipeline, works: Sequence[StageWork], cost: CostModel, schedule: str,
+) -> list[Task]:  # fmt: skip
+    tasks: list[Task] = []
+    count, m = len(pipeline.stages), pipeline.num_micro_batches
+    for s, stage in enumerate(pipeline.stages):
+        ranks, leader, work = stage.ranks, stage.ranks[0], works[s]
+        for action in make_schedule(schedule, count, s, m):
+            if action.kind not in ("F", "B"):
+                continue
+            i, tid = action.micro_batch, f"p{p}s{s}{action}"
+            if action.kind == "F":
+                deps = (f"p{p}s{s - 1}aF{i}",) if s > 0 else ()
+                duration = work.forward_s
+            else:
+                deps = (f"p{p}s{s + 1}gB{i}",) if s < count - 1 else ()
+                duration = work.backward_s
+            tasks.append(Task(tid, leader, "compute", duration, category=action.kind,
+                              deps=deps, label=str(action), ranks=ranks if len(ranks) > 1 else ()))  # fmt: skip
+            nxt = s + 1 if action.kind == "F" else s - 1
+            if 0 <= nxt < count:
+                peer = pipeline.stages[nxt]
+                width = min(len(ranks), len(peer.ranks))
+                # each of the ``width`` rank pairs carries its share of the activation
+                send = cost.send(work.activation_bytes / width, leader, peer.ranks[0])
+                kind = "a" if action.kind == "F" else "g"
+                tasks.append(Task(f"p{p}s{s}{kind}{action}", leader, "send", send,
+                                  category="comm", deps=(tid,), resources=_ports(stage, peer),
+                                  label=f"{kind}{action}"))  # fmt: skip
+    return tasks
+
+
+def _sync_tasks(
+    strategy: Strategy, config: LlamaConfig, cost: CostModel, options: StrategyOptions,
+) -> list[Task]:  # fmt: skip
+    """Gradient sync per segment, the optimizer, and (ZeRO-1) the weight all-gather."""
+    tasks: list[Task] = []
+    d = len(strategy.pipelines)
+    grad_elt, weight_elt = 4, cost.element_bytes
+    last_b = {  # both schedules end every stage with the last micro-batch's backward
+        (p, s): f"p{p}s{s}B{pipe.num_micro_batches - 1}"
+        for p, pipe in enumerate(strategy.pipelines)
+        for s in range(len(pipe.stages))
+    }
+    zero = options.zero1 and d > 1
+    synced: dict[int, list[str]] = {}
+    gathers: list[tuple[Segment, tuple[int, ...], int]] = []
+    for seg in segments(strategy, config) if d > 1 else []:
+        stages = [strategy.pipelines[p].stages[s] for p, s in seg.holders]
+        ranks = tuple(sorted({r for st in stages for r in st.ranks}))
+        tmin = min(st.tp for st in stages)
+        ring = tuple(st.ranks[0] for st in stages)
+        shard = seg.params / tmin * grad_elt
+        if zero:
+            seconds = cost.collective("reduce-scatter", shard, ring)
+            gathers.append((seg, ranks, tmin))
+        else:
+            seconds = cost.collective("all-reduce", shard, ring)
+        tid = f"sync{seg.first}-{seg.last}"
+        deps = tuple(last_b[h] for h in seg.holders)
+        tasks.append(Task(tid, ranks[0], "comm", seconds, category="comm", deps=deps,
+                          ranks=ranks if len(ranks) > 1 else (), label=f"sync L{seg.first}-{seg.last}"))  # fmt: skip
+        for r in ranks:
+            synced.setdefault(r, []).append(tid)
+    holders = _replicas(strategy, config)
+    for p, s, stage in strategy.stages():
+        pipe = strategy.pipelines[p]
+        n = stage_params(
+            config, len(stage.layers), stage.tp, first=s == 0, last=s == len(pipe.stages) - 1
+        )
+        z = holders[(p, s)] if zero else 1
+        seconds = cost.device_of(stage.ranks[0]).seconds("optimizer", 4 * n / z)
+        deps = tuple(synced.get(stage.ranks[0], [])) or (last_b[(p, s)],)
+        tasks.append(Task(f"adam p{p}s{s}", stage.ranks[0], "compute", seconds, category="optimizer",
+                          deps=deps, ranks=stage.ranks if stage.tp > 1 else (), label="Adam"))  # fmt: skip
+    for seg, ranks, tmin in gathers:
+        ring = tuple(strategy.pipelines[p].stages[s].ranks[0] for p, s in seg.holders)
+        seconds = cost.collective("all-gather", seg.params / tmin * weight_elt, ring)
+        deps = tuple(f"adam p{p}s{s}" for p, s in seg.holders)
+        tasks.append(Task(f"gather{seg.first}-{seg.last}", ranks[0], "comm", seconds, category="comm",
+                          deps=deps, ranks=ranks if len(ranks) > 1 else (), label=f"gather L{seg.first}-{seg.last}"))  # fmt: skip
+    return tasks
+
+
+def _replicas(strategy: Strategy, config: LlamaConfig) -> dict[tuple[int, int], int]:
+    counts = [0] * config.num_layers
+    for _, _, stage in strategy.stages():
+        for layer in stage.layers:
+            counts[layer] += 1
+    return {(p, s): min(counts[x] for x in st.layers) for p, s, st in strategy.stages()}
+
+
+def stage_works(
+    strategy: Strategy, config: LlamaConfig, cost: CostModel, *, seq_len: int,
+    options: StrategyOptions,
+) -> dict[tuple[int, int], StageWork]:  # fmt: skip
+    """The per-micro-batch work of every ``(pipeline, stage)``."""
+    works = {}
+    for p, s, stage in strategy.stages():
+        pipe = strategy.pipelines[p]
+        works[(p, s)] = stage_work(
+            cost, config, stage.ranks, len(stage.layers), micro_batch_size=pipe.micro_batch_size,
+            seq_len=seq_len, first=s == 0, last=s == len(pipe.stages) - 1,
+            recompute=options.recompute, sequence_parallel=options.sequence_parallel,
+        )  # fmt: skip
+    return works
+
+
+def step_tasks(
+    strategy: Strategy, config: LlamaConfig, cost: CostModel, *, seq_len: int,
+    options: StrategyOptions,
+) -> tuple[list[Task], dict[tuple[int, int], StageWork]]:  # fmt: skip
+    """The simulator tasks of one step, and the stage works they were built from."""
+    works = stage_works(strategy, config, cost, seq_len=seq_len, options=options)
+    tasks: list[Task] = []
+    for p, pipeline in enumerate(strategy.pipelines):
+        per_stage = [works[(p, s)] for s in range(len(pipeline.stages))]
+        tasks += _pipeline_tasks(p, pipeline, per_stage, cost, options.schedule)
+    tasks += _sync_tasks(strategy, config, cost, options)
+    return tasks, works
+
+
+def predict(
+    strategy: Strategy, config: LlamaConfig, cost: CostModel, *, seq_len: int,
+    options: StrategyOptions,
+) -> Prediction:  # fmt: skip
+    """Simulate one step of ``strategy`` and check every rank's memory against its cap."""
+    tasks, works = step_tasks(strategy, config, cost, seq_len=seq_len, options=options)
+    result = simulate(tasks)
+    memory = strategy_memory(strategy, config, seq_len=seq_len, options=options)
+    over = {}
+    for rank, mem in memory.items():
+        cap = cost.device_of(rank).memory_bytes
+        if mem.peak > cap:
+            over[rank] = (mem.peak, cap)
+    return Prediction(strategy, options, result.makespan, result, memory, over, works)

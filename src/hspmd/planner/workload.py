@@ -1,0 +1,140 @@
+"""What one stage of a Llama model costs per micro-batch: operators, bytes and seconds.
+
+A stage (``TP`` ranks, a run of layers, maybe the embedding or the head) runs, per
+micro-batch of ``b`` sequences of ``s`` tokens (``n = b * s``), each layer as
+Megatron does (H hidden, F FFN, ``q = heads * head_dim``, ``kv = kv_heads * head_dim``,
+every width divided by the TP degree ``t``):
+
+==============  ==========================================  =========================
+operator        forward units (per layer)                   backward
+==============  ==========================================  =========================
+matmul          wq, wk, wv, wo, w_gate, w_up, w_down:        two matmuls of the same
+                ``2*n*H*q/t`` ... (FLOPs, one call each)     FLOPs each (dX and dW)
+attention       ``2*b*(heads/t)*s*s*head_dim`` (causal)      twice the FLOPs
+norm            2 RMS norms of ``n*H`` elements (bytes)       twice the bytes
+elementwise     RoPE, SwiGLU, 2 residual adds (bytes)        twice the bytes
+TP collective   2 all-reduces of ``n*H`` elements            2 more
+==============  ==========================================  =========================
+
+With sequence parallelism the two all-reduces become a reduce-scatter and an all-gather
+each (the same ring bytes) and norms run on ``n/t`` tokens. Recompute runs the forward
+again inside the backward. The first stage adds the embedding gather, the last the final
+norm, the head ``2*n*H*V/t`` and a vocab-parallel cross-entropy. Each call pays its cost
+line's overhead, so small models see their launch costs (``hspmd.planner.cost``).
+
+No torch here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hspmd.models.config import LlamaConfig
+from hspmd.planner.cost import CostModel, DeviceCost, LinkCost
+
+__all__ = ["StageWork", "embed_params", "head_params", "layer_params", "stage_params", "stage_work"]
+
+
+def layer_params(config: LlamaConfig) -> int:
+    """Parameters of one transformer block (all TP shards together)."""
+    H, F = config.hidden_size, config.intermediate_size
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    return H * q + 2 * H * kv + q * H + 3 * H * F + 2 * H
+
+
+def embed_params(config: LlamaConfig) -> int:
+    return config.vocab_size * config.hidden_size
+
+
+def head_params(config: LlamaConfig) -> int:
+    """Final norm plus the head (nothing but the norm when tied to the embedding)."""
+    head = 0 if config.tie_embeddings else config.vocab_size * config.hidden_size
+    return config.hidden_size + head
+
+
+def stage_params(config: LlamaConfig, num_layers: int, tp: int, *, first: bool, last: bool) -> int:
+    """Parameters one rank of a stage holds (embedding and head split over the vocabulary)."""
+    total = num_layers * layer_params(config)
+    if first:
+        total += embed_params(config)
+    if last:
+        total += head_params(config)
+    return -(-total // tp)
+
+
+@dataclass(frozen=True, slots=True)
+class StageWork:
+    """Seconds of one micro-batch on one stage: ``forward_s`` and ``backward_s`` (both with
+    their TP collectives, ``tp_comm_s`` of them), and the activation bytes it sends on."""
+
+    forward_s: float
+    backward_s: float
+    tp_comm_s: float
+    activation_bytes: float
+
+
+def _layer(
+    device: DeviceCost, link: LinkCost, config: LlamaConfig, n: int, b: int, s: int, tp: int,
+    elt: int, sp: bool,
+) -> tuple[float, float, float]:  # fmt: skip
+    """(forward compute, backward compute, one direction of TP comm) of one layer."""
+    H, F = config.hidden_size, config.intermediate_size
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    flops = [2 * n * H * q / tp, 2 * n * H * kv / tp, 2 * n * H * kv / tp, 2 * n * q * H / tp]
+    flops += [2 * n * H * F / tp] * 3
+    attention = 2 * b * (config.num_heads / tp) * s * s * config.head_dim
+    norm_bytes = n * H * elt / (tp if sp else 1)
+    elementwise = [n * (q + kv) / tp * elt, n * 2 * F / tp * elt, n * H * elt, n * H * elt]
+    fwd = sum(device.seconds("matmul", f) for f in flops)
+    fwd += device.seconds("attention", attention)
+    fwd += 2 * device.seconds("norm", norm_bytes)
+    fwd += sum(device.seconds("elementwise", e) for e in elementwise)
+    bwd = 2 * sum(device.seconds("matmul", f) for f in flops)
+    bwd += device.seconds("attention", 2 * attention)
+    bwd += 2 * device.seconds("norm", 2 * norm_bytes)
+    bwd += sum(device.seconds("elementwise", 2 * e) for e in elementwise)
+    act = n * H * elt
+    if sp:
+        comm = 2 * (link.seconds("reduce-scatter", act, tp) + link.seconds("all-gather", act, tp))
+    else:
+        comm = 2 * link.seconds("all-reduce", act, tp)
+    return fwd, bwd, comm
+
+
+def stage_work(
+    cost: CostModel, config: LlamaConfig, ranks: tuple[int, ...], num_layers: int, *,
+    micro_batch_size: int, seq_len: int, first: bool, last: bool, recompute: bool = False,
+    sequence_parallel: bool = False,
+) -> StageWork:  # fmt: skip
+    """The work of one micro-batch on the stage of ``ranks`` holding ``num_layers`` layers.
+
+    The stage runs at the pace of its slowest rank (its TP collectives wait for it).
+    """
+    tp = len(ranks)
+    device = max((cost.device_of(r) for r in ranks), key=lambda d: d.seconds("matmul", 1e12))
+    link = cost.group_link(ranks)
+    b, s, elt = micro_batch_size, seq_len, cost.element_bytes
+    n = b * s
+    sp = sequence_parallel and tp > 1
+    lf, lb, lc = _layer(device, link, config, n, b, s, tp, elt, sp)
+    fwd, bwd = num_layers * lf, num_layers * lb
+    fwd_comm = bwd_comm = num_layers * lc
+    if recompute:
+        bwd += fwd
+        bwd_comm += fwd_comm
+    H, V = config.hidden_size, config.vocab_size
+    if first:
+        fwd += device.seconds("elementwise", n * H * elt)
+        bwd += device.seconds("elementwise", 2 * n * H * elt)
+    if last:
+        head = 2 * n * H * V / tp
+        logits = n * V / tp * 4  # the loss runs in fp32
+        fwd += device.seconds("norm", n * H * elt) + device.seconds("matmul", head)
+        fwd += 3 * device.seconds("elementwise", logits)
+        bwd += device.seconds("norm", 2 * n * H * elt) + 2 * device.seconds("matmul", head)
+        bwd += 2 * device.seconds("elementwise", logits)
+        # vocab-parallel cross-entropy: max and sum over the vocabulary shards
+        fwd_comm += 2 * link.seconds("all-reduce", n * 4, tp)
+        bwd_comm += link.seconds("all-reduce", n * H * elt, tp)  # dX of the split head
+    comm = fwd_comm + bwd_comm
+    return StageWork(fwd + fwd_comm, bwd + bwd_comm, comm, n * H * elt)
