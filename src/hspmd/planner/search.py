@@ -44,7 +44,8 @@ __all__ = ["Plan", "PlanError", "plan", "homogeneous_plan"]
 
 Zero1 = Literal["auto", "on", "off"]
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
-KEEP = 6  # configurations per micro-batch size that reach the ILPs and the simulator
+KEEP = 4  # configurations per micro-batch size that reach the ILPs and the simulator
+KEEP_ALL = 6  # ... and in all
 
 
 class PlanError(HspmdError, ValueError):
@@ -167,6 +168,8 @@ class _Costs:
         )
         self.work = lru_cache(maxsize=None)(self._work)
         self.memory = lru_cache(maxsize=None)(self._memory)
+        self._lines: dict[tuple[Any, ...], tuple[float, float]] = {}
+        self._sends: dict[tuple[Any, ...], float] = {}
 
     def _work(
         self, ranks: tuple[int, ...], layers: int, mbs: int, first: bool, last: bool,
@@ -180,11 +183,17 @@ class _Costs:
     def line(
         self, unit: _Unit, mbs: int, first: bool, last: bool, options: StrategyOptions,
     ) -> tuple[float, float]:  # fmt: skip
-        """(seconds per layer, constant seconds) of forward plus backward per micro-batch."""
-        key = (unit.ranks, mbs, first, last, options.recompute, options.sequence_parallel)
-        w0, w1 = self.work(key[0], 0, *key[1:]), self.work(key[0], 1, *key[1:])
-        t0, t1 = w0.forward_s + w0.backward_s, w1.forward_s + w1.backward_s
-        return t1 - t0, t0
+        """(seconds per layer, constant seconds) of forward plus backward per micro-batch.
+
+        A unit's costs depend on its kind and TP degree only (its TP group sits in a node)."""
+        rc, sp = options.recompute, options.sequence_parallel
+        key = (unit.kind, len(unit.ranks), mbs, first, last, rc, sp)
+        if key not in self._lines:
+            w0 = self.work(unit.ranks, 0, mbs, first, last, rc, sp)
+            w1 = self.work(unit.ranks, 1, mbs, first, last, rc, sp)
+            t0, t1 = w0.forward_s + w0.backward_s, w1.forward_s + w1.backward_s
+            self._lines[key] = (t1 - t0, t0)
+        return self._lines[key]
 
     def _memory(
         self, kind: str, tp: int, flight: int, mbs: int, first: bool, last: bool,
@@ -201,8 +210,11 @@ class _Costs:
         return alpha, peak(1) - alpha
 
     def send(self, a: _Unit, b: _Unit, mbs: int) -> float:
-        nbytes = mbs * self.seq_len * self.config.hidden_size * self.cost.element_bytes
-        return self.cost.send(nbytes / min(len(a.ranks), len(b.ranks)), a.ranks[0], b.ranks[0])
+        key = (a.kind, min(len(a.ranks), len(b.ranks)), a.node == b.node, mbs)
+        if key not in self._sends:
+            nbytes = mbs * self.seq_len * self.config.hidden_size * self.cost.element_bytes
+            self._sends[key] = self.cost.send(nbytes / key[1], a.ranks[0], b.ranks[0])
+        return self._sends[key]
 
     def stage_lines(
         self, units: Sequence[_Unit], mbs: int, m: int, replicas: int, options: StrategyOptions,
@@ -314,6 +326,7 @@ class _Search:
         self.shortfall = _Shortfall()
         self.count = 0
         self._shapes: dict[Any, tuple[float, tuple[int, ...]] | None] = {}
+        self._lines: dict[Any, Any] = {}
 
     def options(self, d: int, tps: Sequence[int], recompute: bool) -> StrategyOptions:
         zero = self.zero1 == "on" or (self.zero1 == "auto" and d > 1)
@@ -407,7 +420,14 @@ class _Search:
     def _fill(
         self, units: tuple[_Unit, ...], mbs: int, m: int, d: int, options: StrategyOptions
     ) -> tuple[float, tuple[int, ...]] | None:
-        a, c, alpha, beta, cap = self.costs.stage_lines(units, mbs, m, d, options)
+        shape = tuple(
+            (u.kind, len(u.ranks), i + 1 < len(units) and units[i + 1].node != u.node)
+            for i, u in enumerate(units)
+        )
+        key = (shape, mbs, min(m, len(units)), d, options)
+        if key not in self._lines:
+            self._lines[key] = self.costs.stage_lines(units, mbs, m, d, options)
+        a, c, alpha, beta, cap = self._lines[key]
         caps = [
             (cp - bt) / al if al > 0 else float(self.config.num_layers)
             for al, bt, cp in zip(alpha, beta, cap, strict=True)
@@ -500,13 +520,13 @@ def plan(
             elif item[0] > heap[0][0]:
                 heapq.heapreplace(heap, item)
     predictions = []
-    for heap in best.values():
-        for _, _, conf in heap:
-            strategy = search.solve(conf)
-            if strategy is not None:
-                predictions.append(
-                    predict(strategy, config, cost, seq_len=seq_len, options=conf.options)
-                )
+    kept = sorted((c for heap in best.values() for c in heap), key=lambda x: (-x[0], x[1]))
+    for _, _, conf in kept[:KEEP_ALL]:
+        strategy = search.solve(conf)
+        if strategy is not None:
+            predictions.append(
+                predict(strategy, config, cost, seq_len=seq_len, options=conf.options)
+            )
     chosen = _fitting_best(predictions)
     if chosen is None:
         raise PlanError(_nothing_fits(search.shortfall, cost))
@@ -558,7 +578,7 @@ def _megatron(
 
 def homogeneous_plan(
     config: LlamaConfig, cost: CostModel, *, global_batch: int, seq_len: int,
-    zero1: Zero1 = "auto", dtype: Literal["bf16", "fp32"] = "bf16", keep: int = 3,
+    zero1: Zero1 = "auto", dtype: Literal["bf16", "fp32"] = "bf16", keep: int = 2,
 ) -> Prediction | None:  # fmt: skip
     """The best Megatron-style plan over every rank, or None when none fits."""
     n = cost.num_ranks
