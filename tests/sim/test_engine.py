@@ -266,7 +266,7 @@ def _task_lists(draw: st.DrawFn, *, forward_deps: bool = False) -> list[Task]:
     return tasks
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(_task_lists())
 def test_random_dags_respect_every_constraint(tasks: list[Task]) -> None:
     r = simulate(tasks)
@@ -295,7 +295,7 @@ def test_random_dags_respect_every_constraint(tasks: list[Task]) -> None:
     assert r.span(path[0]).start == 0 and r.span(path[-1]).end == r.makespan
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(_task_lists(forward_deps=True))
 def test_random_graphs_run_or_raise_sim_error(tasks: list[Task]) -> None:
     try:
