@@ -134,7 +134,8 @@ def draw_timeline(result: Result, path: str | Path, *, title: str = "") -> Path:
     ax.set_title(title or f"makespan {result.makespan:g} s")
     ax.legend(
         handles=[Patch(color=c, label=k) for k, c in colours.items()],
-        loc="upper right",
+        loc="upper left",  # outside, right of the axes: the last tasks end at the right edge
+        bbox_to_anchor=(1.0, 1.0),
         fontsize="small",
     )
     fig.tight_layout()
