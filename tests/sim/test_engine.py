@@ -304,3 +304,27 @@ def test_random_graphs_run_or_raise_sim_error(tasks: list[Task]) -> None:
         assert "never ran" in str(err)
     else:
         assert len(r.spans) == len(tasks)
+
+
+def test_docs_worked_example() -> None:
+    # docs/simulator.md: two sends share rank 2's NIC, then G and an all-reduce over three
+    nic = ("nic:2",)
+    r = simulate([
+        _compute("f0", 0, 1.0, label="F"),
+        _compute("f1", 1, 1.5, label="F"),
+        _comm("s0", 0, 1.0, "f0", resources=nic),
+        _comm("s1", 1, 1.0, "f1", resources=nic),
+        _compute("g", 2, 1.0, "s0", "s1", label="G"),
+        Task("ar", 2, "comm", 0.5, category="comm", ranks=(0, 1, 2), deps=("g",), label="AR"),
+    ])  # fmt: skip
+    assert _times(r) == {
+        "f0": (0, 1), "f1": (0, 1.5), "s0": (1, 2), "s1": (2, 3), "g": (3, 4), "ar": (4, 4.5)
+    }  # fmt: skip
+    assert [s.cause_kind for s in r.spans] == ["", "", "dep", "resource", "dep", "dep"]
+    assert (r.busy, r.comm, r.idle) == (
+        {0: 1.0, 1: 1.5, 2: 1.0},
+        {0: 1.5, 1: 1.5, 2: 0.5},
+        {0: 2.0, 1: 1.5, 2: 3.0},
+    )
+    assert r.critical_path() == ["f0", "s0", "s1", "g", "ar"]
+    assert r.to_json()["time_by_category"] == {"comm": 3.5, "compute": 3.5}
