@@ -2,10 +2,12 @@
 
 A task that never ran waits on a dep or a stream predecessor that never ran either (a
 resource holder always finishes), so following unfinished predecessors from any stuck task
-must come back to a task already seen: that loop is the cycle the message names, e.g.::
+must come back to a task already seen: that loop is the cycle the message names. Stream
+edges follow the list order, so every loop holds at least one dep on a later task, e.g.
+``ar0`` (ranks 0, 1) listed before ``ar1`` (ranks 0, 1) with ``deps=("ar1",)``::
 
-    'ar1' waits for 'ar0' (stream comm of rank 1 has 'ar0' first)
-    'ar0' waits for 'ar1' (stream comm of rank 0 has 'ar1' first)
+    'ar0' waits for 'ar1' (dep)
+    'ar1' waits for 'ar0' (stream comm of rank 0 has 'ar0' first)
 """
 
 from __future__ import annotations

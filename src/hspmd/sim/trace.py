@@ -3,7 +3,7 @@
 Trace layout: one process per rank (``pid`` = rank, named by ``rank_names`` or
 ``rank 3``), one thread per stream (``tid`` = a small integer per stream name, named by a
 ``thread_name`` metadata event, since trace viewers want integer tids). A collective shows
-as one event on each participant. Times are seconds in the result, microseconds in the
+as one event on each participant. Span events come sorted by start time. Times are seconds in the result, microseconds in the
 trace (``ts``, ``dur``).
 """
 
@@ -54,7 +54,8 @@ def chrome_trace(result: Result, *, rank_names: Mapping[int, str] | None = None)
             events.append(
                 {"ph": "M", "name": "thread_name", "pid": r, "tid": tid, "args": {"name": stream}}
             )
-    for s in result.spans:
+    # by start time (input order breaks ties), so each rank's events come in time order
+    for s in sorted(result.spans, key=lambda s: s.start):
         args = {"category": s.category, "task_id": s.task_id}
         if len(s.ranks) > 1:
             args["ranks"] = ",".join(map(str, s.ranks))
@@ -127,13 +128,14 @@ def draw_timeline(result: Result, path: str | Path, *, title: str = "") -> Path:
         )
     _labels(ax, result, row_of, width_in)
     ax.set_yticks(range(len(rows)), [f"rank {r} {stream}" for r, stream in rows])
-    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_ylim(max(len(rows), 1) - 0.5, -0.5)  # an empty result still gets one blank row
     ax.set_xlim(0, result.makespan or 1.0)
     ax.set_xlabel("time (s)")
     ax.set_title(title or f"makespan {result.makespan:g} s")
     ax.legend(
         handles=[Patch(color=c, label=k) for k, c in colours.items()],
-        loc="upper right",
+        loc="upper left",  # outside, right of the axes: the last tasks end at the right edge
+        bbox_to_anchor=(1.0, 1.0),
         fontsize="small",
     )
     fig.tight_layout()
