@@ -24,6 +24,8 @@ COMMANDS = (
     "explain",
     "switch_cost",
     "profile",
+    "simulate",
+    "plan",
 )
 
 

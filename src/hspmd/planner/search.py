@@ -44,6 +44,9 @@ __all__ = ["Plan", "PlanError", "plan", "homogeneous_plan"]
 
 Zero1 = Literal["auto", "on", "off"]
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
+# Plans leave this fraction of every device's memory free: the memory model is an estimate
+# (allocator fragmentation, workspace of kernels it does not list).
+PLAN_HEADROOM = 0.05
 KEEP = 4  # configurations per micro-batch size that reach the ILPs and the simulator
 KEEP_ALL = 6  # ... and in all
 
@@ -235,7 +238,7 @@ class _Costs:
             c.append(const)
             alpha.append(ma)
             beta.append(mb)
-            cap.append(self.cost.device(unit.kind).memory_bytes)
+            cap.append(self.cost.device(unit.kind).memory_bytes * (1 - PLAN_HEADROOM))
         return a, c, alpha, beta, cap
 
     def sync(
@@ -489,8 +492,13 @@ class _Search:
         )
 
 
-def _fitting_best(predictions: Sequence[Prediction]) -> Prediction | None:
-    fits = [p for p in predictions if p.fits]
+def _within_headroom(p: Prediction, cost: CostModel) -> bool:
+    limit = 1 - PLAN_HEADROOM
+    return all(m.peak <= cost.device_of(r).memory_bytes * limit for r, m in p.memory.items())
+
+
+def _fitting_best(predictions: Sequence[Prediction], cost: CostModel) -> Prediction | None:
+    fits = [p for p in predictions if _within_headroom(p, cost)]
     return min(fits, key=lambda p: p.step_time_s) if fits else None
 
 
@@ -527,7 +535,7 @@ def plan(
             predictions.append(
                 predict(strategy, config, cost, seq_len=seq_len, options=conf.options)
             )
-    chosen = _fitting_best(predictions)
+    chosen = _fitting_best(predictions, cost)
     if chosen is None:
         raise PlanError(_nothing_fits(search.shortfall, cost))
     base = (
@@ -608,11 +616,11 @@ def homogeneous_plan(
     predictions = []
     for _, _, strategy, options in scored:
         p = predict(strategy, config, cost, seq_len=seq_len, options=options)
-        if p.fits:
+        if _within_headroom(p, cost):
             predictions.append(p)
             if len(predictions) >= keep:
                 break
-    return _fitting_best(predictions)
+    return _fitting_best(predictions, cost)
 
 
 def _closed_form(strategy: Strategy, costs: _Costs, options: StrategyOptions) -> float:

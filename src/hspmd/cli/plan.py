@@ -1,0 +1,115 @@
+"""`hspmd plan`: choose a strategy for a model on a cluster.
+
+    hspmd plan --model llama-70b --cluster hetu-h800-h20 --global-batch 64 --seq-len 4096
+    hspmd plan ... --json                       # one JSON object (strategy, step_time_s, ...)
+    hspmd plan ... --out plan.json              # the same object, written to a file
+    hspmd train --strategy "$(hspmd plan ... --json | jq -r .strategy)" ...
+
+Searches pipeline configurations (TP degree per GPU kind, pipelines, stage order, which
+ranks stay idle, micro-batch size), solves the layers-per-stage and micro-batches-per-
+pipeline ILPs for the best of them, simulates the survivors (as `hspmd simulate` does) and
+prints the fastest plan that fits every rank's memory, beside the best homogeneous
+(Megatron-style DP x TP x PP, even layers) plan of the same ranks. docs/planner.md has the
+formulation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from hspmd.cli.simulate import GIB, add_common, setup
+from hspmd.planner.cost import CostModel
+from hspmd.planner.search import Plan, PlanError, plan
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="choose a heterogeneous strategy (and the best homogeneous one) for a cluster",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_common(parser)
+    parser.add_argument("--global-batch", type=int, required=True, help="samples per step")
+    parser.add_argument(
+        "--zero1", default="auto", choices=("auto", "on", "off"),
+        help="ZeRO-1 (auto: on wherever there are replicas)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--time-limit", type=float, default=None, help="seconds per ILP solve (default: none)"
+    )
+    parser.add_argument(
+        "--no-homogeneous", action="store_true", help="skip the homogeneous baseline"
+    )
+    parser.add_argument("--out", default=None, help="also write the JSON object to this file")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config, cost, seq_len = setup(args)
+    if args.global_batch < 1:
+        raise PlanError(f"--global-batch {args.global_batch}: give at least 1")
+    if args.time_limit is not None and args.time_limit <= 0:
+        raise PlanError(f"--time-limit {args.time_limit}: give a positive number of seconds")
+    chosen = plan(
+        config, cost, global_batch=args.global_batch, seq_len=seq_len, zero1=args.zero1,
+        dtype=args.dtype, time_limit=args.time_limit, homogeneous=not args.no_homogeneous,
+    )  # fmt: skip
+    data = chosen.to_json(cost)
+    if args.out:
+        try:
+            Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
+        except OSError as error:
+            raise PlanError(f"cannot write --out {args.out}: {error.strerror}") from None
+        print(f"wrote {args.out}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(data))
+    else:
+        print(plan_text(chosen, cost, model=args.model, seq_len=seq_len))
+    return 0
+
+
+def _flags(p: Plan | Any) -> str:
+    o = p.options
+    flags = [f"--{n}" for n, on in (("zero1", o.zero1), ("recompute", o.recompute)) if on]
+    if o.sequence_parallel:
+        flags.append("--sequence-parallel")
+    return " ".join(flags) or "(none)"
+
+
+def plan_text(p: Plan, cost: CostModel, *, model: str, seq_len: int) -> str:
+    """The chosen plan, its options and memory per kind, and the homogeneous baseline."""
+    pred = p.prediction
+    mbs = p.strategy.pipelines[0].micro_batch_size
+    caps = {k: d.memory_bytes for k, d in cost.devices.items()}
+    memory = ", ".join(
+        f"{k} {v / GIB:.1f}/{caps[k] / GIB:.1f} GiB" for k, v in pred.peak_by_kind(cost).items()
+    )
+    lines = [
+        f"{model} on {cost.cluster.name} ({cost.num_ranks} ranks), global batch "
+        f"{p.strategy.global_batch}, seq_len {seq_len}, {p.options.dtype}",
+        f"strategy: {p.strategy}",
+        f"options: {_flags(p)}  micro-batch size {mbs}, schedule {p.options.schedule}",
+        f"predicted step time: {p.step_time_s:.4g} s   peak memory: {memory}",
+    ]
+    if p.unused_ranks:
+        from hspmd.plan.strategy import format_ranks
+
+        lines.append(
+            f"idle ranks: R{format_ranks(p.unused_ranks)} (the plan is faster without them)"
+        )
+    if p.homogeneous is not None:
+        h = p.homogeneous
+        lines += [
+            f"best homogeneous: {h.strategy}",
+            f"  options: {_flags(h)}  predicted step time: {h.step_time_s:.4g} s "
+            f"({h.step_time_s / p.step_time_s:.2f}x the plan's)",
+        ]
+    else:
+        lines.append("best homogeneous: none fits (or skipped)")
+    lines.append(f"planned in {p.plan_seconds:.2f} s ({p.candidates} configurations costed)")
+    return "\n".join(lines)

@@ -1,0 +1,142 @@
+"""`hspmd simulate`: predict one training step of a strategy on a cluster.
+
+    hspmd simulate --model llama-32b --cluster hetu-h800-h20 --seq-len 4096 --zero1 \\
+        --sequence-parallel --strategy "32x1: R16-23:L0-16 R24-31:L17-33 R0-7:L34-79; ..."
+    hspmd simulate ... --json                  # one JSON object
+    hspmd simulate ... --timeline step.png     # Gantt chart per rank (or .svg)
+    hspmd simulate ... --trace step.json       # Chrome / Perfetto trace
+
+Runs the schedules the runtime would run (1F1B or GPipe per stage, sends, the gradient
+sync, Adam) on the discrete-event simulator with the cluster's cost model
+(hspmd.planner.cost: its profiles, achieved_tflops, or half of the bf16 peak) and prints
+the step time, per stage its forward and backward time, busy / communication / idle time
+and peak memory against the cap, and the critical path. Exit status 1 when a rank's peak
+exceeds its memory (the line names the rank, the peak and the cap).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from hspmd.models.config import LlamaConfig, get_config
+from hspmd.plan.strategy import StrategyOptions, check_strategy, parse_strategy
+from hspmd.planner.cost import CostModel
+from hspmd.planner.predict import Prediction, predict
+from hspmd.switch.cluster import load_cluster
+
+GIB = 2**30
+
+
+def add_common(parser: argparse.ArgumentParser) -> None:
+    """Arguments `simulate` and `plan` share."""
+    parser.add_argument("--model", required=True, help="model preset, e.g. llama-32b")
+    parser.add_argument("--cluster", required=True, help="cluster file or shipped name")
+    parser.add_argument("--seq-len", type=int, default=None, help="default: the model's max")
+    parser.add_argument(
+        "--dtype", default="bf16", choices=("bf16", "fp32"),
+        help="compute dtype (default bf16; fp32 for CPU runs)",
+    )  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "simulate",
+        help="predict a strategy's step time, per-rank times and memory on a cluster",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_common(parser)
+    parser.add_argument("--strategy", required=True, help='e.g. "4x1: R0-1:L0-1 R2-3:L2-3"')
+    parser.add_argument(
+        "--global-batch", type=int, default=None,
+        help="samples per step (default: the strategy's sum of COUNT x SIZE)",
+    )  # fmt: skip
+    parser.add_argument("--zero1", action="store_true", help="ZeRO-1 over the replicas")
+    parser.add_argument("--sequence-parallel", action="store_true")
+    parser.add_argument("--recompute", action="store_true")
+    parser.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe"))
+    parser.add_argument("--timeline", default=None, help="write a Gantt chart (.png or .svg)")
+    parser.add_argument("--trace", default=None, help="write a Chrome trace (.json)")
+    parser.set_defaults(func=run)
+
+
+def setup(args: argparse.Namespace) -> tuple[LlamaConfig, CostModel, int]:
+    """The model, the cluster's cost model and the sequence length (errors: one line)."""
+    config = get_config(args.model)
+    cost = CostModel.of(load_cluster(args.cluster), dtype=args.dtype)
+    seq_len = args.seq_len if args.seq_len is not None else config.max_seq_len
+    if seq_len < 1:
+        from hspmd.errors import StrategyError
+
+        raise StrategyError(f"--seq-len {seq_len}: give a positive sequence length")
+    return config, cost, seq_len
+
+
+def run(args: argparse.Namespace) -> int:
+    config, cost, seq_len = setup(args)
+    strategy = parse_strategy(args.strategy)
+    options = StrategyOptions(
+        zero1=args.zero1, sequence_parallel=args.sequence_parallel, recompute=args.recompute,
+        schedule=args.schedule, dtype=args.dtype,
+    )  # fmt: skip
+    check_strategy(
+        strategy, config, global_batch=args.global_batch, options=options, seq_len=seq_len,
+        world_size=cost.num_ranks,
+    )  # fmt: skip
+    prediction = predict(strategy, config, cost, seq_len=seq_len, options=options)
+    if args.timeline:
+        from hspmd.sim.trace import draw_timeline
+
+        draw_timeline(prediction.result, args.timeline, title=f"{args.model}: {strategy}")
+    if args.trace:
+        from hspmd.sim.trace import write_trace
+
+        write_trace(prediction.result, args.trace, rank_names=_rank_names(cost))
+    if args.json:
+        print(json.dumps(prediction.to_json(cost)))
+    else:
+        print(prediction_text(prediction, cost, model=args.model, seq_len=seq_len))
+    return 0 if prediction.fits else 1
+
+
+def _rank_names(cost: CostModel) -> dict[int, str]:
+    return {r: f"rank {r} ({cost.kind_of(r)})" for r in range(cost.num_ranks)}
+
+
+def prediction_text(p: Prediction, cost: CostModel, *, model: str, seq_len: int) -> str:
+    """Step time, one row per stage (its ranks are alike), the critical path."""
+    tokens = p.strategy.global_batch * seq_len
+    lines = [
+        f"{model} on {cost.cluster.name} ({p.strategy.num_ranks} of {cost.num_ranks} ranks), "
+        f"seq_len {seq_len}, global batch {p.strategy.global_batch}, {p.options}",
+        f"predicted step time: {p.step_time_s:.4g} s ({tokens / p.step_time_s:,.0f} tokens/s)",
+        f"{'stage':<8}{'ranks':<10}{'kind':<8}{'layers':<9}{'F ms':>9}{'B ms':>9}"
+        f"{'busy s':>9}{'comm s':>9}{'idle s':>9}{'peak GiB':>10}{'cap GiB':>9}",
+    ]
+    summary = p.result.to_json()["ranks"]
+    for pi, si, stage in p.strategy.stages():
+        r = stage.ranks[0]
+        work, times, mem = p.work[(pi, si)], summary.get(str(r), {}), p.memory[r]
+        cap = cost.device_of(r).memory_bytes
+        ranks = str(stage).split(":")[0]
+        lines.append(
+            f"{f'p{pi}s{si}':<8}{ranks:<10}{cost.kind_of(r):<8}"
+            f"{f'{stage.first_layer}-{stage.last_layer}':<9}"
+            f"{work.forward_s * 1e3:9.2f}{work.backward_s * 1e3:9.2f}"
+            f"{times.get('busy', 0.0):9.3f}{times.get('comm', 0.0):9.3f}"
+            f"{times.get('idle', 0.0):9.3f}{mem.peak / GIB:10.1f}{cap / GIB:9.1f}"
+            + ("  OVER" if r in p.over else "")
+        )  # fmt: skip
+    path = p.result.critical_path()
+    shown = path if len(path) <= 12 else [*path[:6], f"... ({len(path) - 12} more) ...", *path[-6:]]
+    lines.append("critical path: " + " -> ".join(shown))
+    for rank, (peak, cap) in sorted(p.over.items())[:1]:
+        lines.append(
+            f"does not fit: rank {rank} ({cost.kind_of(rank)}) needs {peak / GIB:.1f} GiB, "
+            f"has {cap / GIB:.1f} GiB ({len(p.over)} ranks over): use more stages, TP, "
+            "--zero1, --recompute or a smaller micro-batch"
+        )
+    return "\n".join(lines)
