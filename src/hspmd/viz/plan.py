@@ -141,6 +141,6 @@ def _sync_band(
         ax.text(first + width / 2, -0.9, label if fits else "…",
                 ha="center", va="center", fontsize=7)  # fmt: skip
         if first > 0:
-            ax.axvline(first, color="black", linestyle=":", linewidth=0.8, ymin=0, ymax=1)
+            ax.axvline(first, color="black", linestyle=":", linewidth=0.8, zorder=0.5)
     return [Patch(facecolor=c, edgecolor="black", label=f"gradient sync: {name}")
             for name, c in seen.items()]  # fmt: skip
