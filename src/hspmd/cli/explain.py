@@ -4,7 +4,9 @@
 
 prints the pipelines found from the plan's communication, each rank's executable graph
 summary (ops, held parameters, communication by kind) and its schedule; ``--json`` prints
-one JSON object instead.
+one JSON object instead. ``--cluster NAME|FILE`` adds each rank's GPU kind (checking that the
+cluster has the strategy's ranks); ``--picture FILE.png|.svg`` also draws the plan: ranks x
+layers, one colour per pipeline, TP groups as blocks, the gradient sync per layer range.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from hspmd.models.config import PRESETS, get_config
 from hspmd.plan.strategy import StrategyOptions, check_strategy, parse_strategy
 from hspmd.specialize.explain import explain, render
+from hspmd.viz.common import check_picture_path
 
 
 def register(subparsers: Any) -> None:
@@ -36,11 +39,15 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--recompute", action="store_true")
     parser.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe"))
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
+    parser.add_argument("--cluster", default=None, help="cluster file or shipped name: GPU kinds")
+    parser.add_argument("--picture", default=None, metavar="FILE", help="also draw FILE.png|.svg")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
+    if args.picture:
+        check_picture_path(args.picture)
     config = get_config(args.model)
     seq_len = args.seq_len or config.max_seq_len
     options = StrategyOptions(
@@ -52,14 +59,34 @@ def run(args: argparse.Namespace) -> int:
     )
     strategy = parse_strategy(args.strategy)
     check_strategy(strategy, config, options=options, seq_len=seq_len)
+    kinds = _gpu_kinds(args.cluster, strategy.ranks) if args.cluster else None
     explanation = explain(config, strategy, options, seq_len=seq_len)
     if args.json:
         data = explanation.to_json()
         if args.rank is not None:
             data["ranks"] = [r for r in data["ranks"] if r["rank"] == args.rank]
+        if kinds:
+            for r in data["ranks"]:
+                r["gpu_kind"] = kinds[r["rank"]]
         print(json.dumps(data))
     else:
         print(f"model: {args.model}")
-        print(render(explanation, rank=args.rank))
+        print(render(explanation, rank=args.rank, kinds=kinds))
         print(f"\n(explained in {time.perf_counter() - start:.2f} s, nothing allocated)")
+    if args.picture:
+        from hspmd.viz.plan import draw_plan
+
+        title = f"{args.model}, {strategy}"
+        draw_plan(explanation, args.picture, kinds=kinds, title=title)
+        if not args.json:
+            print(f"picture: {args.picture}")
     return 0
+
+
+def _gpu_kinds(cluster_name: str, ranks: tuple[int, ...]) -> dict[int, str]:
+    """Each rank's GPU kind in the cluster (ClusterError when it lacks a rank)."""
+    from hspmd.switch.cluster import load_cluster
+
+    cluster = load_cluster(cluster_name)
+    cluster.check_ranks(ranks, what="the strategy")
+    return {r: cluster.kind_of(r).name for r in ranks}

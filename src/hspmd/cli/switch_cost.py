@@ -5,10 +5,12 @@
         --to   "33x1: R0-3:L0-14 ...; 31x1: R16-19:L0-15 ..."
     hspmd switch-cost ... --states bf16      # only the bf16 compute weights (mixed-length mode)
     hspmd switch-cost ... --json             # one JSON object
+    hspmd switch-cost ... --picture sw.png   # also draw it: --algo's pair matrix, bars of all
 
 Prints, for every rank that sends, the bytes it sends over each link class and the time it
 is busy, then the total and the estimated time of the slowest rank (hspmd.comm.traffic's
-model). ``--cluster`` takes a cluster file or a shipped name (hetu-h800-h20, h20x32).
+model). ``--picture FILE.png|.svg`` draws the bytes per rank pair of ``--algo`` by link
+class and each rank's bytes sent and received under naive, fused and relay. ``--cluster`` takes a cluster file or a shipped name (hetu-h800-h20, h20x32).
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import json
 from typing import Any
 
 from hspmd.plan.strategy import parse_ranks
-from hspmd.switch.cluster import load_cluster
+from hspmd.switch.cluster import Cluster, load_cluster
 from hspmd.switch.cost import ALGOS, STATES, SwitchCost, switch_cost
+from hspmd.viz.common import check_picture_path
 
 
 def register(subparsers: Any) -> None:
@@ -41,10 +44,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--failed", default="", help="ranks that died and own nothing, e.g. 31")
     parser.add_argument("--zero1", action="store_true", help="states sharded by ZeRO-1")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--picture", default=None, metavar="FILE", help="also draw FILE.png|.svg")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.picture:
+        check_picture_path(args.picture)
     cluster = load_cluster(args.cluster)
     failed = parse_ranks(args.failed) if args.failed.strip() else ()
     cost = switch_cost(
@@ -61,7 +67,27 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(cost.to_json()))
     else:
         print(cost_text(cost, links=cluster.topology().link_classes))
+    if args.picture:
+        _picture(args, cluster, failed)
+        if not args.json:
+            print(f"picture: {args.picture}")
     return 0
+
+
+def _picture(args: argparse.Namespace, cluster: Cluster, failed: tuple[int, ...]) -> None:
+    from hspmd.switch.pairs import switch_pairs
+    from hspmd.viz.switch import draw_switch
+
+    algos = tuple(dict.fromkeys(("naive", "fused", "relay", args.algo)))
+    traffics = switch_pairs(
+        model=args.model, source=args.source, target=args.target, cluster=cluster,
+        algos=algos, states=args.states, failed=failed, zero1=args.zero1,
+    )  # fmt: skip
+    title = f"{args.model} on {cluster.name}, states {args.states}" + (
+        f", failed {args.failed}" if failed else ""
+    )
+    draw_switch(traffics, args.picture, matrix=args.algo, num_ranks=cluster.num_ranks,
+                link_classes=cluster.topology().link_classes, title=title)  # fmt: skip
 
 
 def cost_text(cost: SwitchCost, *, links: tuple[str, ...]) -> str:

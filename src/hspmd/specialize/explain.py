@@ -72,6 +72,8 @@ class Explanation:
     ranks: tuple[RankSummary, ...]
     post_kinds: tuple[tuple[str, int], ...]  # gradient sync plans by kind (over all params)
     post_examples: tuple[tuple[str, str], ...] = field(default=())  # (param, plan text)
+    # (first layer, last layer, gradient sync kinds of their parameters), consecutive ranges
+    layer_sync: tuple[tuple[int, int, tuple[str, ...]], ...] = field(default=())
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -80,6 +82,10 @@ class Explanation:
             "seq_len": self.seq_len,
             "pipelines": self.pipelines.to_json(),
             "gradient_sync": dict(self.post_kinds),
+            "gradient_sync_by_layers": [
+                {"layers": [first, last], "kinds": list(kinds)}
+                for first, last, kinds in self.layer_sync
+            ],
             "ranks": [r.to_json() for r in self.ranks],
         }
 
@@ -146,8 +152,38 @@ def explain(
         kinds.update(k for k in plan.kinds if k not in NOT_COMM)
     examples = _examples(post)
     return Explanation(
-        strategy, options, seq_len, layout, summaries, tuple(sorted(kinds.items())), examples
+        strategy,
+        options,
+        seq_len,
+        layout,
+        summaries,
+        tuple(sorted(kinds.items())),
+        examples,
+        _layer_sync(post, num_layers=config.num_layers),
     )
+
+
+def _layer_sync(
+    post: dict[str, CommPlan], *, num_layers: int
+) -> tuple[tuple[int, int, tuple[str, ...]], ...]:
+    """Gradient sync kinds per layer, merged into ranges of equal kinds. The embedding counts
+    with layer 0, the final norm and the head with the last layer (where their stages are)."""
+    per_layer: list[set[str]] = [set() for _ in range(num_layers)]
+    for name, plan in post.items():
+        parts = name.split(".")
+        if parts[0] == "layers":
+            layer = int(parts[1])
+        else:
+            layer = 0 if name.startswith("embed") else num_layers - 1
+        per_layer[layer].update(k for k in plan.kinds if k not in NOT_COMM + ("identity",))
+    ranges: list[tuple[int, int, tuple[str, ...]]] = []
+    for layer, found in enumerate(per_layer):
+        kinds = tuple(sorted(found))
+        if ranges and ranges[-1][2] == kinds:
+            ranges[-1] = (ranges[-1][0], layer, kinds)
+        else:
+            ranges.append((layer, layer, kinds))
+    return tuple(ranges)
 
 
 def _examples(post: dict[str, CommPlan]) -> tuple[tuple[str, str], ...]:
@@ -216,8 +252,10 @@ def _comm_text(kinds: tuple[tuple[str, int], ...]) -> str:
     return ", ".join(f"{k} x{n}" for k, n in kinds) or "-"
 
 
-def render(explanation: Explanation, *, rank: int | None = None) -> str:
-    """The text ``hspmd explain`` prints."""
+def render(
+    explanation: Explanation, *, rank: int | None = None, kinds: dict[int, str] | None = None
+) -> str:
+    """The text ``hspmd explain`` prints; ``kinds`` (rank -> GPU kind) names each rank's GPU."""
     e = explanation
     lines = [f"strategy: {e.strategy}", f"options:  {e.options}, seq_len={e.seq_len}", ""]
     lines.append("pipelines (constructed from the forward communication; match the strategy):")
@@ -230,6 +268,8 @@ def render(explanation: Explanation, *, rank: int | None = None) -> str:
         "gradient sync (Post), plans by kind over all parameters: " + _comm_text(e.post_kinds),
     ]
     lines += [f"  e.g. {name}: {text}" for name, text in e.post_examples]
+    by_layers = "; ".join(f"L{a}-{b} {' + '.join(kinds) or '-'}" for a, b, kinds in e.layer_sync)
+    lines.append(f"  by layers: {by_layers}")
     lines.append("")
     chosen = [r for r in e.ranks if rank is None or r.rank == rank]
     if rank is not None and not chosen:
@@ -237,8 +277,9 @@ def render(explanation: Explanation, *, rank: int | None = None) -> str:
 
         raise StrategyError(f"rank {rank} is not in the strategy (ranks {list(e.strategy.ranks)})")
     for r in chosen:
+        gpu = f" ({kinds[r.rank]})" if kinds else ""
         lines += [
-            f"rank {r.rank}: pipeline {r.pipeline} stage {r.stage} tp={len(r.tp_group)} "
+            f"rank {r.rank}{gpu}: pipeline {r.pipeline} stage {r.stage} tp={len(r.tp_group)} "
             f"layers {r.layers[0]}-{r.layers[1]} ops={r.num_ops} params={r.num_params} "
             f"({r.param_elements * 4 / 2**20:.1f} MiB fp32)",
             f"  F (per micro-batch): {_comm_text(r.forward_comm)}",

@@ -42,10 +42,10 @@ from hspmd.comm.traffic import Estimate, estimate
 from hspmd.errors import HspmdError
 from hspmd.models import get_config
 from hspmd.plan.params import ParamSpec, parameter_annotations, state_annotations
-from hspmd.plan.strategy import parse_strategy
+from hspmd.plan.strategy import Strategy, parse_strategy
 from hspmd.switch.cluster import Cluster
 
-__all__ = ["ALGOS", "STATES", "SwitchCost", "SwitchError", "estimate_scheme", "switch_cost", "switch_tables"]  # fmt: skip
+__all__ = ["ALGOS", "STATES", "SwitchCost", "SwitchError", "estimate_scheme", "plan_tables", "switch_cost", "switch_tables"]  # fmt: skip
 
 ALGOS = ("naive", "per-tensor", "fused", "relay")
 STATES = {"fp32-adam": 12, "bf16": 2}
@@ -171,24 +171,12 @@ def switch_cost(
     zero1: bool = False,
 ) -> SwitchCost:
     """Plan the switch ``source -> target`` of ``model`` on ``cluster`` and estimate it."""
-    if states not in STATES:
-        raise SwitchError(f"unknown states {states!r}: use one of {', '.join(STATES)}")
     if algo not in ALGOS:
         raise SwitchError(f"unknown switch algorithm {algo!r}: use one of {', '.join(ALGOS)}")
-    config = get_config(model)
-    old, new = parse_strategy(source), parse_strategy(target)
-    cluster.check_ranks(old.ranks, what="the old strategy")
-    cluster.check_ranks(new.ranks, what="the new strategy")
-    cluster.check_ranks(failed, what="--failed")
-    dead = sorted(set(failed) & set(new.ranks))
-    if dead:
-        raise SwitchError(f"failed rank {dead[0]} is in the new strategy: leave it out of it")
-    if states == "bf16":
-        before, after = parameter_annotations(old, config), parameter_annotations(new, config)
-    else:
-        before = state_annotations(old, config, zero1=zero1)
-        after = state_annotations(new, config, zero1=zero1)
-    tables = switch_tables(before, after, itemsize=STATES[states], failed=failed)
+    old, new, tables = plan_tables(
+        model=model, source=source, target=target, cluster=cluster, states=states,
+        failed=failed, zero1=zero1,
+    )  # fmt: skip
     topology = cluster.topology()
     stages = scheme_stages(tables, algo, topology=topology, failed=failed)
     itemsizes = {t.tensor: t.itemsize for t in tables}
@@ -203,3 +191,33 @@ def switch_cost(
         num_messages=_count_messages(stages, fused=algo in ("fused", "relay")),
         estimate=estimate(stages, topology=topology, itemsizes=itemsizes),
     )
+
+
+def plan_tables(
+    *,
+    model: str,
+    source: str,
+    target: str,
+    cluster: Cluster,
+    states: str = "fp32-adam",
+    failed: Collection[int] = (),
+    zero1: bool = False,
+) -> tuple[Strategy, Strategy, list[BsrTable]]:
+    """The parsed strategies and every moved tensor's BSR table, checked against ``cluster``."""
+    if states not in STATES:
+        raise SwitchError(f"unknown states {states!r}: use one of {', '.join(STATES)}")
+    config = get_config(model)
+    old, new = parse_strategy(source), parse_strategy(target)
+    cluster.check_ranks(old.ranks, what="the old strategy")
+    cluster.check_ranks(new.ranks, what="the new strategy")
+    cluster.check_ranks(failed, what="--failed")
+    dead = sorted(set(failed) & set(new.ranks))
+    if dead:
+        raise SwitchError(f"failed rank {dead[0]} is in the new strategy: leave it out of it")
+    if states == "bf16":
+        before, after = parameter_annotations(old, config), parameter_annotations(new, config)
+    else:
+        before = state_annotations(old, config, zero1=zero1)
+        after = state_annotations(new, config, zero1=zero1)
+    tables = switch_tables(before, after, itemsize=STATES[states], failed=failed)
+    return old, new, tables

@@ -1,0 +1,16 @@
+"""The docstring examples of hspmd.viz (rows order, picture path check)."""
+
+from __future__ import annotations
+
+import doctest
+from types import ModuleType
+
+import pytest
+
+import hspmd.viz.common
+import hspmd.viz.plan
+
+
+@pytest.mark.parametrize("module", [hspmd.viz.common, hspmd.viz.plan], ids=lambda m: m.__name__)
+def test_doctests(module: ModuleType) -> None:
+    assert doctest.testmod(module).failed == 0
