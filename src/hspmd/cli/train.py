@@ -2,7 +2,7 @@
 
     hspmd train --model llama-tiny --strategy "2x2: R0-1:L0-3; 4x1: R2:L0-3" \\
         --global-batch 8 --seq-len 64 --steps 5 --seed 0 [--json] [--reference] \\
-        [--switch 3="1x8: R0-3:L0-3" ...] [--save DIR --save-every N] [--resume DIR]
+        [--switch 3="2x4: R0-1:L0-1 R2:L2-3" ...] [--save DIR --save-every N] [--resume DIR]
 
 The strategy is checked before any process starts. ``--json`` prints one JSON object per
 step (``step``, ``loss``: the global mean token loss, ``tokens``, ``seconds``);
