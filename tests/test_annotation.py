@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hspmd.annotation import (
@@ -136,3 +138,12 @@ def test_values_are_frozen_and_hashable() -> None:
         annotation.hdim = 1  # type: ignore[misc]
     assert 2 in annotation and 5 not in annotation
     assert annotation.subgroup_of(2) == (1, 0)
+
+
+def test_notation_doc_counts_summands_as_the_code_does() -> None:
+    # Issue 17: docs/notation.md said 4 summands for this annotation; it has 3.
+    text = (Path(__file__).parents[1] / "docs" / "notation.md").read_text()
+    line = next(x for x in text.splitlines() if x.startswith("hP: [0,1]{P:2} [2,3]{D:2}"))
+    summands = {p.partial for p in parse_annotation(line[:25]).pieces((8, 12)).values()}
+    assert summands == {(0, 0), (0, 1), (1,)}
+    assert f"{len(summands)} summands in all" in line

@@ -78,3 +78,14 @@ def test_sequence_parallel_kinds(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "F (per micro-batch): all-gather x9, reduce-scatter x9" in out
     assert "Post:                all-reduce x9" in out  # norm weights' partial grads
+
+
+def test_json_gives_the_full_schedule(capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 17: --json printed "... (N more) ..." in long schedules; the text stays short.
+    args = ["explain", "--strategy", "32x1: R0:L0-1 R1:L2-3", "--seq-len", "16", "--rank", "1"]
+    assert main([*args, "--json"]) == 0
+    (rank,) = json.loads(capsys.readouterr().out)["ranks"]
+    words = rank["schedule"].split()
+    assert "more)" not in words and len(words) == 2 + 64  # Pre, 32 F and 32 B, Post
+    assert main(args) == 0
+    assert "(52 more)" in capsys.readouterr().out

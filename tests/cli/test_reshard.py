@@ -101,3 +101,26 @@ def test_nproc_dump_matches_simulator(tmp_path: Path) -> None:
             np.load(tmp_path / "proc" / f"rank{rank}.npy"),
             np.load(tmp_path / "sim" / f"rank{rank}.npy"),
         )
+
+
+def test_simulate_with_nproc_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 17: both were accepted and the output did not say which one ran.
+    args = ["reshard", "--src", SRC, "--dst", DST, "--shape", SHAPE]
+    assert main([*args, "--simulate", "--nproc", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "--simulate and --nproc 4 both run the plan" in err and err.count("\n") == 1
+
+
+def test_simulate_says_it_ran_in_the_simulator(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["reshard", "--src", SRC, "--dst", DST, "--shape", SHAPE, "--simulate"]) == 0
+    out = capsys.readouterr().out
+    assert "ran in the numpy simulator\nrank 0: shape [4, 12]" in out
+
+
+def test_text_plan_has_no_step_that_moves_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 17: rank 2 only copied its own piece, printed `bsr copy=1 send_to=[] recv_from=[]`.
+    args = ["reshard", "--src", "[2,1]{D:2}", "--dst", "hP: [2,1]{D:2} [0]{}", "--shape", "8"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "send_to=[] recv_from=[]" not in out
+    assert "rank 2: [0:8] -> [0:8]\n    1: local slice" in out

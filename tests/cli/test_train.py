@@ -1,13 +1,22 @@
-"""`hspmd train --resume` when the checkpoint is already at or past ``--steps`` (issue 17)."""
+"""`hspmd train`: resume, save, defaults and warnings as issue 17 asked."""
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
+import pytest
 import torch
 
 from hspmd.annotation import parse_annotation as A
 from hspmd.checkpoint.store import save
-from hspmd.cli import main
+from hspmd.cli import build_parser, main
+from hspmd.cli import train as train_cli
+from hspmd.cli.train import config_from_args, progress, warnings_of
 from hspmd.plan.params import ParamSpec
+from hspmd.train.config import StepRecord, TrainConfig
+from hspmd.train.trainer import check_config
 
 
 def test_resume_at_final_step_says_nothing_to_do(tmp_path, capsys) -> None:
@@ -18,3 +27,109 @@ def test_resume_at_final_step_says_nothing_to_do(tmp_path, capsys) -> None:
     assert main([*argv, "--resume", str(tmp_path)]) == 0
     err = capsys.readouterr().err
     assert "nothing to do: checkpoint" in err and "is at step 10" in err
+
+
+def test_help_example_is_a_valid_run() -> None:
+    # Issue 17: the --switch example used TP 4, which does not divide llama-tiny's 2 kv heads.
+    doc = train_cli.__doc__ or ""
+    strategy = re.search(r'--strategy "([^"]+)"', doc)
+    switch = re.search(r'--switch (\d+)="([^"]+)"', doc)
+    batch = re.search(r"--global-batch (\d+)", doc)
+    assert strategy and switch and batch
+    config = TrainConfig(
+        strategy=strategy.group(1),
+        global_batch=int(batch.group(1)),
+        switches=((int(switch.group(1)), switch.group(2)),),
+    )
+    check_config(config)
+
+
+def _save_fake(directory: Path, *, step: int) -> None:
+    specs = {"w": ParamSpec("w", (2,), A("[0]{}"))}
+    save(directory, step=step, model="llama-tiny", strategy="1x1: R0:L0-3", specs=specs,
+         tensors_by_rank={0: {"w": torch.zeros(2)}})  # fmt: skip
+
+
+def test_resume_at_final_step_json_is_one_object(tmp_path: Path, capsys) -> None:
+    _save_fake(tmp_path, step=10)
+    argv = ["train", "--strategy", "1x1: R0:L0-3", "--steps", "10", "--json"]
+    assert main([*argv, "--resume", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {
+        "nothing_to_do": True, "checkpoint_step": 10, "steps": 10, "resume": str(tmp_path),
+    }  # fmt: skip
+    assert err.count("\n") == 1 and err.startswith("nothing to do: checkpoint is at step 10")
+
+
+def test_progress_bar_after_resume_counts_to_the_total(capsys) -> None:
+    # Issue 17: resumed at step 10 of 14, the bar ended at 4/14.
+    config = TrainConfig(strategy="1x1: R0:L0-3", global_batch=1, steps=14)
+    with progress(config, title="1 ranks", as_json=False, done=10) as on_step:
+        for step in range(11, 15):
+            on_step(StepRecord(step=step, loss=1.0, tokens=64, seconds=0.1))
+    out = capsys.readouterr().out
+    assert re.findall(r"(?<!\d)\d+/14", out) == ["14/14"]
+
+
+def _args(*argv: str):
+    return build_parser().parse_args(["train", *argv])
+
+
+def test_global_batch_defaults_to_the_strategy() -> None:
+    # Issue 17: it defaulted to 8 whatever the strategy, and the error named a number not typed.
+    config = config_from_args(_args("--strategy", "2x1: R0:L0-3; 4x1: R1:L0-3"))
+    assert config.global_batch == 6
+    assert config_from_args(_args("--reference")).global_batch == 8
+    assert (
+        config_from_args(_args("--strategy", "2x1: R0:L0-3", "--global-batch", "2")).global_batch
+        == 2
+    )
+
+
+def test_help_shows_defaults(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: the strategy's sum of COUNT x SIZE; 8 without a strategy)" in out
+    assert "--seq-len SEQ_LEN tokens per sequence (default: 64)" in out
+    assert "--seed SEED seed of weights and data order (default: 0)" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "warning"),
+    [
+        (["--save-every", "2"], "--save-every 2 without --save saves nothing"),
+        (["--save", "d", "--save-every", "9"], "--save-every 9 is past --steps 5"),
+        (["--switch", "7=1x1: R0:L0-3"], "--switch 7='1x1: R0:L0-3' never runs: step 7 is past"),
+    ],
+)
+def test_warnings(argv: list[str], warning: str) -> None:
+    args = _args("--strategy", "1x1: R0:L0-3", *argv)
+    assert warnings_of(args, config_from_args(args)) == [warning + warning_tail(warning)]
+
+
+def warning_tail(warning: str) -> str:
+    return {
+        "--save-every 2 without --save saves nothing": ": add --save DIR",
+        "--save-every 9 is past --steps 5": ": nothing is saved",
+    }.get(warning, " --steps 5")
+
+
+def test_no_warnings_for_a_plain_run() -> None:
+    args = _args("--strategy", "1x1: R0:L0-3", "--save", "d", "--switch", "3=1x1: R0:L0-3")
+    assert warnings_of(args, config_from_args(args)) == []
+
+
+@pytest.mark.multiproc
+def test_save_and_resume_say_what_they_did(tmp_path: Path, capsys) -> None:
+    argv = ["train", "--strategy", "1x1: R0:L0-3", "--seq-len", "16", "--save", str(tmp_path)]
+    assert main([*argv, "--steps", "2"]) == 0
+    assert f"checkpoint of step 2 saved in {tmp_path / 'step-00000002'}" in capsys.readouterr().err
+    assert main([*argv, "--steps", "3", "--resume", str(tmp_path), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert [json.loads(line)["step"] for line in out.splitlines()] == [3]
+    assert (
+        f"resuming {tmp_path / 'step-00000002'} (saved after step 2) at step 3: "
+        "strategy '1x1: R0:L0-3'"
+    ) in err
+    assert f"checkpoint of step 3 saved in {tmp_path / 'step-00000003'}" in err

@@ -237,3 +237,20 @@ def test_partial_moving_between_axes(src: str, dst: str) -> None:
     # The intermediate {P:2,P:2} is partial over four devices (found by the runtime tests).
     plan = check(src, dst, (8, 12))
     assert "bsr" not in plan.kinds
+
+
+@pytest.mark.parametrize(
+    ("src", "dst", "kinds"),
+    [
+        ("hD: [0]{} [1]{}", "[0]{}", ("local",)),  # rank 1 drops its copy, rank 0 keeps its own
+        ("hD: [2,1]{D:2} [3,0]{D:2}", "[0]{}", ("local",)),
+        ("hP: [0,1]{D:2} [3]{} [2]{}", "hD: [0]{} [1,2]{0:2}", ("split-all-reduce", "local")),
+        ("[2,1]{D:2}", "hP: [2,1]{D:2} [0]{}", ("bsr", "local")),  # rank 2 sends, rank 1 idle
+        ("hP: [3,0]{0:2} [2,1]{D:2}", "[2,0]{D:2}", ("split-all-reduce", "bsr")),
+    ],
+)
+def test_bsr_leaves_out_what_moves_nothing(src: str, dst: str, kinds: tuple[str, ...]) -> None:
+    # Issue 17: BSR steps printed `copy=1 send_to=[] recv_from=[]` for ranks (or whole steps)
+    # that only copied their own piece; check() now refuses such steps (check_bsr_moves).
+    plan = check(src, dst, SHAPE)
+    assert plan.kinds == kinds

@@ -89,6 +89,10 @@ def test_uniform() -> None:
         ("1x1:", "without stages"),
         ("1x1: R0-3,2:L0-59", "listed twice"),
         ("1x1: R3-0:L0-59", "low-high"),
+        # issue 17: the likely fix for two typos
+        ("4x1: R0-1:L0-3, 2x1: R2:L0-3", "separate pipelines with ';', not ','"),
+        ("4x1: r0:L0-3", "write R and L in capitals: 'R0:L0-3'"),
+        ("4x1: R0-1:l0-3", "write R and L in capitals: 'R0-1:L0-3'"),
     ],
 )
 def test_syntax_errors(text: str, message: str) -> None:
@@ -101,7 +105,9 @@ def test_syntax_errors(text: str, message: str) -> None:
     [
         ("2x1: R0-3:L0-59; 2x1: R3-6:L0-59", "rank 3 is in two stages"),
         ("4x1: R0-3:L0-10 R4:L12-59", "gap before stage R4:L12-59.*start at layer 11"),
-        ("4x1: R0-3:L0-10 R4:L10-59", "overlap at stage R4:L10-59"),
+        ("4x1: R0-3:L0-10 R4:L10-59", "overlap at stage R4:L10-59.*start it at layer 11"),
+        # issue 17: said "should start at layer 60" on a 60-layer model
+        ("4x1: R0-3:L0-59 R4:L59-59", "layer 59 is already held by stage 0.*drop R4:L59-59"),
         ("4x1: R0-3:L0-64", "holds layers up to 64.*60 layers"),
         ("4x1: R0-3:L0-50", "stops at layer 50"),
         ("4x1: R0-2:L0-59", "TP degree 3.*num_heads=64"),
@@ -117,7 +123,7 @@ def test_refusals(text: str, message: str) -> None:
 
 def test_refusals_needing_other_inputs() -> None:
     kv = get_config("llama-tiny")  # 2 kv heads
-    with pytest.raises(StrategyError, match="num_kv_heads=2"):
+    with pytest.raises(StrategyError, match=r"num_kv_heads=2.*\(up to 4: 1, 2\)"):
         check_strategy(parse_strategy("1x1: R0-3:L0-3"), kv)
     odd_vocab = get_config("llama-tiny", vocab_size=258, num_kv_heads=4)
     with pytest.raises(StrategyError, match="vocab_size=258"):

@@ -17,7 +17,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from hspmd.cli.train import add_config_arguments, config_from_args, progress
+from hspmd.cli.train import HelpFormatter, add_config_arguments, config_from_args, progress
 from hspmd.train.compare import compare
 from hspmd.train.config import TrainConfig
 from hspmd.train.describe import COLUMNS, describe_ranks
@@ -36,10 +36,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "demo",
         help="a short heterogeneous training run on local processes, checked against the reference",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     add_config_arguments(parser, strategy=DEFAULT_STRATEGY)
-    parser.set_defaults(global_batch=5, seq_len=32, steps=4, lr=1e-3, data_max_bytes=1 << 20)
+    parser.set_defaults(seq_len=32, steps=4, lr=1e-3, data_max_bytes=1 << 20)
     parser.add_argument("--json", action="store_true", help="one JSON object per step")
     parser.set_defaults(func=run)
 

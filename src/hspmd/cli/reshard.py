@@ -5,6 +5,8 @@
     hspmd reshard ... --simulate --dump DIR   # run it in the simulator on arange(prod(shape))
     hspmd reshard ... --nproc 4 --dump DIR    # run it on 4 local processes (gloo)
 
+``--simulate`` and ``--nproc`` are refused together; the output says which one ran.
+
 ``--dump`` writes ``DIR/rank<R>.npy`` for every destination rank: its local tensor of the
 float64 global tensor ``arange(prod(shape)).reshape(shape)``; partial sources start with the
 first summand holding everything.
@@ -59,6 +61,11 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 def run(args: argparse.Namespace) -> int:
     shape = parse_shape(args.shape)
+    if args.simulate and args.nproc:
+        raise HspmdError(
+            f"--simulate and --nproc {args.nproc} both run the plan: give --simulate for the "
+            "numpy simulator or --nproc N for N local processes, not both"
+        )
     plan = resolve(parse_annotation(args.src), parse_annotation(args.dst), shape)
     print(json.dumps(plan_json(plan)) if args.json else plan_text(plan))
     if not (args.simulate or args.nproc or args.dump):
@@ -66,8 +73,12 @@ def run(args: argparse.Namespace) -> int:
     value = np.arange(math.prod(shape), dtype=np.float64).reshape(shape)
     if args.nproc:
         out = _run_processes(plan, nproc=args.nproc, backend=args.backend, value=value)
+        ran = f"ran on {args.nproc} local processes ({args.backend})"
     else:
         out = simulate(plan, scatter(plan.src, value))
+        ran = "ran in the numpy simulator"
+    if not args.json:
+        print(ran)
     if args.dump:
         folder = Path(args.dump)
         folder.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
     hspmd train --model llama-tiny --strategy "2x2: R0-1:L0-3; 4x1: R2:L0-3" \\
         --global-batch 8 --seq-len 64 --steps 5 --seed 0 [--json] [--reference] \\
-        [--switch 3="1x8: R0-3:L0-3" ...] [--save DIR --save-every N] [--resume DIR]
+        [--switch 3="2x4: R0-1:L0-1 R2:L2-3" ...] [--save DIR --save-every N] [--resume DIR]
 
 The strategy is checked before any process starts. ``--json`` prints one JSON object per
 step (``step``, ``loss``: the global mean token loss, ``tokens``, ``seconds``);
@@ -26,34 +26,63 @@ from contextlib import contextmanager
 
 from hspmd.checkpoint.store import latest, read_manifest
 from hspmd.models.llama import PRESETS
+from hspmd.plan.strategy import parse_strategy
 from hspmd.train.config import AdamConfig, StepRecord, TrainConfig, TrainError
 from hspmd.train.reference import TrainResult, run_reference
 from hspmd.train.trainer import check_config, num_processes, train
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and ``(default: X)`` after every option that has one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        default = action.default
+        if action.help is None or default is None or default is False or default in ([], ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+# Without --global-batch and --strategy (the reference run): this many sequences per step.
+REFERENCE_BATCH = 8
+
+
 def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | None) -> None:
     """The arguments of a training run (shared with `hspmd demo`)."""
     trainable = [name for name, c in PRESETS.items() if not c.config_only]
-    parser.add_argument("--model", default="llama-tiny", choices=trainable)
+    parser.add_argument("--model", default="llama-tiny", choices=trainable, help="model preset")
     parser.add_argument(
         "--strategy",
         default=strategy,
         help="pipelines 'COUNTxSIZE: R<ranks>:L<first>-<last> ...' separated by ';'",
     )
-    parser.add_argument("--global-batch", type=int, default=8, help="sequences per step")
-    parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--global-batch",
+        type=int,
+        default=None,
+        help="sequences per step (default: the strategy's sum of COUNT x SIZE; "
+        f"{REFERENCE_BATCH} without a strategy)",
+    )
+    parser.add_argument("--seq-len", type=int, default=64, help="tokens per sequence")
+    parser.add_argument("--steps", type=int, default=5, help="last step (counts from the start)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of weights and data order")
     parser.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate")
     parser.add_argument("--data", default=None, help="text or JSONL file (default: stdlib)")
     parser.add_argument(
         "--data-max-bytes", type=int, default=None, help="read at most this much text"
     )
-    parser.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe"])
-    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
-    parser.add_argument("--zero1", action="store_true")
-    parser.add_argument("--sequence-parallel", action="store_true")
-    parser.add_argument("--recompute", action="store_true")
+    parser.add_argument(
+        "--schedule", default="1f1b", choices=["1f1b", "gpipe"], help="pipeline schedule"
+    )
+    parser.add_argument(
+        "--dtype", default="fp32", choices=["fp32", "bf16"], help="compute dtype (masters fp32)"
+    )
+    parser.add_argument(
+        "--zero1", action="store_true", help="shard fp32 masters and Adam states over pipelines"
+    )
+    parser.add_argument(
+        "--sequence-parallel", action="store_true", help="split the sequence inside each stage"
+    )
+    parser.add_argument("--recompute", action="store_true", help="recompute each layer in backward")
     parser.add_argument(
         "--no-overlap",
         action="store_true",
@@ -92,7 +121,13 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | Non
         help="fake nodes of N local processes each, for switches (instead of --cluster)",
     )
     parser.add_argument("--save", default=None, metavar="DIR", help="checkpoint directory")
-    parser.add_argument("--save-every", type=int, default=1, metavar="N", help="save every N steps")
+    parser.add_argument(
+        "--save-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --save: save after every N-th step (default: 1)",
+    )
     parser.add_argument("--resume", default=None, metavar="DIR", help="continue from DIR")
     parser.add_argument(
         "--slowdown",
@@ -134,7 +169,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(
         model=args.model,
         strategy=args.strategy,
-        global_batch=args.global_batch,
+        global_batch=global_batch_of(args),
         seq_len=args.seq_len,
         steps=args.steps,
         seed=args.seed,
@@ -153,10 +188,36 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         cluster=getattr(args, "cluster", None),
         ranks_per_node=getattr(args, "ranks_per_node", None),
         save=args.save,
-        save_every=args.save_every,
+        save_every=args.save_every or 1,
         resume=args.resume,
         slowdown=parse_slowdown(getattr(args, "slowdown", "")),
     )
+
+
+def global_batch_of(args: argparse.Namespace) -> int:
+    """``--global-batch``, else the strategy's sum of COUNT x SIZE (8 without a strategy)."""
+    if args.global_batch is not None:
+        return int(args.global_batch)
+    if args.strategy is None:
+        return REFERENCE_BATCH
+    return parse_strategy(args.strategy).global_batch
+
+
+def warnings_of(args: argparse.Namespace, config: TrainConfig) -> list[str]:
+    """Options that do nothing as given (the run goes ahead)."""
+    out = []
+    if args.save_every is not None and not config.save:
+        out.append(f"--save-every {args.save_every} without --save saves nothing: add --save DIR")
+    elif config.save and config.save_every > config.steps:
+        out.append(
+            f"--save-every {config.save_every} is past --steps {config.steps}: nothing is saved"
+        )
+    for step, text in config.switches:
+        if step > config.steps:
+            out.append(
+                f"--switch {step}={text!r} never runs: step {step} is past --steps {config.steps}"
+            )
+    return out
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -164,7 +225,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "train",
         help="train a Llama preset under a strategy on local processes",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     add_config_arguments(parser, strategy=None)
     parser.add_argument("--json", action="store_true", help="one JSON object per step")
@@ -216,6 +277,19 @@ def resumed_step(config: TrainConfig) -> int:
     return read_manifest(latest(config.resume)).step
 
 
+def resume_text(config: TrainConfig) -> str:
+    """``resuming DIR/step-N at step N+1: strategy A -> B`` (what ``--resume`` loads)."""
+    assert config.resume is not None
+    folder = latest(config.resume)
+    manifest = read_manifest(folder)
+    now = config.strategy_at(manifest.step + 1)
+    change = f"{manifest.strategy!r} -> {now!r}" if manifest.strategy != now else repr(now)
+    return (
+        f"resuming {folder} (saved after step {manifest.step}) at step {manifest.step + 1}: "
+        f"strategy {change}"
+    )
+
+
 def run_config(config: TrainConfig, *, reference: bool, as_json: bool) -> TrainResult:
     """Train (or run the reference) with the progress display; the CLI's core."""
     if reference:
@@ -230,14 +304,24 @@ def run_config(config: TrainConfig, *, reference: bool, as_json: bool) -> TrainR
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    for warning in warnings_of(args, config):
+        print(f"hspmd {args.command}: warning: {warning}", file=sys.stderr)
     if not args.reference and (done := resumed_step(config)) >= config.steps:
         print(
-            f"nothing to do: checkpoint in {config.resume} is at step {done} and --steps is "
+            f"nothing to do: checkpoint is at step {done} (in {config.resume}) and --steps is "
             f"{config.steps}; pass --steps above {done} to train on",
             file=sys.stderr,
         )
+        if args.json:
+            print(json.dumps({"nothing_to_do": True, "checkpoint_step": done,
+                              "steps": config.steps, "resume": config.resume}))  # fmt: skip
         return 0
+    if config.resume and not args.reference:
+        print(resume_text(config), file=sys.stderr)
     result = run_config(config, reference=args.reference, as_json=args.json)
     if not args.json and result.records:
         print(f"final loss {result.records[-1].loss:.6f}", file=sys.stderr)
+    saved = [r.step for r in result.records if r.step % config.save_every == 0]
+    if config.save and not args.reference and saved:
+        print(f"checkpoint of step {saved[-1]} saved in {latest(config.save)}", file=sys.stderr)
     return 0

@@ -27,12 +27,11 @@ from dataclasses import dataclass, replace
 
 from hspmd.annotation import DUP, PARTIAL, Annotation, Region
 from hspmd.comm.axes import Axes, Group
-from hspmd.comm.bsr import BsrTable, schedule
+from hspmd.comm.bsr import BsrTable, bsr_step, schedule
 from hspmd.comm.plan import (
     AllGather,
     AllReduce,
     AllToAll,
-    BatchedSendRecv,
     Local,
     ReduceScatter,
     SendRecv,
@@ -236,5 +235,17 @@ def _movement(
         out.append((SendRecv(pairs), sends))
     if bsrs:
         tables = [m.table for m in bsrs.values() if m.table is not None]
-        out.append((BatchedSendRecv(schedule(tables, topology=topology)), bsrs))
+        before = list(state)
+        for s, m in sends.items():
+            before[s] = m.after
+        after = list(before)
+        for s, m in bsrs.items():
+            after[s] = m.after
+        step = bsr_step(
+            schedule(tables, topology=topology),
+            before=make_layout(before),
+            after=make_layout(after),
+            shape=shape,
+        )
+        out.append((step, bsrs))
     return out

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hspmd.annotation import PARTIAL, Annotation, Region
-from hspmd.comm.plan import Transfer, volume
+from hspmd.comm.plan import BatchedSendRecv, Local, Transfer, volume
 from hspmd.comm.slices import holders_table, merge_boxes
 from hspmd.comm.topology import Topology
 from hspmd.errors import ResolutionError
@@ -141,6 +141,41 @@ def schedule(
         for (src, dst, tensor), boxes in sorted(picked.items())
         for box in merge_boxes(boxes)
     )
+
+
+def bsr_step(
+    transfers: tuple[Transfer, ...], *, before: Annotation, after: Annotation, shape: Sequence[int]
+) -> BatchedSendRecv | Local:
+    """The step that runs ``transfers`` from layout ``before`` to ``after``, leaving out what
+    moves nothing: a rank whose only transfer copies its whole piece, unchanged, is left
+    out (it keeps its tensor), and when no transfer is left between two ranks the step is a
+    local slice, not a BSR.
+
+    >>> from hspmd.annotation import parse_annotation as A
+    >>> bsr_step((Transfer(0, 0, ((0, 2),)),), before=A("hD: [0]{} [1]{}"), after=A("[0]{}"),
+    ...          shape=(2,))
+    Local(keep=(), zero=())
+    """
+    by_rank: dict[int, list[Transfer]] = defaultdict(list)
+    for t in transfers:
+        by_rank[t.src].append(t)
+        if t.dst != t.src:
+            by_rank[t.dst].append(t)
+    idle = {r for r, ts in by_rank.items() if _unchanged(r, ts, before, after, shape)}
+    kept = tuple(t for t in transfers if t.dst not in idle)
+    if all(t.src == t.dst for t in kept):
+        return Local(tuple(sorted({t.dst for t in kept})))
+    return BatchedSendRecv(kept)
+
+
+def _unchanged(
+    rank: int, ts: list[Transfer], before: Annotation, after: Annotation, shape: Sequence[int]
+) -> bool:
+    """``rank``'s only transfer copies its piece, the same region before and after."""
+    if len(ts) != 1 or ts[0].src != ts[0].dst or rank not in before or rank not in after:
+        return False
+    region = before.piece(rank, shape).region
+    return region == after.piece(rank, shape).region == ts[0].region
 
 
 def messages(transfers: Sequence[Transfer]) -> dict[tuple[int, int], tuple[Transfer, ...]]:

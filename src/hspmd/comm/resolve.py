@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from hspmd.annotation import DUP, PARTIAL, Annotation
 from hspmd.comm.axes import Axes, axes_of, layout
 from hspmd.comm.bottom import merge_moves, subgroup_moves
-from hspmd.comm.bsr import BsrTable, schedule
-from hspmd.comm.plan import AllReduce, BatchedSendRecv, CommPlan, Local, Step
+from hspmd.comm.bsr import BsrTable, bsr_step, schedule
+from hspmd.comm.plan import AllReduce, CommPlan, Local, Step
 from hspmd.comm.slices import part_regions
 from hspmd.comm.top import top_step
 from hspmd.comm.topology import Topology
@@ -158,7 +158,11 @@ def _general(
     target = _without_partial(dst)
     if not _same_pieces(current, target, shape) or set(current.ranks) != set(target.ranks):
         table = BsrTable.between(current, target, shape)
-        steps.append(BatchedSendRecv(schedule([table], topology=topology)))
+        steps.append(
+            bsr_step(
+                schedule([table], topology=topology), before=current, after=target, shape=shape
+            )
+        )
         layouts.append(target)
     _zero_partials(steps, layouts, dst, start=src)
     return steps, layouts

@@ -227,9 +227,10 @@ _STAGE = re.compile(r"R([0-9,\-]+):L(\d+)(?:-(\d+))?")
 _EXAMPLE = "e.g. '4x2: R0-3:L0-11 R4-7:L12-23; 8x1: R8,9:L0-23'"
 
 
-def _syntax_error(text: str, column: int, what: str) -> StrategyError:
+def _syntax_error(text: str, column: int, what: str, *, hint: str = "") -> StrategyError:
     pointer = " " * column + "^"
-    return StrategyError(f"{what} at column {column}:\n  {text}\n  {pointer}\n{_EXAMPLE}")
+    last = f"{hint}; {_EXAMPLE}" if hint else _EXAMPLE
+    return StrategyError(f"{what} at column {column}:\n  {text}\n  {pointer}\n{last}")
 
 
 def parse_strategy(text: str) -> Strategy:
@@ -259,7 +260,10 @@ def _parse_pipeline(text: str, part: str, offset: int) -> Pipeline:
         match = _STAGE.fullmatch(found.group())
         if not match:
             raise _syntax_error(
-                text, column, f"bad stage {found.group()!r}, expected R<ranks>:L<first>-<last>"
+                text,
+                column,
+                f"bad stage {found.group()!r}, expected R<ranks>:L<first>-<last>",
+                hint=_stage_hint(found.group(), part[head.end() + found.start() :]),
             )
         try:
             ranks = parse_ranks(match.group(1))
@@ -271,6 +275,15 @@ def _parse_pipeline(text: str, part: str, offset: int) -> Pipeline:
     if not stages:
         raise _syntax_error(text, offset + head.end(), "pipeline without stages")
     return Pipeline(int(head.group(1)), int(head.group(2)), tuple(stages))
+
+
+def _stage_hint(token: str, rest: str) -> str:
+    """A likely fix for a bad stage token (``rest``: the pipeline text from the token on)."""
+    if re.search(r",\s*\d+\s*x\s*\d+\s*:", rest):
+        return "separate pipelines with ';', not ','"
+    if _STAGE.fullmatch(token.replace("r", "R").replace("l", "L")):
+        return f"write R and L in capitals: {token.replace('r', 'R').replace('l', 'L')!r}"
+    return ""
 
 
 # -- checking against a model and a batch ----------------------------------------------------
@@ -345,7 +358,7 @@ def _check_ranks(strategy: Strategy, world_size: int | None) -> None:
 
 def _check_layers(p: int, pipeline: Pipeline, config: LlamaConfig) -> None:
     num_layers, expected = config.num_layers, 0
-    for stage in pipeline.stages:
+    for index, stage in enumerate(pipeline.stages):
         if stage.last_layer < stage.first_layer:
             raise StrategyError(
                 f"stage {stage} of pipeline {p} ends before it starts: write L<first>-<last>"
@@ -356,18 +369,39 @@ def _check_layers(p: int, pipeline: Pipeline, config: LlamaConfig) -> None:
                 f"model has {num_layers} layers (0-{num_layers - 1}): end the last stage at "
                 f"L{num_layers - 1}"
             )
-        if stage.first_layer != expected:
-            what = "a gap before" if stage.first_layer > expected else "an overlap at"
+        if stage.first_layer > expected:
             raise StrategyError(
-                f"pipeline {p} has {what} stage {stage}: it should start at layer {expected} "
-                f"(stages cover layers 0-{num_layers - 1} in order, each layer once)"
+                f"pipeline {p} has a gap before stage {stage}: no stage holds layer {expected}, "
+                f"so it should start at layer {expected} (stages cover layers 0-{num_layers - 1} in order, "
+                "each layer once)"
             )
+        if stage.first_layer < expected:
+            raise StrategyError(_overlap(p, pipeline, index, num_layers))
         expected = stage.last_layer + 1
     if expected != num_layers:
         raise StrategyError(
             f"pipeline {p} ({pipeline}) stops at layer {expected - 1}, but the model has "
             f"{num_layers} layers: the last stage must end at L{num_layers - 1}"
         )
+
+
+def _overlap(p: int, pipeline: Pipeline, index: int, num_layers: int) -> str:
+    """The message for stage ``index`` starting at a layer an earlier stage holds."""
+    stage = pipeline.stages[index]
+    layer = stage.first_layer
+    owner = next(i for i, st in enumerate(pipeline.stages[:index]) if layer in st.layers)
+    held = pipeline.stages[owner]
+    message = (
+        f"pipeline {p} has an overlap at stage {stage}: layer {layer} is already held by "
+        f"stage {owner} ({held}); "
+    )
+    after = pipeline.stages[index - 1].last_layer + 1
+    if after >= num_layers:
+        return message + (
+            f"the stages before it already hold every layer 0-{num_layers - 1}: drop {stage} "
+            f"or end stage {index - 1} sooner (each layer on one stage)"
+        )
+    return message + f"start it at layer {after} (each layer on one stage, in order)"
 
 
 def _check_tp(p: int, s: int, stage: Stage, config: LlamaConfig, *, last: bool) -> None:
@@ -380,7 +414,9 @@ def _check_tp(p: int, s: int, stage: Stage, config: LlamaConfig, *, last: bool) 
         sizes["vocab_size"] = config.vocab_size
     for name, size in sizes.items():
         if size % stage.tp:
+            valid = [d for d in range(1, stage.tp + 1) if all(n % d == 0 for n in sizes.values())]
             raise StrategyError(
                 f"stage {stage} (pipeline {p}) has TP degree {stage.tp}, which does not divide "
-                f"{name}={size}: use a TP degree that divides it"
+                f"{name}={size}: use a TP degree that divides it (up to {stage.tp}: "
+                f"{', '.join(map(str, valid))})"
             )

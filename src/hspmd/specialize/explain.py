@@ -43,7 +43,7 @@ class RankSummary:
     forward_comm: tuple[tuple[str, int], ...]  # (kind, count) per micro-batch
     backward_comm: tuple[tuple[str, int], ...]
     post_comm: tuple[tuple[str, int], ...]
-    schedule: str
+    schedule: str  # the full action list (render() shortens long ones)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -228,7 +228,7 @@ def _summary(
         forward_comm=_kinds([x.forward_plan() for x in sites], rank),
         backward_comm=_kinds([x.backward_plan() for x in sites], rank),
         post_comm=_kinds([post[x.name] for x in held], rank),
-        schedule=_compact(str(schedule)),
+        schedule=str(schedule),
     )
 
 
@@ -285,6 +285,6 @@ def render(
             f"  F (per micro-batch): {_comm_text(r.forward_comm)}",
             f"  B (per micro-batch): {_comm_text(r.backward_comm)}",
             f"  Post:                {_comm_text(r.post_comm)}",
-            f"  schedule: {r.schedule}",
+            f"  schedule: {_compact(r.schedule)}",
         ]
     return "\n".join(lines)
