@@ -82,10 +82,10 @@ def layers_per_stage(
         return None
     prob = pulp.LpProblem("layers_per_stage", pulp.LpMinimize)
     layers = [
-        pulp.LpVariable(f"layers_{s}", lowBound=1, upBound=num_layers, cat="Integer")
+        prob.add_variable(f"layers_{s}", lowBound=1, upBound=num_layers, cat="Integer")
         for s in range(count)
     ]
-    slowest = pulp.LpVariable("slowest_stage_s", lowBound=0)
+    slowest = prob.add_variable("slowest_stage", lowBound=0)
     stage_time = [a[s] * layers[s] + c[s] for s in range(count)]
     prob += (num_micro_batches - 1) * slowest + pulp.lpSum(stage_time), "step_time"
     prob += pulp.lpSum(layers) == num_layers, "all_layers"
@@ -117,10 +117,10 @@ def micro_batches_per_pipeline(
         return [base + (p < extra) for p in range(count)]
     prob = pulp.LpProblem("micro_batches_per_pipeline", pulp.LpMinimize)
     counts = [
-        pulp.LpVariable(f"micro_batches_{p}", lowBound=1, upBound=total, cat="Integer")
+        prob.add_variable(f"micro_batches_{p}", lowBound=1, upBound=total, cat="Integer")
         for p in range(count)
     ]
-    slowest = pulp.LpVariable("slowest_pipeline", lowBound=0)
+    slowest = prob.add_variable("slowest_pipeline", lowBound=0)
     prob += slowest, "step_time"
     prob += pulp.lpSum(counts) == total, "global_batch"
     for p in range(count):

@@ -313,6 +313,20 @@ class _Shortfall:
             )  # fmt: skip
 
 
+DENSE_UNITS = 64  # up to this many units every pipeline count is tried
+
+
+def _pipeline_counts(units: dict[str, list[_Unit]], global_batch: int) -> list[int]:
+    """Pipeline counts to try: all of them on small clusters; on big ones the counts that
+    divide some kind's units, and powers of two (a leftover of a few units then idles)."""
+    top = min(max(len(u) for u in units.values()), global_batch)
+    if sum(len(u) for u in units.values()) <= DENSE_UNITS:
+        return list(range(1, top + 1))
+    keep = {d for d in range(1, top + 1) if any(len(u) % d == 0 for u in units.values())}
+    keep |= {2**i for i in range(top.bit_length()) if 2**i <= top}
+    return sorted(keep)
+
+
 def _split(total: int, parts: int) -> list[int]:
     base, extra = divmod(total, parts)
     return [base + (p < extra) for p in range(parts)]
@@ -357,8 +371,7 @@ class _Search:
             ]  # fmt: skip
             for tps in itertools.product(*(degrees[k] for k in subset)):
                 units = {k: _units(self.cost, k, t) for k, t in zip(subset, tps, strict=True)}
-                most = max(len(u) for u in units.values())
-                for d in range(1, min(most, self.B) + 1):
+                for d in _pipeline_counts(units, self.B):
                     spreads = [False]
                     if any(len(u) % d for u in units.values()):
                         spreads.append(True)

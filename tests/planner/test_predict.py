@@ -1,0 +1,86 @@
+"""The step prediction: schedules as tasks (checked by hand), memory by hand, segments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hspmd.models.config import LlamaConfig, get_config
+from hspmd.plan.strategy import StrategyOptions, parse_strategy
+from hspmd.planner.cost import CostModel
+from hspmd.planner.memory import OVERHEAD_BYTES, in_flight, rank_memory
+from hspmd.planner.predict import _pipeline_tasks, predict, segments
+from hspmd.planner.workload import StageWork, layer_params
+from hspmd.sim.engine import simulate
+from hspmd.specialize.schedule import make_schedule
+from hspmd.switch.cluster import load_cluster
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_equal_stages_take_m_plus_s_minus_one_slots(fake_cluster: Path, schedule: str) -> None:
+    # F = 1, B = 2, free sends: both schedules take (m + S - 1) * (F + B) = (4 + 3 - 1) * 3.
+    cost = CostModel.of(load_cluster(fake_cluster))
+    pipe = parse_strategy("4x1: R0:L0-1 R1:L2-2 R2:L3-3").pipelines[0]
+    works = [StageWork(1.0, 2.0, 0.0, 0.0)] * 3
+    result = simulate(_pipeline_tasks(0, pipe, works, cost, schedule))
+    assert result.makespan == pytest.approx(18.0)
+    # each stage runs its actions in the order the runtime's schedule lists them
+    for s in range(3):
+        spans = sorted(
+            (sp for sp in result.spans if sp.task_id.startswith(f"p0s{s}") and sp.category in "FB"),
+            key=lambda sp: sp.start,
+        )
+        want = [str(a) for a in make_schedule(schedule, 3, s, 4) if a.kind in ("F", "B")]
+        assert [sp.label for sp in spans] == want
+
+
+def test_one_f_one_b_by_hand_with_sends(fake_cluster: Path) -> None:
+    # 2 stages, m = 2, F = 1, B = 2; each activation and gradient send takes x seconds
+    # (50 GB over the 100 GB/s NVLink of node 0, plus the link's overhead).
+    cost = CostModel.of(load_cluster(fake_cluster))
+    nbytes = 50e9
+    pipe = parse_strategy("2x1: R0:L0-1 R1:L2-3").pipelines[0]
+    works = [StageWork(1.0, 2.0, 0.0, nbytes)] * 2
+    send = cost.send(nbytes, 0, 1)
+    result = simulate(_pipeline_tasks(0, pipe, works, cost, "1f1b"))
+    # s0: F0 [0,1] F1 [1,2]; s1: F0 [1+x, 2+x] B0 [2+x, 4+x] F1 [4+x, 5+x] B1 [5+x, 7+x];
+    # s0: B0 [4+2x, 6+2x] B1 [7+2x, 9+2x]  (x = one send)
+    assert result.span("p0s1B0").start == pytest.approx(2 + send)
+    assert result.span("p0s0B0").start == pytest.approx(4 + 2 * send)
+    assert result.makespan == pytest.approx(9 + 2 * send)
+
+
+def test_memory_by_hand() -> None:
+    config = LlamaConfig(num_layers=2)
+    p = layer_params(config)
+    mem = rank_memory(
+        config, rank=0, tp=1, num_layers=1, first=False, last=False, in_flight_micro_batches=2,
+        micro_batch_size=1, seq_len=8, replicas=2,
+        options=StrategyOptions(zero1=True, dtype="bf16"),
+    )  # fmt: skip
+    assert (mem.weights, mem.gradients, mem.optimizer) == (2 * p, 4 * p, 12 * p / 2)
+    # s*b*H*(10 + 24/t) bytes per layer per micro-batch in 2-byte activations
+    assert mem.activations == 2 * 8 * 64 * 34
+    assert mem.logits == 0 and mem.peak == 2 * p + 4 * p + 6 * p + 2 * 8 * 64 * 34 + OVERHEAD_BYTES
+    assert in_flight("1f1b", 4, 1, 8) == 3 and in_flight("gpipe", 4, 1, 8) == 8
+    assert in_flight("1f1b", 4, 0, 2) == 2
+
+
+def test_segments_follow_every_pipelines_cuts() -> None:
+    config = get_config("llama-tiny")
+    strategy = parse_strategy("2x1: R0:L0-1 R1:L2-3; 2x1: R2:L0-2 R3:L3-3")
+    got = [(s.first, s.last, s.holders) for s in segments(strategy, config)]
+    assert got == [(0, 1, ((0, 0), (1, 0))), (2, 2, ((0, 1), (1, 0))), (3, 3, ((0, 1), (1, 1)))]
+
+
+def test_prediction_reports_over_memory(tmp_path: Path) -> None:
+    from tests.planner.conftest import cluster_file
+
+    path = cluster_file(tmp_path / "tiny.json", fast=2, slow=0, memory_mb=1)
+    cost = CostModel.of(load_cluster(path), dtype="fp32")
+    p = predict(parse_strategy("4x1: R0:L0-3; 4x1: R1:L0-3"), get_config("llama-tiny"), cost,
+                seq_len=32, options=StrategyOptions())  # fmt: skip
+    assert not p.fits and set(p.over) == {0, 1}
+    peak, cap = p.over[0]
+    assert peak > cap == 1e6

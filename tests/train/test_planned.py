@@ -1,0 +1,41 @@
+"""A plan from `hspmd plan` trains on local processes and equals the single-device run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hspmd.models.config import get_config
+from hspmd.planner.cost import CostModel
+from hspmd.planner.search import plan
+from hspmd.switch.cluster import load_cluster
+from hspmd.train.config import TrainConfig
+from hspmd.train.reference import run_reference
+from hspmd.train.trainer import train_many
+from tests.planner.conftest import cluster_file
+from tests.train.test_strategy_matrix import assert_equal_to_reference
+
+
+@pytest.mark.multiproc
+def test_planned_strategies_equal_the_reference(tmp_path: Path) -> None:
+    configs = []
+    for name, fast, slow, slowdown in (
+        ("mixed", 2, 2, 3.0),
+        ("idle", 2, 2, 50.0),
+        ("even", 4, 0, 1.0),
+    ):
+        path = cluster_file(tmp_path / f"{name}.json", fast=fast, slow=slow, slowdown=slowdown)
+        cost = CostModel.of(load_cluster(path), dtype="fp32")
+        chosen = plan(get_config("llama-tiny"), cost, global_batch=8, seq_len=32, dtype="fp32",
+                      homogeneous=False)  # fmt: skip
+        o = chosen.options
+        configs.append(TrainConfig(
+            strategy=str(chosen.strategy), global_batch=8, seq_len=32, steps=3,
+            zero1=o.zero1, sequence_parallel=o.sequence_parallel, recompute=o.recompute,
+        ))  # fmt: skip
+    strategies = [c.strategy for c in configs]
+    assert len(set(strategies)) > 1, strategies  # the clusters get different plans
+    reference = run_reference(TrainConfig(global_batch=8, seq_len=32, steps=3))
+    for result in train_many(configs):
+        assert_equal_to_reference(result, reference)
