@@ -157,8 +157,9 @@ LOCAL = {  # llama-small, 4 local processes
 NPROC, SEQ, BATCH, STEPS = 4, 128, 8, 5
 
 
-def local_cluster(path: Path, profile: Path, slowed: float) -> Path:
-    share = max(1.0, NPROC / (os.cpu_count() or 1))
+def local_cluster(path: Path, profile: Path, slowed: float, active: int = NPROC) -> Path:
+    """4 local ranks; each of the ``active`` busy ones gets ``cores / active`` of a core."""
+    share = max(1.0, active / (os.cpu_count() or 1))
     kind = {"memory_mb": 4000, "bf16_tflops": 1, "profile": str(profile),
             "intra_link": {"name": "loopback", "GBps": 1}, "slowdown": share}  # fmt: skip
     kinds = {"cpu": kind}
@@ -169,7 +170,7 @@ def local_cluster(path: Path, profile: Path, slowed: float) -> Path:
                  {"kind": "slow", "count": 1, "gpus_per_node": 2}]  # fmt: skip
     data = {"format": "hspmd.cluster/1", "name": path.stem, "gpu_kinds": kinds,
             "inter_link": {"name": "loopback", "GBps": 1}, "nodes": nodes,
-            "assumed": {"slowdown": f"{NPROC} processes share {os.cpu_count()} cores"}}  # fmt: skip
+            "assumed": {"slowdown": f"{active} busy processes share {os.cpu_count()} cores"}}  # fmt: skip
     path.write_text(json.dumps(data))
     return path
 
