@@ -15,8 +15,9 @@ counts), and on a fake cluster whose ranks 2 and 3 run 3x slower (``--slowdown``
 planner's plan against the best homogeneous plan, measured.
 
 The local cluster file says what a rank is: one of 4 processes sharing this machine's 2
-cores, so compute runs ``slowdown = processes / cores`` times the profile's single-process
-time (an assumption, printed), and every link is the measured "loopback".
+cores, so compute runs ``slowdown`` times the profile's single-process time, where
+``slowdown`` is measured in the same run (a matmul loop run by k processes at once against
+one alone, k = the strategy's busy ranks), and every link is the measured "loopback".
 
     .venv/bin/python benchmarks/planner.py                 # both parts
     .venv/bin/python benchmarks/planner.py --part paper    # simulation only
@@ -157,9 +158,34 @@ LOCAL = {  # llama-small, 4 local processes
 NPROC, SEQ, BATCH, STEPS = 4, 128, 8, 5
 
 
+_SPIN = (
+    "import time, torch; torch.set_num_threads(1); a = torch.randn(256, 768); "
+    "b = torch.randn(768, 768); [a @ b for _ in range(50)]; t = time.perf_counter(); "
+    "[a @ b for _ in range(600)]; print(time.perf_counter() - t)"
+)
+
+
+def concurrency_slowdowns(most: int) -> dict[int, float]:
+    """Measured: how much slower a one-thread matmul loop runs when ``k`` run at once."""
+    import subprocess
+    import sys
+
+    def run(k: int) -> float:
+        procs = [subprocess.Popen([sys.executable, "-c", _SPIN], stdout=subprocess.PIPE, text=True)
+                 for _ in range(k)]  # fmt: skip
+        return statistics.median(float(p.communicate()[0]) for p in procs)
+
+    alone = run(1)
+    return {k: max(1.0, run(k) / alone) for k in range(1, most + 1)}
+
+
+SHARE: dict[int, float] = {}  # busy processes -> slowdown, filled by local_part
+
+
 def local_cluster(path: Path, profile: Path, slowed: float, active: int = NPROC) -> Path:
-    """4 local ranks; each of the ``active`` busy ones gets ``cores / active`` of a core."""
-    share = max(1.0, active / (os.cpu_count() or 1))
+    """4 local ranks; ``active`` busy ones each run ``SHARE[active]`` times slower than the
+    profile (measured by ``concurrency_slowdowns``; ``active / cores`` if not measured)."""
+    share = SHARE.get(active, max(1.0, active / (os.cpu_count() or 1)))
     kind = {"memory_mb": 4000, "bf16_tflops": 1, "profile": str(profile),
             "intra_link": {"name": "loopback", "GBps": 1}, "slowdown": share}  # fmt: skip
     kinds = {"cpu": kind}
@@ -170,7 +196,7 @@ def local_cluster(path: Path, profile: Path, slowed: float, active: int = NPROC)
                  {"kind": "slow", "count": 1, "gpus_per_node": 2}]  # fmt: skip
     data = {"format": "hspmd.cluster/1", "name": path.stem, "gpu_kinds": kinds,
             "inter_link": {"name": "loopback", "GBps": 1}, "nodes": nodes,
-            "assumed": {"slowdown": f"{active} busy processes share {os.cpu_count()} cores"}}  # fmt: skip
+            "assumed": {"slowdown": f"{active} busy processes on {os.cpu_count()} cores, measured"}}  # fmt: skip
     path.write_text(json.dumps(data))
     return path
 
