@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from hspmd.models.config import get_config
-from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions, parse_strategy
+from hspmd.plan.strategy import StrategyOptions, parse_strategy
 from hspmd.planner.cost import CostModel
 from hspmd.planner.predict import predict
-from hspmd.planner.search import homogeneous_plan, plan
+from hspmd.planner.search import homogeneous_plan, megatron_strategy, plan
 from hspmd.switch.cluster import load_cluster
 
 CLUSTERS = {"16+16": "hetu-h800-h20x16", "16+24": "hetu-h800-h20x24", "16+32": "hetu-h800-h20"}
@@ -70,20 +70,6 @@ TABLE8 = {  # the paper's Table 8 (Megatron): (DP, TP, PP, micro-batch size)
 }
 
 
-def megatron(dp: int, tp: int, pp: int, layers: int, m: int, mbs: int) -> Strategy:
-    """Megatron's layout: ranks TP fastest, then DP, then PP; even layers."""
-    counts = [layers // pp + (s < layers % pp) for s in range(pp)]
-    pipes = []
-    for d in range(dp):
-        stages, first = [], 0
-        for s, n in enumerate(counts):
-            base = (s * dp + d) * tp
-            stages.append(Stage(tuple(range(base, base + tp)), first, first + n - 1))
-            first += n
-        pipes.append(Pipeline(m, mbs, tuple(stages)))
-    return Strategy(tuple(pipes))
-
-
 def paper_part() -> dict[str, Any]:
     rows, out = [], {}
     for model in ("llama-32b", "llama-70b"):
@@ -99,7 +85,9 @@ def paper_part() -> dict[str, Any]:
                 parse_strategy(TABLE9[model, name]), config, cost, seq_len=4096, options=opts
             )
             dp, tp, pp, mbs = TABLE8[model, name]
-            t8s = megatron(dp, tp, pp, config.num_layers, 64 // (dp * mbs), mbs)
+            t8s = megatron_strategy(
+                dp, tp, pp, config.num_layers, 64 // (dp * mbs), mbs, pipeline_major=False
+            )
             t8o = StrategyOptions(zero1=dp > 1, sequence_parallel=True, dtype="bf16")
             t8 = predict(t8s, config, cost, seq_len=4096, options=t8o)
             h = base.step_time_s if base else float("nan")

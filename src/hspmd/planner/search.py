@@ -40,7 +40,7 @@ from hspmd.planner.memory import in_flight, rank_memory
 from hspmd.planner.predict import Prediction, predict
 from hspmd.planner.workload import StageWork, layer_params, stage_work
 
-__all__ = ["Plan", "PlanError", "plan", "homogeneous_plan"]
+__all__ = ["Plan", "PlanError", "homogeneous_plan", "megatron_strategy", "plan"]
 
 Zero1 = Literal["auto", "on", "off"]
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
@@ -580,7 +580,7 @@ def _nothing_fits(short: _Shortfall, cost: CostModel) -> str:
 # -- the homogeneous baseline ---------------------------------------------------------------
 
 
-def _megatron(
+def megatron_strategy(
     dp: int, tp: int, pp: int, num_layers: int, m: int, mbs: int, *, pipeline_major: bool
 ) -> Strategy:
     """DP x TP x PP, even layers (first stages take the remainder), Megatron's rank order
@@ -623,7 +623,9 @@ def homogeneous_plan(
                         dtype=dtype,
                     )  # fmt: skip
                     for major in (False, True):
-                        s = _megatron(dp, tp, pp, config.num_layers, m, mbs, pipeline_major=major)
+                        s = megatron_strategy(
+                            dp, tp, pp, config.num_layers, m, mbs, pipeline_major=major
+                        )
                         scored.append((_closed_form(s, costs, options), next(serial), s, options))
     scored.sort(key=lambda x: x[:2])
     predictions = []
