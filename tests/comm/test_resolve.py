@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 
 from hspmd.annotation import parse_annotation as A
@@ -12,6 +13,7 @@ from hspmd.comm.plan import (
     AllReduce,
     AllToAll,
     BatchedSendRecv,
+    CommPlan,
     Local,
     ReduceScatter,
     SendRecv,
@@ -20,6 +22,8 @@ from hspmd.comm.plan import (
     SplitReduceScatter,
 )
 from hspmd.comm.resolve import resolve
+from hspmd.comm.simulate import scatter, simulate
+from hspmd.comm.top import _split_all_reduce
 from hspmd.errors import AnnotationError
 
 from .helpers import check
@@ -129,6 +133,54 @@ def test_split_all_reduce_counts_each_subgroup_once() -> None:
     (step,) = plan.steps
     assert isinstance(step, SplitAllReduce)
     assert all(len(s.ranks) - len(s.zero) == 2 for s in step.slices)
+
+
+EQUAL_PIECE_SYNCS = [
+    # issue 17, bug 2: a norm weight duplicated inside both stages
+    ("hP: [0,1]{D:2} [2,3]{D:2}", "hD: [0,1]{D:2} [2,3]{D:2}", (8,), ((0, 2), (1, 3))),
+    # three pipelines, each stage holding the weight twice
+    (
+        "hP: [0,1]{D:2} [2,3]{D:2} [4,5]{D:2}",
+        "hD: [0,1]{D:2} [2,3]{D:2} [4,5]{D:2}",
+        (8,),
+        ((0, 2, 4), (1, 3, 5)),
+    ),
+    # mixed split and duplicate, in a different device order in each stage
+    (
+        "hP: [0,1,2,3]{0:2,D:2} [4,5,6,7]{D:2,0:2}",
+        "hD: [0,1,2,3]{0:2,D:2} [4,5,6,7]{D:2,0:2}",
+        (8, 4),
+        ((0, 4), (1, 6), (2, 5), (3, 7)),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("src", "dst", "shape", "groups"), EQUAL_PIECE_SYNCS, ids=[a for a, *_ in EQUAL_PIECE_SYNCS]
+)
+def test_sync_of_equal_pieces_is_all_reduces_over_disjoint_groups(
+    src: str, dst: str, shape: tuple[int, ...], groups: tuple[tuple[int, ...], ...]
+) -> None:
+    """Ranks holding the same piece of each summand pair up: one all-reduce per group,
+    no split-all-reduce over every rank with zeroed copies."""
+    plan = check(src, dst, shape)
+    assert plan.steps == (AllReduce(groups),), str(plan)
+
+
+@pytest.mark.parametrize(("src", "dst", "shape", "groups"), EQUAL_PIECE_SYNCS[:2])
+def test_equal_piece_all_reduces_match_the_split_all_reduce_bitwise(
+    src: str, dst: str, shape: tuple[int, ...], groups: tuple[tuple[int, ...], ...]
+) -> None:
+    """Simulated, the all-reduces give every rank exactly what one split-all-reduce over
+    one holder per subgroup gives (same summands, same order)."""
+    plan = resolve(A(src), A(dst), shape)
+    regions = {r: p.region for r, p in plan.src.pieces(shape).items()}
+    split = CommPlan(plan.src, plan.dst, shape, (_split_all_reduce(plan.src, regions, shape),))
+    rng = np.random.default_rng(0)
+    locals_ = scatter(plan.src, rng.standard_normal(shape), rng=rng)
+    ours, theirs = simulate(plan, locals_), simulate(split, locals_)
+    for rank in plan.dst.ranks:
+        assert np.array_equal(ours[rank], theirs[rank]), rank
 
 
 def test_split_all_gather_owners() -> None:

@@ -4,7 +4,7 @@ Works on the finest slices of the before and after layouts (Figure 9)::
 
     before -> after   step                  per slice
     hP -> hD          split-all-reduce      sum over one holder per subgroup, all holders get it
-                      (a plain all-reduce when every slice is its ranks' whole piece)
+                      (all-reduces where equal pieces pair up, one rank per subgroup)
     hP -> h{k}        split-reduce-scatter  sum over one holder per subgroup into each needer
     h{k} -> hD        split-all-gather      every needer gets the slice from one owner
     hD -> h{k}        local slice           (only if each new piece lies in the old one)
@@ -44,8 +44,7 @@ def top_step(before: Annotation, after: Annotation, shape: Sequence[int]) -> Ste
     old, new = _regions(before, shape), _regions(after, shape)
     h1, h2 = before.hdim, after.hdim
     if h1 == PARTIAL and h2 == DUP:
-        step = _split_all_reduce(before, old, shape)
-        return _as_all_reduce(step, old) or step
+        return _as_all_reduce(before, old) or _split_all_reduce(before, old, shape)
     if h1 == PARTIAL and h2 >= 0:
         return _split_reduce_scatter(before, old, new, shape)
     if h1 >= 0 and h2 == DUP:
@@ -88,20 +87,29 @@ def _split_all_reduce(
     )
 
 
-def _as_all_reduce(step: SplitAllReduce, regions: dict[int, Region]) -> AllReduce | None:
-    """The plain all-reduce a split-all-reduce is when every slice is its ranks' whole piece.
+def _as_all_reduce(before: Annotation, regions: dict[int, Region]) -> AllReduce | None:
+    """Plain all-reduces over disjoint groups, where the summands' pieces line up.
 
-    Subgroups with the same DS (two pipelines with the same TP degree) pair their ranks
-    position by position: that is the paper's cross-pipeline AR, not a SplitAR.
+    Ranks of one subgroup with the same region hold the same copy of its summand. Where
+    every region is held by the same number of ranks in each subgroup, pairing those
+    ranks position by position gives groups of one rank per subgroup, all holding one
+    region: an all-reduce per group, no zeroed copies. Two pipelines with the same TP
+    degree (the paper's cross-pipeline AR), or a norm weight duplicated in both stages::
+
+        hP: [0,1]{D:2} [2,3]{D:2} -> hD: ...    all-reduce over [0,2] and [1,3]
+        hP: [0,1]{1:2} [2,3,4,5]{1:4}            None (split-all-reduce)
     """
-    seen: set[int] = set()
-    for piece in step.slices:
-        if piece.zero or seen.intersection(piece.ranks):
+    by_region: dict[Region, list[list[int]]] = {}
+    for index, group in enumerate(before.groups):
+        for rank in sorted(group.ranks):
+            holders = by_region.setdefault(regions[rank], [[] for _ in before.groups])
+            holders[index].append(rank)
+    groups: list[tuple[int, ...]] = []
+    for holders in by_region.values():
+        if len({len(ranks) for ranks in holders}) != 1:
             return None
-        if any(regions[r] != piece.region for r in piece.ranks):
-            return None
-        seen.update(piece.ranks)
-    return AllReduce(tuple(piece.ranks for piece in step.slices))
+        groups.extend(tuple(sorted(group)) for group in zip(*holders, strict=True))
+    return AllReduce(tuple(sorted(groups)))
 
 
 def _split_reduce_scatter(
