@@ -1,0 +1,106 @@
+"""The homogeneous baseline: Megatron's DP x TP x PP over every rank, even layers.
+
+Every (TP, PP, DP) that divides the cluster and the model, each micro-batch size that
+divides the batch, recompute off and on, ranks in Megatron's order (TP fastest, then DP,
+then PP) or pipeline-major; ranked by the 1F1B formula, the best simulated
+(``hspmd.planner.predict``) and the fastest within the memory headroom kept.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Literal
+
+from hspmd.models.config import LlamaConfig
+from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
+from hspmd.planner.closed_form import (
+    MICRO_BATCH_SIZES,
+    StageCosts,
+    Unit,
+    fastest_fitting,
+    split_evenly,
+    tp_degrees,
+    within_headroom,
+)
+from hspmd.planner.cost import CostModel
+from hspmd.planner.predict import Prediction, predict
+
+__all__ = ["homogeneous_plan", "megatron_strategy"]
+
+Zero1 = Literal["auto", "on", "off"]
+
+
+def megatron_strategy(
+    dp: int, tp: int, pp: int, num_layers: int, m: int, mbs: int, *, pipeline_major: bool
+) -> Strategy:
+    """DP x TP x PP, even layers (first stages take the remainder), Megatron's rank order
+    (TP fastest, then DP, then PP) or pipeline-major."""
+    counts = sorted(split_evenly(num_layers, pp), reverse=True)
+    pipelines = []
+    for d in range(dp):
+        stages, first = [], 0
+        for s, n in enumerate(counts):
+            base = (d * pp + s) * tp if pipeline_major else (s * dp + d) * tp
+            stages.append(Stage(tuple(range(base, base + tp)), first, first + n - 1))
+            first += n
+        pipelines.append(Pipeline(m, mbs, tuple(stages)))
+    return Strategy(tuple(pipelines))
+
+
+def homogeneous_plan(
+    config: LlamaConfig, cost: CostModel, *, global_batch: int, seq_len: int,
+    zero1: Zero1 = "auto", dtype: Literal["bf16", "fp32"] = "bf16", keep: int = 2,
+) -> Prediction | None:  # fmt: skip
+    """The best Megatron-style plan over every rank, or None when none fits."""
+    n = cost.num_ranks
+    node_sizes = [g.gpus_per_node for g in cost.cluster.groups]
+    costs = StageCosts(cost, config, seq_len, global_batch)
+    scored: list[tuple[float, int, Strategy, StrategyOptions]] = []
+    serial = itertools.count()
+    for tp in tp_degrees(config, node_sizes):
+        for pp in range(1, min(config.num_layers, n // tp) + 1):
+            if n % (tp * pp):
+                continue
+            dp = n // (tp * pp)
+            for mbs in MICRO_BATCH_SIZES:
+                if global_batch % (dp * mbs):
+                    continue
+                m = global_batch // (dp * mbs)
+                for recompute in (False, True):
+                    options = StrategyOptions(
+                        zero1=zero1 == "on" or (zero1 == "auto" and dp > 1),
+                        sequence_parallel=tp > 1 and seq_len % tp == 0, recompute=recompute,
+                        dtype=dtype,
+                    )  # fmt: skip
+                    for major in (False, True):
+                        s = megatron_strategy(
+                            dp, tp, pp, config.num_layers, m, mbs, pipeline_major=major
+                        )
+                        scored.append((_closed_form(s, costs, options), next(serial), s, options))
+    scored.sort(key=lambda x: x[:2])
+    predictions = []
+    for _, _, strategy, options in scored:
+        p = predict(strategy, config, cost, seq_len=seq_len, options=options)
+        if within_headroom(p, cost):
+            predictions.append(p)
+            if len(predictions) >= keep:
+                break
+    return fastest_fitting(predictions, cost)
+
+
+def _closed_form(strategy: Strategy, costs: StageCosts, options: StrategyOptions) -> float:
+    """The 1F1B formula on a given strategy (used to rank candidates before simulating)."""
+    worst = 0.0
+    d = len(strategy.pipelines)
+    for pipe in strategy.pipelines:
+        count = len(pipe.stages)
+        times, units = [], []
+        for s, stage in enumerate(pipe.stages):
+            w = costs.work(stage.ranks, len(stage.layers), pipe.micro_batch_size, s == 0,
+                           s == count - 1, options.recompute, options.sequence_parallel)  # fmt: skip
+            times.append(w.forward_s + w.backward_s)
+            units.append(Unit(costs.cost.kind_of(stage.ranks[0]), stage.ranks, 0))
+        t = (pipe.num_micro_batches - 1) * max(times) + sum(times)
+        t += costs.sync(units, [len(st.layers) for st in pipe.stages], d, options)
+        worst = max(worst, t)
+    return worst
