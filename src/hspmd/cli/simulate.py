@@ -20,6 +20,7 @@ import argparse
 import json
 from typing import Any
 
+from hspmd.errors import StrategyError
 from hspmd.models.config import LlamaConfig, get_config
 from hspmd.plan.strategy import StrategyOptions, check_strategy, parse_strategy
 from hspmd.planner.cost import CostModel
@@ -69,8 +70,6 @@ def setup(args: argparse.Namespace) -> tuple[LlamaConfig, CostModel, int]:
     cost = CostModel.of(load_cluster(args.cluster), dtype=args.dtype)
     seq_len = args.seq_len if args.seq_len is not None else config.max_seq_len
     if seq_len < 1:
-        from hspmd.errors import StrategyError
-
         raise StrategyError(f"--seq-len {seq_len}: give a positive sequence length")
     return config, cost, seq_len
 
@@ -116,18 +115,18 @@ def prediction_text(p: Prediction, cost: CostModel, *, model: str, seq_len: int)
         f"{'stage':<8}{'ranks':<10}{'kind':<8}{'layers':<9}{'F ms':>9}{'B ms':>9}"
         f"{'busy s':>9}{'comm s':>9}{'idle s':>9}{'peak GiB':>10}{'cap GiB':>9}",
     ]
-    summary = p.result.to_json()["ranks"]
+    res = p.result
     for pi, si, stage in p.strategy.stages():
         r = stage.ranks[0]
-        work, times, mem = p.work[(pi, si)], summary.get(str(r), {}), p.memory[r]
+        work, mem = p.work[(pi, si)], p.memory[r]
         cap = cost.device_of(r).memory_bytes
         ranks = str(stage).split(":")[0]
         lines.append(
             f"{f'p{pi}s{si}':<8}{ranks:<10}{cost.kind_of(r):<8}"
             f"{f'{stage.first_layer}-{stage.last_layer}':<9}"
             f"{work.forward_s * 1e3:9.2f}{work.backward_s * 1e3:9.2f}"
-            f"{times.get('busy', 0.0):9.3f}{times.get('comm', 0.0):9.3f}"
-            f"{times.get('idle', 0.0):9.3f}{mem.peak / GIB:10.1f}{cap / GIB:9.1f}"
+            f"{res.busy.get(r, 0.0):9.3f}{res.comm.get(r, 0.0):9.3f}"
+            f"{res.idle.get(r, 0.0):9.3f}{mem.peak / GIB:10.1f}{cap / GIB:9.1f}"
             + ("  OVER" if r in p.over else "")
         )  # fmt: skip
     path = p.result.critical_path()

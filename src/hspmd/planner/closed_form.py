@@ -87,15 +87,8 @@ def units_of(cost: CostModel, kind: str, tp: int) -> list[Unit]:
 class StageCosts:
     """Cached per-stage cost lines: seconds and bytes as ``slope * layers + constant``."""
 
-    def __init__(
-        self, cost: CostModel, config: LlamaConfig, seq_len: int, global_batch: int
-    ) -> None:
-        self.cost, self.config, self.seq_len, self.global_batch = (
-            cost,
-            config,
-            seq_len,
-            global_batch,
-        )
+    def __init__(self, cost: CostModel, config: LlamaConfig, seq_len: int) -> None:
+        self.cost, self.config, self.seq_len = cost, config, seq_len
         self.work = lru_cache(maxsize=None)(self._work)
         self.memory = lru_cache(maxsize=None)(self._memory)
         self._lines: dict[tuple[Any, ...], tuple[float, float]] = {}

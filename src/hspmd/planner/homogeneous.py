@@ -54,7 +54,7 @@ def homogeneous_plan(
     """The best Megatron-style plan over every rank, or None when none fits."""
     n = cost.num_ranks
     node_sizes = [g.gpus_per_node for g in cost.cluster.groups]
-    costs = StageCosts(cost, config, seq_len, global_batch)
+    costs = StageCosts(cost, config, seq_len)
     scored: list[tuple[float, int, Strategy, StrategyOptions]] = []
     serial = itertools.count()
     for tp in tp_degrees(config, node_sizes):

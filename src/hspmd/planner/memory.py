@@ -32,7 +32,14 @@ from hspmd.models.config import LlamaConfig
 from hspmd.plan.strategy import Strategy, StrategyOptions
 from hspmd.planner.workload import stage_params
 
-__all__ = ["OVERHEAD_BYTES", "RankMemory", "in_flight", "rank_memory", "strategy_memory"]
+__all__ = [
+    "OVERHEAD_BYTES",
+    "RankMemory",
+    "in_flight",
+    "layer_holders",
+    "rank_memory",
+    "strategy_memory",
+]
 
 OVERHEAD_BYTES = 3 * 2**30  # assumed: CUDA context ~0.5 GiB, NCCL, fragmentation
 
@@ -98,15 +105,20 @@ def rank_memory(
     return RankMemory(rank, weights, 4 * p, optimizer, activations, logits)
 
 
+def layer_holders(strategy: Strategy, num_layers: int) -> list[int]:
+    """How many stages (one per pipeline) hold each layer: its data-parallel replicas."""
+    holders = [0] * num_layers
+    for _, _, stage in strategy.stages():
+        for layer in stage.layers:
+            holders[layer] += 1
+    return holders
+
+
 def strategy_memory(
     strategy: Strategy, config: LlamaConfig, *, seq_len: int, options: StrategyOptions,
 ) -> dict[int, RankMemory]:  # fmt: skip
     """Every rank's memory under ``strategy``."""
-    holders = [0] * config.num_layers
-    for pipeline in strategy.pipelines:
-        for stage in pipeline.stages:
-            for layer in stage.layers:
-                holders[layer] += 1
+    holders = layer_holders(strategy, config.num_layers)
     out: dict[int, RankMemory] = {}
     for pipeline in strategy.pipelines:
         count = len(pipeline.stages)

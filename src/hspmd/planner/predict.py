@@ -25,7 +25,7 @@ from typing import Any
 from hspmd.models.config import LlamaConfig
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
 from hspmd.planner.cost import CostModel
-from hspmd.planner.memory import RankMemory, strategy_memory
+from hspmd.planner.memory import RankMemory, layer_holders, strategy_memory
 from hspmd.planner.workload import (
     StageWork,
     embed_params,
@@ -170,7 +170,7 @@ def _sync_tasks(
     }
     zero = options.zero1 and d > 1
     synced: dict[int, list[str]] = {}
-    gathers: list[tuple[Segment, tuple[int, ...], int]] = []
+    gathers: list[tuple[Segment, tuple[int, ...], tuple[int, ...], int]] = []
     for seg in segments(strategy, config) if d > 1 else []:
         stages = [strategy.pipelines[p].stages[s] for p, s in seg.holders]
         ranks = tuple(sorted({r for st in stages for r in st.ranks}))
@@ -179,7 +179,7 @@ def _sync_tasks(
         shard = seg.params / tmin * grad_elt
         if zero:
             seconds = cost.collective("reduce-scatter", shard, ring)
-            gathers.append((seg, ranks, tmin))
+            gathers.append((seg, ranks, ring, tmin))
         else:
             seconds = cost.collective("all-reduce", shard, ring)
         tid = f"sync{seg.first}-{seg.last}"
@@ -188,32 +188,23 @@ def _sync_tasks(
                           ranks=ranks if len(ranks) > 1 else (), label=f"sync L{seg.first}-{seg.last}"))  # fmt: skip
         for r in ranks:
             synced.setdefault(r, []).append(tid)
-    holders = _replicas(strategy, config)
+    holders = layer_holders(strategy, config.num_layers)
     for p, s, stage in strategy.stages():
         pipe = strategy.pipelines[p]
         n = stage_params(
             config, len(stage.layers), stage.tp, first=s == 0, last=s == len(pipe.stages) - 1
         )
-        z = holders[(p, s)] if zero else 1
+        z = min(holders[x] for x in stage.layers) if zero else 1
         seconds = cost.device_of(stage.ranks[0]).seconds("optimizer", 4 * n / z)
         deps = tuple(synced.get(stage.ranks[0], [])) or (last_b[(p, s)],)
         tasks.append(Task(f"adam p{p}s{s}", stage.ranks[0], "compute", seconds, category="optimizer",
                           deps=deps, ranks=stage.ranks if stage.tp > 1 else (), label="Adam"))  # fmt: skip
-    for seg, ranks, tmin in gathers:
-        ring = tuple(strategy.pipelines[p].stages[s].ranks[0] for p, s in seg.holders)
+    for seg, ranks, ring, tmin in gathers:
         seconds = cost.collective("all-gather", seg.params / tmin * weight_elt, ring)
         deps = tuple(f"adam p{p}s{s}" for p, s in seg.holders)
         tasks.append(Task(f"gather{seg.first}-{seg.last}", ranks[0], "comm", seconds, category="comm",
                           deps=deps, ranks=ranks if len(ranks) > 1 else (), label=f"gather L{seg.first}-{seg.last}"))  # fmt: skip
     return tasks
-
-
-def _replicas(strategy: Strategy, config: LlamaConfig) -> dict[tuple[int, int], int]:
-    counts = [0] * config.num_layers
-    for _, _, stage in strategy.stages():
-        for layer in stage.layers:
-            counts[layer] += 1
-    return {(p, s): min(counts[x] for x in st.layers) for p, s, st in strategy.stages()}
 
 
 def stage_works(

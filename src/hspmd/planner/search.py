@@ -126,7 +126,6 @@ class _Config:
     micro_batch_size: int
     options: StrategyOptions
     estimate: float = math.inf
-    layers: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass
@@ -166,10 +165,10 @@ class _Search:
     ) -> None:  # fmt: skip
         self.config, self.cost, self.B, self.seq_len = config, cost, global_batch, seq_len
         self.zero1, self.dtype, self.time_limit = zero1, dtype, time_limit
-        self.costs = StageCosts(cost, config, seq_len, global_batch)
+        self.costs = StageCosts(cost, config, seq_len)
         self.shortfall = _Shortfall()
         self.count = 0
-        self._shapes: dict[Any, tuple[float, tuple[int, ...]] | None] = {}
+        self._shapes: dict[Any, float | None] = {}
         self._lines: dict[Any, Any] = {}
 
     def options(self, d: int, tps: Sequence[int], recompute: bool) -> StrategyOptions:
@@ -235,38 +234,36 @@ class _Search:
         counts = split_evenly(self.B // mbs, d)
         for recompute in (False, True):
             options = self.options(d, tps, recompute)
-            worst, layers = 0.0, []
+            worst = 0.0
             for units, m in zip(pipes, counts, strict=True):
-                fill = self._pipeline(units, mbs, m, d, options)
-                if fill is None:
+                seconds = self._pipeline(units, mbs, m, d, options)
+                if seconds is None:
                     break
-                worst = max(worst, fill[0])
-                layers.append(fill[1])
+                worst = max(worst, seconds)
             else:
                 self.count += 1
-                return _Config(pipes, mbs, options, worst, tuple(layers))
+                return _Config(pipes, mbs, options, worst)
         return None
 
     def _pipeline(
         self, units: tuple[Unit, ...], mbs: int, m: int, d: int, options: StrategyOptions
-    ) -> tuple[float, tuple[int, ...]] | None:
-        """Closed-form time and layers of one pipeline, shared by pipelines of one shape."""
+    ) -> float | None:
+        """Closed-form time of one pipeline, shared by pipelines of one shape (unit kinds,
+        TP degrees, which neighbours cross a node boundary)."""
         shape = tuple(
             (u.kind, len(u.ranks), i + 1 < len(units) and units[i + 1].node != u.node)
             for i, u in enumerate(units)
         )
         key = (shape, mbs, m, d, options)
         if key not in self._shapes:
-            self._shapes[key] = self._fill(units, mbs, m, d, options)
+            self._shapes[key] = self._fill(units, shape, mbs, m, d, options)
         return self._shapes[key]
 
     def _fill(
-        self, units: tuple[Unit, ...], mbs: int, m: int, d: int, options: StrategyOptions
-    ) -> tuple[float, tuple[int, ...]] | None:
-        shape = tuple(
-            (u.kind, len(u.ranks), i + 1 < len(units) and units[i + 1].node != u.node)
-            for i, u in enumerate(units)
-        )
+        self, units: tuple[Unit, ...], shape: tuple[Any, ...], mbs: int, m: int, d: int,
+        options: StrategyOptions,
+    ) -> float | None:  # fmt: skip
+        # the lines depend on m only through the in-flight counts min(S - s, m)
         key = (shape, mbs, min(m, len(units)), d, options)
         if key not in self._lines:
             self._lines[key] = self.costs.stage_lines(units, mbs, m, d, options)
@@ -282,8 +279,7 @@ class _Search:
             self.shortfall.see(units[s].kind, alpha[s] * even + beta[s], cap[s])
             return None
         seconds, share = fill
-        seconds += self.costs.sync(units, share, d, options)
-        return seconds, tuple(round(x) for x in share)
+        return seconds + self.costs.sync(units, share, d, options)
 
     # -- level 2 ----------------------------------------------------------------------------
 
