@@ -8,26 +8,128 @@ Nothing is allocated: the graph is traced on the meta device.
 
 Communication counts are per micro-batch for F and B, per step for Post. A step of a
 plan counts once for every rank it names; ``local`` steps (slicing, no traffic) and
-identities are not communication.
+identities are not communication. Each rank's communication is also listed by peers: the
+group of a collective (``in [0,1]``) or the partners of point-to-point steps
+(``to [2] from [0]``), with the bytes this rank's buffers hold for it (``Traffic``).
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from hspmd.comm.plan import CommPlan
+from hspmd.comm.plan import (
+    AllGather,
+    BatchedSendRecv,
+    CommPlan,
+    GroupCollective,
+    SendRecv,
+    SliceCollective,
+    Step,
+    volume,
+)
 from hspmd.models.config import LlamaConfig
 from hspmd.plan.strategy import Strategy, StrategyOptions
 from hspmd.specialize.pipeline import PipelineLayout, check_pipelines, construct_pipelines
 from hspmd.specialize.schedule import make_schedule
 from hspmd.specialize.sites import ParamLayout, Site, llama_params, llama_sites
 
-__all__ = ["Explanation", "RankSummary", "explain"]
+__all__ = ["Explanation", "RankSummary", "Traffic", "explain", "traffic"]
 
 NOT_COMM = ("local",)
+
+
+@dataclass(frozen=True, slots=True)
+class Traffic:
+    """Steps of one kind with the same peers, as one rank sees them.
+
+    ``peers`` is the collective's group (``in [0,1]``) or the point-to-point partners
+    (``to [2] from [0]``); ``nbytes`` is the data this rank's buffers hold for those steps:
+    the local piece of an all-reduce, reduce-scatter or all-to-all, the gathered piece of an
+    all-gather, the slices of a split collective this rank takes part in, and what a
+    send-recv or BSR sends plus what it receives.
+    """
+
+    kind: str
+    peers: str
+    count: int
+    nbytes: int
+
+    def text(self) -> str:
+        return f"{self.kind} x{self.count} {self.peers} ({_size(self.nbytes)})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "peers": self.peers, "count": self.count, "bytes": self.nbytes}
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def _ranks_text(ranks: Any) -> str:
+    return "[" + ",".join(map(str, sorted(ranks))) + "]"
+
+
+def _step_traffic(plan: CommPlan, index: int, step: Step, rank: int) -> tuple[str, int] | None:
+    """(peers, elements) of one step for ``rank``; None where it moves nothing."""
+    if isinstance(step, GroupCollective):
+        group = next(g for g in step.groups if rank in g)
+        layout = plan.layouts[index + 1] if isinstance(step, AllGather) else plan.layouts[index]
+        elements = volume(layout.piece(rank, plan.shape).region)
+        return f"in {_ranks_text(group)}", elements
+    if isinstance(step, SliceCollective):
+        mine = [s for s in step.slices if rank in s.ranks]
+        peers = {r for s in mine for r in s.ranks}
+        return f"in {_ranks_text(peers)}", sum(volume(s.region) for s in mine)
+    if isinstance(step, SendRecv):
+        sends = {d for s, d in step.pairs if s == rank}
+        recvs = {s for s, d in step.pairs if d == rank}
+        elements = 0
+        if sends:
+            elements += volume(plan.layouts[index].piece(rank, plan.shape).region)
+        if recvs:
+            elements += volume(plan.layouts[index + 1].piece(rank, plan.shape).region)
+        return _p2p_text(sends, recvs), elements
+    if isinstance(step, BatchedSendRecv):
+        moving = [t for t in step.transfers if t.src != t.dst and rank in (t.src, t.dst)]
+        if not moving:
+            return None
+        sends = {t.dst for t in moving if t.src == rank}
+        recvs = {t.src for t in moving if t.dst == rank}
+        return _p2p_text(sends, recvs), sum(volume(t.region) for t in moving)
+    return None
+
+
+def _p2p_text(sends: set[int], recvs: set[int]) -> str:
+    parts = [f"to {_ranks_text(sends)}"] if sends else []
+    parts += [f"from {_ranks_text(recvs)}"] if recvs else []
+    return " ".join(parts)
+
+
+def traffic(plans: list[CommPlan], rank: int, *, itemsize: int) -> tuple[Traffic, ...]:
+    """``rank``'s communication in ``plans``, by kind and peers, with bytes (``Traffic``)."""
+    count: Counter[tuple[str, str]] = Counter()
+    elements: Counter[tuple[str, str]] = Counter()
+    for plan in plans:
+        for index, step in plan.for_rank(rank):
+            if step.kind in NOT_COMM:
+                continue
+            found = _step_traffic(plan, index, step, rank)
+            if found is None:
+                continue
+            key = (step.kind, found[0])
+            count[key] += 1
+            elements[key] += found[1]
+    return tuple(
+        Traffic(kind, peers, count[kind, peers], elements[kind, peers] * itemsize)
+        for kind, peers in sorted(count)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +146,9 @@ class RankSummary:
     backward_comm: tuple[tuple[str, int], ...]
     post_comm: tuple[tuple[str, int], ...]
     schedule: str  # the full action list (render() shortens long ones)
+    forward_traffic: tuple[Traffic, ...] = ()  # per micro-batch
+    backward_traffic: tuple[Traffic, ...] = ()
+    post_traffic: tuple[Traffic, ...] = ()  # per step
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -59,6 +164,9 @@ class RankSummary:
             "forward_comm": dict(self.forward_comm),
             "backward_comm": dict(self.backward_comm),
             "post_comm": dict(self.post_comm),
+            "forward_traffic": [t.to_json() for t in self.forward_traffic],
+            "backward_traffic": [t.to_json() for t in self.backward_traffic],
+            "post_traffic": [t.to_json() for t in self.post_traffic],
             "schedule": self.schedule,
         }
 
@@ -216,6 +324,10 @@ def _summary(
     held = [x for x in params.values() if rank in x.annotation]
     elements = sum(_numel(x.annotation.piece(rank, x.shape).shape) for x in held)
     schedule = make_schedule(options.schedule, len(pipeline.stages), s, pipeline.num_micro_batches)
+    forward = [x.forward_plan() for x in sites]
+    backward = [x.backward_plan() for x in sites]
+    grads = [post[x.name] for x in held]
+    itemsize = 2 if options.dtype == "bf16" else 4
     return RankSummary(
         rank=rank,
         pipeline=p,
@@ -225,10 +337,13 @@ def _summary(
         num_ops=num_ops,
         num_params=len(held),
         param_elements=elements,
-        forward_comm=_kinds([x.forward_plan() for x in sites], rank),
-        backward_comm=_kinds([x.backward_plan() for x in sites], rank),
-        post_comm=_kinds([post[x.name] for x in held], rank),
+        forward_comm=_kinds(forward, rank),
+        backward_comm=_kinds(backward, rank),
+        post_comm=_kinds(grads, rank),
         schedule=str(schedule),
+        forward_traffic=traffic(forward, rank, itemsize=itemsize),
+        backward_traffic=traffic(backward, rank, itemsize=itemsize),
+        post_traffic=traffic(grads, rank, itemsize=4),  # gradients are fp32
     )
 
 
@@ -250,6 +365,45 @@ def _compact(schedule: str, *, limit: int = 14) -> str:
 
 def _comm_text(kinds: tuple[tuple[str, int], ...]) -> str:
     return ", ".join(f"{k} x{n}" for k, n in kinds) or "-"
+
+
+_PEERS = re.compile(r"\[[\d,]*\]")
+
+
+def _merge(bodies: list[tuple[str, ...]]) -> list[str]:
+    """One text for several ranks' summaries that differ only in their peer lists."""
+    out = []
+    for lines in zip(*bodies, strict=True):
+        if len(set(lines)) == 1:
+            out.append(lines[0])
+            continue
+        columns = zip(*(_PEERS.findall(line) for line in lines), strict=True)
+        values = [",".join(dict.fromkeys(c)) for c in columns]
+        parts = _PEERS.split(lines[0])
+        joined = parts[0] + "".join(v + p for v, p in zip(values, parts[1:], strict=True))
+        text, _, size = joined.rpartition(" (")
+        out.append(f"{text} respectively ({size}")
+    return out
+
+
+def _traffic_lines(phase: str, found: tuple[Traffic, ...]) -> list[str]:
+    head = f"  {phase + ':':<21}"
+    texts = [t.text() for t in found] or ["-"]
+    return [head + texts[0], *(" " * len(head) + t for t in texts[1:])]
+
+
+def _runs(ranks: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``0-2,5``."""
+    out: list[str] = []
+    start = prev = ranks[0]
+    for r in [*ranks[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return ",".join(out)
 
 
 def render(
@@ -276,15 +430,29 @@ def render(
         from hspmd.errors import StrategyError
 
         raise StrategyError(f"rank {rank} is not in the strategy (ranks {list(e.strategy.ranks)})")
+    blocks: dict[tuple[str, ...], list[tuple[int, tuple[str, ...]]]] = {}
     for r in chosen:
         gpu = f" ({kinds[r.rank]})" if kinds else ""
-        lines += [
-            f"rank {r.rank}{gpu}: pipeline {r.pipeline} stage {r.stage} tp={len(r.tp_group)} "
+        body = (
+            f"{gpu}: pipeline {r.pipeline} stage {r.stage} tp={len(r.tp_group)} "
             f"layers {r.layers[0]}-{r.layers[1]} ops={r.num_ops} params={r.num_params} "
             f"({r.param_elements * 4 / 2**20:.1f} MiB fp32)",
-            f"  F (per micro-batch): {_comm_text(r.forward_comm)}",
-            f"  B (per micro-batch): {_comm_text(r.backward_comm)}",
-            f"  Post:                {_comm_text(r.post_comm)}",
+            *_traffic_lines("F (per micro-batch)", r.forward_traffic),
+            *_traffic_lines("B (per micro-batch)", r.backward_traffic),
+            *_traffic_lines("Post", r.post_traffic),
             f"  schedule: {_compact(r.schedule)}",
-        ]
+        )
+        key = tuple(_PEERS.sub("[]", line) for line in body)
+        blocks.setdefault(key, []).append((r.rank, body))
+    if len(chosen) > 1:
+        lines.append(
+            "per rank (ops = nodes of its executable graph, compute and communication; bytes: "
+            "what its buffers hold for those steps; ranks of one stage that differ only in "
+            "their peers are merged, their peers listed in rank order):"
+        )
+    for members in blocks.values():
+        ranks = [rank for rank, _ in members]
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_runs(ranks)}"
+        merged = _merge([body for _, body in members])
+        lines += [who + merged[0], *merged[1:]]
     return "\n".join(lines)
