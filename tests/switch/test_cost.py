@@ -89,9 +89,27 @@ def test_cli(capsys: pytest.CaptureFixture[str]) -> None:
             "--cluster", "h20x32", "--algo", "relay", "--failed", "31"]  # fmt: skip
     assert main(argv) == 0
     text = capsys.readouterr().out
-    assert "slowest rank R8" in text and "nvlink MB" in text
+    assert "slowest rank R8" in text and "nvlink GB" in text and "recv GB" in text
     assert main([*argv, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["algo"] == "relay" and data["slowest_rank"] == 8 and data["seconds"] < 0.2
     assert main([*argv[:-2], "--cluster", "hetu-h800-h20", "--model", "llama-70b"]) == 2
     assert "80 layers" in capsys.readouterr().err
+
+
+def test_cli_received_bytes_and_small_units(capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 17: receivers are rows too (a rank's busy time depends on what it receives), and
+    # a tiny model's volumes print in a unit that shows them.
+    argv = ["switch-cost", "--model", "llama-tiny", "--cluster", "h20x32",
+            "--from", "4x1: R0:L0-1 R1:L2-3", "--to", "4x1: R1:L0-1 R0:L2-3"]  # fmt: skip
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "nvlink KB" in text and "recv KB" in text
+    rows = {line.split()[0]: line.split()[1:] for line in text.splitlines()[2:-1]}
+    assert float(rows["R0"][0]) > 0 and float(rows["R1"][0]) > 0  # each sends its half
+    assert rows["R0"][2] == rows["R1"][0] and rows["R1"][2] == rows["R0"][0]  # the other gets it
+    assert main([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    sent = sum(sum(per.values()) for per in data["sent_bytes"].values())
+    received = sum(sum(per.values()) for per in data["received_bytes"].values())
+    assert sent == received == data["total_bytes"] > 0

@@ -7,8 +7,9 @@
     hspmd switch-cost ... --json             # one JSON object
     hspmd switch-cost ... --picture sw.png   # also draw it: --algo's pair matrix, bars of all
 
-Prints, for every rank that sends, the bytes it sends over each link class and the time it
-is busy, then the total and the estimated time of the slowest rank (hspmd.comm.traffic's
+Prints, for every rank that sends or receives, the bytes it sends over each link class, the
+bytes it receives and the time it is busy (in B, KB, MB or GB, whichever fits the largest
+figure), then the totals and the estimated time of the slowest rank (hspmd.comm.traffic's
 model). ``--picture FILE.png|.svg`` draws the bytes per rank pair of ``--algo`` by link
 class and each rank's bytes sent and received under naive, fused and relay. ``--cluster`` takes a cluster file or a shipped name (hetu-h800-h20, h20x32).
 """
@@ -91,20 +92,46 @@ def _picture(args: argparse.Namespace, cluster: Cluster, failed: tuple[int, ...]
 
 
 def cost_text(cost: SwitchCost, *, links: tuple[str, ...]) -> str:
-    """The per-rank table: MB sent per link class and busy time, senders only."""
+    """The per-rank table: bytes sent per link class, bytes received, busy time; every rank
+    that sends or receives (so the slowest one is always there), in a unit that fits."""
     est = cost.estimate
+    ranks = sorted(set(est.sent) | set(est.received))
+    received = {r: sum(est.received.get(r, {}).values()) for r in ranks}
+    largest = max([est.total(name) for name in links] + list(received.values()), default=0.0)
+    unit, scale = _unit(largest)
     lines = [
         f"{cost.model} on {cost.cluster}: {cost.algo}, states {cost.states}, "
         f"{cost.num_tensors} tensors, {cost.num_messages} messages",
-        "rank  " + "".join(f"{name + ' MB':>12}" for name in links) + f"{'busy ms':>10}",
+        "rank  "
+        + "".join(f"{name + ' ' + unit:>12}" for name in links)
+        + f"{'recv ' + unit:>12}{'busy ms':>10}",
     ]
-    for rank, per in est.sent.items():
-        cells = "".join(f"{per.get(name, 0.0) / 1e6:12.0f}" for name in links)
-        lines.append(f"R{rank:<4}" + cells + f"{est.rank_time.get(rank, 0.0) * 1e3:10.1f}")
-    totals = "".join(f"{est.total(name) / 1e6:12.0f}" for name in links)
-    lines.append("total" + totals)
+    for rank in ranks:
+        per = est.sent.get(rank, {})
+        cells = "".join(f"{per.get(name, 0.0) / scale:12.1f}" for name in links)
+        lines.append(
+            f"R{rank:<4}{cells}{received[rank] / scale:12.1f}"
+            f"{_ms(est.rank_time.get(rank, 0.0)):>10}"
+        )
+    totals = "".join(f"{est.total(name) / scale:12.1f}" for name in links)
+    lines.append(f"total{totals}{sum(received.values()) / scale:12.1f}")
+    slowest = cost.slowest_rank
     lines.append(
-        f"slowest rank R{cost.slowest_rank}: estimated switch time {est.time * 1e3:.1f} ms "
-        f"({est.total() / 1e9:.1f} GB moved)"
+        f"slowest rank R{slowest}: estimated switch time {_ms(est.time)} ms "
+        f"({est.total() / scale:.1f} {unit} moved)"
+        if slowest >= 0
+        else "nothing moves: the strategies place every tensor alike"
     )
     return "\n".join(lines)
+
+
+def _ms(seconds: float) -> str:
+    ms = seconds * 1e3
+    return f"{ms:.1f}" if ms >= 1 or ms == 0 else f"{ms:.3g}"
+
+
+def _unit(largest: float) -> tuple[str, float]:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if largest >= 10 * scale:
+            return unit, scale
+    return "B", 1.0

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hspmd.comm.plan import Transfer, volume
 from hspmd.comm.topology import Topology
@@ -33,11 +33,13 @@ from hspmd.comm.topology import Topology
 
 @dataclass(frozen=True, slots=True)
 class Estimate:
-    """Bytes each rank sends per link class, each rank's time, and the total time (s)."""
+    """Bytes each rank sends (and receives) per link class, each rank's time, and the total
+    time (s)."""
 
     sent: dict[int, dict[str, float]]
     rank_time: dict[int, float]
     time: float
+    received: dict[int, dict[str, float]] = field(default_factory=dict)
 
     def total(self, link: str | None = None) -> float:
         return sum(v for per in self.sent.values() for k, v in per.items() if link in (None, k))
@@ -52,6 +54,7 @@ def estimate(
     """Volumes and time of ``stages`` (see the module docstring); ``itemsizes[tensor]`` is
     bytes per element (1 when not given)."""
     sent: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    received: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     rank_time: dict[int, float] = defaultdict(float)
     time = 0.0
     for stage in stages:
@@ -63,6 +66,7 @@ def estimate(
             size = volume(t.region) * (itemsizes or {}).get(t.tensor, 1)
             link = topology.link(t.src, t.dst)
             sent[t.src][link.name] += size
+            received[t.dst][link.name] += size
             send_t[t.src] += size / link.bandwidth
             recv_t[t.dst] += size / link.bandwidth
         stage_time = 0.0
@@ -71,4 +75,9 @@ def estimate(
             rank_time[rank] += busy
             stage_time = max(stage_time, busy)
         time += stage_time
-    return Estimate({r: dict(v) for r, v in sorted(sent.items())}, dict(rank_time), time)
+    return Estimate(
+        {r: dict(v) for r, v in sorted(sent.items())},
+        dict(rank_time),
+        time,
+        {r: dict(v) for r, v in sorted(received.items())},
+    )

@@ -152,6 +152,7 @@ class SwitchCost:
             "tensors": self.num_tensors,
             "messages": self.num_messages,
             "sent_bytes": {str(r): per for r, per in est.sent.items()},
+            "received_bytes": {str(r): per for r, per in est.received.items()},
             "rank_seconds": {str(r): t for r, t in sorted(est.rank_time.items())},
             "total_bytes": est.total(),
             "slowest_rank": self.slowest_rank,
