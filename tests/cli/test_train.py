@@ -115,6 +115,18 @@ def warning_tail(warning: str) -> str:
     }.get(warning, " --steps 5")
 
 
+def test_errors_name_the_switch_they_are_about() -> None:
+    # Issue 17: with several strategies, an error did not say which one it was about.
+    from hspmd.errors import StrategyError
+
+    args = _args("--strategy", "1x1: R0:L0-3", "--switch", "3=1x1: R0:L0-9")
+    with pytest.raises(StrategyError, match=r"^--switch 3: stage R0:L0-9 .* holds layers up to 9"):
+        check_config(config_from_args(args))
+    args = _args("--strategy", "1x1: R0:L0-9", "--switch", "3=1x1: R0:L0-3")
+    with pytest.raises(StrategyError, match=r"^--strategy: stage R0:L0-9"):
+        check_config(config_from_args(args))
+
+
 def test_no_warnings_for_a_plain_run() -> None:
     args = _args("--strategy", "1x1: R0:L0-3", "--save", "d", "--switch", "3=1x1: R0:L0-3")
     assert warnings_of(args, config_from_args(args)) == []

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from hspmd.errors import StrategyError
 from hspmd.models.llama import parameter_shapes
 from hspmd.plan.strategy import Strategy, check_strategy, parse_strategy
 from hspmd.runtime.launch import launch
@@ -33,15 +34,23 @@ def check_config(config: TrainConfig) -> Strategy:
     run switches to, cannot train ``config``."""
     if config.strategy is None:
         raise TrainError("no strategy: give --strategy '...' or use --reference")
-    strategies = [parse_strategy(text) for text in config.strategies]
-    for strategy in strategies:
-        check_strategy(
-            strategy,
-            config.model_config(),
-            global_batch=config.global_batch,
-            options=options_of(config),
-            seq_len=config.seq_len,
-        )
+    labels = ["--strategy", *(f"--switch {step}" for step, _ in config.switches)]
+    strategies = []
+    for label, text in zip(labels, config.strategies, strict=True):
+        try:  # name the flag when a run has several strategies (issue 17)
+            strategy = parse_strategy(text)
+            check_strategy(
+                strategy,
+                config.model_config(),
+                global_batch=config.global_batch,
+                options=options_of(config),
+                seq_len=config.seq_len,
+            )
+        except StrategyError as error:
+            if not config.switches:
+                raise
+            raise StrategyError(f"{label}: {error}") from None
+        strategies.append(strategy)
     strategy = strategies[0]
     used = sorted({r for s in strategies for r in s.ranks})
     if used != list(range(len(used))):
