@@ -98,3 +98,27 @@ def test_matplotlib_only_when_drawing() -> None:
         "import hspmd.viz; assert 'matplotlib' not in sys.modules, 'imported eagerly'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_partition_png_and_single_device_makespan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from hspmd.partition.generate import layered_graph
+    from hspmd.partition.io import save_graph_json
+
+    graph = tmp_path / "g.json"
+    save_graph_json(graph, layered_graph(400, seed=1))
+    out = tmp_path / "placement.png"
+    argv = ["partition", str(graph), "--devices", "3", "--memory", "1GiB", "--picture", str(out)]
+    assert main([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["picture"] == str(out)
+    assert data["single_device_makespan_us"] >= data["makespan_us"] > 0
+    assert_png(out)
+    assert main(argv) == 0
+    assert "(one device: " in capsys.readouterr().out
+    bad = tmp_path / "placement.gif"
+    assert main([*argv[:-1], str(bad)]) == 2  # refused before partitioning
+    assert "placement.png or placement.svg" in capsys.readouterr().err

@@ -8,9 +8,10 @@ from types import ModuleType
 import pytest
 
 import hspmd.viz.common
+import hspmd.viz.partition
 import hspmd.viz.plan
 
 
-@pytest.mark.parametrize("module", [hspmd.viz.common, hspmd.viz.plan], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [hspmd.viz.common, hspmd.viz.partition, hspmd.viz.plan], ids=lambda m: m.__name__)
 def test_doctests(module: ModuleType) -> None:
     assert doctest.testmod(module).failed == 0

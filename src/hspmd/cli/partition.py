@@ -2,9 +2,12 @@
 
     hspmd partition graph.json --devices 4 --memory 16GiB --out placement.txt
     hspmd partition model.dot --devices 2 --memory 8GiB,12GiB --json
+    hspmd partition graph.json --devices 4 --picture placement.png
+
 
 GRAPH is a JSON graph (docs/partition.md) or the ParDNN authors' ``.dot`` with its side
-files. The placement file has one ``op device`` line per op. Sizes take B, KB, MB, GB,
+files. The placement file has one ``op device`` line per op. ``--picture FILE.png|.svg``
+draws the emulated schedule per device and memory over time against the caps. Sizes take B, KB, MB, GB,
 TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024); bandwidth is in GB/s
 (1 GB/s = 1000 bytes/us).
 """
@@ -70,6 +73,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--out", help="placement file to write (one 'op device' line per op)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--picture", default=None, metavar="FILE",
+        help="also draw FILE.png|.svg: schedule per device, memory over time against the caps",
+    )  # fmt: skip
     parser.set_defaults(func=run)
 
 
@@ -80,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.devices < 1:
         raise PartitionError(f"--devices {args.devices}: give at least 1 device")
+    if args.picture:
+        from hspmd.viz.common import check_picture_path
+
+        check_picture_path(args.picture)  # before the work, not after
     caps: int | list[int] | None = None
     if args.memory:
         sizes = [parse_size(part) for part in args.memory.split(",")]
@@ -100,6 +111,16 @@ def run(args: argparse.Namespace) -> int:
             header=f"hspmd partition {graph.name}: K={args.devices}, {comm}\n{result.emulation}",
         )
     summary = _summary(graph, result, caps=caps, out=args.out, comm=comm)
+    if args.picture:
+        from hspmd.viz.partition import draw_partition
+
+        draw_partition(
+            graph, result.placement, result.emulation, args.picture,
+            caps=summary["caps_bytes"],
+            title=f"{graph.name}: {graph.num_nodes} ops on {args.devices} devices, makespan "
+            f"{result.emulation.makespan_us / 1e3:,.3f} ms ({comm})",
+        )  # fmt: skip
+        summary["picture"] = args.picture
     if args.json:
         print(json.dumps(summary))
     else:
@@ -127,6 +148,7 @@ def _summary(
         "edges": graph.num_edges,
         "devices": k,
         "makespan_us": result.emulation.makespan_us,
+        "single_device_makespan_us": float(graph.time_us.sum()),
         "peak_bytes": result.emulation.peak_bytes.tolist(),
         "caps_bytes": cap_list,
         "ops_per_device": ops.tolist(),
@@ -158,9 +180,13 @@ def _print_table(summary: dict[str, Any]) -> None:
     console = Console()
     console.print(table)
     phases = ", ".join(f"{k} {v:.2f}s" for k, v in summary["phase_seconds"].items())
+    single = summary["single_device_makespan_us"]
+    speedup = single / summary["makespan_us"] if summary["makespan_us"] > 0 else 1.0
     console.print(
-        f"makespan {summary['makespan_us'] / 1e3:,.3f} ms; communication "
+        f"makespan {summary['makespan_us'] / 1e3:,.3f} ms (one device: {single / 1e3:,.3f} ms, "
+        f"{speedup:.2f}x); communication "
         f"{summary['comm_bytes'] / 2**30:.3f} GiB; partitioned in {summary['seconds']:.2f} s "
         f"({phases})"
         + (f"; placement -> {summary['placement_file']}" if summary["placement_file"] else "")
+        + (f"; picture -> {summary['picture']}" if summary.get("picture") else "")
     )

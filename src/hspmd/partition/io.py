@@ -22,7 +22,10 @@ def load_graph(path: str | Path) -> OpGraph:
     """Load a graph, choosing the format by suffix (``.json`` or ``.dot``)."""
     path = Path(path)
     if not path.exists():
-        raise PartitionError(f"graph file {str(path)!r} does not exist")
+        raise PartitionError(
+            f"graph file {str(path)!r} does not exist: capture one with `hspmd partition-capture "
+            "MODEL --out FILE.json` (`--list` shows the models)"
+        )
     if path.suffix == ".json":
         return graph_from_json(json.loads(path.read_text()), default_name=path.stem)
     if path.suffix in (".dot", ".gv"):
