@@ -9,7 +9,10 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT.parent / "shared" / "data" / "pardnn"
 
 
-@pytest.mark.skipif(not (DATA / "toy_inception_65_103.json").exists(), reason="no shared data")
+@pytest.mark.skipif(
+    not (DATA / "toy_inception_65_103.json").exists(),
+    reason=f"shared ParDNN graphs not found at {DATA}",
+)
 def test_benchmark_quick_runs_and_reproduces_published_makespans() -> None:
     cmd = [
         sys.executable,

@@ -76,7 +76,6 @@ def test_round_robin_on_three_ranks_equals_one_process() -> None:
 
 @pytest.mark.multiproc
 def test_pardnn_under_a_memory_cap_equals_one_process() -> None:
-    pytest.importorskip("hspmd.partition.pardnn")
     batch = _batch()
     traced = ex.trace(ex.tiny_net(), F.cross_entropy)
     graph = ex.op_graph(traced, batch)

@@ -52,8 +52,15 @@ def test_c2_structure() -> None:
 
 
 def test_table_examples_check() -> None:
-    check_strategy(parse_strategy(C6), BIG, global_batch=64)
-    check_strategy(parse_strategy(T9_70B), get_config("llama-70b"), global_batch=64)
+    # The paper's plans pass the checks (check_strategy raises on any violation), and a
+    # global batch the plan does not sum to is refused.
+    for text, config in ((C6, BIG), (T9_70B, get_config("llama-70b"))):
+        strategy = parse_strategy(text)
+        check_strategy(strategy, config, global_batch=64)
+        assert strategy.global_batch == 64
+        assert [s.last_layer for s in strategy.pipelines[0].stages][-1] == config.num_layers - 1
+        with pytest.raises(StrategyError):
+            check_strategy(strategy, config, global_batch=63)
 
 
 def test_lenient_spacing_and_single_layer() -> None:

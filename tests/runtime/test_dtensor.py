@@ -14,10 +14,9 @@ import pytest
 import torch
 
 from hspmd.annotation import Annotation, DeviceGroup, DistributedStates
+from hspmd.comm.resolve import resolve
 from hspmd.comm.simulate import assemble, scatter
 from hspmd.runtime import World, launch, run_plan
-
-resolve = pytest.importorskip("hspmd.comm.resolve").resolve
 
 SHAPE = (8, 24)
 KINDS = ("S0", "S1", "R", "P")

@@ -5,12 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hspmd.comm.resolve import resolve
 from hspmd.comm.simulate import scatter, simulate
 from hspmd.runtime.reshard_cli import PlanRun, run_many
 
 from .rt_plans import figure7_pairs, random_pairs
-
-resolve = pytest.importorskip("hspmd.comm.resolve").resolve
 
 SHAPE = (12, 24)
 RANDOM = {2: 6, 4: 10, 8: 10}

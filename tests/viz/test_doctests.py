@@ -12,6 +12,8 @@ import hspmd.viz.partition
 import hspmd.viz.plan
 
 
-@pytest.mark.parametrize("module", [hspmd.viz.common, hspmd.viz.partition, hspmd.viz.plan], ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+    "module", [hspmd.viz.common, hspmd.viz.partition, hspmd.viz.plan], ids=lambda m: m.__name__
+)
 def test_doctests(module: ModuleType) -> None:
     assert doctest.testmod(module).failed == 0
