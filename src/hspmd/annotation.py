@@ -32,7 +32,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hspmd.errors import AnnotationError
@@ -175,6 +175,18 @@ class Annotation:
     states: tuple[DistributedStates, ...]
     hdim: int = DUP
     hsizes: tuple[int, ...] | None = None
+    # Hashed once: annotations key every cache of the geometry and of resolution, and one
+    # over 4096 ranks would otherwise rehash thousands of nested tuples per lookup.
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+    # shape -> every rank's piece, on the object itself: equal annotations built apart
+    # (a plan's layouts) would otherwise be compared element by element in every lookup of
+    # the module cache. Read-only once filled (``pieces`` hands out copies).
+    _memo: dict[tuple[int, ...], dict[int, Piece]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -212,6 +224,7 @@ class Annotation:
                     f"rank {min(overlap)} is in two subgroups of {self}: subgroups must be disjoint"
                 )
             seen.update(group.ranks)
+        object.__setattr__(self, "_hash", hash((self.groups, self.states, self.hdim, self.hsizes)))
 
     @staticmethod
     def single(ranks: Sequence[int], ds: DistributedStates) -> Annotation:
@@ -247,11 +260,17 @@ class Annotation:
 
     def piece(self, rank: int, shape: Sequence[int]) -> Piece:
         """The piece of a tensor of global ``shape`` that ``rank`` holds."""
-        return _pieces(self, tuple(shape))[rank]
+        return self._pieces_of(tuple(shape))[rank]
 
     def pieces(self, shape: Sequence[int]) -> dict[int, Piece]:
         """Every rank's piece, in subgroup order."""
-        return dict(_pieces(self, tuple(shape)))
+        return dict(self._pieces_of(tuple(shape)))
+
+    def _pieces_of(self, shape: tuple[int, ...]) -> dict[int, Piece]:
+        found = self._memo.get(shape)
+        if found is None:
+            found = self._memo[shape] = _pieces(self, shape)
+        return found
 
     # -- JSON -----------------------------------------------------------------------------
 

@@ -16,9 +16,10 @@ import json
 import time
 from typing import Any
 
+from hspmd.errors import StrategyError
 from hspmd.models.config import PRESETS, get_config
 from hspmd.plan.strategy import StrategyOptions, check_strategy, parse_strategy
-from hspmd.specialize.explain import explain, render
+from hspmd.specialize.explain import explain, render, runs_text
 from hspmd.viz.common import check_picture_path
 
 
@@ -60,11 +61,14 @@ def run(args: argparse.Namespace) -> int:
     strategy = parse_strategy(args.strategy)
     check_strategy(strategy, config, options=options, seq_len=seq_len)
     kinds = _gpu_kinds(args.cluster, strategy.ranks) if args.cluster else None
-    explanation = explain(config, strategy, options, seq_len=seq_len)
+    if args.rank is not None and args.rank not in strategy.ranks:
+        raise StrategyError(
+            f"--rank {args.rank} is not in the strategy (ranks {runs_text(sorted(strategy.ranks))})"
+        )
+    ranks = None if args.rank is None else [args.rank]
+    explanation = explain(config, strategy, options, seq_len=seq_len, ranks=ranks)
     if args.json:
         data = explanation.to_json()
-        if args.rank is not None:
-            data["ranks"] = [r for r in data["ranks"] if r["rank"] == args.rank]
         if kinds:
             for r in data["ranks"]:
                 r["gpu_kind"] = kinds[r["rank"]]

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import functools
 import re
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,9 +36,9 @@ from hspmd.models.config import LlamaConfig
 from hspmd.plan.strategy import Strategy, StrategyOptions
 from hspmd.specialize.pipeline import PipelineLayout, check_pipelines, construct_pipelines
 from hspmd.specialize.schedule import make_schedule
-from hspmd.specialize.sites import ParamLayout, Site, llama_params, llama_sites
+from hspmd.specialize.sites import ParamLayout, llama_params, llama_sites
 
-__all__ = ["Explanation", "RankSummary", "Traffic", "explain", "traffic"]
+__all__ = ["Explanation", "RankSummary", "Traffic", "explain", "steps_by_rank", "traffic"]
 
 NOT_COMM = ("local",)
 
@@ -72,21 +73,26 @@ def _size(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
-def _ranks_text(ranks: Any) -> str:
+@functools.lru_cache(maxsize=65536)
+def _ranks_text(ranks: tuple[int, ...]) -> str:
     return "[" + ",".join(map(str, sorted(ranks))) + "]"
 
 
-def _step_traffic(plan: CommPlan, index: int, step: Step, rank: int) -> tuple[str, int] | None:
-    """(peers, elements) of one step for ``rank``; None where it moves nothing."""
+def _step_traffic(
+    plan: CommPlan, index: int, step: Step, rank: int, group: tuple[int, ...] | None
+) -> tuple[str, int] | None:
+    """(peers, elements) of one step for ``rank`` (``group``: its group in a collective);
+    None where it moves nothing."""
     if isinstance(step, GroupCollective):
-        group = next(g for g in step.groups if rank in g)
+        if group is None:
+            group = next(tuple(g) for g in step.groups if rank in g)
         layout = plan.layouts[index + 1] if isinstance(step, AllGather) else plan.layouts[index]
         elements = volume(layout.piece(rank, plan.shape).region)
         return f"in {_ranks_text(group)}", elements
     if isinstance(step, SliceCollective):
         mine = [s for s in step.slices if rank in s.ranks]
         peers = {r for s in mine for r in s.ranks}
-        return f"in {_ranks_text(peers)}", sum(volume(s.region) for s in mine)
+        return f"in {_ranks_text(tuple(peers))}", sum(volume(s.region) for s in mine)
     if isinstance(step, SendRecv):
         sends = {d for s, d in step.pairs if s == rank}
         recvs = {s for s, d in step.pairs if d == rank}
@@ -107,25 +113,46 @@ def _step_traffic(plan: CommPlan, index: int, step: Step, rank: int) -> tuple[st
 
 
 def _p2p_text(sends: set[int], recvs: set[int]) -> str:
-    parts = [f"to {_ranks_text(sends)}"] if sends else []
-    parts += [f"from {_ranks_text(recvs)}"] if recvs else []
+    parts = [f"to {_ranks_text(tuple(sends))}"] if sends else []
+    parts += [f"from {_ranks_text(tuple(recvs))}"] if recvs else []
     return " ".join(parts)
 
 
-def traffic(plans: list[CommPlan], rank: int, *, itemsize: int) -> tuple[Traffic, ...]:
-    """``rank``'s communication in ``plans``, by kind and peers, with bytes (``Traffic``)."""
-    count: Counter[tuple[str, str]] = Counter()
-    elements: Counter[tuple[str, str]] = Counter()
+# a plan, a step's index in it, the step, and for a collective the rank's group in it
+Entry = tuple[CommPlan, int, Step, tuple[int, ...] | None]
+
+
+def steps_by_rank(plans: Sequence[CommPlan]) -> dict[int, list[Entry]]:
+    """Every communication step of ``plans`` under each rank it names, in plan order.
+
+    One pass over the steps, so summarizing all ranks costs what the plans hold, not
+    ranks x plans (4096 ranks, hundreds of sites)."""
+    out: dict[int, list[Entry]] = defaultdict(list)
     for plan in plans:
-        for index, step in plan.for_rank(rank):
+        for index, step in enumerate(plan.steps):
             if step.kind in NOT_COMM:
                 continue
-            found = _step_traffic(plan, index, step, rank)
-            if found is None:
+            if isinstance(step, GroupCollective):
+                for group in step.groups:
+                    for rank in group:
+                        out[rank].append((plan, index, step, tuple(group)))
                 continue
-            key = (step.kind, found[0])
-            count[key] += 1
-            elements[key] += found[1]
+            for rank in step.ranks:
+                out[rank].append((plan, index, step, None))
+    return out
+
+
+def traffic(entries: Sequence[Entry], rank: int, *, itemsize: int) -> tuple[Traffic, ...]:
+    """``rank``'s communication in ``entries``, by kind and peers, with bytes (``Traffic``)."""
+    count: Counter[tuple[str, str]] = Counter()
+    elements: Counter[tuple[str, str]] = Counter()
+    for plan, index, step, group in entries:
+        found = _step_traffic(plan, index, step, rank, group)
+        if found is None:
+            continue
+        key = (step.kind, found[0])
+        count[key] += 1
+        elements[key] += found[1]
     return tuple(
         Traffic(kind, peers, count[kind, peers], elements[kind, peers] * itemsize)
         for kind, peers in sorted(count)
@@ -198,13 +225,8 @@ class Explanation:
         }
 
 
-def _kinds(plans: list[CommPlan], rank: int) -> tuple[tuple[str, int], ...]:
-    counts: Counter[str] = Counter()
-    for plan in plans:
-        for _, step in plan.for_rank(rank):
-            if step.kind not in NOT_COMM:
-                counts[step.kind] += 1
-    return tuple(sorted(counts.items()))
+def _kinds(entries: Sequence[Entry]) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted(Counter(step.kind for _, _, step, _ in entries).items()))
 
 
 @functools.cache
@@ -242,8 +264,10 @@ def explain(
     options: StrategyOptions | None = None,
     *,
     seq_len: int,
+    ranks: Sequence[int] | None = None,
 ) -> Explanation:
-    """Metadata-only specialization summary of every rank (module docstring)."""
+    """Metadata-only specialization summary of every rank, or of ``ranks`` only (module
+    docstring)."""
     options = options or StrategyOptions()
     sites = llama_sites(strategy, config, options, seq_len=seq_len)
     params = llama_params(strategy, config, options)
@@ -251,9 +275,15 @@ def explain(
     layout = construct_pipelines(forward, ranks=strategy.ranks)
     check_pipelines(layout, strategy)
     post = {name: p.sync_plan() for name, p in params.items()}
+    index = _Index(
+        forward=steps_by_rank([plan for _, plan in forward]),
+        backward=steps_by_rank([s.backward_plan() for s in sites]),
+        held=_held_by_rank(params),
+        post_steps=steps_by_rank(list(post.values())),
+    )
+    chosen = strategy.ranks if ranks is None else tuple(r for r in strategy.ranks if r in ranks)
     summaries = tuple(
-        _summary(rank, strategy, config, options, layout, sites, params, post)
-        for rank in strategy.ranks
+        _summary(rank, strategy, config, options, layout, params, index) for rank in chosen
     )
     kinds: Counter[str] = Counter()
     for plan in post.values():
@@ -269,6 +299,24 @@ def explain(
         examples,
         _layer_sync(post, num_layers=config.num_layers),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Index:
+    """Per rank: its forward and backward steps, the parameters it holds; the sync plans."""
+
+    forward: dict[int, list[Entry]]
+    backward: dict[int, list[Entry]]
+    held: dict[int, list[str]]
+    post_steps: dict[int, list[Entry]]  # the gradient syncs of the parameters each rank holds
+
+
+def _held_by_rank(params: dict[str, ParamLayout]) -> dict[int, list[str]]:
+    out: dict[int, list[str]] = defaultdict(list)
+    for name, layout in params.items():
+        for rank in layout.annotation.ranks:
+            out[rank].append(name)
+    return out
 
 
 def _layer_sync(
@@ -310,9 +358,8 @@ def _summary(
     config: LlamaConfig,
     options: StrategyOptions,
     layout: PipelineLayout,
-    sites: tuple[Site, ...],
     params: dict[str, ParamLayout],
-    post: dict[str, CommPlan],
+    index: _Index,
 ) -> RankSummary:
     p, s = layout.locate(rank)
     pipeline = strategy.pipelines[p]
@@ -321,12 +368,12 @@ def _summary(
     num_ops = layer_ops * len(stage.layers)
     num_ops += embed_ops if stage.first_layer == 0 else 0
     num_ops += head_ops if stage.last_layer == config.num_layers - 1 else 0
-    held = [x for x in params.values() if rank in x.annotation]
+    held = [params[name] for name in index.held.get(rank, ())]
     elements = sum(_numel(x.annotation.piece(rank, x.shape).shape) for x in held)
     schedule = make_schedule(options.schedule, len(pipeline.stages), s, pipeline.num_micro_batches)
-    forward = [x.forward_plan() for x in sites]
-    backward = [x.backward_plan() for x in sites]
-    grads = [post[x.name] for x in held]
+    forward = index.forward.get(rank, [])
+    backward = index.backward.get(rank, [])
+    grads = index.post_steps.get(rank, [])
     itemsize = 2 if options.dtype == "bf16" else 4
     return RankSummary(
         rank=rank,
@@ -337,9 +384,9 @@ def _summary(
         num_ops=num_ops,
         num_params=len(held),
         param_elements=elements,
-        forward_comm=_kinds(forward, rank),
-        backward_comm=_kinds(backward, rank),
-        post_comm=_kinds(grads, rank),
+        forward_comm=_kinds(forward),
+        backward_comm=_kinds(backward),
+        post_comm=_kinds(grads),
         schedule=str(schedule),
         forward_traffic=traffic(forward, rank, itemsize=itemsize),
         backward_traffic=traffic(backward, rank, itemsize=itemsize),
@@ -392,7 +439,7 @@ def _traffic_lines(phase: str, found: tuple[Traffic, ...]) -> list[str]:
     return [head + texts[0], *(" " * len(head) + t for t in texts[1:])]
 
 
-def _runs(ranks: list[int]) -> str:
+def runs_text(ranks: list[int]) -> str:
     """``[0, 1, 2, 5]`` -> ``0-2,5``."""
     out: list[str] = []
     start = prev = ranks[0]
@@ -452,7 +499,7 @@ def render(
         )
     for members in blocks.values():
         ranks = [rank for rank, _ in members]
-        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_runs(ranks)}"
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {runs_text(ranks)}"
         merged = _merge([body for _, body in members])
         lines += [who + merged[0], *merged[1:]]
     return "\n".join(lines)
