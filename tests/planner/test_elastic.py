@@ -13,6 +13,7 @@ from hspmd.planner.elastic import (
     ElasticPlan,
     ElasticPlanError,
     lost_layers,
+    moved_bytes,
     repair,
     replan,
     switch_estimate,
@@ -144,6 +145,9 @@ def test_switch_estimate_matches_the_switch_cost_model() -> None:
     theirs = switch_cost(model="llama-tiny", source=old, target=new, cluster=cluster,
                          algo="fused", failed=[0])  # fmt: skip
     assert ours.moved_bytes == pytest.approx(theirs.estimate.total()) and ours.moved_bytes > 0
+    assert moved_bytes(parse_strategy(old), parse_strategy(new), get_config("llama-tiny")) == (
+        pytest.approx(ours.moved_bytes)
+    )
 
 
 def test_plan_restricted_to_ranks_and_pipelines(tmp_path: Path) -> None:

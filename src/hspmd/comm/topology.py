@@ -15,9 +15,8 @@ choice of owner falls through to load balance and rank order.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hspmd.errors import HspmdError
 
@@ -59,6 +58,9 @@ class Topology:
     """Nodes of a cluster; with no nodes, every pair of ranks shares ``FLAT``."""
 
     nodes: tuple[Node, ...] = ()
+    # rank -> node index, built once (hashing the whole topology per lookup was the cost of
+    # BSR schedules at 48 ranks)
+    _index: dict[int, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         seen: set[int] = set()
@@ -67,6 +69,7 @@ class Topology:
             if twice:
                 raise TopologyError(f"rank {min(twice)} is in two nodes: list each rank once")
             seen.update(node.ranks)
+        self._index.update({r: i for i, node in enumerate(self.nodes) for r in node.ranks})
 
     @staticmethod
     def flat() -> Topology:
@@ -108,7 +111,7 @@ class Topology:
         if not self.nodes:
             return -1
         try:
-            return _node_index(self)[rank]
+            return self._index[rank]
         except KeyError:
             raise TopologyError(
                 f"rank {rank} is on no node of this topology ({len(self.nodes)} nodes): "
@@ -138,8 +141,3 @@ class Topology:
         classes = {n.intra.name: n.intra.bandwidth for n in self.nodes}
         classes.update({n.nic.name: n.nic.bandwidth for n in self.nodes})
         return tuple(sorted(classes, key=lambda name: -classes[name]))
-
-
-@functools.cache
-def _node_index(topology: Topology) -> dict[int, int]:
-    return {r: i for i, node in enumerate(topology.nodes) for r in node.ranks}

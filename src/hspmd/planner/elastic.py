@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Literal
 
+from hspmd.comm.bsr import BsrTable
 from hspmd.models.config import LlamaConfig
 from hspmd.plan.params import state_annotations
 from hspmd.plan.strategy import Strategy, StrategyOptions, format_ranks
@@ -56,6 +57,7 @@ __all__ = [
     "ElasticPlanError",
     "SwitchEstimate",
     "lost_layers",
+    "moved_bytes",
     "repair",
     "replan",
     "switch_estimate",
@@ -171,14 +173,13 @@ def replan(
     lost = () if current is None else lost_layers(current, ranks, config.num_layers)
     fastest = found.alternatives[0].step_time_s
     close = [p for p in found.alternatives if p.step_time_s <= fastest * (1 + margin)]
-    switches: dict[Strategy, SwitchEstimate | None] = {}
-    for p in close:
-        switches[p.strategy] = (
-            None if current is None or lost else switch_estimate(current, p.strategy, config, cost)
-        )
-    chosen = min(
-        close,
-        key=lambda p: (_bytes(switches[p.strategy]), p.step_time_s),
+    moved = {
+        p.strategy: 0.0 if current is None or lost else moved_bytes(current, p.strategy, config)
+        for p in close
+    }
+    chosen = min(close, key=lambda p: (moved[p.strategy], p.step_time_s))
+    switch = (
+        None if current is None or lost else switch_estimate(current, chosen.strategy, config, cost)
     )
     used = set(chosen.strategy.ranks)
     return ElasticPlan(
@@ -186,17 +187,13 @@ def replan(
         plan_seconds=time.perf_counter() - began,
         alive=ranks,
         unused_ranks=tuple(r for r in ranks if r not in used),
-        switch=switches[chosen.strategy],
+        switch=switch,
         fastest_step_time_s=fastest,
         source="repaired" if seed is not None and _layout_of(chosen.strategy) == _units_key(seed)
         else "search",
         candidates=found.candidates + len(seeds),
         lost_layers=lost,
     )  # fmt: skip
-
-
-def _bytes(switch: SwitchEstimate | None) -> float:
-    return 0.0 if switch is None else switch.moved_bytes
 
 
 def _layout_of(strategy: Strategy) -> tuple[tuple[tuple[int, ...], ...], ...]:
@@ -269,18 +266,35 @@ def _covers(parts: list[tuple[Fraction, Fraction]]) -> bool:
     return reach >= 1
 
 
+def _tables(current: Strategy, new: Strategy, config: LlamaConfig) -> list[BsrTable]:
+    return switch_tables(
+        state_annotations(current, config),
+        state_annotations(new, config),
+        itemsize=STATES[SWITCH_STATES],
+        failed=set(current.ranks) - set(new.ranks),
+    )
+
+
+def moved_bytes(current: Strategy, new: Strategy, config: LlamaConfig) -> float:
+    """Bytes of masters and Adam moments that must cross a link in ``current -> new``: every
+    finest slice once per rank that needs it and does not own it (whatever the scheme; ranks
+    of ``current`` not in ``new`` may be dead and own nothing)."""
+    total = 0.0
+    for table in _tables(current, new, config):
+        for entry in table.entries:
+            missing = len(set(entry.needers) - set(entry.owners))
+            if missing:
+                total += missing * math.prod(hi - lo for lo, hi in entry.region) * table.itemsize
+    return total
+
+
 def switch_estimate(
     current: Strategy, new: Strategy, config: LlamaConfig, cost: CostModel
 ) -> SwitchEstimate:
     """Bytes and seconds of the fused BSR of masters and Adam moments ``current -> new``
     (ranks of ``current`` not in ``new`` may be dead: they own nothing)."""
     failed = set(current.ranks) - set(new.ranks)
-    tables = switch_tables(
-        state_annotations(current, config),
-        state_annotations(new, config),
-        itemsize=STATES[SWITCH_STATES],
-        failed=failed,
-    )
+    tables = _tables(current, new, config)
     est = estimate_scheme(tables, SWITCH_ALGO, topology=cost.cluster.topology(), failed=failed)
     return SwitchEstimate(est.total(), est.time)
 
