@@ -219,12 +219,15 @@ def sim_part(args: argparse.Namespace) -> dict[str, Any]:
         .step_time_s
         for z in ("auto", "off")
     )  # fmt: skip
-    return _report(rows, args, restart, free)
+    # our C4 plan is a candidate of the unconstrained search too (its pruning may miss it)
+    c4 = next(r for r in rows if r["config"] == "C4")
+    return _report(rows, args, restart, min(free, c4["ours_s"]), free)
 
 
 def _report(
-    rows: list[dict[str, Any]], args: argparse.Namespace, restart: float, free_c4: float
-) -> dict[str, Any]:
+    rows: list[dict[str, Any]], args: argparse.Namespace, restart: float, free_c4: float,
+    searched_c4: float,
+) -> dict[str, Any]:  # fmt: skip
     steps = args.steps
     ours_total = sum(r["ours_s"] * steps + r["ours_overhead_s"] for r in rows)
     base_total = sum(r["best_baseline_s"] * steps + r["baseline_overhead_s"] for r in rows)
@@ -257,7 +260,8 @@ def _report(
     c4 = next(r for r in rows if r["config"] == "C4")
     print(
         f"C4: ours {c4['ours_s']:.2f} s with two replicas and ZeRO-1 off, {free_c4:.2f} s for "
-        f"the unconstrained plan (ZeRO-1 allowed): redundancy costs "
+        f"the best plan without redundancy (one pipeline and ZeRO-1 allowed; that search "
+        f"alone finds {searched_c4:.2f} s): redundancy costs "
         f"{c4['ours_s'] / free_c4 - 1:+.0%}; paper: 6.91 s vs 6.05 s (+14%). Best baseline "
         f"{c4['best_baseline_s']:.2f} s ({c4['best_baseline_s'] / c4['ours_s']:.2f}x ours)"
     )
@@ -273,7 +277,7 @@ def _report(
         "steps_per_config": steps, "restart_s": restart, "specialize_s": args.specialize_s,
         "ours_total_s": ours_total, "baseline_total_s": base_total,
         "total_ratio": base_total / ours_total, "break_even_restart_s": break_even,
-        "c4": {"ours_s": c4["ours_s"], "unconstrained_s": free_c4,
+        "c4": {"ours_s": c4["ours_s"], "unconstrained_s": free_c4, "unconstrained_search_s": searched_c4,
                "best_baseline_s": c4["best_baseline_s"], "paper_ours_s": 6.91,
                "paper_unconstrained_s": 6.05},
         "configs": rows,
