@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,34 @@ def test_plan_restricted_to_ranks_and_pipelines(tmp_path: Path) -> None:
     assert len(p.strategy.pipelines) >= 2
     assert set(p.unused_ranks) <= {0, 1, 2, 4, 5}
     assert p.alternatives[0] == p.prediction
+
+
+def test_random_alive_sets_give_valid_plans_or_the_typed_error(tmp_path: Path) -> None:
+    # fast ranks 0-3 (one node), 1.3x slower ranks 4-7 (another), llama-tiny; a chain of
+    # random failures and returns, each plan warm-started from the one before
+    path = cluster_file(tmp_path / "c.json", fast=4, slow=4, per_node=4, slowdown=1.3)
+    cost = CostModel.of(load_cluster(path), dtype="fp32")
+    tiny = get_config("llama-tiny")
+    rng = random.Random(0)
+    current = None
+    for _ in range(12):
+        alive = sorted(rng.sample(range(8), rng.randint(1, 8)))
+        try:
+            p = replan(tiny, cost, alive=alive, current=current, global_batch=8, seq_len=32,
+                       dtype="fp32")  # fmt: skip
+        except ElasticPlanError as error:
+            assert len(alive) < 2 and f"{len(alive)} alive ranks" in str(error)
+            continue
+        assert set(p.strategy.ranks) <= set(alive) and len(p.strategy.pipelines) >= 2
+        assert min(layer_holders(p.strategy, tiny.num_layers)) >= 2
+        check_strategy(p.strategy, tiny, global_batch=8, options=p.options, seq_len=32)
+        assert (p.switch is None) == (current is None or bool(p.lost_layers))
+        current = p.strategy
+
+
+def test_one_rank_of_each_kind_makes_two_pipelines(tmp_path: Path) -> None:
+    path = cluster_file(tmp_path / "c.json", fast=2, slow=2, per_node=2, slowdown=1.3)
+    cost = CostModel.of(load_cluster(path), dtype="fp32")
+    p = replan(get_config("llama-tiny"), cost, alive=[1, 2], current=None, global_batch=8,
+               seq_len=32, dtype="fp32")  # fmt: skip
+    assert sorted(p.strategy.ranks) == [1, 2] and len(p.strategy.pipelines) == 2

@@ -173,14 +173,13 @@ def replan(
     lost = () if current is None else lost_layers(current, ranks, config.num_layers)
     fastest = found.alternatives[0].step_time_s
     close = [p for p in found.alternatives if p.step_time_s <= fastest * (1 + margin)]
-    moved = {
-        p.strategy: 0.0 if current is None or lost else moved_bytes(current, p.strategy, config)
-        for p in close
-    }
+    moved = {p.strategy: 0.0 for p in close}
+    if current is not None and not lost:
+        moved = {p.strategy: moved_bytes(current, p.strategy, config, dead=dead) for p in close}
     chosen = min(close, key=lambda p: (moved[p.strategy], p.step_time_s))
-    switch = (
-        None if current is None or lost else switch_estimate(current, chosen.strategy, config, cost)
-    )
+    switch = None
+    if current is not None and not lost:
+        switch = switch_estimate(current, chosen.strategy, config, cost, dead=dead)
     used = set(chosen.strategy.ranks)
     return ElasticPlan(
         prediction=chosen,
@@ -266,21 +265,30 @@ def _covers(parts: list[tuple[Fraction, Fraction]]) -> bool:
     return reach >= 1
 
 
-def _tables(current: Strategy, new: Strategy, config: LlamaConfig) -> list[BsrTable]:
+def _dead(current: Strategy, new: Strategy, dead: Collection[int] | None) -> set[int]:
+    return set(current.ranks) - set(new.ranks) if dead is None else set(dead)
+
+
+def _tables(
+    current: Strategy, new: Strategy, config: LlamaConfig, failed: set[int]
+) -> list[BsrTable]:
     return switch_tables(
         state_annotations(current, config),
         state_annotations(new, config),
         itemsize=STATES[SWITCH_STATES],
-        failed=set(current.ranks) - set(new.ranks),
+        failed=failed,
     )
 
 
-def moved_bytes(current: Strategy, new: Strategy, config: LlamaConfig) -> float:
+def moved_bytes(
+    current: Strategy, new: Strategy, config: LlamaConfig, *, dead: Collection[int] | None = None
+) -> float:
     """Bytes of masters and Adam moments that must cross a link in ``current -> new``: every
-    finest slice once per rank that needs it and does not own it (whatever the scheme; ranks
-    of ``current`` not in ``new`` may be dead and own nothing)."""
+    finest slice once per rank that needs it and does not own it (whatever the scheme). The
+    ``dead`` ranks own nothing (default: every rank of ``current`` not in ``new``; an alive
+    rank that ``new`` leaves idle can still send)."""
     total = 0.0
-    for table in _tables(current, new, config):
+    for table in _tables(current, new, config, _dead(current, new, dead)):
         for entry in table.entries:
             missing = len(set(entry.needers) - set(entry.owners))
             if missing:
@@ -289,12 +297,13 @@ def moved_bytes(current: Strategy, new: Strategy, config: LlamaConfig) -> float:
 
 
 def switch_estimate(
-    current: Strategy, new: Strategy, config: LlamaConfig, cost: CostModel
-) -> SwitchEstimate:
+    current: Strategy, new: Strategy, config: LlamaConfig, cost: CostModel, *,
+    dead: Collection[int] | None = None,
+) -> SwitchEstimate:  # fmt: skip
     """Bytes and seconds of the fused BSR of masters and Adam moments ``current -> new``
-    (ranks of ``current`` not in ``new`` may be dead: they own nothing)."""
-    failed = set(current.ranks) - set(new.ranks)
-    tables = _tables(current, new, config)
+    (``dead`` as in ``moved_bytes``)."""
+    failed = _dead(current, new, dead)
+    tables = _tables(current, new, config, failed)
     est = estimate_scheme(tables, SWITCH_ALGO, topology=cost.cluster.topology(), failed=failed)
     return SwitchEstimate(est.total(), est.time)
 

@@ -163,28 +163,31 @@ def _pipeline_counts(units: dict[str, list[Unit]], global_batch: int, least: int
     units then idles)."""
     top = min(max(len(u) for u in units.values()), global_batch)
     if sum(len(u) for u in units.values()) <= DENSE_UNITS:
+        if least > top:  # only pipelines without some kind can reach it (the joint deal)
+            top = min(sum(len(u) for u in units.values()), global_batch)
         return list(range(max(1, least), top + 1))
     keep = {d for d in range(1, top + 1) if any(len(u) % d == 0 for u in units.values())}
     keep |= {2**i for i in range(top.bit_length()) if 2**i <= top}
     return sorted(d for d in keep if d >= least)
 
 
-def _split_balanced(units: Sequence[Unit], d: int) -> list[int] | None:
-    """Counts of ``d`` contiguous runs of ``units`` whose rank totals are as even as the
-    greedy cut allows (units of unequal TP degrees, a partial node); None if ``d`` is more
-    than the units."""
+def _split_balanced(
+    units: Sequence[Unit], d: int, weights: Sequence[float] | None = None
+) -> list[int] | None:
+    """Counts of ``d`` contiguous runs of ``units`` whose weight totals (default: rank
+    counts) are as even as the greedy cut allows (units of unequal TP degrees, a partial
+    node, several kinds); None if ``d`` is more than the units."""
     if d > len(units):
         return None
-    total = sum(len(u.ranks) for u in units)
-    counts, taken, acc = [], 0, 0
+    w = [float(len(u.ranks)) for u in units] if weights is None else list(weights)
+    total = sum(w)
+    counts, taken, acc = [], 0, 0.0
     for p in range(d):
         left = d - p - 1
         n = 0
         target = total * (p + 1) / d
-        while taken + n < len(units) - left and (
-            n == 0 or acc + len(units[taken + n].ranks) / 2 <= target
-        ):
-            acc += len(units[taken + n].ranks)
+        while taken + n < len(units) - left and (n == 0 or acc + w[taken + n] / 2 <= target):
+            acc += w[taken + n]
             n += 1
         counts.append(n)
         taken += n
@@ -269,6 +272,8 @@ class _Search:
                         spreads.append("spread")
                     if any(len({len(x.ranks) for x in u}) > 1 for u in units.values()):
                         spreads.append("balanced")
+                    if len(units) > 1 and any(len(u) < d for u in units.values()):
+                        spreads.append("joint")  # a kind too few for every pipeline
                     for spread in spreads:
                         parts = self._deal(units, d, spread)
                         if parts is None:
@@ -280,13 +285,26 @@ class _Search:
                             if all(1 <= len(p) <= self.config.num_layers for p in pipes):
                                 yield pipes, tps
 
-    @staticmethod
     def _deal(
-        units: dict[str, list[Unit]], d: int, spread: str
+        self, units: dict[str, list[Unit]], d: int, spread: str
     ) -> list[dict[str, list[Unit]]] | None:
         """Units of each kind to ``d`` pipelines: ``even`` (the same count each, the rest
-        idle), ``spread`` (the rest to the first pipelines), ``balanced`` (by rank count)."""
+        idle), ``spread`` (the rest to the first pipelines), ``balanced`` (by rank count);
+        ``joint``: all kinds in one run cut by compute speed, so a pipeline may lack a kind
+        (needed where a kind has fewer units than pipelines)."""
         parts: list[dict[str, list[Unit]]] = [{} for _ in range(d)]
+        if spread == "joint":
+            flat = [u for us in units.values() for u in us]
+            speed = {k: 1 / self.cost.device(k).seconds("matmul", 1e12) for k in units}
+            counts = _split_balanced(flat, d, [len(u.ranks) * speed[u.kind] for u in flat])
+            if counts is None:
+                return None
+            start = 0
+            for p, n in enumerate(counts):
+                for kind in units:
+                    parts[p][kind] = [u for u in flat[start : start + n] if u.kind == kind]
+                start += n
+            return parts
         for kind, us in units.items():
             if spread == "balanced":
                 balanced = _split_balanced(us, d)
