@@ -19,9 +19,10 @@ from hspmd.planner.elastic import (
     replan,
     switch_estimate,
 )
+from hspmd.planner.local import local_cost
 from hspmd.planner.memory import layer_holders
 from hspmd.planner.search import plan
-from hspmd.switch.cluster import load_cluster
+from hspmd.switch.cluster import ClusterError, load_cluster
 from hspmd.switch.cost import switch_cost
 from tests.planner.conftest import cluster_file
 
@@ -190,3 +191,14 @@ def test_one_rank_of_each_kind_makes_two_pipelines(tmp_path: Path) -> None:
     p = replan(get_config("llama-tiny"), cost, alive=[1, 2], current=None, global_batch=8,
                seq_len=32, dtype="fp32")  # fmt: skip
     assert sorted(p.strategy.ranks) == [1, 2] and len(p.strategy.pipelines) == 2
+
+
+def test_local_cost_plans_local_processes() -> None:
+    cost = local_cost(5)
+    assert cost.num_ranks == 5 and cost.kind_of(4) == "cpu"
+    p = replan(get_config("llama-tiny"), cost, alive=[0, 1, 3, 4], current=None, global_batch=8,
+               seq_len=32, dtype="fp32")  # fmt: skip
+    assert set(p.strategy.ranks) <= {0, 1, 3, 4} and len(p.strategy.pipelines) >= 2
+    assert p.plan_seconds < 1.0
+    with pytest.raises(ClusterError, match="ranks_per_node"):
+        local_cost(5, ranks_per_node=2)
