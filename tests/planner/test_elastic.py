@@ -108,6 +108,8 @@ def test_too_few_ranks_is_a_typed_error_naming_the_count(tmp_path: Path) -> None
         _replan(cost, [0], current)
     with pytest.raises(ElasticPlanError, match="rank 9"):
         _replan(cost, [0, 9])
+    with pytest.raises(ElasticPlanError, match="global_batch=1 cannot feed 2"):
+        replan(SMALL, cost, alive=range(4), current=None, global_batch=1, seq_len=256)
 
 
 def test_nothing_fits_says_what_would(tmp_path: Path) -> None:

@@ -156,6 +156,11 @@ def replan(
     dead = () if current is None else tuple(r for r in current.ranks if r not in set(ranks))
     if len(ranks) < min_replicas:
         raise ElasticPlanError(_too_few(config, cost, ranks, dead, min_replicas, dtype))
+    if global_batch < min_replicas:
+        raise ElasticPlanError(
+            f"global_batch={global_batch} cannot feed {min_replicas} data-parallel replicas "
+            "(one sample each at least): raise the batch or lower min_replicas"
+        )
     seeds: list[Layout] = []
     seed = None if current is None else repair(current, ranks, cost, config)
     if seed is not None:
