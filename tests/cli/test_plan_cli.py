@@ -115,3 +115,25 @@ def test_simulate_bad_strategy_is_one_line(
     ]
     assert main(argv) == 2
     assert "layer" in _err(capsys)
+
+
+def test_plan_alive_current_replans(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = cluster_file(tmp_path / "c.json", fast=4, slow=0)
+    argv = ["plan", "--model", "llama-tiny", "--cluster", str(path), "--global-batch", "8",
+            "--seq-len", "32", "--dtype", "fp32", "--alive", "0-2", "--json",
+            "--current", "4x1: R0:L0-3; 4x1: R3:L0-3"]  # fmt: skip
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {"strategy", "step_time_s", "plan_seconds", "moved_bytes", "switch_seconds"} <= set(data)
+    assert data["alive"] == "0-2" and data["zero1"] is False
+    assert data["strategy"].count(";") >= 1 and "R3" not in data["strategy"]
+    assert main(argv[:-3] + ["--current", "4x1: R0:L0-3; 4x1: R3:L0-3"]) == 0
+    assert "switch from the current strategy:" in capsys.readouterr().out
+
+
+def test_plan_alive_too_few_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = cluster_file(tmp_path / "c.json", fast=4, slow=0)
+    argv = ["plan", "--model", "llama-tiny", "--cluster", str(path), "--global-batch", "8",
+            "--seq-len", "32", "--dtype", "fp32", "--alive", "2"]  # fmt: skip
+    assert main(argv) == 2
+    assert "no elastic strategy for 1 alive ranks" in _err(capsys)

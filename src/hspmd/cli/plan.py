@@ -4,6 +4,7 @@
     hspmd plan ... --json                       # one JSON object (strategy, step_time_s, ...)
     hspmd plan ... --out plan.json              # the same object, written to a file
     hspmd train --strategy "$(hspmd plan ... --json | jq -r .strategy)" ...
+    hspmd plan ... --alive 0-14,16-39 --current "33x1: ...; 31x1: ..."   # elastic re-plan
 
 Searches pipeline configurations (TP degree per GPU kind, pipelines, stage order, which
 ranks stay idle, micro-batch size), solves the layers-per-stage and micro-batches-per-
@@ -11,6 +12,10 @@ pipeline ILPs for the best of them, simulates the survivors (as `hspmd simulate`
 prints the fastest plan that fits every rank's memory, beside the best homogeneous
 (Megatron-style DP x TP x PP, even layers) plan of the same ranks. docs/planner.md has the
 formulation.
+
+With ``--alive`` or ``--current`` it re-plans for elastic training instead
+(docs/elastic-planning.md): only the alive ranks, at least ``--min-replicas`` pipelines,
+ZeRO-1 off, warm-started from the current strategy, and prints what the switch moves.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from hspmd.cli.simulate import GIB, add_common, setup
+from hspmd.plan.strategy import format_ranks, parse_ranks, parse_strategy
 from hspmd.planner.cost import CostModel
+from hspmd.planner.elastic import replan
 from hspmd.planner.search import Plan, PlanError, plan
 
 
@@ -46,6 +53,16 @@ def register(subparsers: Any) -> None:
         "--no-homogeneous", action="store_true", help="skip the homogeneous baseline"
     )
     parser.add_argument("--out", default=None, help="also write the JSON object to this file")
+    elastic = parser.add_argument_group("elastic re-planning (docs/elastic-planning.md)")
+    elastic.add_argument(
+        "--alive", default=None, help="cluster ranks usable now, e.g. 0-14,16-39 (default: all)"
+    )
+    elastic.add_argument(
+        "--current", default=None, help="the strategy running now (the warm start)"
+    )
+    elastic.add_argument(
+        "--min-replicas", type=int, default=2, help="pipelines that hold every layer (default 2)"
+    )
     parser.set_defaults(func=run)
 
 
@@ -55,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
         raise PlanError(f"--global-batch {args.global_batch}: give at least 1")
     if args.time_limit is not None and args.time_limit <= 0:
         raise PlanError(f"--time-limit {args.time_limit}: give a positive number of seconds")
+    if args.alive is not None or args.current is not None:
+        return _run_elastic(args, config, cost, seq_len)
     chosen = plan(
         config, cost, global_batch=args.global_batch, seq_len=seq_len, zero1=args.zero1,
         dtype=args.dtype, time_limit=args.time_limit, homogeneous=not args.no_homogeneous,
@@ -71,6 +90,51 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(plan_text(chosen, cost, model=args.model, seq_len=seq_len))
     return 0
+
+
+def _run_elastic(
+    args: argparse.Namespace, config: Any, cost: CostModel, seq_len: int
+) -> int:  # fmt: skip
+    current = parse_strategy(args.current) if args.current else None
+    alive = parse_ranks(args.alive) if args.alive else range(cost.num_ranks)
+    chosen = replan(
+        config, cost, alive=alive, current=current, global_batch=args.global_batch,
+        seq_len=seq_len, dtype=args.dtype, min_replicas=args.min_replicas,
+        time_limit=args.time_limit,
+    )  # fmt: skip
+    data = chosen.to_json(cost)
+    if args.out:
+        _write(args.out, data)
+    if args.json:
+        print(json.dumps(data))
+        return 0
+    moved = (
+        "no current strategy" if current is None
+        else f"layers {chosen.lost_layers} lost every holder: restore them from a checkpoint"
+        if chosen.switch is None
+        else f"{chosen.switch.moved_bytes / 1e9:.3g} GB of masters and Adam states, predicted "
+        f"{chosen.switch.seconds:.3g} s (fused BSR)"
+    )  # fmt: skip
+    idle = f"R{format_ranks(chosen.unused_ranks)}" if chosen.unused_ranks else "none"
+    print("\n".join([
+        f"{args.model} on {cost.cluster.name}: {len(chosen.alive)} alive ranks "
+        f"(R{format_ranks(chosen.alive)}), global batch {args.global_batch}, seq_len {seq_len}",
+        f"strategy: {chosen.strategy}",
+        f"options: {_flags(chosen)}  ({len(chosen.strategy.pipelines)} replicas)",
+        f"predicted step time: {chosen.step_time_s:.4g} s (fastest found "
+        f"{chosen.fastest_step_time_s:.4g} s)   idle alive ranks: {idle}",
+        f"switch from the current strategy: {moved}",
+        f"planned in {chosen.plan_seconds:.2f} s (winner: {chosen.source})",
+    ]))  # fmt: skip
+    return 0
+
+
+def _write(path: str, data: dict[str, Any]) -> None:
+    try:
+        Path(path).write_text(json.dumps(data, indent=1) + "\n")
+    except OSError as error:
+        raise PlanError(f"cannot write --out {path}: {error.strerror}") from None
+    print(f"wrote {path}", file=sys.stderr)
 
 
 def _flags(p: Plan | Any) -> str:

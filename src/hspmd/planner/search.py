@@ -10,6 +10,13 @@ Every configuration is costed in closed form (water-filling the layers over its 
 under their memory caps, the 1F1B formula, the gradient sync), and only the best few per
 micro-batch size go on.
 
+Elastic restrictions (``hspmd.planner.elastic``): ``ranks`` limits the search to a subset
+of the cluster (the alive ranks); a node left with fewer ranks than ``t_k`` keeps its
+whole TP groups and splits the rest into smaller valid degrees (7 ranks at ``t = 4``:
+``4 + 2 + 1``, the paper's C2) or leaves it idle; ``min_pipelines`` drops layouts with
+fewer pipelines (data-parallel redundancy); ``seeds`` are layouts that always reach level 2
+(a warm start: the current plan repaired).
+
 Level 2, for the survivors: the ILPs of ``hspmd.planner.ilp`` (layers per stage, then
 micro-batches per pipeline, then layers again for each pipeline's count), then the
 discrete-event simulation of the resulting strategy (``hspmd.planner.predict``); the
@@ -26,7 +33,7 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -41,8 +48,8 @@ from hspmd.planner.closed_form import (
     node_ranks,
     split_evenly,
     tp_degrees,
-    units_of,
     water_fill,
+    within_headroom,
 )
 from hspmd.planner.cost import CostModel
 from hspmd.planner.homogeneous import homogeneous_plan, megatron_strategy
@@ -50,6 +57,7 @@ from hspmd.planner.ilp import layers_per_stage, micro_batches_per_pipeline
 from hspmd.planner.predict import Prediction, predict
 
 __all__ = [
+    "Layout",
     "Plan",
     "PlanError",
     "homogeneous_plan",
@@ -59,6 +67,7 @@ __all__ = [
 ]
 
 Zero1 = Literal["auto", "on", "off"]
+Layout = tuple[tuple[Unit, ...], ...]  # pipelines of units, in stage order
 KEEP = 4  # configurations per micro-batch size that reach the ILPs and the simulator
 KEEP_ALL = 6  # ... and in all
 
@@ -76,6 +85,7 @@ class Plan:
     candidates: int
     homogeneous: Prediction | None = None
     unused_ranks: tuple[int, ...] = ()
+    alternatives: tuple[Prediction, ...] = ()  # every simulated plan that fits, fastest first
 
     @property
     def strategy(self) -> Strategy:
@@ -147,24 +157,60 @@ class _Shortfall:
 DENSE_UNITS = 64  # up to this many units every pipeline count is tried
 
 
-def _pipeline_counts(units: dict[str, list[Unit]], global_batch: int) -> list[int]:
-    """Pipeline counts to try: all of them on small clusters; on big ones the counts that
-    divide some kind's units, and powers of two (a leftover of a few units then idles)."""
+def _pipeline_counts(units: dict[str, list[Unit]], global_batch: int, least: int = 1) -> list[int]:
+    """Pipeline counts to try (at least ``least``): all of them on small clusters; on big
+    ones the counts that divide some kind's units, and powers of two (a leftover of a few
+    units then idles)."""
     top = min(max(len(u) for u in units.values()), global_batch)
     if sum(len(u) for u in units.values()) <= DENSE_UNITS:
-        return list(range(1, top + 1))
+        if least > top:  # only pipelines without some kind can reach it (the joint deal)
+            top = min(sum(len(u) for u in units.values()), global_batch)
+        return list(range(max(1, least), top + 1))
     keep = {d for d in range(1, top + 1) if any(len(u) % d == 0 for u in units.values())}
     keep |= {2**i for i in range(top.bit_length()) if 2**i <= top}
-    return sorted(keep)
+    return sorted(d for d in keep if d >= least)
+
+
+def _split_balanced(
+    units: Sequence[Unit], d: int, weights: Sequence[float] | None = None
+) -> list[int] | None:
+    """Counts of ``d`` contiguous runs of ``units`` whose weight totals (default: rank
+    counts) are as even as the greedy cut allows (units of unequal TP degrees, a partial
+    node, several kinds); None if ``d`` is more than the units."""
+    if d > len(units):
+        return None
+    w = [float(len(u.ranks)) for u in units] if weights is None else list(weights)
+    total = sum(w)
+    counts, taken, acc = [], 0, 0.0
+    for p in range(d):
+        left = d - p - 1
+        n = 0
+        target = total * (p + 1) / d
+        while taken + n < len(units) - left and (n == 0 or acc + w[taken + n] / 2 <= target):
+            acc += w[taken + n]
+            n += 1
+        counts.append(n)
+        taken += n
+    counts[-1] += len(units) - taken
+    return counts
 
 
 class _Search:
     def __init__(
         self, config: LlamaConfig, cost: CostModel, global_batch: int, seq_len: int,
         zero1: Zero1, dtype: Literal["bf16", "fp32"], time_limit: float | None,
+        ranks: Collection[int] | None = None, min_pipelines: int = 1,
     ) -> None:  # fmt: skip
         self.config, self.cost, self.B, self.seq_len = config, cost, global_batch, seq_len
         self.zero1, self.dtype, self.time_limit = zero1, dtype, time_limit
+        self.min_pipelines = min_pipelines
+        alive = set(range(cost.num_ranks)) if ranks is None else set(ranks)
+        # (kind, alive ranks, node index, full node size) of every node with an alive rank
+        self.nodes = [
+            (kind, tuple(r for r in node if r in alive), index, len(node))
+            for index, (kind, node) in enumerate(node_ranks(cost))
+            if any(r in alive for r in node)
+        ]
         self.costs = StageCosts(cost, config, seq_len)
         self.shortfall = _Shortfall()
         self.count = 0
@@ -181,12 +227,28 @@ class _Search:
 
     # -- level 1 ----------------------------------------------------------------------------
 
-    def layouts(self) -> Iterator[tuple[tuple[tuple[Unit, ...], ...], tuple[int, ...]]]:
+    def units(self, kind: str, tp: int, degrees: Sequence[int], split: bool) -> list[Unit]:
+        """TP groups of ``tp`` alive ranks of ``kind`` per node; a partial node's rest split
+        into the largest smaller ``degrees`` (``split``) or left idle."""
+        out = []
+        for k, ranks, node, _ in self.nodes:
+            if k != kind:
+                continue
+            whole = len(ranks) - len(ranks) % tp
+            out += [Unit(kind, ranks[i : i + tp], node) for i in range(0, whole, tp)]
+            rest = list(ranks[whole:])
+            for t in sorted(degrees, reverse=True) if split else ():
+                while len(rest) >= t:
+                    out.append(Unit(kind, tuple(rest[:t]), node))
+                    rest = rest[t:]
+        return out
+
+    def layouts(self) -> Iterator[tuple[Layout, tuple[int, ...]]]:
         """Pipelines of units: TP per kind, pipeline count, leftover use, kinds and order."""
-        nodes = node_ranks(self.cost)
-        kinds = list(dict.fromkeys(k for k, _ in nodes))
-        sizes = {k: [len(r) for kk, r in nodes if kk == k] for k in kinds}
+        kinds = list(dict.fromkeys(k for k, *_ in self.nodes))
+        sizes = {k: [n for kk, _, _, n in self.nodes if kk == k] for k in kinds}
         degrees = {k: tp_degrees(self.config, sizes[k]) for k in kinds}
+        partial = any(len(r) < n for _, r, _, n in self.nodes)
         subsets = [s for n in range(len(kinds), 0, -1) for s in itertools.combinations(kinds, n)]
         if len(kinds) > 3:  # all kinds, or all but one
             subsets = [s for s in subsets if len(s) >= len(kinds) - 1]
@@ -195,12 +257,23 @@ class _Search:
                 tuple(sorted(subset, key=lambda k: -self.cost.device(k).memory_bytes)),
                 tuple(sorted(subset, key=lambda k: self.cost.device(k).seconds("matmul", 1e12))),
             ]  # fmt: skip
-            for tps in itertools.product(*(degrees[k] for k in subset)):
-                units = {k: units_of(self.cost, k, t) for k, t in zip(subset, tps, strict=True)}
-                for d in _pipeline_counts(units, self.B):
-                    spreads = [False]
+            for tps, split in itertools.product(
+                itertools.product(*(degrees[k] for k in subset)),
+                (True, False) if partial else (True,),
+            ):  # fmt: skip
+                units = {
+                    k: self.units(k, t, degrees[k], split) for k, t in zip(subset, tps, strict=True)
+                }
+                if not all(units.values()):
+                    continue
+                for d in _pipeline_counts(units, self.B, self.min_pipelines):
+                    spreads = ["even"]
                     if any(len(u) % d for u in units.values()):
-                        spreads.append(True)
+                        spreads.append("spread")
+                    if any(len({len(x.ranks) for x in u}) > 1 for u in units.values()):
+                        spreads.append("balanced")
+                    if len(units) > 1 and any(len(u) < d for u in units.values()):
+                        spreads.append("joint")  # a kind too few for every pipeline
                     for spread in spreads:
                         parts = self._deal(units, d, spread)
                         if parts is None:
@@ -212,14 +285,35 @@ class _Search:
                             if all(1 <= len(p) <= self.config.num_layers for p in pipes):
                                 yield pipes, tps
 
-    @staticmethod
     def _deal(
-        units: dict[str, list[Unit]], d: int, spread: bool
+        self, units: dict[str, list[Unit]], d: int, spread: str
     ) -> list[dict[str, list[Unit]]] | None:
+        """Units of each kind to ``d`` pipelines: ``even`` (the same count each, the rest
+        idle), ``spread`` (the rest to the first pipelines), ``balanced`` (by rank count);
+        ``joint``: all kinds in one run cut by compute speed, so a pipeline may lack a kind
+        (needed where a kind has fewer units than pipelines)."""
         parts: list[dict[str, list[Unit]]] = [{} for _ in range(d)]
+        if spread == "joint":
+            flat = [u for us in units.values() for u in us]
+            speed = {k: 1 / self.cost.device(k).seconds("matmul", 1e12) for k in units}
+            counts = _split_balanced(flat, d, [len(u.ranks) * speed[u.kind] for u in flat])
+            if counts is None:
+                return None
+            start = 0
+            for p, n in enumerate(counts):
+                for kind in units:
+                    parts[p][kind] = [u for u in flat[start : start + n] if u.kind == kind]
+                start += n
+            return parts
         for kind, us in units.items():
-            counts = split_evenly(len(us), d) if spread else [len(us) // d] * d
-            if not spread and len(us) // d == 0:
+            if spread == "balanced":
+                balanced = _split_balanced(us, d)
+                if balanced is None:
+                    return None
+                counts = balanced
+            else:
+                counts = split_evenly(len(us), d) if spread == "spread" else [len(us) // d] * d
+            if spread == "even" and len(us) // d == 0:
                 return None
             start = 0
             for p, n in enumerate(counts):
@@ -227,9 +321,7 @@ class _Search:
                 start += n
         return parts
 
-    def estimate(
-        self, pipes: tuple[tuple[Unit, ...], ...], tps: Sequence[int], mbs: int
-    ) -> _Config | None:
+    def estimate(self, pipes: Layout, tps: Sequence[int], mbs: int) -> _Config | None:
         d = len(pipes)
         counts = split_evenly(self.B // mbs, d)
         for recompute in (False, True):
@@ -332,12 +424,19 @@ def plan(
     config: LlamaConfig, cost: CostModel, *, global_batch: int, seq_len: int,
     zero1: Zero1 = "auto", dtype: Literal["bf16", "fp32"] = "bf16",
     time_limit: float | None = None, homogeneous: bool = True, keep: int = KEEP,
+    ranks: Collection[int] | None = None, min_pipelines: int = 1, seeds: Sequence[Layout] = (),
 ) -> Plan:  # fmt: skip
-    """The fastest strategy the search finds that fits every rank's memory."""
+    """The fastest strategy the search finds that fits every rank's memory.
+
+    ``ranks`` restricts it to those cluster ranks (default: all), ``min_pipelines`` to
+    layouts with at least that many pipelines, and every layout of ``seeds`` is solved and
+    simulated whatever its closed-form estimate (see the module docstring)."""
     began = time.perf_counter()
     if global_batch < 1 or seq_len < 1:
         raise PlanError(f"global_batch={global_batch}, seq_len={seq_len}: both must be >= 1")
-    search = _Search(config, cost, global_batch, seq_len, zero1, dtype, time_limit)
+    search = _Search(
+        config, cost, global_batch, seq_len, zero1, dtype, time_limit, ranks, min_pipelines
+    )
     best: dict[int, list[tuple[float, int, _Config]]] = {}
     serial = itertools.count()
     for pipes, tps in search.layouts():
@@ -353,17 +452,20 @@ def plan(
                 heapq.heappush(heap, item)
             elif item[0] > heap[0][0]:
                 heapq.heapreplace(heap, item)
-    predictions = []
     kept = sorted((c for heap in best.values() for c in heap), key=lambda x: (-x[0], x[1]))
-    for _, _, conf in kept[:KEEP_ALL]:
+    confs = [conf for _, _, conf in kept[:KEEP_ALL]] + _seed_configs(search, seeds)
+    predictions, seen = [], set()
+    for conf in confs:
         strategy = search.solve(conf)
-        if strategy is not None:
+        if strategy is not None and (strategy, conf.options) not in seen:
+            seen.add((strategy, conf.options))
             predictions.append(
                 predict(strategy, config, cost, seq_len=seq_len, options=conf.options)
             )
     chosen = fastest_fitting(predictions, cost)
     if chosen is None:
-        raise PlanError(_nothing_fits(search.shortfall, cost))
+        count = cost.num_ranks if ranks is None else len(set(ranks))
+        raise PlanError(_nothing_fits(search.shortfall, cost, count))
     base = (
         homogeneous_plan(
             config, cost, global_batch=global_batch, seq_len=seq_len, zero1=zero1, dtype=dtype
@@ -372,14 +474,36 @@ def plan(
         else None
     )
     used = set(chosen.strategy.ranks)
-    unused = tuple(r for r in range(cost.num_ranks) if r not in used)
-    return Plan(chosen, time.perf_counter() - began, search.count, base, unused)
+    pool = range(cost.num_ranks) if ranks is None else sorted(set(ranks))
+    unused = tuple(r for r in pool if r not in used)
+    fitting = sorted(
+        (p for p in predictions if within_headroom(p, cost)), key=lambda p: p.step_time_s
+    )
+    return Plan(chosen, time.perf_counter() - began, search.count, base, unused, tuple(fitting))
 
 
-def _nothing_fits(short: _Shortfall, cost: CostModel) -> str:
+def _seed_configs(search: _Search, seeds: Sequence[Layout], per_seed: int = 2) -> list[_Config]:
+    """The ``per_seed`` best closed-form configurations of each seed layout."""
+    out = []
+    for pipes in seeds:
+        if len(pipes) < search.min_pipelines or not all(pipes):
+            continue
+        tps = tuple(len(u.ranks) for p in pipes for u in p)
+        confs = [
+            conf
+            for mbs in MICRO_BATCH_SIZES
+            if search.B % mbs == 0 and search.B // mbs >= len(pipes)
+            for conf in [search.estimate(pipes, tps, mbs)]
+            if conf is not None
+        ]
+        out += sorted(confs, key=lambda c: c.estimate)[:per_seed]
+    return out
+
+
+def _nothing_fits(short: _Shortfall, cost: CostModel, count: int) -> str:
     if not short.kind:
         return (
-            f"no strategy for {cost.num_ranks} ranks: no pipeline layout divides the model "
+            f"no strategy for {count} ranks: no pipeline layout divides the model "
             "(check the TP degrees the model allows and the global batch)"
         )
     gib = 2**30
