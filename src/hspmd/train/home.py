@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -78,12 +79,15 @@ def _home(shape: tuple[int, ...], num_ranks: int, name: str) -> Annotation:
 
 
 @functools.cache
-def home_annotations(config: LlamaConfig, *, num_ranks: int) -> dict[str, ParamSpec]:
-    """Every parameter's home annotation (module docstring), in model order."""
-    return {
-        name: ParamSpec(name, shape, _home(shape, num_ranks, name))
-        for name, shape in parameter_shapes(config).items()
-    }
+def home_annotations(config: LlamaConfig, *, num_ranks: int) -> Mapping[str, ParamSpec]:
+    """Every parameter's home annotation (module docstring), in model order; read-only, as
+    it is cached and shared."""
+    return MappingProxyType(
+        {
+            name: ParamSpec(name, shape, _home(shape, num_ranks, name))
+            for name, shape in parameter_shapes(config).items()
+        }
+    )
 
 
 @dataclass(frozen=True, slots=True)
