@@ -143,16 +143,24 @@ class TrainConfig:
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq_len
 
+    def require_strategy(self) -> str:
+        """The starting strategy; a config without one can only train the reference."""
+        if self.strategy is None:
+            raise TrainError(
+                "this run needs a strategy: give TrainConfig(strategy=...) (--strategy), "
+                "or train the single-device reference"
+            )
+        return self.strategy
+
     @property
     def strategies(self) -> tuple[str, ...]:
         """Every strategy of the run, the starting one first."""
-        assert self.strategy is not None
-        return (self.strategy, *(text for _, text in self.switches))
+        return (self.require_strategy(), *(text for _, text in self.switches))
 
     def strategy_at(self, step: int) -> str:
         """The strategy that runs ``step`` (after the switches before it)."""
-        assert self.strategy is not None
-        return next((t for s, t in reversed(self.switches) if s <= step), self.strategy)
+        start = self.require_strategy()
+        return next((t for s, t in reversed(self.switches) if s <= step), start)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

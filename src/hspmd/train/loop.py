@@ -349,12 +349,12 @@ def run_rank(world: World, config: TrainConfig, *, report: Any = None) -> dict[s
     run before their step on every rank. Returns the step records and this rank's
     parameter pieces: name -> (global region, numpy array).
     """
-    assert config.strategy is not None
+    first_strategy = config.require_strategy()
     prepare_all(world, config)  # every rank, idle ones too, in the same order
     if config.resume:
         active, first, adam_steps = _resume(world, config)
     else:
-        active, first, adam_steps = activate(world, config, config.strategy), 1, 0
+        active, first, adam_steps = activate(world, config, first_strategy), 1, 0
     switches = dict(config.switches)
     # every rank reads the stream: a rank idle now may train after a switch
     data = islice(step_batches(config), first - 1, None)
