@@ -53,7 +53,7 @@ from hspmd.switch.live import TrainState
 from hspmd.switch.weights import plan_weight_switch, run_weight_switch
 from hspmd.train.config import AdamConfig, TrainConfig
 from hspmd.train.optim import Adam
-from hspmd.train.sync import SyncItem, grad_sync_plan
+from hspmd.train.sync import SyncItem, grad_of, grad_sync_plan
 
 __all__ = [
     "HomePlan", "HomePost", "HomeState", "home_annotations", "home_plan", "home_post",
@@ -176,7 +176,7 @@ class HomePost:
     @torch.no_grad()
     def step(self) -> None:
         """Sync grads, move them to home, Adam on home, move the new weights back."""
-        grads = {n: _grad(p).float() for n, p in self.params.items()}
+        grads = {n: grad_of(p, n).float() for n, p in self.params.items()}
         _sync(self.plan.sync, grads, self.world)
         local = {i: grads[n] for i, n in enumerate(self.plan.names) if n in grads}
         moved = run_fused_bsr(self.plan.grad_transfers, self.plan.grads, local, self.world)
@@ -214,11 +214,6 @@ class HomePost:
                 self.home.adam.exp_avg_sq[index].copy_(exp_avg_sq)
         self.home.adam.steps = steps
         self.refresh()
-
-
-def _grad(param: torch.Tensor) -> torch.Tensor:
-    assert param.grad is not None, "every local parameter gets a gradient in B"
-    return param.grad
 
 
 def _sync(items: tuple[SyncItem, ...], grads: Mapping[str, torch.Tensor], world: World) -> None:
