@@ -13,7 +13,7 @@ from hspmd.annotation import parse_annotation as A
 from hspmd.checkpoint.store import save
 from hspmd.cli import build_parser, main
 from hspmd.cli import train as train_cli
-from hspmd.cli.train import config_from_args, progress, warnings_of
+from hspmd.cli.train import config_from_args, progress, resume_warnings, warnings_of
 from hspmd.plan.params import ParamSpec
 from hspmd.train.config import StepRecord, TrainConfig
 from hspmd.train.trainer import check_config
@@ -48,6 +48,23 @@ def _save_fake(directory: Path, *, step: int) -> None:
     specs = {"w": ParamSpec("w", (2,), A("[0]{}"))}
     save(directory, step=step, model="llama-tiny", strategy="1x1: R0:L0-3", specs=specs,
          tensors_by_rank={0: {"w": torch.zeros(2)}})  # fmt: skip
+
+
+def test_resume_with_other_data_flags_is_warned(tmp_path: Path) -> None:
+    specs = {"w": ParamSpec("w", (2,), A("[0]{}"))}
+    saved = TrainConfig(strategy="1x1: R0:L0-3", global_batch=4, seed=3)
+    save(tmp_path, step=2, model="llama-tiny", strategy="1x1: R0:L0-3", specs=specs,
+         tensors_by_rank={0: {"w": torch.zeros(2)}}, run=saved.data_identity())  # fmt: skip
+    same = TrainConfig(strategy="1x1: R0:L0-3", global_batch=4, seed=3, resume=str(tmp_path))
+    assert resume_warnings(same) == []
+    other = TrainConfig(strategy="1x1: R0:L0-3", global_batch=8, seed=3, resume=str(tmp_path))
+    (warning,) = resume_warnings(other)
+    assert "--global-batch 8 where the checkpoint was saved with 4" in warning
+
+
+def test_resume_of_a_checkpoint_without_run_flags_warns_nothing(tmp_path: Path) -> None:
+    _save_fake(tmp_path, step=2)  # saved before checkpoints recorded the data flags
+    assert resume_warnings(TrainConfig(strategy="1x1: R0:L0-3", resume=str(tmp_path))) == []
 
 
 def test_resume_at_final_step_json_is_one_object(tmp_path: Path, capsys) -> None:
@@ -145,3 +162,6 @@ def test_save_and_resume_say_what_they_did(tmp_path: Path, capsys) -> None:
         "strategy '1x1: R0:L0-3'"
     ) in err
     assert f"checkpoint of step 3 saved in {tmp_path / 'step-00000003'}" in err
+    assert "warning" not in err
+    assert main([*argv, "--steps", "4", "--resume", str(tmp_path), "--seed", "7"]) == 0
+    assert "resuming with --seed 7 where the checkpoint was saved with 0" in capsys.readouterr().err

@@ -277,6 +277,20 @@ def resumed_step(config: TrainConfig) -> int:
     return read_manifest(latest(config.resume)).step
 
 
+def resume_warnings(config: TrainConfig) -> list[str]:
+    """Where this run's data flags differ from those of the run that saved the checkpoint."""
+    if not config.resume:
+        return []
+    saved = read_manifest(latest(config.resume)).run
+    now = config.data_identity()
+    return [
+        f"resuming with {flag} {now[flag]} where the checkpoint was saved with {old}: the "
+        "remaining steps see other samples than the saved run would have"
+        for flag, old in saved.items()
+        if flag in now and now[flag] != old
+    ]
+
+
 def resume_text(config: TrainConfig) -> str:
     """``resuming DIR/step-N at step N+1: strategy A -> B`` (what ``--resume`` loads)."""
     assert config.resume is not None
@@ -318,6 +332,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if config.resume and not args.reference:
         print(resume_text(config), file=sys.stderr)
+        for warning in resume_warnings(config):
+            print(f"hspmd {args.command}: warning: {warning}", file=sys.stderr)
     result = run_config(config, reference=args.reference, as_json=args.json)
     if not args.json and result.records:
         print(f"final loss {result.records[-1].loss:.6f}", file=sys.stderr)

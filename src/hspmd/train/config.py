@@ -143,6 +143,17 @@ class TrainConfig:
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq_len
 
+    def data_identity(self) -> dict[str, Any]:
+        """What decides the data stream and the steps' samples, by ``hspmd train`` flag;
+        saved in checkpoints so that a resume that differs is warned about."""
+        return {
+            "--data": self.data or "(the Python standard library sources)",
+            "--data-max-bytes": self.data_max_bytes,
+            "--global-batch": self.global_batch,
+            "--seq-len": self.seq_len,
+            "--seed": self.seed,
+        }
+
     def require_strategy(self) -> str:
         """The starting strategy; a config without one can only train the reference."""
         if self.strategy is None:

@@ -308,7 +308,7 @@ def save_checkpoint(
     if world.rank == 0:
         commit_rank_states(
             directory, step=step, model=config.model, strategy=active.text,
-            param_specs=specs, adam_step=steps, data_position=step,
+            param_specs=specs, adam_step=steps, data_position=step, run=config.data_identity(),
         )  # fmt: skip
     dist.barrier()
 
