@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from hspmd.checkpoint.store import latest, read_manifest
+from hspmd.data import DEFAULT_MAX_BYTES, data_warnings
 from hspmd.models.llama import PRESETS
 from hspmd.plan.strategy import parse_strategy
 from hspmd.train.config import AdamConfig, StepRecord, TrainConfig, TrainError
@@ -212,6 +213,13 @@ def warnings_of(args: argparse.Namespace, config: TrainConfig) -> list[str]:
         out.append(
             f"--save-every {config.save_every} is past --steps {config.steps}: nothing is saved"
         )
+    out += data_warnings(
+        config.data,
+        global_batch=config.global_batch,
+        seq_len=config.seq_len,
+        steps=config.steps,
+        max_bytes=config.data_max_bytes or DEFAULT_MAX_BYTES,
+    )
     for step, text in config.switches:
         if step > config.steps:
             out.append(
