@@ -23,12 +23,20 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import get_args
 
 from hspmd.checkpoint.store import latest, read_manifest
 from hspmd.data import DEFAULT_MAX_BYTES, data_warnings
 from hspmd.models.llama import PRESETS
-from hspmd.plan.strategy import parse_strategy
-from hspmd.train.config import AdamConfig, StepRecord, TrainConfig, TrainError
+from hspmd.plan.strategy import Dtype, Schedule, parse_strategy
+from hspmd.train.config import (
+    AdamConfig,
+    StepRecord,
+    SwitchAlgo,
+    SwitchMode,
+    TrainConfig,
+    TrainError,
+)
 from hspmd.train.reference import TrainResult, run_reference
 from hspmd.train.trainer import check_config, num_processes, train
 
@@ -72,10 +80,10 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | Non
         "--data-max-bytes", type=int, default=None, help="read at most this much text"
     )
     parser.add_argument(
-        "--schedule", default="1f1b", choices=["1f1b", "gpipe"], help="pipeline schedule"
+        "--schedule", default="1f1b", choices=get_args(Schedule), help="pipeline schedule"
     )
     parser.add_argument(
-        "--dtype", default="fp32", choices=["fp32", "bf16"], help="compute dtype (masters fp32)"
+        "--dtype", default="fp32", choices=get_args(Dtype), help="compute dtype (masters fp32)"
     )
     parser.add_argument(
         "--zero1", action="store_true", help="shard fp32 masters and Adam states over pipelines"
@@ -99,7 +107,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | Non
     parser.add_argument(
         "--switch-mode",
         default="states",
-        choices=["states", "weights"],
+        choices=get_args(SwitchMode),
         help="what a switch moves: fp32 masters and Adam states (states, for unstable "
         "devices) or only the compute weights, states kept sharded over all ranks (weights, "
         "for mixed-length data)",
@@ -107,7 +115,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | Non
     parser.add_argument(
         "--switch-algo",
         default="fused",
-        choices=["fused", "relay"],
+        choices=get_args(SwitchAlgo),
         help="how a switch moves the states: one fused BSR, or relayed over every NIC of "
         "the nodes (needs --cluster or --ranks-per-node)",
     )

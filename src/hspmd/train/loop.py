@@ -84,8 +84,8 @@ def options_of(config: TrainConfig) -> StrategyOptions:
         zero1=config.zero1,
         sequence_parallel=config.sequence_parallel,
         recompute=config.recompute,
-        schedule=config.schedule,  # type: ignore[arg-type]
-        dtype=config.dtype,  # type: ignore[arg-type]
+        schedule=config.schedule,
+        dtype=config.dtype,
     )
 
 
