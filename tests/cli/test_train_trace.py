@@ -1,4 +1,5 @@
-"""`hspmd train --trace/--timeline/--predict`: flags checked first, then a traced run."""
+"""`hspmd train --trace/--timeline/--predict`: flags checked first, then a traced run;
+`hspmd simulate --timeline`: the same picture from predicted times."""
 
 from __future__ import annotations
 
@@ -51,3 +52,14 @@ def test_trace_and_timeline_of_a_run(tmp_path: Path, capsys) -> None:
         assert sum(e["cat"] == "comm" and e["name"] == "all-reduce" for e in mine) >= 2
     assert data["otherData"]["strategy"] == "2x1: R0:L0-3; 2x1: R1:L0-3"
     assert imread(picture).shape[1] > 500
+
+
+def test_simulate_timeline_is_the_train_picture_of_predicted_times(tmp_path: Path, capsys) -> None:
+    sim = ["simulate", "--model", "llama-32b", "--cluster", "h20x32", "--seq-len", "1024",
+           "--strategy", "4x1: R0-3:L0-29 R4-7:L30-59", "--recompute"]  # fmt: skip
+    assert main([*sim, "--timeline", str(tmp_path / "t.pdf")]) == 2
+    assert "--timeline" in capsys.readouterr().err
+    svg = tmp_path / "t.svg"
+    assert main([*sim, "--timeline", str(svg)]) == 0
+    text = svg.read_text()
+    assert "rank 3" in text and "backward" in text and "predicted step" in text

@@ -42,6 +42,7 @@ KIND_COLOURS = {
 }
 _OTHER = "#ece133"
 _LABELLED = ("forward", "backward")
+_MAX_HEIGHT_IN = 40.0  # past ~90 rows the rows get thinner, not the page longer
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +139,7 @@ def draw_timeline(
         sources.append(("predicted", list(predicted), True))
     ranks = sorted({b.rank for _, src, _ in sources for b in src})
     rows = [(rank, name, src, hatched) for rank in ranks for name, src, hatched in sources]
-    fig = new_figure(width=12.0, height=1.2 + 0.45 * len(rows))
+    fig = new_figure(width=12.0, height=min(1.2 + 0.45 * len(rows), _MAX_HEIGHT_IN))
     ax = fig.add_subplot()
     seen: dict[str, str] = {}
     for row, (rank, _, src, hatched) in enumerate(rows):
