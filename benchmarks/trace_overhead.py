@@ -1,14 +1,16 @@
 """What tracing costs: step time with the recorder on vs off, side by side in one run.
 
-For each strategy one launch of local gloo processes (llama-tiny, one thread per rank) runs
-the same training config ``--repeats`` times with tracing off and on, alternating which
-goes first, so load on the machine hits both alike. A side's step time is the median over
-its measured steps (every step but the first of each run), as rank 0 reports them. The
-overhead is on / off - 1; the goal is under 5%.
+For each strategy one launch of local gloo processes (llama-tiny, one thread per rank)
+trains one config in which tracing is on in every other step (an ``Alternating`` recorder:
+at each step's start it turns the recorder, and the runtime's ``world.tracer``, on or
+off), so each traced step sits between two untraced ones and load from other processes on
+the machine hits both sides alike. Step 1 (warm-up) is left out; steps 2, 3 form a pair,
+then 4, 5, ... The overhead is the median over pairs of traced / untraced - 1, from the
+step times rank 0 reports; the medians of each side are printed too. The goal is under 5%.
 
-Beside the measured figure, an estimate that no machine noise touches: the events a traced
-step records per rank times what one event costs (timed here in a loop of a million spans
-and comm steps) over the untraced step time.
+Beside the measured figure, an estimate that machine noise hardly touches: the events a
+traced step records per rank, times what one event costs (timed here in a loop of a
+million spans and comm steps), over the untraced step time.
 
     .venv/bin/python benchmarks/trace_overhead.py             # 4 strategies, a few minutes
     .venv/bin/python benchmarks/trace_overhead.py --quick     # 2 strategies, fewer steps
@@ -22,6 +24,8 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from rich.console import Console
@@ -29,7 +33,7 @@ from rich.table import Table
 
 from hspmd.plan.strategy import parse_strategy
 from hspmd.runtime.launch import launch
-from hspmd.runtime.trace import NULL, Recorder, Spans
+from hspmd.runtime.trace import NULL, Recorder
 from hspmd.runtime.world import World
 from hspmd.train.config import TrainConfig
 from hspmd.train.loop import run_rank
@@ -43,20 +47,36 @@ STRATEGIES = {
 QUICK = ("2-rank DP", "4-stage 1F1B")
 
 
-def _work(world: World, config: TrainConfig, repeats: int) -> dict[str, list[float]]:
-    """Alternate untraced and traced runs of ``config``; step seconds per side."""
-    out: dict[str, list[float]] = {"off": [], "on": [], "events": []}
-    for index in range(repeats):
-        for mode in ("off", "on") if index % 2 == 0 else ("on", "off"):
-            rec: Spans = Recorder.start(world) if mode == "on" else NULL
-            result = run_rank(world, config, rec=rec)
-            out[mode] += [r.seconds for r in result["records"][1:]]
-            if isinstance(rec, Recorder):
-                steps = [e for e in rec.events if e[1] == "step"]
-                # events inside the timed steps, per step (setup and the clock sync excluded)
-                inside = sum(1 for e in rec.events if e[1] not in ("setup", "step"))
-                out["events"].append(inside / max(len(steps), 1))
-    return out
+class Alternating:
+    """A recorder that records odd steps only (step 1 too: its warm-up is not measured)."""
+
+    def __init__(self, world: World) -> None:
+        self.world, self.rec, self.on = world, Recorder.start(world), False
+        self.traced_steps = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.on
+
+    def span(self, name: str, *, cat: str, **args: Any) -> AbstractContextManager[None]:
+        return (self.rec if self.on else NULL).span(name, cat=cat, **args)
+
+    def begin(self, name: str, *, cat: str, **args: Any) -> Callable[[], None]:
+        if cat == "step":  # run_rank opens each step with begin("step N", cat="step")
+            self.on = args["step"] % 2 == 1
+            self.world.tracer = self.rec if self.on else None
+            self.traced_steps += self.on
+        return (self.rec if self.on else NULL).begin(name, cat=cat, **args)
+
+
+def _work(world: World, config: TrainConfig) -> dict[str, Any]:
+    rec = Alternating(world)
+    records = run_rank(world, config, rec=rec)["records"]
+    inside = sum(1 for e in rec.rec.events if e[1] not in ("setup", "step"))
+    return {
+        "seconds": {r.step: r.seconds for r in records},
+        "events_per_step": inside / max(rec.traced_steps, 1),
+    }
 
 
 def _per_event_ns(count: int = 1_000_000) -> tuple[float, float]:
@@ -76,36 +96,39 @@ def _per_event_ns(count: int = 1_000_000) -> tuple[float, float]:
     return span_ns, comm_ns
 
 
+def _row(name: str, strategy: str, *, steps: int, event_ns: float) -> dict[str, Any]:
+    config = TrainConfig(strategy=strategy, global_batch=8, seq_len=64, steps=steps)
+    nproc = 1 + max(parse_strategy(strategy).ranks)
+    per_rank = launch(_work, nproc, args=(config,), threads=1, timeout_s=1800)
+    seconds = per_rank[0]["seconds"]
+    # pairs (untraced step 2k, traced step 2k+1), k >= 1
+    pairs = [(seconds[s], seconds[s + 1]) for s in range(2, steps, 2) if s + 1 in seconds]
+    off = statistics.median(a for a, _ in pairs)
+    on = statistics.median(b for _, b in pairs)
+    events = max(r["events_per_step"] for r in per_rank)
+    return {
+        "name": name, "strategy": strategy, "ranks": nproc, "pairs": len(pairs),
+        "off_s": off, "on_s": on,
+        "overhead": statistics.median(b / a - 1 for a, b in pairs),
+        "events_per_step": events, "estimated_overhead": events * event_ns * 1e-9 / off,
+    }  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="two strategies, fewer steps")
-    parser.add_argument("--repeats", type=int, default=None, help="runs per side (default 4)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default 41)")
     args = parser.parse_args()
     names = QUICK if args.quick else tuple(STRATEGIES)
-    repeats = args.repeats or (2 if args.quick else 4)
-    steps = 4 if args.quick else 6
+    steps = args.steps or (13 if args.quick else 41)
     span_ns, comm_ns = _per_event_ns()
-    rows: list[dict[str, Any]] = []
-    for name in names:
-        strategy = STRATEGIES[name]
-        config = TrainConfig(strategy=strategy, global_batch=8, seq_len=64, steps=steps)
-        nproc = 1 + max(parse_strategy(strategy).ranks)
-        per_rank = launch(_work, nproc, args=(config, repeats), threads=1, timeout_s=1800)
-        off = statistics.median(per_rank[0]["off"])
-        on = statistics.median(per_rank[0]["on"])
-        events = max(statistics.median(r["events"]) for r in per_rank)
-        estimate = events * max(span_ns, comm_ns) * 1e-9 / off
-        rows.append({
-            "name": name, "strategy": strategy, "ranks": nproc, "off_s": off, "on_s": on,
-            "overhead": on / off - 1, "events_per_step": events, "estimated_overhead": estimate,
-            "measured_steps": len(per_rank[0]["off"]),
-        })  # fmt: skip
-    _print(rows, span_ns=span_ns, comm_ns=comm_ns, repeats=repeats)
+    rows = [_row(n, STRATEGIES[n], steps=steps, event_ns=max(span_ns, comm_ns)) for n in names]
+    _print(rows, span_ns=span_ns, comm_ns=comm_ns)
     summary = {
         "benchmark": "trace_overhead",
         "ns_per_span": round(span_ns, 1),
         "ns_per_comm_step": round(comm_ns, 1),
-        "repeats": repeats,
+        "steps": steps,
         "rows": rows,
         "max_overhead": max(r["overhead"] for r in rows),
         "max_estimated_overhead": max(r["estimated_overhead"] for r in rows),
@@ -113,22 +136,23 @@ def main() -> None:
     print(json.dumps(summary))
 
 
-def _print(rows: list[dict[str, Any]], *, span_ns: float, comm_ns: float, repeats: int) -> None:
-    table = Table(title=f"tracing on vs off (llama-tiny, median step of {repeats} runs per side)")
-    for column in ("strategy", "ranks", "off ms", "on ms", "overhead", "events/step",
+def _print(rows: list[dict[str, Any]], *, span_ns: float, comm_ns: float) -> None:
+    table = Table(title="tracing on vs off in alternate steps of one run (llama-tiny)")
+    for column in ("strategy", "ranks", "pairs", "off ms", "on ms", "overhead", "events/step",
                    "estimate"):  # fmt: skip
         table.add_column(column, justify="left" if column == "strategy" else "right")
     for r in rows:
         table.add_row(
-            f"{r['name']}: {r['strategy']}", str(r["ranks"]), f"{r['off_s'] * 1e3:.1f}",
-            f"{r['on_s'] * 1e3:.1f}", f"{r['overhead']:+.1%}", f"{r['events_per_step']:.0f}",
-            f"{r['estimated_overhead']:.2%}",
+            f"{r['name']}: {r['strategy']}", str(r["ranks"]), str(r["pairs"]),
+            f"{r['off_s'] * 1e3:.1f}", f"{r['on_s'] * 1e3:.1f}", f"{r['overhead']:+.1%}",
+            f"{r['events_per_step']:.0f}", f"{r['estimated_overhead']:.2%}",
         )  # fmt: skip
     console = Console(width=140)
     console.print(table)
     console.print(
-        f"one span costs {span_ns:.0f} ns, one comm step with its operation {comm_ns:.0f} ns; "
-        "estimate = events per step x the dearer of the two / untraced step time"
+        f"off/on: median step times; overhead: median over pairs of adjacent steps of "
+        f"on / off - 1. One span costs {span_ns:.0f} ns, one comm step with its operation "
+        f"{comm_ns:.0f} ns; estimate = events per traced step x the dearer / off"
     )
 
 

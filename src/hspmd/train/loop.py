@@ -401,7 +401,8 @@ def run_rank(
             with rec.span("Post", cat="post"), slow:
                 post.step()
         adam_steps += 1
-        dist.all_reduce(loss)
+        with rec.span("loss all-reduce", cat="wait"):  # waits for the slowest rank
+            dist.all_reduce(loss)
         end_step()
         record = StepRecord(
             step=step, loss=float(loss), tokens=config.tokens_per_step,
