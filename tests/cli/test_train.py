@@ -72,6 +72,14 @@ def test_progress_bar_after_resume_counts_to_the_total(capsys) -> None:
     assert "640 tokens/s" in out
 
 
+def test_plain_progress_doctest() -> None:
+    import doctest
+
+    import hspmd.cli.progress
+
+    assert doctest.testmod(hspmd.cli.progress).failed == 0
+
+
 def test_progress_off_a_terminal_is_plain_lines_and_quiet_is_silent(capsys) -> None:
     config = TrainConfig(strategy="1x1: R0:L0-3", global_batch=1, steps=14)
     with progress(config, title="1 ranks", as_json=False, done=10) as on_step:  # not a tty

@@ -13,7 +13,14 @@ from hspmd.sim import Task, simulate
 from hspmd.train.config import TrainConfig
 from hspmd.train.reference import TrainResult
 from hspmd.viz.common import PictureError
-from hspmd.viz.timeline import Bar, bars_from_result, bars_from_trace, draw_timeline, one_step
+from hspmd.viz.timeline import (
+    Bar,
+    bars_from_result,
+    bars_from_trace,
+    draw_timeline,
+    one_step,
+    step_marks,
+)
 
 MS = 1_000_000  # ns
 
@@ -108,3 +115,12 @@ def test_write_outputs_draws_measured_over_predicted(tmp_path: Path, capsys) -> 
     assert "timeline of step 2: measured 92.0 ms over predicted" in err
     assert "rank 1 predicted" in out.read_text()
     assert (tmp_path / "t.json").read_text().startswith('{"traceEvents"')
+
+
+def test_a_long_run_marks_every_kth_step(tmp_path: Path) -> None:
+    frames = [Bar(0, 0, s * 0.1, s * 0.1 + 0.09, "step", f"step {s}", step=s) for s in range(1, 8)]
+    assert step_marks(frames) == frames  # a short run: every step
+    many = [Bar(0, 0, s * 0.1, s * 0.1 + 0.09, "step", f"step {s}", step=s) for s in range(1, 101)]
+    assert [b.step for b in step_marks(many)] == list(range(1, 101, 4))
+    bars = many + [Bar(0, 0, s * 0.1, s * 0.1 + 0.05, "forward", "F0") for s in range(1, 101)]
+    assert draw_timeline(bars, tmp_path / "long.png").stat().st_size > 0

@@ -25,7 +25,14 @@ from typing import Any
 from hspmd.sim.engine import Result
 from hspmd.viz.common import PictureError, check_picture_path, new_figure, save
 
-__all__ = ["Bar", "bars_from_result", "bars_from_trace", "draw_timeline", "one_step"]
+__all__ = [
+    "Bar",
+    "bars_from_result",
+    "bars_from_trace",
+    "draw_timeline",
+    "one_step",
+    "step_marks",
+]
 
 COMPUTE_LANE, COMM_LANE = 0, 1
 KIND_COLOURS = {
@@ -42,6 +49,7 @@ KIND_COLOURS = {
 }
 _OTHER = "#ece133"
 _LABELLED = ("forward", "backward")
+_MAX_STEP_MARKS = 25
 _MAX_HEIGHT_IN = 40.0  # past ~90 rows the rows get thinner, not the page longer
 
 
@@ -121,6 +129,18 @@ def one_step(bars: Sequence[Bar], *, step: int | None = None) -> list[Bar]:
     return out
 
 
+def step_marks(bars: Sequence[Bar]) -> list[Bar]:
+    """The step frames to mark with a line: all of them up to 25, else every k-th.
+
+    >>> frames = [Bar(0, 0, s, s + 1, "step", f"step {s}", step=s) for s in range(1, 101)]
+    >>> [b.step for b in step_marks(frames)][:3], len(step_marks(frames))
+    ([1, 5, 9], 25)
+    """
+    frames = sorted((b for b in bars if b.kind == "step"), key=lambda b: b.start)
+    every = max(1, -(-len(frames) // _MAX_STEP_MARKS))
+    return frames[::every]
+
+
 def draw_timeline(
     bars: Sequence[Bar], path: str | Path, *, predicted: Sequence[Bar] | None = None,
     title: str = "", skip_setup: bool = True,
@@ -146,10 +166,9 @@ def draw_timeline(
         _draw_row(ax, [b for b in src if b.rank == rank], row, hatched=hatched, seen=seen)
     end = max((b.end for _, src, _ in sources for b in src), default=1.0) or 1.0
     _labels(ax, rows, end)
-    for b in shown:
-        if b.kind == "step" and b.rank == ranks[0]:
-            ax.axvline(b.start, color="#555555", linestyle=":", linewidth=0.8)
-            ax.text(b.start, -0.55, f" {b.label}", fontsize=7, va="bottom", color="#555555")
+    for b in step_marks([b for b in shown if b.rank == ranks[0]]):
+        ax.axvline(b.start, color="#555555", linestyle=":", linewidth=0.8)
+        ax.text(b.start, -0.55, f" {b.label}", fontsize=7, va="bottom", color="#555555")
     ax.set_yticks(range(len(rows)), [f"rank {r} {name}".strip() for r, name, _, _ in rows])
     ax.set_ylim(len(rows) - 0.5, -0.75)
     ax.set_xlim(0, end * 1.01)
