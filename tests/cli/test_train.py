@@ -81,11 +81,34 @@ def test_resume_at_final_step_json_is_one_object(tmp_path: Path, capsys) -> None
 def test_progress_bar_after_resume_counts_to_the_total(capsys) -> None:
     # Issue 17: resumed at step 10 of 14, the bar ended at 4/14.
     config = TrainConfig(strategy="1x1: R0:L0-3", global_batch=1, steps=14)
-    with progress(config, title="1 ranks", as_json=False, done=10) as on_step:
+    with progress(config, title="1 ranks", as_json=False, done=10, terminal=True) as on_step:
         for step in range(11, 15):
             on_step(StepRecord(step=step, loss=1.0, tokens=64, seconds=0.1))
     out = capsys.readouterr().out
     assert re.findall(r"(?<!\d)\d+/14", out) == ["14/14"]
+    assert "640 tokens/s" in out
+
+
+def test_plain_progress_doctest() -> None:
+    import doctest
+
+    import hspmd.cli.progress
+
+    assert doctest.testmod(hspmd.cli.progress).failed == 0
+
+
+def test_progress_off_a_terminal_is_plain_lines_and_quiet_is_silent(capsys) -> None:
+    config = TrainConfig(strategy="1x1: R0:L0-3", global_batch=1, steps=14)
+    with progress(config, title="1 ranks", as_json=False, done=10) as on_step:  # not a tty
+        for step in range(11, 15):
+            on_step(StepRecord(step=step, loss=1.0, tokens=64, seconds=0.1))
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[1] for line in lines] == ["11/14", "12/14", "13/14", "14/14"]
+    assert lines[0].startswith("step 11/14  loss 1.000000  640 tokens/s  eta 0:00:")
+    assert lines[-1].endswith("eta 0:00:00") and "\x1b" not in "".join(lines)  # no escapes
+    with progress(config, title="1 ranks", as_json=False, quiet=True) as on_step:
+        on_step(StepRecord(step=1, loss=1.0, tokens=64, seconds=0.1))
+    assert capsys.readouterr().out == ""
 
 
 def _args(*argv: str):

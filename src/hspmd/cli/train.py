@@ -14,6 +14,11 @@ weights move; ``--switch-algo relay`` relays single-owner transfers between node
 every NIC (nodes from ``--cluster`` or ``--ranks-per-node``). ``--save``/``--resume``: checkpoints that load onto any strategy.
 ``--slowdown 2=3,5=3``: ranks 2 and 5 sleep twice the time of each compute they run, as on
 devices three times slower (the losses do not change).
+``--trace run.json`` writes a Chrome / Perfetto trace of the run (every rank's F, B, Post,
+communication steps, switches, saves; docs/pictures.md), ``--timeline run.png`` the same as
+a Gantt chart; with ``--predict`` the chart is the last step, measured over predicted
+(``hspmd.planner.local``'s cost model, ``--predict-profile`` from ``hspmd profile``).
+Progress: a rich bar on a terminal, plain lines otherwise, nothing with ``--quiet``.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from contextlib import contextmanager
 from typing import get_args
 
 from hspmd.checkpoint.store import latest, read_manifest
+from hspmd.cli.progress import PlainProgress, switch_line
+from hspmd.cli.timeline import check_trace_flags, write_outputs
 from hspmd.data import DEFAULT_MAX_BYTES, data_warnings
 from hspmd.models.llama import PRESETS
 from hspmd.plan.strategy import Dtype, Schedule, parse_strategy
@@ -248,39 +255,71 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--reference", action="store_true", help="plain model on one process, no hspmd"
     )
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    parser.add_argument(
+        "--trace", default=None, metavar="FILE.json", help="write a Chrome / Perfetto trace"
+    )
+    parser.add_argument(
+        "--timeline", default=None, metavar="FILE", help="draw the run as a Gantt chart (.png/.svg)"
+    )
+    parser.add_argument(
+        "--predict",
+        action="store_true",
+        help="with --timeline: the last step measured over the simulator's prediction",
+    )
+    parser.add_argument(
+        "--predict-profile",
+        default=None,
+        metavar="FILE",
+        help="with --predict: compute speeds from this `hspmd profile` file",
+    )
     parser.set_defaults(func=run)
 
 
 @contextmanager
 def progress(
-    config: TrainConfig, *, title: str, as_json: bool, done: int = 0
-) -> Iterator[Callable[[StepRecord], None]]:
-    """A step callback: JSON lines, or a rich progress bar (from step ``done``) with the latest loss."""
+    config: TrainConfig, *, title: str, as_json: bool, done: int = 0, quiet: bool = False,
+    terminal: bool | None = None,
+) -> Iterator[Callable[[StepRecord], None]]:  # fmt: skip
+    """A step callback: JSON lines; nothing (``quiet``); on a terminal (``terminal``,
+    default: stdout is one) a rich bar from step ``done`` with loss, tokens/s and ETA;
+    otherwise one plain line per step (``hspmd.cli.progress``)."""
     if as_json:
         yield lambda record: print(json.dumps(record.to_json()), flush=True)
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    if quiet:
+        yield lambda record: None
+        return
+    if not (sys.stdout.isatty() if terminal is None else terminal):
+        yield PlainProgress(total=config.steps, done=done)
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"),
+        TextColumn("loss {task.fields[loss]}  {task.fields[rate]} tokens/s  eta"),
+        TimeRemainingColumn(),
         TimeElapsedColumn(),
     )
     with Progress(*columns, transient=False) as bar:
-        task = bar.add_task(title, total=config.steps, completed=done, loss="-")
+        task = bar.add_task(title, total=config.steps, completed=done, loss="-", rate="-")
 
         def update(record: StepRecord) -> None:
             if record.switch_seconds is not None:
-                bar.console.print(
-                    f"switch before step {record.step} to {record.strategy!r}: "
-                    f"{record.switch_seconds * 1e3:.1f} ms"
-                )
-            bar.update(task, advance=1, loss=f"{record.loss:.6f}")
+                bar.console.print(switch_line(record))
+            rate = record.tokens / max(record.seconds, 1e-9)
+            bar.update(task, advance=1, loss=f"{record.loss:.6f}", rate=f"{rate:,.0f}")
             bar.console.print(
-                f"step {record.step:>3}  loss {record.loss:.6f}  "
-                f"{record.tokens / max(record.seconds, 1e-9):,.0f} tokens/s"
+                f"step {record.step:>3}  loss {record.loss:.6f}  {rate:,.0f} tokens/s"
             )
 
         yield update
@@ -320,16 +359,19 @@ def resume_text(config: TrainConfig) -> str:
     )
 
 
-def run_config(config: TrainConfig, *, reference: bool, as_json: bool) -> TrainResult:
+def run_config(
+    config: TrainConfig, *, reference: bool, as_json: bool, quiet: bool = False,
+    trace: bool = False,
+) -> TrainResult:  # fmt: skip
     """Train (or run the reference) with the progress display; the CLI's core."""
     if reference:
-        with progress(config, title="reference", as_json=as_json) as on_step:
+        with progress(config, title="reference", as_json=as_json, quiet=quiet) as on_step:
             return run_reference(config, on_step=on_step)
     check_config(config)  # before any process starts
     title = f"{num_processes(config)} ranks"
     done = resumed_step(config)  # the bar starts there
-    with progress(config, title=title, as_json=as_json, done=done) as on_step:
-        return train(config, on_step=on_step)
+    with progress(config, title=title, as_json=as_json, done=done, quiet=quiet) as on_step:
+        return train(config, on_step=on_step, trace=trace)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -346,11 +388,17 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps({"nothing_to_do": True, "checkpoint_step": done,
                               "steps": config.steps, "resume": config.resume}))  # fmt: skip
         return 0
+    wants_trace = check_trace_flags(args)  # before any work
     if config.resume and not args.reference:
         print(resume_text(config), file=sys.stderr)
         for warning in resume_warnings(config):
             print(f"hspmd {args.command}: warning: {warning}", file=sys.stderr)
-    result = run_config(config, reference=args.reference, as_json=args.json)
+    result = run_config(
+        config, reference=args.reference, as_json=args.json, quiet=getattr(args, "quiet", False),
+        trace=wants_trace,
+    )  # fmt: skip
+    if wants_trace:
+        write_outputs(args, config, result)
     if not args.json and result.records:
         print(f"final loss {result.records[-1].loss:.6f}", file=sys.stderr)
     saved = [r.step for r in result.records if r.step % config.save_every == 0]

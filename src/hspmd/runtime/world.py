@@ -28,6 +28,7 @@ from hspmd.errors import HspmdError
 
 if TYPE_CHECKING:
     from hspmd.runtime.counting import CommLog
+    from hspmd.runtime.trace import Recorder
 
 Ranks = tuple[int, ...]
 
@@ -76,6 +77,7 @@ class World:
     groups: dict[Ranks, dist.ProcessGroup] = field(default_factory=dict)
     logs: list[CommLog] = field(default_factory=list)
     waiter: Callable[[Sequence[Any]], None] | None = None
+    tracer: Recorder | None = None  # hspmd.runtime.trace: set while a run is traced
 
     @staticmethod
     def create(*, timeout_s: float = 300.0) -> World:
@@ -166,9 +168,11 @@ class World:
                 work.wait()
 
     def record(self, op: str, *, group: Sequence[int], nbytes: int) -> None:
-        """Add one issued operation to every active counting log."""
+        """Add one issued operation to every active counting log (and the trace)."""
         for log in self.logs:
             log.add(op, group=tuple(group), nbytes=nbytes)
+        if self.tracer is not None:
+            self.tracer.op(op, tuple(group), nbytes)
 
     def __str__(self) -> str:
         return f"rank {self.rank}/{self.world_size} on {self.device} ({self.backend})"

@@ -45,6 +45,7 @@ from hspmd.plan.strategy import StrategyOptions
 from hspmd.runtime.boundary import Pending, recv, send
 from hspmd.runtime.counting import count_comm
 from hspmd.runtime.executable import bind_executable, sync_grads
+from hspmd.runtime.trace import NULL, Recorder, Spans
 from hspmd.runtime.world import World, plan_groups
 from hspmd.specialize.boundary import BoundaryPlans, boundary_plans
 from hspmd.specialize.executable import build_executable, executable_groups
@@ -134,12 +135,13 @@ def _backward(plans: BoundaryPlans, world: World, live: _Live, *, m: int) -> Non
 def run_step(
     program: StageProgram, role: Role, plans: BoundaryPlans, config: TrainConfig,
     world: World, batch: tuple[torch.Tensor, torch.Tensor], *, post: Post | None = None,
-    slow: Slowdown | None = None,
+    slow: Slowdown | None = None, rec: Spans = NULL,
 ) -> float:  # fmt: skip
     """Every F and B of the rank's schedule on one global batch; the scaled loss sum.
 
     With ``post`` (and ``config.overlap``), ``post.arm()`` runs before the last B. With
-    ``slow``, each F and B compute is followed by its sleep (``hspmd.train.slowdown``)."""
+    ``slow``, each F and B compute is followed by its sleep (``hspmd.train.slowdown``).
+    ``rec`` records a span per F and B (``hspmd.runtime.trace``)."""
     schedule = make_schedule(config.schedule, role.num_stages, role.stage, role.micro_batches)
     live = _Live(slow=slow or Slowdown())
     scale = role.micro_batch_size / config.global_batch  # mb tokens / global tokens
@@ -147,14 +149,17 @@ def run_step(
     last_b = max((i for i, a in enumerate(schedule) if a.kind == "B"), default=-1)
     for index, action in enumerate(schedule):
         if action.kind == "F":
-            _forward(program, role, plans, world, live, m=action.micro_batch, batch=batch,
-                     scale=scale, dtype=dtype)  # fmt: skip
+            with rec.span("F", cat="forward", micro_batch=action.micro_batch, stage=role.stage):
+                _forward(program, role, plans, world, live, m=action.micro_batch, batch=batch,
+                         scale=scale, dtype=dtype)  # fmt: skip
         elif action.kind == "B":
             if index == last_b and post is not None and config.overlap:
                 post.arm()
-            _backward(plans, world, live, m=action.micro_batch)
-    for pending in live.sends:
-        pending.wait()
+            with rec.span("B", cat="backward", micro_batch=action.micro_batch, stage=role.stage):
+                _backward(plans, world, live, m=action.micro_batch)
+    with rec.span("wait sends", cat="wait"):
+        for pending in live.sends:
+            pending.wait()
     return live.loss
 
 
@@ -342,14 +347,20 @@ def _resume(world: World, config: TrainConfig) -> tuple[_Active, int, int]:
     return active, first, state.adam_step
 
 
-def run_rank(world: World, config: TrainConfig, *, report: Any = None) -> dict[str, Any]:
+def run_rank(
+    world: World, config: TrainConfig, *, report: Any = None, rec: Spans = NULL
+) -> dict[str, Any]:
     """Train ``config`` on this rank; ranks outside the strategy only join the loss sum.
 
     ``report(record)`` is called on rank 0 after each step. Switches (``config.switches``)
     run before their step on every rank. Returns the step records and this rank's
-    parameter pieces: name -> (global region, numpy array).
+    parameter pieces: name -> (global region, numpy array). ``rec``: a trace
+    ``Recorder`` (``hspmd.runtime.trace``) records steps, F, B, Post, switches, saves and
+    every communication step.
     """
     first_strategy = config.require_strategy()
+    world.tracer = rec if isinstance(rec, Recorder) else None
+    end_setup = rec.begin("setup", cat="setup")  # groups, executables (and a resume)
     prepare_all(world, config)  # every rank, idle ones too, in the same order
     if config.resume:
         active, first, adam_steps = _resume(world, config)
@@ -360,12 +371,15 @@ def run_rank(world: World, config: TrainConfig, *, report: Any = None) -> dict[s
     data = islice(step_batches(config), first - 1, None)
     records = []
     slow = slowdown_of(config.slowdown, world.rank)
+    end_setup()
     for step in range(first, config.steps + 1):
         switched, messages = None, None
         if step in switches and step != first:
-            active, switched, messages = _timed_switch(
-                world, config, active, switches[step], steps=adam_steps
-            )
+            with rec.span("switch", cat="switch", step=step, to=switches[step]):
+                active, switched, messages = _timed_switch(
+                    world, config, active, switches[step], steps=adam_steps
+                )
+        end_step = rec.begin(f"step {step}", cat="step", step=step)
         batch = next(data)
         start = time.perf_counter()
         loss = torch.zeros(1, dtype=torch.float64)
@@ -373,18 +387,23 @@ def run_rank(world: World, config: TrainConfig, *, report: Any = None) -> dict[s
         if role is not None and post is not None and active.plans is not None:
             post.zero_grad()
             value = run_step(
-                active.exe, role, active.plans, config, world, batch, post=post, slow=slow
-            )
+                active.exe, role, active.plans, config, world, batch, post=post, slow=slow,
+                rec=rec,
+            )  # fmt: skip
+            end_post = rec.begin("Post", cat="post")
             sync_grads(active.exe, world)  # partial grads inside the stage (SP norm weights)
             if role.is_last and role.rank == role.tp_ranks[0]:  # one reporter per pipeline
                 loss += value
             with slow:
                 post.step()
+            end_post()
         elif post is not None:  # an idle rank's home shards (switch_mode="weights")
-            with slow:
+            with rec.span("Post", cat="post"), slow:
                 post.step()
         adam_steps += 1
-        dist.all_reduce(loss)
+        with rec.span("loss all-reduce", cat="wait"):  # waits for the slowest rank
+            dist.all_reduce(loss)
+        end_step()
         record = StepRecord(
             step=step, loss=float(loss), tokens=config.tokens_per_step,
             seconds=time.perf_counter() - start, switch_seconds=switched,
@@ -394,12 +413,14 @@ def run_rank(world: World, config: TrainConfig, *, report: Any = None) -> dict[s
         if report is not None and world.rank == 0:
             report(record)
         if config.save and step % config.save_every == 0:
-            save_checkpoint(
-                world, config, active, directory=config.save, step=step, steps=adam_steps
-            )
+            with rec.span("save", cat="checkpoint", step=step):
+                save_checkpoint(
+                    world, config, active, directory=config.save, step=step, steps=adam_steps
+                )
     pieces = {}
     if active.exe is not None:
         for name, p in active.exe.params.items():
             # numpy, not tensors: tensors would travel as shared-memory fds
             pieces[name] = (active.exe.pieces[name].region, p.detach().float().numpy().copy())
+    world.tracer = None
     return {"pieces": pieces, "records": records}

@@ -21,6 +21,7 @@ from hspmd.errors import StrategyError
 from hspmd.models.llama import parameter_shapes
 from hspmd.plan.strategy import Strategy, check_strategy, parse_strategy
 from hspmd.runtime.launch import launch
+from hspmd.runtime.trace import NULL, Recorder, chrome_trace
 from hspmd.runtime.world import World
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.loop import options_of, run_rank
@@ -75,11 +76,19 @@ def num_processes(config: TrainConfig) -> int:
     return 1 + max(max(parse_strategy(text).ranks) for text in config.strategies)
 
 
-def _rank_work(world: World, configs: Sequence[TrainConfig], events: Any) -> list[dict[str, Any]]:
+def _rank_work(
+    world: World, configs: Sequence[TrainConfig], events: Any, trace: bool
+) -> list[dict[str, Any]]:
     def report_for(index: int) -> Callable[[StepRecord], None]:
         return lambda record: events.put((index, record))
 
-    outcomes = [run_rank(world, c, report=report_for(i)) for i, c in enumerate(configs)]
+    outcomes = []
+    for index, config in enumerate(configs):
+        rec = Recorder.start(world) if trace else NULL
+        outcome = run_rank(world, config, report=report_for(index), rec=rec)
+        if isinstance(rec, Recorder):
+            outcome["trace"] = rec.export()
+        outcomes.append(outcome)
     if world.rank == 0:
         events.put(None)
     return outcomes
@@ -91,10 +100,12 @@ def train_many(
     on_step: Callable[[int, StepRecord], None] | None = None,
     timeout_s: float = 600.0,
     threads: int | None = None,
+    trace: bool = False,
 ) -> list[TrainResult]:
     """Train every config in one launch of ``max(ranks)`` processes; results in order.
 
     ``threads``: torch threads per rank (default: the launcher's, cores // ranks).
+    ``trace``: each result carries the run's Chrome trace (``hspmd.runtime.trace``).
     """
     nproc = max(num_processes(c) for c in configs)
     # A SimpleQueue: rank 0's puts are synchronous (no feeder thread), so every event is in
@@ -108,7 +119,7 @@ def train_many(
             box["results"] = launch(
                 _rank_work,
                 nproc,
-                args=(list(configs), events),
+                args=(list(configs), events, trace),
                 timeout_s=timeout_s,
                 threads=threads,
             )
@@ -141,7 +152,10 @@ def _assemble(
             for name, (region, value) in outcome[index]["pieces"].items():
                 _place(params, name, region, torch.from_numpy(value))
         records = tuple(per_rank[0][index]["records"])
-        results.append(TrainResult(records=records, params=params))
+        parts = [outcome[index]["trace"] for outcome in per_rank if "trace" in outcome[index]]
+        meta = {"model": config.model, "strategy": config.strategy, "steps": config.steps}
+        trace = chrome_trace(parts, meta=meta) if parts else None
+        results.append(TrainResult(records=records, params=params, trace=trace))
     return results
 
 
@@ -164,7 +178,9 @@ def train(
     *,
     on_step: Callable[[StepRecord], None] | None = None,
     threads: int | None = None,
+    trace: bool = False,
 ) -> TrainResult:
-    """Train one config on local processes (one per rank of its strategy)."""
+    """Train one config on local processes (one per rank of its strategy); with
+    ``trace``, ``result.trace`` is the run's Chrome trace (``hspmd.runtime.trace``)."""
     callback = None if on_step is None else (lambda _index, record: on_step(record))
-    return train_many([config], on_step=callback, threads=threads)[0]
+    return train_many([config], on_step=callback, threads=threads, trace=trace)[0]
