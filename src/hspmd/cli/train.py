@@ -14,12 +14,17 @@ weights move; ``--switch-algo relay`` relays single-owner transfers between node
 every NIC (nodes from ``--cluster`` or ``--ranks-per-node``). ``--save``/``--resume``: checkpoints that load onto any strategy.
 ``--slowdown 2=3,5=3``: ranks 2 and 5 sleep twice the time of each compute they run, as on
 devices three times slower (the losses do not change).
+``--nnodes 2 --node-rank K --master-addr ADDR [--master-port P]``: one launcher per node
+(run the same command on every node, K = 0, 1, ...), each running its share of the ranks;
+node 0 hosts the rendezvous at ADDR:P and prints the steps. Under ``hspmd netcluster exec``
+the node rank and the master address default to the emulated node's (docs/netcluster.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,6 +32,7 @@ from contextlib import contextmanager
 from hspmd.checkpoint.store import latest, read_manifest
 from hspmd.models.llama import PRESETS
 from hspmd.plan.strategy import parse_strategy
+from hspmd.runtime.launch import NodeSpec
 from hspmd.train.config import AdamConfig, StepRecord, TrainConfig, TrainError
 from hspmd.train.reference import TrainResult, run_reference
 from hspmd.train.trainer import check_config, num_processes, train
@@ -232,7 +238,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--reference", action="store_true", help="plain model on one process, no hspmd"
     )
+    add_node_arguments(parser)
     parser.set_defaults(func=run)
+
+
+def add_node_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--nnodes``, ``--node-rank``, ``--master-addr``, ``--master-port``: one launcher per node."""
+    group = parser.add_argument_group("several nodes (one launcher per node)")
+    group.add_argument("--nnodes", type=int, default=1, help="launchers, one per node")
+    group.add_argument(
+        "--node-rank",
+        type=int,
+        default=int(os.environ.get("HSPMD_NODE", "0")),
+        help="this node's index (default: $HSPMD_NODE, set by `hspmd netcluster exec`)",
+    )
+    group.add_argument(
+        "--master-addr",
+        default=os.environ.get("HSPMD_MASTER_ADDR"),
+        help="node 0's address, where it hosts the rendezvous (default: $HSPMD_MASTER_ADDR)",
+    )
+    group.add_argument("--master-port", type=int, default=29500, help="rendezvous port")
+
+
+def node_of(args: argparse.Namespace) -> NodeSpec | None:
+    """The ``NodeSpec`` the node arguments give (None for one node)."""
+    if args.nnodes <= 1:
+        return None
+    if not args.master_addr:
+        raise TrainError(
+            f"--nnodes {args.nnodes} needs --master-addr: the address of node 0 that every "
+            "node reaches"
+        )
+    return NodeSpec(args.node_rank, args.nnodes, args.master_addr, args.master_port)
 
 
 @contextmanager
@@ -290,16 +327,22 @@ def resume_text(config: TrainConfig) -> str:
     )
 
 
-def run_config(config: TrainConfig, *, reference: bool, as_json: bool) -> TrainResult:
+def run_config(
+    config: TrainConfig, *, reference: bool, as_json: bool, node: NodeSpec | None = None
+) -> TrainResult:
     """Train (or run the reference) with the progress display; the CLI's core."""
     if reference:
         with progress(config, title="reference", as_json=as_json) as on_step:
             return run_reference(config, on_step=on_step)
     check_config(config)  # before any process starts
+    if node is not None and node.node_rank > 0:  # node 0 shows the steps
+        return train(config, node=node)
     title = f"{num_processes(config)} ranks"
+    if node is not None:
+        title += f" on {node.num_nodes} nodes"
     done = resumed_step(config)  # the bar starts there
     with progress(config, title=title, as_json=as_json, done=done) as on_step:
-        return train(config, on_step=on_step)
+        return train(config, on_step=on_step, node=node)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -318,7 +361,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if config.resume and not args.reference:
         print(resume_text(config), file=sys.stderr)
-    result = run_config(config, reference=args.reference, as_json=args.json)
+    node = node_of(args)
+    result = run_config(config, reference=args.reference, as_json=args.json, node=node)
+    if node is not None and node.node_rank > 0:
+        print(f"node {node.node_rank} of {node.num_nodes}: done", file=sys.stderr)
+        return 0
     if not args.json and result.records:
         print(f"final loss {result.records[-1].loss:.6f}", file=sys.stderr)
     saved = [r.step for r in result.records if r.step % config.save_every == 0]
