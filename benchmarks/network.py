@@ -1,0 +1,307 @@
+"""Switch schemes measured on a real two-tier network: nodes as network namespaces.
+
+Needs root and iproute2 (``hspmd netcluster``; docs/netcluster.md). The run builds
+``--nodes`` namespaces of ``--ranks-per-node`` ranks, each node's link shaped to
+``--inter-gbps``, measures the links, starts one hspmd launcher per node, and removes the
+network again whatever happens. Every rank then moves the fp32 masters and both Adam
+moments of a Llama between two strategies, as the runtime does (``run_fused_bsr`` and
+``run_relay``), and checks every piece it received:
+
+1. C1 -> C2 scaled down (the paper's elastic switch, Table 4): two pipelines of two TP-2
+   stages, pipeline A on nodes 0-1, B on nodes 2-3; the last rank fails and B's layers
+   re-split over its three survivors. Schemes: naive (lowest-rank owner, one BSR per
+   tensor), per-tensor (the heuristic, one BSR per tensor), fused (one BSR), relay (fused,
+   single-owner inter-node transfers cut over the ranks of both nodes).
+2. The BSR sender heuristic with the cluster's topology against the same heuristic on a
+   flat topology (no nodes: owners by load and rank order), on C1 -> C2 and on a TP-2 -> 1
+   shrink of pipeline B (where a same-node holder and a remote replica both exist).
+
+Wall time is the slowest rank's, between barriers, the best of ``--repeats``. Bytes per
+link class are the planned transfers classified by the cluster's topology; "veth MB"
+is measured: the bytes every node's shaped link sent (tc counters, headers included).
+
+    sudo .venv/bin/python benchmarks/network.py              # ~1-2 min: table + JSON line
+    sudo .venv/bin/python benchmarks/network.py --hidden 384 --inter-gbps 0.2
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pickle
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PORT = 29561
+C1 = "2x1: R0-1:L0-3 R2-3:L4-7; 2x1: R4-5:L0-3 R6-7:L4-7"
+C2 = "3x1: R0-1:L0-3 R2-3:L4-7; 1x1: R4-5:L0-4 R6:L5-7"  # R7 failed
+SHRINK = "2x1: R0-1:L0-3 R2-3:L4-7; 2x1: R4:L0-3 R6:L4-7"  # B from TP 2 to TP 1
+SCHEMES = ("naive", "per-tensor", "fused", "relay", "fused-flat")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    source: str
+    target: str
+    failed: tuple[int, ...]
+    schemes: tuple[str, ...]
+
+
+CASES = (
+    Case("C1 -> C2", C1, C2, (7,), SCHEMES),
+    Case("B TP2 -> TP1", C1, SHRINK, (), ("fused", "fused-flat")),
+)
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from hspmd.models import get_config
+
+    return get_config("llama-small", hidden_size=args.hidden, intermediate_size=3 * args.hidden)
+
+
+def _tensors(case: Case, config: Any) -> tuple[list[Any], list[Any]]:
+    """(FusedTensors, BSR tables): master, exp_avg, exp_avg_sq of every parameter."""
+    from hspmd.plan.params import state_annotations
+    from hspmd.plan.strategy import parse_strategy
+    from hspmd.runtime.fused import FusedTensor
+    from hspmd.switch.cost import switch_tables
+
+    before = state_annotations(parse_strategy(case.source), config)
+    after = state_annotations(parse_strategy(case.target), config)
+    kinds = ("master", "exp_avg", "exp_avg_sq")
+    old = {f"{k}/{n}": s for n, s in before.items() for k in kinds}
+    new = {f"{k}/{n}": s for n, s in after.items() for k in kinds}
+    tables = switch_tables(old, new, itemsize=4, failed=case.failed)
+    tensors = [FusedTensor(s.shape, old[n].annotation, s.annotation) for n, s in new.items()]
+    return tensors, tables
+
+
+def _scheme(algo: str, tables: list[Any], topology: Any, failed: Sequence[int]) -> Any:
+    """Transfers (one stage) or a RelayPlan, as the runtime takes them."""
+    from hspmd.comm.bsr import schedule
+    from hspmd.comm.relay import plan_relay
+    from hspmd.comm.topology import Topology
+    from hspmd.switch.cost import scheme_stages
+
+    if algo == "fused-flat":
+        return schedule(tables, topology=Topology.flat())
+    if algo == "relay":
+        return plan_relay(tables, schedule(tables, topology=topology), topology=topology,
+                          exclude=failed)  # fmt: skip
+    return scheme_stages(tables, algo, topology=topology)[0]
+
+
+def _link_bytes(transfers: Sequence[Any], topology: Any) -> Counter[str]:
+    out: Counter[str] = Counter()
+    for t in transfers:
+        if t.src != t.dst:
+            n = 4
+            for lo, hi in t.region:
+                n *= hi - lo
+            out[topology.link(t.src, t.dst).name] += n
+    return out
+
+
+def _global(shape: tuple[int, ...], index: int) -> Any:
+    import torch
+
+    return (torch.arange(int(torch.tensor(shape).prod()), dtype=torch.float32) + index).reshape(
+        shape
+    )
+
+
+def _sent_on_link() -> int:
+    out = subprocess.run(["tc", "-s", "qdisc", "show", "dev", "nc0"], capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    match = re.search(r"Sent (\d+) bytes", out)
+    return int(match.group(1)) if match else 0
+
+
+def _timed(world: Any, ranks_per_node: int, fn: Callable[[], Any]) -> tuple[Any, float, int]:
+    """``fn()`` between barriers: (its result, slowest rank's seconds, veth bytes sent)."""
+    import torch
+    import torch.distributed as dist
+
+    dist.barrier()
+    counts = world.rank % ranks_per_node == 0  # one rank per node reads its link
+    before = _sent_on_link() if counts else 0
+    dist.barrier()
+    start = time.perf_counter()
+    out = fn()
+    took = time.perf_counter() - start
+    dist.barrier()
+    sent = (_sent_on_link() - before) if counts else 0
+    stats = torch.tensor([took, float(sent)], dtype=torch.float64)
+    dist.all_reduce(stats[1:])
+    dist.all_reduce(stats[:1], op=dist.ReduceOp.MAX)
+    return out, float(stats[0]), int(stats[1])
+
+
+def _run(algo: str, scheme: Any, tensors: list[Any], local: dict[int, Any], world: Any) -> Any:
+    from hspmd.runtime.fused import run_fused_bsr
+    from hspmd.runtime.relay import run_relay
+
+    if algo == "relay":
+        return run_relay(scheme, tensors, local, world)
+    if algo in ("naive", "per-tensor"):  # one BSR per tensor, tensors one after the other
+        out = {}
+        for i, t in enumerate(tensors):
+            mine = [dataclasses.replace(tr, tensor=0) for tr in scheme if tr.tensor == i]
+            pieces = {0: local[i]} if i in local else {}
+            moved = run_fused_bsr(mine, [t], pieces, world)
+            if 0 in moved:
+                out[i] = moved[0]
+        return out
+    return run_fused_bsr(scheme, tensors, local, world)
+
+
+def _worker(world: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    from hspmd.switch.cluster import load_cluster
+
+    topology = load_cluster(args.cluster).topology()
+    config = _config(args)
+    rows = []
+    for case in CASES:
+        tensors, tables = _tensors(case, config)
+        local = {}
+        for i, t in enumerate(tensors):
+            if world.rank in t.src.ranks:  # a failed rank's pieces are lost: NaN, never sent
+                box = t.src.piece(world.rank, t.shape).region
+                local[i] = _global(t.shape, i)[tuple(slice(a, b) for a, b in box)].clone()
+                if world.rank in case.failed:
+                    local[i].fill_(float("nan"))
+        for algo in case.schemes:
+            scheme = _scheme(algo, tables, topology, case.failed)
+            flat = [tr for s in scheme.stages() for tr in s] if algo == "relay" else scheme
+            best, sent = float("inf"), 0
+            for _ in range(args.repeats):
+                run_once = partial(_run, algo, scheme, tensors, local, world)
+                out, took, measured = _timed(world, args.ranks_per_node, run_once)
+                if took < best:
+                    best, sent = took, measured
+            for i, value in out.items():  # every received piece is the right slice
+                box = tensors[i].dst.piece(world.rank, tensors[i].shape).region
+                want = _global(tensors[i].shape, i)[tuple(slice(a, b) for a, b in box)]
+                assert bool((value == want).all()), f"{algo}: tensor {i} wrong on {world.rank}"
+            links = _link_bytes(flat, topology)
+            rows.append({"case": case.name, "scheme": algo, "seconds": best,
+                         "planned": dict(links), "veth_sent_bytes": sent})  # fmt: skip
+    return rows
+
+
+def node_main(args: argparse.Namespace) -> int:
+    import torch
+
+    from hspmd.runtime.launch import NodeSpec, launch
+
+    torch.set_num_threads(1)
+    node = NodeSpec(args.node, args.nodes, args.master, PORT)
+    rows = launch(_worker, args.ranks_per_node, args=(args,), node=node, threads=1,
+                  timeout_s=900)  # fmt: skip
+    if args.node == 0:
+        Path(args.rows).write_bytes(pickle.dumps(rows[0]))
+    return 0
+
+
+def _print(rows: list[dict[str, Any]], cluster: dict[str, Any]) -> dict[str, float]:
+    measured = cluster["netcluster"]["measured"]
+    print(f"{cluster['description']}")
+    print(f"measured: loopback {measured['loopback_GBps']:.3f} GB/s, inter-node "
+          f"{measured['inter_GBps'] * 1e3:.1f} MB/s ({measured['ratio']:.1f}x slower)")  # fmt: skip
+    print(f"{'case':14} {'scheme':11} {'wall ms':>9} {'loopback MB':>12} {'veth MB':>9} "
+          f"{'veth MB measured':>17}")  # fmt: skip
+    by = {}
+    for r in rows:
+        p = r["planned"]
+        print(f"{r['case']:14} {r['scheme']:11} {r['seconds'] * 1e3:9.1f} "
+              f"{p.get('loopback', 0) / 1e6:12.2f} {p.get('veth', 0) / 1e6:9.2f} "
+              f"{r['veth_sent_bytes'] / 1e6:17.2f}")  # fmt: skip
+        by[(r["case"], r["scheme"])] = r["seconds"]
+    c, s = CASES
+    return {
+        "fused_over_naive": by[(c.name, "fused")] / by[(c.name, "naive")],
+        "fused_over_per_tensor": by[(c.name, "fused")] / by[(c.name, "per-tensor")],
+        "relay_over_fused": by[(c.name, "relay")] / by[(c.name, "fused")],
+        "c1c2_flat_over_topology": by[(c.name, "fused-flat")] / by[(c.name, "fused")],
+        "shrink_flat_over_topology": by[(s.name, "fused-flat")] / by[(s.name, "fused")],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--ranks-per-node", type=int, default=2)
+    parser.add_argument("--inter-gbps", type=float, default=0.4)
+    parser.add_argument("--hidden", type=int, default=256, help="llama-small width")
+    parser.add_argument("--repeats", type=int, default=2)
+    # internal: one launcher per node
+    parser.add_argument("--node", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--cluster", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--master", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--rows", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.node is not None:
+        return node_main(args)
+    if args.nodes != 4 or args.ranks_per_node != 2:
+        print("network.py: the cases are written for --nodes 4 --ranks-per-node 2", file=sys.stderr)
+        return 2
+
+    from hspmd.netcluster import run
+    from hspmd.netcluster.describe import cluster_json
+    from hspmd.netcluster.spec import NetClusterError, NetSpec
+
+    spec = NetSpec(args.nodes, args.ranks_per_node, args.inter_gbps)
+    try:
+        run.check_permission()
+    except NetClusterError as error:
+        print(f"network.py: {error}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="hspmd-network-") as tmp, run.session(spec):
+        measured = run.measure(spec)
+        cluster = cluster_json(spec, measured, memory_mb=run.host_memory_mb() / spec.num_ranks)
+        cluster_file, rows_file = Path(tmp, "cluster.json"), Path(tmp, "rows.pkl")
+        cluster_file.write_text(json.dumps(cluster))
+        env = {
+            "PYTHONPATH": f"{ROOT / 'src'}",
+            "OMP_NUM_THREADS": "1",
+            "TORCH_CPP_LOG_LEVEL": "ERROR",
+        }
+        argv = [sys.executable, str(Path(__file__).resolve()), "--nodes", str(args.nodes),
+                "--ranks-per-node", str(args.ranks_per_node), "--hidden", str(args.hidden),
+                "--repeats", str(args.repeats), "--cluster", str(cluster_file),
+                "--master", spec.address(0), "--rows", str(rows_file)]  # fmt: skip
+        procs = [run.spawn(i, [*argv, "--node", str(i)], env=env) for i in range(args.nodes)]
+        try:
+            codes = [p.wait(900) for p in procs]
+        finally:
+            for p in procs:
+                run.stop(p, grace_s=0)
+        if any(codes):
+            print(f"network.py: node launchers exited with {codes}", file=sys.stderr)
+            return 1
+        rows = pickle.loads(rows_file.read_bytes())
+    ratios = _print(rows, cluster)
+    print(json.dumps({
+        "benchmark": "network", "nodes": args.nodes, "ranks_per_node": args.ranks_per_node,
+        "inter_gbps": args.inter_gbps, "hidden": args.hidden,
+        "loopback_over_inter": cluster["netcluster"]["measured"]["ratio"],
+        **{k: round(v, 3) for k, v in ratios.items()},
+    }))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())
