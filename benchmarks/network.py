@@ -47,6 +47,8 @@ PORT = 29561
 C1 = "2x1: R0-1:L0-3 R2-3:L4-7; 2x1: R4-5:L0-3 R6-7:L4-7"
 C2 = "3x1: R0-1:L0-3 R2-3:L4-7; 1x1: R4-5:L0-4 R6:L5-7"  # R7 failed
 SHRINK = "2x1: R0-1:L0-3 R2-3:L4-7; 2x1: R4:L0-3 R6:L4-7"  # B from TP 2 to TP 1
+ONE_OWNER = "2x1: R0-1:L0-3 R2:L4-7"  # stage 1 on one rank of node 1 ...
+SPREAD = "2x1: R0-1:L0-3 R4-5:L4-7"  # ... moves to TP 2 on node 2: one owner per slice
 SCHEMES = ("naive", "per-tensor", "fused", "relay", "fused-flat")
 
 
@@ -62,6 +64,7 @@ class Case:
 CASES = (
     Case("C1 -> C2", C1, C2, (7,), SCHEMES),
     Case("B TP2 -> TP1", C1, SHRINK, (), ("fused", "fused-flat")),
+    Case("stage to node 2", ONE_OWNER, SPREAD, (), ("fused", "relay")),
 )
 
 
@@ -123,10 +126,16 @@ def _global(shape: tuple[int, ...], index: int) -> Any:
 
 
 def _sent_on_link() -> int:
-    out = subprocess.run(["tc", "-s", "qdisc", "show", "dev", "nc0"], capture_output=True,
-                         text=True, check=True).stdout  # fmt: skip
-    match = re.search(r"Sent (\d+) bytes", out)
-    return int(match.group(1)) if match else 0
+    """Bytes this node's shaped veths (``nc*``) have sent: the htb root of each."""
+    out = subprocess.run(["tc", "-s", "qdisc", "show"], capture_output=True, text=True,
+                         check=True).stdout  # fmt: skip
+    total, ours = 0, False
+    for line in out.splitlines():
+        if line.startswith("qdisc"):
+            ours = re.search(r"^qdisc htb 1: dev nc\d+ root", line) is not None
+        elif ours and (match := re.search(r"Sent (\d+) bytes", line)):
+            total += int(match.group(1))
+    return total
 
 
 def _timed(world: Any, ranks_per_node: int, fn: Callable[[], Any]) -> tuple[Any, float, int]:
@@ -229,8 +238,9 @@ def _print(rows: list[dict[str, Any]], cluster: dict[str, Any]) -> dict[str, flo
               f"{p.get('loopback', 0) / 1e6:12.2f} {p.get('veth', 0) / 1e6:9.2f} "
               f"{r['veth_sent_bytes'] / 1e6:17.2f}")  # fmt: skip
         by[(r["case"], r["scheme"])] = r["seconds"]
-    c, s = CASES
+    c, s, o = CASES
     return {
+        "one_owner_relay_over_fused": by[(o.name, "relay")] / by[(o.name, "fused")],
         "fused_over_naive": by[(c.name, "fused")] / by[(c.name, "naive")],
         "fused_over_per_tensor": by[(c.name, "fused")] / by[(c.name, "per-tensor")],
         "relay_over_fused": by[(c.name, "relay")] / by[(c.name, "fused")],
@@ -239,13 +249,41 @@ def _print(rows: list[dict[str, Any]], cluster: dict[str, Any]) -> dict[str, flo
     }
 
 
+def _measure_network(spec: Any, args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """Build ``spec``, run one launcher per node, tear down: (node 0's rows, cluster JSON)."""
+    from hspmd.netcluster import run
+    from hspmd.netcluster.describe import cluster_json
+
+    with tempfile.TemporaryDirectory(prefix="hspmd-network-") as tmp, run.session(spec):
+        measured = run.measure(spec)
+        cluster = cluster_json(spec, measured, memory_mb=run.host_memory_mb() / spec.num_ranks)
+        cluster_file, rows_file = Path(tmp, "cluster.json"), Path(tmp, "rows.pkl")
+        cluster_file.write_text(json.dumps(cluster))
+        env = {"PYTHONPATH": f"{ROOT / 'src'}", "OMP_NUM_THREADS": "1",
+               "TORCH_CPP_LOG_LEVEL": "ERROR"}  # fmt: skip
+        argv = [sys.executable, str(Path(__file__).resolve()), "--nodes", str(args.nodes),
+                "--ranks-per-node", str(args.ranks_per_node), "--hidden", str(args.hidden),
+                "--repeats", str(args.repeats), "--cluster", str(cluster_file),
+                "--master", spec.address(0), "--rows", str(rows_file)]  # fmt: skip
+        procs = [run.spawn(i, [*argv, "--node", str(i)], env=env) for i in range(args.nodes)]
+        try:
+            codes = [p.wait(900) for p in procs]
+        finally:
+            for p in procs:
+                run.stop(p, grace_s=0)
+        if any(codes):
+            print(f"network.py: node launchers exited with {codes}", file=sys.stderr)
+            return None, cluster
+        return pickle.loads(rows_file.read_bytes()), cluster
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--ranks-per-node", type=int, default=2)
     parser.add_argument("--inter-gbps", type=float, default=0.4)
     parser.add_argument("--hidden", type=int, default=256, help="llama-small width")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     # internal: one launcher per node
     parser.add_argument("--node", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--cluster", default=None, help=argparse.SUPPRESS)
@@ -259,46 +297,28 @@ def main() -> int:
         return 2
 
     from hspmd.netcluster import run
-    from hspmd.netcluster.describe import cluster_json
     from hspmd.netcluster.spec import NetClusterError, NetSpec
 
-    spec = NetSpec(args.nodes, args.ranks_per_node, args.inter_gbps)
     try:
         run.check_permission()
     except NetClusterError as error:
         print(f"network.py: {error}", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory(prefix="hspmd-network-") as tmp, run.session(spec):
-        measured = run.measure(spec)
-        cluster = cluster_json(spec, measured, memory_mb=run.host_memory_mb() / spec.num_ranks)
-        cluster_file, rows_file = Path(tmp, "cluster.json"), Path(tmp, "rows.pkl")
-        cluster_file.write_text(json.dumps(cluster))
-        env = {
-            "PYTHONPATH": f"{ROOT / 'src'}",
-            "OMP_NUM_THREADS": "1",
-            "TORCH_CPP_LOG_LEVEL": "ERROR",
-        }
-        argv = [sys.executable, str(Path(__file__).resolve()), "--nodes", str(args.nodes),
-                "--ranks-per-node", str(args.ranks_per_node), "--hidden", str(args.hidden),
-                "--repeats", str(args.repeats), "--cluster", str(cluster_file),
-                "--master", spec.address(0), "--rows", str(rows_file)]  # fmt: skip
-        procs = [run.spawn(i, [*argv, "--node", str(i)], env=env) for i in range(args.nodes)]
-        try:
-            codes = [p.wait(900) for p in procs]
-        finally:
-            for p in procs:
-                run.stop(p, grace_s=0)
-        if any(codes):
-            print(f"network.py: node launchers exited with {codes}", file=sys.stderr)
+    summary: dict[str, Any] = {"benchmark": "network", "nodes": args.nodes,
+                               "ranks_per_node": args.ranks_per_node,
+                               "inter_gbps": args.inter_gbps, "hidden": args.hidden}  # fmt: skip
+    for nic_per_rank in (False, True):  # one veth per node, then one per rank (per GPU)
+        spec = NetSpec(args.nodes, args.ranks_per_node, args.inter_gbps,
+                       nic_per_rank=nic_per_rank)  # fmt: skip
+        rows, cluster = _measure_network(spec, args)
+        if rows is None:
             return 1
-        rows = pickle.loads(rows_file.read_bytes())
-    ratios = _print(rows, cluster)
-    print(json.dumps({
-        "benchmark": "network", "nodes": args.nodes, "ranks_per_node": args.ranks_per_node,
-        "inter_gbps": args.inter_gbps, "hidden": args.hidden,
-        "loopback_over_inter": cluster["netcluster"]["measured"]["ratio"],
-        **{k: round(v, 3) for k, v in ratios.items()},
-    }))  # fmt: skip
+        ratios = _print(rows, cluster)
+        print()
+        key = "nic_per_rank" if nic_per_rank else "nic_per_node"
+        summary[key] = {"loopback_over_inter": cluster["netcluster"]["measured"]["ratio"],
+                        **{k: round(v, 3) for k, v in ratios.items()}}  # fmt: skip
+    print(json.dumps(summary))
     return 0
 
 

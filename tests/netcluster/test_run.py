@@ -48,6 +48,17 @@ def test_up_measures_a_shaped_link_and_down_removes_all(netns, tmp_path, capsys)
     assert "hspmd-nc-" not in subprocess.run(["ip", "link"], capture_output=True, text=True).stdout
 
 
+def test_a_nic_per_rank_network_sets_one_interface_per_local_rank(netns) -> None:
+    with run.session(NetSpec(2, 2, 1.0, nic_per_rank=True)):
+        assert run.nics_of(1) == ("nc0", "nc1")
+        env = run.node_env(1)
+        assert env["HSPMD_GLOO_IFNAMES"] == "nc0,nc1" and env["GLOO_SOCKET_IFNAME"] == "nc0"
+        addr = subprocess.run(run.exec_argv(1, ["ip", "-4", "-o", "addr", "show", "nc1"]),
+                              capture_output=True, text=True, check=True).stdout  # fmt: skip
+        assert "10.213.1.2/24" in addr
+    assert run.existing() == ()
+
+
 def test_a_failed_up_leaves_nothing(netns, monkeypatch) -> None:
     from hspmd.netcluster import spec as spec_module
 

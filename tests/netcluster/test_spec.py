@@ -86,3 +86,18 @@ def test_doctests(module: str) -> None:
     import importlib
 
     assert doctest.testmod(importlib.import_module(f"hspmd.netcluster.{module}")).failed == 0
+
+
+def test_a_nic_per_rank_gives_each_local_rank_a_subnet_and_a_shaped_veth() -> None:
+    spec = NetSpec(2, 3, 0.4, nic_per_rank=True)
+    assert spec.nics == ("nc0", "nc1", "nc2")
+    assert [spec.address(1, k) for k in range(3)] == ["10.213.0.2", "10.213.1.2", "10.213.2.2"]
+    lines = [render(c) for c in up_commands(spec)]
+    assert sum(line.startswith("ip link add name nc") for line in lines) == 6
+    assert "ip link add name nc2 netns hspmd-nc-n1 type veth peer name p1k2 netns " \
+        "hspmd-nc-hub" in lines  # fmt: skip
+    assert sum("htb rate 400mbit" in line for line in lines) == 12  # both ends of 6 veths
+    assert sum("arp_ignore=1" in line for line in lines) == 4  # all + default, 2 nodes
+    data = cluster_json(spec, Measured(loopback_Bps=1e9, inter_Bps=5e7), memory_mb=1)
+    assert data["inter_link"]["GBps"] == 0.05  # not shared: one veth per rank
+    assert data["netcluster"]["nics"] == ["nc0", "nc1", "nc2"]

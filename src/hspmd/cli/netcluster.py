@@ -41,6 +41,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--inter-gbps", type=float, required=True, help="inter-node link, Gbit/s per direction"
     )
     up.add_argument("--latency-ms", type=float, default=0.0, help="round trip between nodes")
+    up.add_argument(
+        "--nic-per-rank",
+        action="store_true",
+        help="one shaped veth per rank (as one NIC per GPU) instead of one per node",
+    )
     up.add_argument("--out", default="cluster.json", help="cluster file to write")
     up.set_defaults(func=run_up)
     down = actions.add_parser("down", help="remove every hspmd-nc-* namespace")
@@ -57,7 +62,9 @@ def run_up(args: argparse.Namespace) -> int:
     from hspmd.netcluster import run
     from hspmd.netcluster.describe import cluster_json
 
-    spec = NetSpec(args.nodes, args.ranks_per_node, args.inter_gbps, args.latency_ms)
+    spec = NetSpec(
+        args.nodes, args.ranks_per_node, args.inter_gbps, args.latency_ms, args.nic_per_rank
+    )
     run.up(spec)
     try:  # measured on the built network; anything failing here takes it down again
         measured = run.measure(spec)

@@ -3,8 +3,9 @@
 Each node is one kind ``netns-cpu`` whose intra link is the namespace's loopback; the inter
 link is the node's veth through the bridge. The cluster format counts bandwidth per rank
 (one NIC per GPU), and the ``ranks_per_node`` ranks of a namespace share its one veth, so
-``inter_link.GBps`` is the measured link rate over ``ranks_per_node``; the measured figures
-themselves are kept under ``netcluster.measured``::
+``inter_link.GBps`` is the measured link rate over ``ranks_per_node`` (with
+``nic_per_rank``, each rank has its own veth: the measured rate itself); the measured
+figures themselves are kept under ``netcluster.measured``::
 
     >>> from hspmd.netcluster.spec import NetSpec
     >>> spec = NetSpec(2, 2, 0.4)
@@ -21,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hspmd.netcluster.spec import NODE_IFNAME, NetSpec
+from hspmd.netcluster.spec import NetSpec
 
 KIND = "netns-cpu"
 
@@ -42,13 +43,15 @@ class Measured:
 def cluster_json(spec: NetSpec, measured: Measured, *, memory_mb: float) -> dict[str, Any]:
     """The cluster file's JSON object; ``memory_mb`` is each rank's share of the host."""
     intra = round(measured.loopback_Bps / 1e9, 4)
-    inter = round(measured.inter_Bps / spec.ranks_per_node / 1e9, 6)
+    sharing = 1 if spec.nic_per_rank else spec.ranks_per_node
+    inter = round(measured.inter_Bps / sharing / 1e9, 6)
     return {
         "format": "hspmd.cluster/1",
         "name": f"netcluster-{spec.num_nodes}x{spec.ranks_per_node}",
         "description": (
             f"{spec.num_nodes} network namespaces of {spec.ranks_per_node} CPU ranks, joined "
-            f"by a bridge; each node's veth shaped to {spec.inter_gbps:g} Gbit/s per direction"
+            f"by a bridge; each {'rank' if spec.nic_per_rank else 'node'}'s veth shaped to "
+            f"{spec.inter_gbps:g} Gbit/s per direction"
             f"{f', {spec.latency_ms:g} ms round trip' if spec.latency_ms else ''} "
             "(hspmd netcluster up)"
         ),
@@ -65,13 +68,17 @@ def cluster_json(spec: NetSpec, measured: Measured, *, memory_mb: float) -> dict
             f"gpu_kinds.{KIND}.bf16_tflops": "not measured: a placeholder, profile the host "
             "with `hspmd profile` for compute figures",
             f"gpu_kinds.{KIND}.memory_mb": "the host's memory split evenly over the ranks",
-            "inter_link.GBps": f"the measured rate of one node's veth "
-            f"({measured.inter_Bps / 1e9:.4f} GB/s) shared by its {spec.ranks_per_node} ranks",
+            "inter_link.GBps": (
+                "the measured rate of one rank's own veth"
+                if spec.nic_per_rank
+                else f"the measured rate of one node's veth ({measured.inter_Bps / 1e9:.4f} "
+                f"GB/s) shared by its {spec.ranks_per_node} ranks"
+            ),
         },
         "netcluster": {
             "namespaces": list(spec.nodes),
             "addresses": [spec.address(i) for i in range(spec.num_nodes)],
-            "ifname": NODE_IFNAME,
+            "nics": list(spec.nics),
             "master_addr": spec.address(0),
             "ranks_per_node": spec.ranks_per_node,
             "inter_gbps": spec.inter_gbps,

@@ -134,12 +134,23 @@ def session(spec: NetSpec) -> Iterator[NetSpec]:
             down()
 
 
+def nics_of(node: int) -> tuple[str, ...]:
+    """The veths inside ``node`` (``("nc0",)``, or one per rank), in index order."""
+    out = _run(("ip", "-n", node_namespace(node), "-o", "link", "show")).stdout
+    names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines()]
+    nics = [n for n in names if n.startswith("nc") and n[2:].isdigit()]
+    return tuple(sorted(nics, key=lambda n: int(n[2:]))) or (NODE_IFNAME,)
+
+
 def node_env(node: int) -> dict[str, str]:
-    """The environment of a process in ``node``: gloo's interface, the node and the master."""
+    """The environment of a process in ``node``: gloo's interface (``HSPMD_GLOO_IFNAMES``:
+    one per local rank where each rank has a NIC), the node and the master."""
     master = f"{SUBNET}.1"  # node 0's address, whatever the spec
+    nics = nics_of(node)
     return {
         **os.environ,
-        "GLOO_SOCKET_IFNAME": NODE_IFNAME,
+        "GLOO_SOCKET_IFNAME": nics[0],
+        "HSPMD_GLOO_IFNAMES": ",".join(nics),
         "HSPMD_NODE": str(node),
         "HSPMD_MASTER_ADDR": master,
     }

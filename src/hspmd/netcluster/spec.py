@@ -12,6 +12,14 @@ ranks of different nodes cross two shaped veth ends: each direction of a node's 
 htb class at ``inter_gbps`` (egress of ``nc0`` in the node, egress of ``pK`` in the hub),
 with a netem delay of ``latency_ms`` / 2 on each end when a latency is asked for.
 
+With ``nic_per_rank``, every node has one veth per rank instead (``nc0``, ``nc1``, ...; NIC
+``k`` of node ``i`` is ``10.213.k.(i+1)``, one subnet per local rank index), each shaped
+alone, as a GPU server has one InfiniBand NIC per GPU. Local rank ``k`` binds gloo to
+``nck``; traffic to an address in subnet ``k`` leaves and enters through the NICs ``k``.
+ARP answers only on the NIC owning an address (``arp_ignore=1``, ``arp_announce=2``) and
+reverse-path filtering is off, since a connection may leave by one NIC and return by
+another.
+
 The plan is pure data, so it is tested without root::
 
     >>> spec = NetSpec(num_nodes=2, ranks_per_node=2, inter_gbps=0.4)
@@ -33,7 +41,8 @@ PREFIX = "hspmd-nc-"
 HUB = f"{PREFIX}hub"
 BRIDGE = "br0"
 NODE_IFNAME = "nc0"  # the veth end inside every node namespace
-SUBNET = "10.213.0"  # private: only the namespaces made here hold addresses in it
+SUBNET_PREFIX = "10.213"  # private: only the namespaces made here hold addresses in it
+SUBNET = f"{SUBNET_PREFIX}.0"  # NIC 0 of every node, where node 0 hosts the rendezvous
 MAX_NODES = 200
 
 Command = tuple[str, ...]
@@ -52,6 +61,7 @@ class NetSpec:
     ranks_per_node: int
     inter_gbps: float
     latency_ms: float = 0.0
+    nic_per_rank: bool = False
 
     def __post_init__(self) -> None:
         if not 2 <= self.num_nodes <= MAX_NODES:
@@ -79,9 +89,15 @@ class NetSpec:
     def namespaces(self) -> tuple[str, ...]:
         return (HUB, *self.nodes)
 
-    def address(self, node: int) -> str:
-        """The IPv4 address of node ``node`` on the bridge (``10.213.0.1`` for node 0)."""
-        return f"{SUBNET}.{node + 1}"
+    @property
+    def nics(self) -> tuple[str, ...]:
+        """The veth names inside every node: ``("nc0",)``, or one per rank."""
+        count = self.ranks_per_node if self.nic_per_rank else 1
+        return tuple(f"nc{k}" for k in range(count))
+
+    def address(self, node: int, nic: int = 0) -> str:
+        """The IPv4 address of NIC ``nic`` of node ``node`` (``10.213.0.1``: node 0, NIC 0)."""
+        return f"{SUBNET_PREFIX}.{nic}.{node + 1}"
 
     def node_of(self, rank: int) -> int:
         return rank // self.ranks_per_node
@@ -122,7 +138,7 @@ def up_commands(spec: NetSpec) -> tuple[Command, ...]:
     ip -n hspmd-nc-hub link set br0 up
     ip -n hspmd-nc-hub link set lo up
     ip netns add hspmd-nc-n0
-    ip link add name nc0 netns hspmd-nc-n0 type veth peer name p0 netns hspmd-nc-hub
+    ip -n hspmd-nc-n0 link set lo up
     """
     out: list[Command] = [
         ("ip", "netns", "add", HUB),
@@ -131,20 +147,25 @@ def up_commands(spec: NetSpec) -> tuple[Command, ...]:
         ("ip", "-n", HUB, "link", "set", "lo", "up"),
     ]
     for i, ns in enumerate(spec.nodes):
-        port = f"p{i}"
-        out += [
-            ("ip", "netns", "add", ns),
-            # both ends are made inside namespaces: the host's namespace never holds them
-            ("ip", "link", "add", "name", NODE_IFNAME, "netns", ns, "type", "veth",
-             "peer", "name", port, "netns", HUB),
-            ("ip", "-n", HUB, "link", "set", port, "master", BRIDGE),
-            ("ip", "-n", HUB, "link", "set", port, "up"),
-            ("ip", "-n", ns, "addr", "add", f"{spec.address(i)}/24", "dev", NODE_IFNAME),
-            ("ip", "-n", ns, "link", "set", "lo", "up"),
-            ("ip", "-n", ns, "link", "set", NODE_IFNAME, "up"),
-        ]  # fmt: skip
-        out += _shape(ns, NODE_IFNAME, spec)
-        out += _shape(HUB, port, spec)
+        out += [("ip", "netns", "add", ns), ("ip", "-n", ns, "link", "set", "lo", "up")]
+        if spec.nic_per_rank:
+            sysctl = ("ip", "netns", "exec", ns, "sysctl", "-qw")
+            out += [(*sysctl, f"net.ipv4.conf.{scope}.{key}")
+                    for scope in ("all", "default")
+                    for key in ("arp_ignore=1", "arp_announce=2", "rp_filter=0")]  # fmt: skip
+        for k, nic in enumerate(spec.nics):
+            port = f"p{i}" if not spec.nic_per_rank else f"p{i}k{k}"
+            out += [
+                # both ends are made inside namespaces: the host's namespace never holds them
+                ("ip", "link", "add", "name", nic, "netns", ns, "type", "veth",
+                 "peer", "name", port, "netns", HUB),
+                ("ip", "-n", HUB, "link", "set", port, "master", BRIDGE),
+                ("ip", "-n", HUB, "link", "set", port, "up"),
+                ("ip", "-n", ns, "addr", "add", f"{spec.address(i, k)}/24", "dev", nic),
+                ("ip", "-n", ns, "link", "set", nic, "up"),
+            ]  # fmt: skip
+            out += _shape(ns, nic, spec)
+            out += _shape(HUB, port, spec)
     return tuple(out)
 
 

@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 
 from hspmd.errors import HspmdError
-from hspmd.runtime.world import World
+from hspmd.runtime.world import World, pick_gloo_interface
 
 _PRELOAD = ["torch", "torch.distributed", "numpy", "hspmd.runtime.execute"]
 _GRACE_S = 2.0
@@ -115,6 +115,7 @@ class _WorkerSpec:
     pg_timeout_s: float
     threads: int
     node: NodeSpec | None = None
+    local_rank: int = 0
 
 
 def launch(
@@ -163,7 +164,7 @@ def launch(
         for local in range(nproc):
             rank = first + local
             timeout = pg_timeout_s or timeout_s
-            spec = _WorkerSpec(rank, world_size, host, port, backend, timeout, threads, node)
+            spec = _WorkerSpec(rank, world_size, host, port, backend, timeout, threads, node, local)
             reader, writer = ctx.Pipe(duplex=False)
             proc = ctx.Process(
                 target=_worker_main, args=(fn, tuple(args), spec, writer), name=f"hspmd-rank{rank}"
@@ -286,6 +287,7 @@ def _worker_main(
 ) -> None:
     _watch_parent()
     torch.set_num_threads(spec.threads)
+    pick_gloo_interface(spec.local_rank)
     try:
         store = dist.TCPStore(
             spec.host,
