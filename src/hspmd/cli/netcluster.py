@@ -65,14 +65,15 @@ def run_up(args: argparse.Namespace) -> int:
     spec = NetSpec(
         args.nodes, args.ranks_per_node, args.inter_gbps, args.latency_ms, args.nic_per_rank
     )
-    run.up(spec)
-    try:  # measured on the built network; anything failing here takes it down again
-        measured = run.measure(spec)
-        data = cluster_json(spec, measured, memory_mb=run.host_memory_mb() / spec.num_ranks)
-        Path(args.out).write_text(json.dumps(data, indent=2) + "\n")
-    except BaseException:
-        run.down()
-        raise
+    with run.Signals():  # SIGTERM too: measured on the built network, or taken down again
+        run.up(spec)
+        try:
+            measured = run.measure(spec)
+            data = cluster_json(spec, measured, memory_mb=run.host_memory_mb() / spec.num_ranks)
+            Path(args.out).write_text(json.dumps(data, indent=2) + "\n")
+        except BaseException:
+            run.down()
+            raise
     print(
         f"netcluster up: {spec.num_nodes} nodes x {spec.ranks_per_node} ranks "
         f"({', '.join(f'{ns} {spec.address(i)}' for i, ns in enumerate(spec.nodes))})"

@@ -88,7 +88,7 @@ def down() -> tuple[str, ...]:
     return tuple(c[-1] for c in commands)
 
 
-class _Signals:
+class Signals:
     """Turn SIGTERM/SIGHUP into SystemExit while active, so ``finally`` blocks run."""
 
     def __enter__(self) -> None:
@@ -114,7 +114,7 @@ def up(spec: NetSpec) -> None:
             f"a netcluster is already up ({', '.join(existing())}): "
             "run `hspmd netcluster down` first"
         )
-    with _Signals():
+    with Signals():
         try:
             for command in up_commands(spec):
                 _run(command)
@@ -126,7 +126,7 @@ def up(spec: NetSpec) -> None:
 @contextlib.contextmanager
 def session(spec: NetSpec) -> Iterator[NetSpec]:
     """``up(spec)``, yield it, and ``down()`` whatever happens (error, Ctrl-C, SIGTERM)."""
-    with _Signals():
+    with Signals():
         up(spec)
         try:
             yield spec
