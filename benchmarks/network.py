@@ -20,8 +20,16 @@ Wall time is the slowest rank's, between barriers, the best of ``--repeats``. By
 link class are the planned transfers classified by the cluster's topology; "veth MB"
 is measured: the bytes every node's shaped link sent (tc counters, headers included).
 
-    sudo .venv/bin/python benchmarks/network.py              # ~1-2 min: table + JSON line
-    sudo .venv/bin/python benchmarks/network.py --hidden 384 --inter-gbps 0.2
+Part ``sim`` (the planner's simulator on this network): 2 nodes x 2 ranks, ``hspmd
+profile --quick`` of this machine in the cluster file (compute ``slowdown``: 4 busy
+processes on this machine's cores, measured), then llama-small under three strategies
+(a pipeline with a stage per node, data parallel across nodes, TP 4 across nodes):
+``hspmd.planner.predict`` against the median measured step (steps 2-4) of ``hspmd train
+--nnodes 2``, one launcher per node.
+
+    sudo .venv/bin/python benchmarks/network.py              # ~2-3 min: tables + JSON line
+    sudo .venv/bin/python benchmarks/network.py --inter-gbps 0.2
+    sudo .venv/bin/python benchmarks/network.py --part sim   # ~3 min
 """
 
 from __future__ import annotations
@@ -277,6 +285,92 @@ def _measure_network(spec: Any, args: argparse.Namespace) -> tuple[Any, dict[str
         return pickle.loads(rows_file.read_bytes()), cluster
 
 
+SIM_STRATEGIES = {
+    "PP, stage per node": "4x1: R0-1:L0-3 R2-3:L4-7",
+    "DP across nodes": "2x1: R0-1:L0-7; 2x1: R2-3:L0-7",
+    "TP 4 across nodes": "4x1: R0-3:L0-7",
+}
+SIM_BATCH, SIM_SEQ, SIM_STEPS = 4, 64, 4
+
+
+def _busy_slowdown(k: int) -> float:
+    """How much slower a one-thread matmul loop runs with ``k`` copies at once (measured)."""
+    code = ("import time, torch; torch.set_num_threads(1); a = torch.randn(256, 768); "
+            "b = torch.randn(768, 768); [a @ b for _ in range(50)]; t = time.perf_counter(); "
+            "[a @ b for _ in range(400)]; print(time.perf_counter() - t)")  # fmt: skip
+
+    def run(n: int) -> float:
+        procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                  text=True) for _ in range(n)]  # fmt: skip
+        return sorted(float(p.communicate()[0]) for p in procs)[n // 2]
+
+    return max(1.0, run(k) / run(1))
+
+
+def _train_across(spec: Any, strategy: str, port: int) -> list[float]:
+    """Step seconds of ``hspmd train --nnodes`` (node 0's JSON records)."""
+    from hspmd.netcluster import run
+
+    argv = [sys.executable, "-m", "hspmd", "train", "--model", "llama-small", "--strategy",
+            strategy, "--global-batch", str(SIM_BATCH), "--seq-len", str(SIM_SEQ),
+            "--steps", str(SIM_STEPS), "--json", "--nnodes", str(spec.num_nodes),
+            "--master-port", str(port)]  # fmt: skip
+    env = {"PYTHONPATH": f"{ROOT / 'src'}", "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    procs = [run.spawn(i, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+             for i in range(spec.num_nodes)]  # fmt: skip
+    try:
+        outs = [p.communicate(timeout=600)[0] for p in procs]
+    finally:
+        for p in procs:
+            run.stop(p, grace_s=0)
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"train {strategy!r} failed on a node: {[p.returncode for p in procs]}")
+    return [json.loads(line)["seconds"] for line in outs[0].splitlines() if line.startswith("{")]
+
+
+def sim_part(args: argparse.Namespace) -> dict[str, Any]:
+    from hspmd.models import get_config
+    from hspmd.netcluster import run
+    from hspmd.netcluster.describe import KIND, cluster_json
+    from hspmd.netcluster.spec import NetSpec
+    from hspmd.plan.strategy import StrategyOptions, parse_strategy
+    from hspmd.planner.cost import CostModel
+    from hspmd.planner.measure import profile_machine
+    from hspmd.planner.predict import predict
+    from hspmd.switch.cluster import load_cluster
+
+    spec = NetSpec(2, 2, args.inter_gbps)
+    config = get_config("llama-small")
+    with tempfile.TemporaryDirectory(prefix="hspmd-network-") as tmp:
+        profile = Path(tmp, "profile.json")
+        profile.write_text(profile_machine(quick=True, nproc=2, dtype="fp32").to_json())
+        share = _busy_slowdown(spec.num_ranks)
+        with run.session(spec):
+            cluster = cluster_json(spec, run.measure(spec), memory_mb=4000)
+            cluster["gpu_kinds"][KIND].update(profile=str(profile), slowdown=round(share, 3))
+            path = Path(tmp, "cluster.json")
+            path.write_text(json.dumps(cluster))
+            cost = CostModel.of(load_cluster(path), dtype="fp32")
+            rows = []
+            for i, (name, text) in enumerate(SIM_STRATEGIES.items()):
+                predicted = predict(parse_strategy(text), config, cost, seq_len=SIM_SEQ,
+                                    options=StrategyOptions(dtype="fp32")).step_time_s  # fmt: skip
+                steps = _train_across(spec, text, PORT + 10 + i)
+                measured = sorted(steps[1:])[len(steps[1:]) // 2]
+                rows.append({"name": name, "strategy": text, "predicted_s": predicted,
+                             "measured_s": measured})  # fmt: skip
+    m = cluster["netcluster"]["measured"]
+    print(f"simulator on 2 nodes x 2 ranks, veth {m['inter_GBps'] * 1e3:.1f} MB/s, loopback "
+          f"{m['loopback_GBps']:.2f} GB/s; llama-small, batch {SIM_BATCH} x {SIM_SEQ}, fp32, "
+          f"compute slowdown {share:.2f} (4 busy processes)")  # fmt: skip
+    print(f"{'strategy':22} {'predicted s':>12} {'measured s':>11} {'pred/meas':>10}")
+    for r in rows:
+        print(f"{r['name']:22} {r['predicted_s']:12.3f} {r['measured_s']:11.3f} "
+              f"{r['predicted_s'] / r['measured_s']:10.2f}")  # fmt: skip
+    print()
+    return {r["name"]: round(r["predicted_s"] / r["measured_s"], 3) for r in rows}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, default=4)
@@ -284,6 +378,7 @@ def main() -> int:
     parser.add_argument("--inter-gbps", type=float, default=0.4)
     parser.add_argument("--hidden", type=int, default=256, help="llama-small width")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--part", default="switch", choices=["switch", "sim", "all"])
     # internal: one launcher per node
     parser.add_argument("--node", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--cluster", default=None, help=argparse.SUPPRESS)
@@ -307,7 +402,9 @@ def main() -> int:
     summary: dict[str, Any] = {"benchmark": "network", "nodes": args.nodes,
                                "ranks_per_node": args.ranks_per_node,
                                "inter_gbps": args.inter_gbps, "hidden": args.hidden}  # fmt: skip
-    for nic_per_rank in (False, True):  # one veth per node, then one per rank (per GPU)
+    if args.part in ("sim", "all"):
+        summary["sim_predicted_over_measured"] = sim_part(args)
+    for nic_per_rank in (False, True) if args.part != "sim" else ():
         spec = NetSpec(args.nodes, args.ranks_per_node, args.inter_gbps,
                        nic_per_rank=nic_per_rank)  # fmt: skip
         rows, cluster = _measure_network(spec, args)
