@@ -16,6 +16,11 @@ moments of a Llama between two strategies, as the runtime does (``run_fused_bsr`
    flat topology (no nodes: owners by load and rank order), on C1 -> C2 and on a TP-2 -> 1
    shrink of pipeline B (where a same-node holder and a remote replica both exist).
 
+3. Cross-pipeline gradient sync of 8 replicas (one per rank, llama-small's gradients as one
+   fp32 tensor): the resolved ``{P:8} -> {D:8}`` plan as is, against a hierarchical variant
+   of three resolved plans (reduce-scatter inside the node, all-reduce of each half across
+   nodes between equal local ranks, all-gather inside the node); sums checked exactly.
+
 Wall time is the slowest rank's, between barriers, the best of ``--repeats``. Bytes per
 link class are the planned transfers classified by the cluster's topology; "veth MB"
 is measured: the bytes every node's shaped link sent (tc counters, headers included).
@@ -215,7 +220,79 @@ def _worker(world: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
             links = _link_bytes(flat, topology)
             rows.append({"case": case.name, "scheme": algo, "seconds": best,
                          "planned": dict(links), "veth_sent_bytes": sent})  # fmt: skip
+    return rows + _sync_rows(world, args, topology)
+
+
+def _sync_plans(world: Any, n: int, ranks_per_node: int, topology: Any) -> tuple[Any, list[Any]]:
+    """Gradient sync of one replica per rank, ``n`` fp32 elements: the resolved plan
+    ``{P:W} -> {D:W}`` as is, and the hierarchical variant as three resolved plans
+    (reduce-scatter inside each node, all-reduce of each half across nodes between ranks of
+    equal local index, all-gather inside each node), all prepared on every rank."""
+    from hspmd.annotation import parse_annotation as A
+    from hspmd.comm.resolve import resolve
+
+    every = ",".join(map(str, range(world.world_size)))
+    flat = resolve(A(f"[{every}]{{P:{world.world_size}}}"), A(f"[{every}]{{D:{world.world_size}}}"),
+                   (n,), topology=topology)  # fmt: skip
+    nodes = [list(range(s, s + ranks_per_node)) for s in range(0, world.world_size, ranks_per_node)]
+    index = [list(range(k, world.world_size, ranks_per_node)) for k in range(ranks_per_node)]
+
+    def text(ranks: list[int], ds: str) -> Any:
+        return A(f"[{','.join(map(str, ranks))}]{{{ds}}}")
+
+    r = ranks_per_node
+    steps = [
+        [resolve(text(g, f"P:{r}"), text(g, f"0:{r}"), (n,), topology=topology) for g in nodes],
+        [resolve(text(g, f"P:{len(g)}"), text(g, f"D:{len(g)}"), (n // r,), topology=topology)
+         for g in index],
+        [resolve(text(g, f"0:{r}"), text(g, f"D:{r}"), (n,), topology=topology) for g in nodes],
+    ]  # fmt: skip
+    world.prepare([flat, *(p for step in steps for p in step)])
+    me_node, me_index = world.rank // r, world.rank % r
+    return flat, [steps[0][me_node], steps[1][me_index], steps[2][me_node]]
+
+
+def _sync_rows(world: Any, args: argparse.Namespace, topology: Any) -> list[dict[str, Any]]:
+    import torch
+
+    from hspmd.runtime.execute import run_plan
+
+    config = _config(args)
+    n = sum(int(torch.tensor(s).prod()) for s in _param_shapes(config))
+    n -= n % (2 * args.ranks_per_node)
+    flat, hier = _sync_plans(world, n, args.ranks_per_node, topology)
+    grad = (torch.arange(n, dtype=torch.float32) % 97) + world.rank  # exact sums in fp32
+
+    def hierarchical() -> Any:
+        out = grad
+        for plan in hier:
+            out = run_plan(plan, out, world)
+        return out
+
+    rows = []
+    results = {}
+    for name, fn in (("resolved plan", lambda: run_plan(flat, grad, world)),
+                     ("hierarchical", hierarchical)):  # fmt: skip
+        best, sent = float("inf"), 0
+        for _ in range(args.repeats):
+            out, took, measured = _timed(world, args.ranks_per_node, fn)
+            if took < best:
+                best, sent = took, measured
+        results[name] = out
+        rows.append({"case": "grad sync", "scheme": name, "seconds": best, "planned": {},
+                     "veth_sent_bytes": sent})  # fmt: skip
+    want = (torch.arange(n, dtype=torch.float32) % 97) * world.world_size + sum(
+        range(world.world_size)
+    )
+    for name, out in results.items():
+        assert bool((out == want).all()), f"{name}: wrong gradient sum on rank {world.rank}"
     return rows
+
+
+def _param_shapes(config: Any) -> list[tuple[int, ...]]:
+    from hspmd.models.config import parameter_shapes
+
+    return list(parameter_shapes(config).values())
 
 
 def node_main(args: argparse.Namespace) -> int:
@@ -237,17 +314,20 @@ def _print(rows: list[dict[str, Any]], cluster: dict[str, Any]) -> dict[str, flo
     print(f"{cluster['description']}")
     print(f"measured: loopback {measured['loopback_GBps']:.3f} GB/s, inter-node "
           f"{measured['inter_GBps'] * 1e3:.1f} MB/s ({measured['ratio']:.1f}x slower)")  # fmt: skip
-    print(f"{'case':14} {'scheme':11} {'wall ms':>9} {'loopback MB':>12} {'veth MB':>9} "
+    print(f"{'case':14} {'scheme':13} {'wall ms':>9} {'loopback MB':>12} {'veth MB':>9} "
           f"{'veth MB measured':>17}")  # fmt: skip
     by = {}
     for r in rows:
         p = r["planned"]
-        print(f"{r['case']:14} {r['scheme']:11} {r['seconds'] * 1e3:9.1f} "
-              f"{p.get('loopback', 0) / 1e6:12.2f} {p.get('veth', 0) / 1e6:9.2f} "
+        planned = (f"{p.get('loopback', 0) / 1e6:12.2f} {p.get('veth', 0) / 1e6:9.2f}" if p
+                   else f"{'-':>12} {'-':>9}")  # fmt: skip
+        print(f"{r['case']:14} {r['scheme']:13} {r['seconds'] * 1e3:9.1f} {planned} "
               f"{r['veth_sent_bytes'] / 1e6:17.2f}")  # fmt: skip
         by[(r["case"], r["scheme"])] = r["seconds"]
     c, s, o = CASES
     return {
+        "grad_sync_hierarchical_over_resolved": by[("grad sync", "hierarchical")]
+        / by[("grad sync", "resolved plan")],
         "one_owner_relay_over_fused": by[(o.name, "relay")] / by[(o.name, "fused")],
         "fused_over_naive": by[(c.name, "fused")] / by[(c.name, "naive")],
         "fused_over_per_tensor": by[(c.name, "fused")] / by[(c.name, "per-tensor")],
