@@ -68,3 +68,9 @@ def test_refusals() -> None:
 
 def test_doctests() -> None:
     assert doctest.testmod(hspmd.plan.dispatch).failed == 0
+
+
+def test_every_micro_batch_gets_a_document() -> None:
+    # five documents, five micro-batches: the cheap pipeline must not take two
+    a = balanced([100, 90, 10, 5, 3], slots=[(2, 2), (3, 1)], max_len=128)
+    assert sorted({(p, m) for p, m, _ in a.slots}) == [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]

@@ -5,7 +5,8 @@ a row packs whole documents back to back, at most ``max_len`` tokens; a micro-ba
 long as its longest row, rounded up to ``multiple`` (the executable's length multiple).
 ``balanced`` spreads the documents so that the pipelines finish together: documents in
 decreasing cost (longest first), each to the pipeline with the least cost per unit of
-``speed``, and there to the least loaded row it fits in (a micro-batch's empty rows first)::
+``speed``, and there to the least loaded row it fits in (empty micro-batches first; the
+last documents go to the micro-batches still empty, so that every one gets one)::
 
     lengths 9 7 5 4 2 1, two pipelines of 1 micro-batch x 1 row, max_len 16
     pipeline 0: 9 4 1   (14 tokens)     pipeline 1: 7 5 2   (14 tokens)
@@ -40,10 +41,12 @@ class DispatchError(HspmdError, ValueError):
 @dataclass(frozen=True, slots=True)
 class Assignment:
     """``slots[i]``: the ``(pipeline, micro_batch, row)`` of document ``i``;
-    ``lengths[p][m]``: the packed length of micro-batch ``m`` of pipeline ``p``."""
+    ``lengths[p][m]``: the packed length of micro-batch ``m`` of pipeline ``p``, whose
+    micro-batches have ``rows[p]`` rows; ``doc_lengths[i]``: document ``i``'s tokens."""
 
     slots: tuple[tuple[int, int, int], ...]
     lengths: tuple[tuple[int, ...], ...]
+    rows: tuple[int, ...]
     doc_lengths: tuple[int, ...]
 
     @property
@@ -93,12 +96,17 @@ def balanced(
     pipe_cost = [0.0] * len(slots)
     out: list[tuple[int, int, int]] = [(-1, -1, -1)] * len(lengths)
     order = sorted(range(len(lengths)), key=lambda i: (-weigh(lengths[i]), i))
-    for i in order:
+    for k, i in enumerate(order):
         n = lengths[i]
         if n > max_len:
             raise DispatchError(f"document {i} has {n} tokens, more than max_len={max_len}")
+        # as many documents left as empty micro-batches: each must fill one
+        empty = [sum(not any(rows) for rows in pipe) for pipe in load]
+        must_fill = len(order) - k <= sum(empty)
         best = None
         for p in sorted(range(len(slots)), key=lambda p: (pipe_cost[p] / rate[p], p)):
+            if must_fill and not empty[p]:
+                continue
             best = _row(load[p], n, max_len)
             if best is not None:
                 out[i] = (p, *best)
@@ -111,16 +119,17 @@ def balanced(
                 f"{sum(m * r for m, r in slots)} rows is full at max_len={max_len}; lower "
                 "the tokens per step or raise the maximum sequence length"
             )
-    empty = [(p, m) for p, rows in enumerate(load) for m, r in enumerate(rows) if not any(r)]
-    if empty:
+    left = [(p, m) for p, rows in enumerate(load) for m, r in enumerate(rows) if not any(r)]
+    if left:
         raise DispatchError(
-            f"{len(lengths)} documents leave micro-batch {empty[0][1]} of pipeline "
-            f"{empty[0][0]} empty: a step needs at least one document per micro-batch"
+            f"{len(lengths)} documents leave micro-batch {left[0][1]} of pipeline "
+            f"{left[0][0]} empty: a step needs at least one document per micro-batch"
         )
     packed = tuple(
         tuple(math.ceil(max(rows) / multiple) * multiple for rows in pipe) for pipe in load
     )
-    return Assignment(tuple(out), packed, tuple(int(n) for n in lengths))
+    rows = tuple(r for _, r in slots)
+    return Assignment(tuple(out), packed, rows, tuple(int(n) for n in lengths))
 
 
 def _row(load: list[list[int]], n: int, max_len: int) -> tuple[int, int] | None:

@@ -141,7 +141,8 @@ def _assemble(
             for name, (region, value) in outcome[index]["pieces"].items():
                 _place(params, name, region, torch.from_numpy(value))
         records = tuple(per_rank[0][index]["records"])
-        results.append(TrainResult(records=records, params=params))
+        builds = max(outcome[index]["builds"] for outcome in per_rank)
+        results.append(TrainResult(records=records, params=params, builds=builds))
     return results
 
 
