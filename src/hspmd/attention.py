@@ -58,19 +58,20 @@ def causal_attention(
     if segments is None or q.device.type == "meta":  # meta: shape propagation
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=enable_gqa)
     rows = []
-    for row, spans in enumerate(document_spans(segments)):
+    # split, not slicing: its backward is one cat, where the backward of each slice would
+    # write a zero-filled gradient of the whole input; 4-D pieces keep SDPA's fused kernel
+    for spans, qr, kr, vr in zip(
+        document_spans(segments), q.split(1), k.split(1), v.split(1), strict=True
+    ):
+        sizes = [stop - start for start, stop in spans]
         parts = [
-            F.scaled_dot_product_attention(
-                q[row : row + 1, :, a:b],
-                k[row : row + 1, :, a:b],
-                v[row : row + 1, :, a:b],
-                is_causal=True,
-                enable_gqa=enable_gqa,
-            )  # fmt: skip
-            for a, b in spans
-        ]
+            F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, enable_gqa=enable_gqa)
+            for qd, kd, vd in zip(
+                qr.split(sizes, dim=2), kr.split(sizes, dim=2), vr.split(sizes, dim=2), strict=True
+            )
+        ]  # each (1, heads, n, hd)
         rows.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=2))
-    return rows[0] if len(rows) == 1 else torch.cat(rows, dim=0)
+    return rows[0] if len(rows) == 1 else torch.cat(rows)
 
 
 def block_causal_mask(segments: torch.Tensor) -> torch.Tensor:
