@@ -21,7 +21,7 @@ compute the same packing from the same data and strategy.
 >>> step = pack(docs, balanced(docs.lengths, slots=[(1, 2)], max_len=8))
 >>> mb = step.micro_batches[0][0]
 >>> mb.segments.tolist(), mb.real_tokens, step.scale(0, 0)
-([[0, 0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 1, 1, 1, 1]], 11, 1.0)
+([[0, 0, 0, 0, 0, 1], [0, 0, 1, 1, 1, 1]], 11, 1.0)
 """
 
 from __future__ import annotations
