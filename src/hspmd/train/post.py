@@ -35,7 +35,7 @@ from hspmd.switch.live import TrainState
 from hspmd.train.config import AdamConfig
 from hspmd.train.optim import Adam
 from hspmd.train.overlap import GradOverlap
-from hspmd.train.sync import SyncItem, gathered, scatter_back
+from hspmd.train.sync import SyncItem, gathered, grad_of, scatter_back
 
 __all__ = ["MixedPost", "PlainPost", "Post", "load_adam", "adam_states"]
 
@@ -92,7 +92,7 @@ class PlainPost:
         )
 
     def _local(self, item: SyncItem) -> torch.Tensor:
-        return gathered(item, [_grad(self.params[n]) for n in item.names])
+        return gathered(item, [grad_of(self.params[n], n) for n in item.names])
 
     def arm(self) -> None:
         self.overlap.arm()
@@ -100,7 +100,7 @@ class PlainPost:
     @torch.no_grad()
     def step(self) -> None:
         for item, out in self.overlap.results():
-            scatter_back(out, [_grad(self.params[n]) for n in item.names])
+            scatter_back(out, [grad_of(self.params[n], n) for n in item.names])
         self.adam.step()
 
     def zero_grad(self) -> None:
@@ -146,7 +146,7 @@ class MixedPost(MasterAdam):
 
     def _local(self, item: SyncItem) -> torch.Tensor:
         """The fp32 gradients of ``item``: synced in fp32, as the masters' gradients."""
-        return gathered(item, [_grad(self.params[n]).float() for n in item.names])
+        return gathered(item, [grad_of(self.params[n], n).float() for n in item.names])
 
     def arm(self) -> None:
         self.overlap.arm()
@@ -155,9 +155,9 @@ class MixedPost(MasterAdam):
     def step(self) -> None:
         synced = self.overlap.results()
         for name, param in self.params.items():
-            self.masters[name].grad = _grad(param).float()
+            self.masters[name].grad = grad_of(param, name).float()
         for item, out in synced:
-            scatter_back(out, [_grad(self.masters[n]) for n in item.names])
+            scatter_back(out, [grad_of(self.masters[n], n) for n in item.names])
         self.adam.step()
         for name, param in self.params.items():
             param.copy_(self.masters[name])
@@ -169,8 +169,3 @@ class MixedPost(MasterAdam):
         load_adam(self.adam, list(self.masters), state, steps)
         for name, param in self.params.items():
             param.copy_(self.masters[name])
-
-
-def _grad(param: torch.Tensor) -> torch.Tensor:
-    assert param.grad is not None, "every local parameter gets a gradient in B"
-    return param.grad

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -33,11 +34,13 @@ __all__ = ["TrainResult", "run_reference"]
 
 @dataclass(frozen=True, slots=True)
 class TrainResult:
-    """Per-step records and the final parameters at global shapes (name -> fp32 tensor)."""
+    """Per-step records and the final parameters at global shapes (name -> fp32 tensor);
+    ``trace``: the run's Chrome trace when it was traced (``hspmd.runtime.trace``)."""
 
     records: tuple[StepRecord, ...]
     params: dict[str, torch.Tensor]
     builds: int = 0  # executables a rank built and ran (one per strategy: lengths are symbolic)
+    trace: dict[str, Any] | None = None
 
     @property
     def losses(self) -> tuple[float, ...]:
