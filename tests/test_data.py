@@ -75,15 +75,15 @@ def test_jsonl_named_json_is_warned(tmp_path: Path) -> None:
     lines = [json.dumps({"text": "a" * 50}), json.dumps({"text": "b" * 50})]
     (tmp_path / "docs.json").write_text("\n".join(lines))
     (tmp_path / "plain.json").write_text(json.dumps({"config": [1, 2]}, indent=1))
-    (warning,) = data_warnings(tmp_path / "docs.json", global_batch=1, seq_len=4, steps=1)
+    (warning,) = data_warnings(tmp_path / "docs.json", step_bytes=5, steps=1)
     assert "named .json" in warning and "rename it to .jsonl" in warning
-    assert data_warnings(tmp_path / "plain.json", global_batch=1, seq_len=4, steps=1) == []
+    assert data_warnings(tmp_path / "plain.json", step_bytes=5, steps=1) == []
 
 
 def test_reused_corpus_is_warned(tmp_path: Path) -> None:
     (tmp_path / "t.txt").write_text("x" * 99)  # 100 bytes with the separator
-    assert data_warnings(tmp_path / "t.txt", global_batch=2, seq_len=9, steps=5) == []
-    (warning,) = data_warnings(tmp_path / "t.txt", global_batch=2, seq_len=9, steps=6)
+    assert data_warnings(tmp_path / "t.txt", step_bytes=20, steps=5) == []
+    (warning,) = data_warnings(tmp_path / "t.txt", step_bytes=20, steps=6)
     assert "reused 1.2 times" in warning
 
 

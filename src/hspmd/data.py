@@ -48,9 +48,9 @@ from hspmd.errors import HspmdError
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
+    "LONG_DOCS",
     "DataError",
     "DocumentStep",
-    "LONG_DOCS",
     "batches",
     "data_warnings",
     "document_steps",
@@ -193,6 +193,50 @@ def documents(
         yield torch.from_numpy(np.frombuffer(doc, dtype=np.uint8).astype(np.int64))
 
 
+def data_warnings(
+    path: str | Path | None,
+    *,
+    step_bytes: int,
+    steps: int,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> list[str]:
+    """What a user should hear before training on ``path`` (the run still goes ahead): a
+    JSONL file named ``.json`` (read as one raw document), a corpus that ``steps`` steps of
+    ``step_bytes`` each reuse.
+
+    >>> data_warnings(None, step_bytes=17, steps=1)
+    []
+    """
+    out = []
+    file = None if path is None else Path(path)
+    if file is not None and file.is_file() and file.suffix == ".json" and _looks_like_jsonl(file):
+        out.append(
+            f'{path} holds one {{"text": ...}} object per line but is named .json, so it '
+            "trains on the raw JSON text as one document: rename it to .jsonl"
+        )
+    docs = load_documents(path, max_bytes=max_bytes)
+    total = sum(map(len, docs)) + len(docs)
+    need = steps * step_bytes
+    if need > total:
+        out.append(
+            f"the data holds {total:,} bytes and {steps} steps of {step_bytes:,} need "
+            f"{need:,}: it is reused {need / total:.1f} times (reshuffled each pass); give "
+            "more text (--data, --data-max-bytes) to see each byte once"
+        )
+    return out
+
+
+def _looks_like_jsonl(file: Path) -> bool:
+    try:
+        with file.open(encoding="utf-8", errors="replace") as handle:
+            lines = [line for line in (handle.readline() for _ in range(3)) if line.strip()]
+        return bool(lines) and all(
+            isinstance(record := json.loads(line), dict) and "text" in record for line in lines
+        )
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
 # -- documents and steps of variable-length training ------------------------------------------
 
 LONG_DOCS = ("truncate", "drop", "error")
@@ -315,47 +359,3 @@ def _steps(
                 truncated += cut
             pending = next(stream)
         yield DocumentStep(tuple(chosen), truncated=truncated, dropped=dropped)
-
-
-def data_warnings(
-    path: str | Path | None,
-    *,
-    global_batch: int,
-    seq_len: int,
-    steps: int,
-    max_bytes: int = DEFAULT_MAX_BYTES,
-) -> list[str]:
-    """What a user should hear before training on ``path`` (the run still goes ahead): a
-    JSONL file named ``.json`` (read as one raw document), a corpus that ``steps`` reuse.
-
-    >>> data_warnings(None, global_batch=1, seq_len=16, steps=1)
-    []
-    """
-    out = []
-    file = None if path is None else Path(path)
-    if file is not None and file.is_file() and file.suffix == ".json" and _looks_like_jsonl(file):
-        out.append(
-            f'{path} holds one {{"text": ...}} object per line but is named .json, so it '
-            "trains on the raw JSON text as one document: rename it to .jsonl"
-        )
-    docs = load_documents(path, max_bytes=max_bytes)
-    total = sum(map(len, docs)) + len(docs)
-    need = steps * global_batch * (seq_len + 1)
-    if need > total:
-        out.append(
-            f"the data holds {total:,} bytes and {steps} steps of {global_batch} x "
-            f"{seq_len + 1} need {need:,}: it is reused {need / total:.1f} times (reshuffled "
-            "each pass); give more text (--data, --data-max-bytes) to see each byte once"
-        )
-    return out
-
-
-def _looks_like_jsonl(file: Path) -> bool:
-    try:
-        with file.open(encoding="utf-8", errors="replace") as handle:
-            lines = [line for line in (handle.readline() for _ in range(3)) if line.strip()]
-        return bool(lines) and all(
-            isinstance(record := json.loads(line), dict) and "text" in record for line in lines
-        )
-    except (OSError, json.JSONDecodeError):
-        return False

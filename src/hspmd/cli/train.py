@@ -280,9 +280,9 @@ def warnings_of(args: argparse.Namespace, config: TrainConfig) -> list[str]:
     if getattr(args, "max_seq_len", None) is not None and args.seq_len != DEFAULT_SEQ_LEN:
         out.append(f"--seq-len {args.seq_len} does nothing with --max-seq-len: drop one")
     out += data_warnings(
-        config.data,  # a packed step reads at most tokens_per_step tokens: one row of them
-        global_batch=1 if config.packed else config.global_batch,
-        seq_len=config.tokens_per_step - 1 if config.packed else config.seq_len,
+        config.data,
+        # a fixed batch reads seq_len + 1 bytes a row; packed steps up to step_tokens
+        step_bytes=config.step_tokens or config.global_batch * (config.seq_len + 1),
         steps=config.steps,
         max_bytes=config.data_max_bytes or DEFAULT_MAX_BYTES,
     )

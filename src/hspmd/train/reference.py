@@ -39,8 +39,8 @@ class TrainResult:
 
     records: tuple[StepRecord, ...]
     params: dict[str, torch.Tensor]
-    builds: int = 0  # executables a rank built and ran (one per strategy: lengths are symbolic)
     trace: dict[str, Any] | None = None
+    builds: int = 0  # executables a rank built and ran (one per strategy: lengths are symbolic)
 
     @property
     def losses(self) -> tuple[float, ...]:

@@ -182,10 +182,10 @@ def _assemble(
             for name, (region, value) in outcome[index]["pieces"].items():
                 _place(params, name, region, torch.from_numpy(value))
         records = tuple(per_rank[0][index]["records"])
-        builds = max(outcome[index]["builds"] for outcome in per_rank)
         parts = [outcome[index]["trace"] for outcome in per_rank if "trace" in outcome[index]]
         meta = {"model": config.model, "strategy": config.strategy, "steps": config.steps}
         trace = chrome_trace(parts, meta=meta) if parts else None
+        builds = max(outcome[index]["builds"] for outcome in per_rank)
         results.append(TrainResult(records=records, params=params, trace=trace, builds=builds))
     return results
 
