@@ -212,8 +212,9 @@ def span_on(world: Any, name: str, *, cat: str, **args: Any) -> AbstractContextM
 
 
 def comm_span(world: World, kind: str) -> AbstractContextManager[None]:
-    """``world.tracer.comm_step(kind)`` when tracing, else a no-op."""
-    rec = world.tracer
+    """``world.tracer.comm_step(kind)`` when tracing, else a no-op (also for a stand-in
+    world without the attribute)."""
+    rec = getattr(world, "tracer", None)
     return _NOTHING if rec is None else rec.comm_step(kind)
 
 
