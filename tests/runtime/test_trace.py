@@ -15,6 +15,7 @@ from hspmd.runtime.trace import COMM, COMPUTE, NULL, RankTrace, Recorder, chrome
 from hspmd.runtime.world import World
 from hspmd.train.config import TrainConfig
 from hspmd.train.loop import run_rank
+from hspmd.train.reference import run_reference
 
 
 def _spans(trace: dict[str, Any]) -> list[dict[str, Any]]:
@@ -78,11 +79,13 @@ _CONFIG = dict(
 )  # fmt: skip
 
 
-def _traced_rank(world: World, config: TrainConfig) -> tuple[RankTrace, dict[str, int], int]:
+def _traced_rank(
+    world: World, config: TrainConfig
+) -> tuple[RankTrace, dict[str, int], int, list[float]]:
     rec = Recorder.start(world)
     with count_comm(world) as log:
-        run_rank(world, config, rec=rec)
-    return rec.export(), log.counts(), log.nbytes()
+        out = run_rank(world, config, rec=rec)
+    return rec.export(), log.counts(), log.nbytes(), [r.loss for r in out["records"]]
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +93,14 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], li
     save = str(tmp_path_factory.mktemp("ckpt"))
     config = TrainConfig(**_CONFIG, save=save)  # type: ignore[arg-type]
     out = launch(_traced_rank, 4, args=(config,), threads=1, timeout_s=600)
-    return chrome_trace([part for part, _, _ in out]), out
+    return chrome_trace([part for part, *_ in out]), out
+
+
+@pytest.mark.multiproc
+def test_a_traced_run_trains_as_the_reference(traced: tuple[dict[str, Any], list[Any]]) -> None:
+    _, out = traced
+    reference = run_reference(TrainConfig(**{**_CONFIG, "switches": ()}))  # type: ignore[arg-type]
+    assert out[0][3] == pytest.approx(list(reference.losses), rel=1e-5)
 
 
 @pytest.mark.multiproc
@@ -140,7 +150,7 @@ def test_one_comm_event_per_step_matches_the_comm_counts(
     traced: tuple[dict[str, Any], list[Any]],
 ) -> None:
     trace, out = traced
-    for rank, (_, counts, nbytes) in enumerate(out):
+    for rank, (_, counts, nbytes, _) in enumerate(out):
         comm = [e for e in _spans(trace) if e["pid"] == rank and e["cat"] == "comm"]
         ops: Counter[str] = Counter()
         for e in comm:
