@@ -25,6 +25,10 @@ default group (Cristian's method: of ``rounds`` exchanges the one with the short
 trip; the error is at most half of it, kept as ``uncertainty_ns``). Times in the trace are
 microseconds since rank 0's ``start``. On one machine the offsets are ~0 (one monotonic
 clock); across machines they are what makes a send and its receive line up.
+
+Times are host times. On CPU (gloo) a span is the work itself; under nccl the kernels run
+asynchronously, so a span is the time to issue them until something waits (a receive, a
+collective's wait): GPU time would need CUDA events, not recorded yet.
 """
 
 from __future__ import annotations
@@ -222,7 +226,7 @@ def _clock_sync(world: World, *, rounds: int) -> tuple[int, int, int]:
     """(offset to rank 0, half the best round trip, rank 0's clock at the end), in ns.
 
     Rank 0 answers ``rounds`` pings of each other rank in rank order with its clock."""
-    buf = torch.zeros(1, dtype=torch.int64)
+    buf = torch.zeros(1, dtype=torch.int64, device=world.device)  # nccl: a CUDA tensor
     best_rtt, offset = 0, 0
     if world.rank == 0:
         for peer in range(1, world.world_size):
@@ -239,7 +243,7 @@ def _clock_sync(world: World, *, rounds: int) -> tuple[int, int, int]:
             rtt = back - sent
             if best_rtt == 0 or rtt < best_rtt:
                 best_rtt, offset = rtt, int(buf[0]) - (sent + back) // 2
-    origin = torch.tensor([time.perf_counter_ns()], dtype=torch.int64)
+    origin = torch.tensor([time.perf_counter_ns()], dtype=torch.int64, device=world.device)
     dist.broadcast(origin, 0)
     return offset, best_rtt // 2, int(origin[0])
 
