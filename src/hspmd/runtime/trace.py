@@ -177,8 +177,9 @@ class Recorder:
             step.peers.update(group)
             return
         now = time.perf_counter_ns()
-        args = {"kind": op, "peers": list(group), "bytes": nbytes, "ops": {op: 1}}
-        self.events.append((op, "comm", COMM, now, now, args))
+        kind = op.replace("_", "-")  # named as a step kind: all_reduce -> all-reduce
+        args = {"kind": kind, "peers": sorted(group), "bytes": nbytes, "ops": {op: 1}}
+        self.events.append((kind, "comm", COMM, now, now, args))
 
     def export(self) -> RankTrace:
         return RankTrace(self.rank, tuple(self.events), self.offset_ns, self.uncertainty_ns,
