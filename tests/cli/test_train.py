@@ -188,3 +188,10 @@ def test_save_and_resume_say_what_they_did(tmp_path: Path, capsys) -> None:
     assert "warning" not in err
     assert main([*argv, "--steps", "4", "--resume", str(tmp_path), "--seed", "7"]) == 0
     assert "resuming with --seed 7 where the checkpoint was saved with 0" in capsys.readouterr().err
+
+
+def test_several_nodes_need_a_master_address(monkeypatch, capsys) -> None:
+    monkeypatch.delenv("HSPMD_MASTER_ADDR", raising=False)
+    argv = ["train", "--strategy", "2x1: R0:L0-1 R1:L2-3", "--steps", "1", "--nnodes", "2"]
+    assert main(argv) == 2
+    assert "--nnodes 2 needs --master-addr" in capsys.readouterr().err

@@ -19,12 +19,18 @@ communication steps, switches, saves; docs/pictures.md), ``--timeline run.png`` 
 a Gantt chart; with ``--predict`` the chart is the last step, measured over predicted
 (``hspmd.planner.local``'s cost model, ``--predict-profile`` from ``hspmd profile``).
 Progress: a rich bar on a terminal, plain lines otherwise, nothing with ``--quiet``.
+
+``--nnodes 2 --node-rank K --master-addr ADDR [--master-port P]``: one launcher per node
+(run the same command on every node, K = 0, 1, ...), each running its share of the ranks;
+node 0 hosts the rendezvous at ADDR:P and prints the steps. Under ``hspmd netcluster exec``
+the node rank and the master address default to the emulated node's (docs/netcluster.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,6 +42,7 @@ from hspmd.cli.timeline import check_trace_flags, write_outputs
 from hspmd.data import DEFAULT_MAX_BYTES, data_warnings
 from hspmd.models.llama import PRESETS
 from hspmd.plan.strategy import Dtype, Schedule, parse_strategy
+from hspmd.runtime.launch import NodeSpec
 from hspmd.train.config import (
     AdamConfig,
     StepRecord,
@@ -273,7 +280,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="FILE",
         help="with --predict: compute speeds from this `hspmd profile` file",
     )
+    add_node_arguments(parser)
     parser.set_defaults(func=run)
+
+
+def add_node_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--nnodes``, ``--node-rank``, ``--master-addr``, ``--master-port``: one launcher per node."""
+    group = parser.add_argument_group("several nodes (one launcher per node)")
+    group.add_argument("--nnodes", type=int, default=1, help="launchers, one per node")
+    group.add_argument(
+        "--node-rank",
+        type=int,
+        default=int(os.environ.get("HSPMD_NODE", "0")),
+        help="this node's index (default: $HSPMD_NODE, set by `hspmd netcluster exec`)",
+    )
+    group.add_argument(
+        "--master-addr",
+        default=os.environ.get("HSPMD_MASTER_ADDR"),
+        help="node 0's address, where it hosts the rendezvous (default: $HSPMD_MASTER_ADDR)",
+    )
+    group.add_argument("--master-port", type=int, default=29500, help="rendezvous port")
+
+
+def node_of(args: argparse.Namespace) -> NodeSpec | None:
+    """The ``NodeSpec`` the node arguments give (None for one node)."""
+    if args.nnodes <= 1:
+        return None
+    if not args.master_addr:
+        raise TrainError(
+            f"--nnodes {args.nnodes} needs --master-addr: the address of node 0 that every "
+            "node reaches"
+        )
+    return NodeSpec(args.node_rank, args.nnodes, args.master_addr, args.master_port)
 
 
 @contextmanager
@@ -361,17 +399,21 @@ def resume_text(config: TrainConfig) -> str:
 
 def run_config(
     config: TrainConfig, *, reference: bool, as_json: bool, quiet: bool = False,
-    trace: bool = False,
+    trace: bool = False, node: NodeSpec | None = None,
 ) -> TrainResult:  # fmt: skip
     """Train (or run the reference) with the progress display; the CLI's core."""
     if reference:
         with progress(config, title="reference", as_json=as_json, quiet=quiet) as on_step:
             return run_reference(config, on_step=on_step)
     check_config(config)  # before any process starts
+    if node is not None and node.node_rank > 0:  # node 0 shows the steps
+        return train(config, node=node)
     title = f"{num_processes(config)} ranks"
+    if node is not None:
+        title += f" on {node.num_nodes} nodes"
     done = resumed_step(config)  # the bar starts there
     with progress(config, title=title, as_json=as_json, done=done, quiet=quiet) as on_step:
-        return train(config, on_step=on_step, trace=trace)
+        return train(config, on_step=on_step, trace=trace, node=node)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -393,10 +435,14 @@ def run(args: argparse.Namespace) -> int:
         print(resume_text(config), file=sys.stderr)
         for warning in resume_warnings(config):
             print(f"hspmd {args.command}: warning: {warning}", file=sys.stderr)
+    node = node_of(args)
     result = run_config(
         config, reference=args.reference, as_json=args.json, quiet=getattr(args, "quiet", False),
-        trace=wants_trace,
+        trace=wants_trace, node=node,
     )  # fmt: skip
+    if node is not None and node.node_rank > 0:
+        print(f"node {node.node_rank} of {node.num_nodes}: done", file=sys.stderr)
+        return 0
     if wants_trace:
         write_outputs(args, config, result)
     if not args.json and result.records:

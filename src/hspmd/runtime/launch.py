@@ -18,7 +18,15 @@ safe as "spawn" but avoids importing torch in every worker: 8 workers start in a
 instead of 13-18 s with "spawn" on a loaded 2-core machine (after the first launch, which
 starts the server). Pass ``start_method="spawn"`` to get fresh interpreters.
 
-Across machines, run the same worker function under torchrun with ``run_from_env``.
+Across machines, one launcher per node: ``launch(fn, nproc, node=NodeSpec(...))`` starts
+ranks ``node_rank * nproc ..`` of ``num_nodes * nproc`` and returns its own ranks' results;
+node 0's launcher hosts the store at ``master_addr:master_port`` and waits until every rank
+of every node is done before it closes it::
+
+    # on node 0 (address 10.213.0.1) and on node 1, the same call but node_rank=1
+    launch(work, 2, args=(10,), node=NodeSpec(0, 2, "10.213.0.1", 29500))   # -> [0, 10]
+
+Or run the same worker function under torchrun with ``run_from_env``.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ import torch
 import torch.distributed as dist
 
 from hspmd.errors import HspmdError
-from hspmd.runtime.world import World
+from hspmd.runtime.world import World, pick_gloo_interface
 
 _PRELOAD = ["torch", "torch.distributed", "numpy", "hspmd.runtime.execute"]
 _GRACE_S = 2.0
@@ -56,13 +64,58 @@ class LaunchError(HspmdError, RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """This launcher's place among ``num_nodes`` launchers (one per machine).
+
+    ``master_addr:master_port`` is where node 0's launcher hosts the store: an address of
+    node 0 that every node can reach (not 127.0.0.1 unless all nodes are this machine).
+    """
+
+    node_rank: int
+    num_nodes: int
+    master_addr: str
+    master_port: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.node_rank < self.num_nodes:
+            raise LaunchError(
+                f"node rank {self.node_rank} of {self.num_nodes} nodes: give 0..{self.num_nodes - 1}"
+            )
+        if not 0 < self.master_port < 65536:
+            raise LaunchError(f"master port {self.master_port}: give a TCP port in 1..65535")
+
+    @staticmethod
+    def from_env(env: dict[str, str] | None = None) -> NodeSpec | None:
+        """From ``HSPMD_NNODES``, ``HSPMD_NODE_RANK``, ``HSPMD_MASTER_ADDR`` and
+        ``HSPMD_MASTER_PORT`` (None when ``HSPMD_NNODES`` is unset or 1)."""
+        env = dict(os.environ if env is None else env)
+        if int(env.get("HSPMD_NNODES", "1")) <= 1:
+            return None
+        try:
+            return NodeSpec(
+                int(env["HSPMD_NODE_RANK"]),
+                int(env["HSPMD_NNODES"]),
+                env["HSPMD_MASTER_ADDR"],
+                int(env.get("HSPMD_MASTER_PORT", "29500")),
+            )
+        except KeyError as missing:
+            raise LaunchError(f"HSPMD_NNODES is set but {missing} is not: set both") from None
+
+
+_DONE_KEY = "hspmd/launch/done"
+
+
+@dataclass(frozen=True, slots=True)
 class _WorkerSpec:
     rank: int
     world_size: int
+    host: str
     port: int
     backend: str
     pg_timeout_s: float
     threads: int
+    node: NodeSpec | None = None
+    local_rank: int = 0
 
 
 def launch(
@@ -75,12 +128,15 @@ def launch(
     pg_timeout_s: float | None = None,
     threads: int | None = None,
     start_method: str = "forkserver",
+    node: NodeSpec | None = None,
 ) -> list[Any]:
     """Run ``fn(world, *args)`` on ``nproc`` local processes; return the results by rank.
 
     Results travel back pickled: keep them small (numbers, numpy arrays, CPU tensors).
     ``threads`` is torch's intra-op thread count per worker (default: cores // nproc, at
-    least 1). ``pg_timeout_s`` (default ``timeout_s``) bounds every collective.
+    least 1). ``pg_timeout_s`` (default ``timeout_s``) bounds every collective. With
+    ``node``, this is one of several launchers: it runs this node's ``nproc`` ranks and
+    returns their results (see the module docstring).
     """
     if nproc < 1:
         raise LaunchError(f"nproc={nproc}: start at least one process")
@@ -92,12 +148,23 @@ def launch(
     ctx: Any = mp.get_context(start_method)
     if start_method == "forkserver":
         ctx.set_forkserver_preload(_PRELOAD)
-    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+    if node is None:
+        store: Any = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+        host, port, first, world_size = "127.0.0.1", store.port, 0, nproc
+    else:  # node 0 hosts the store for every node; the others only connect to it
+        host, port = node.master_addr, node.master_port
+        first, world_size = node.node_rank * nproc, node.num_nodes * nproc
+        store = None
+        if node.node_rank == 0:
+            store = dist.TCPStore(host, port, None, True, wait_for_workers=False)
     threads = threads or max(1, (os.cpu_count() or 1) // nproc)
     procs, conns = [], []
+    deadline = time.monotonic() + timeout_s
     try:
-        for rank in range(nproc):
-            spec = _WorkerSpec(rank, nproc, store.port, backend, pg_timeout_s or timeout_s, threads)
+        for local in range(nproc):
+            rank = first + local
+            timeout = pg_timeout_s or timeout_s
+            spec = _WorkerSpec(rank, world_size, host, port, backend, timeout, threads, node, local)
             reader, writer = ctx.Pipe(duplex=False)
             proc = ctx.Process(
                 target=_worker_main, args=(fn, tuple(args), spec, writer), name=f"hspmd-rank{rank}"
@@ -106,8 +173,10 @@ def launch(
             writer.close()
             procs.append(proc)
             conns.append(reader)
-        results = _collect(procs, conns, deadline=time.monotonic() + timeout_s)
+        results = _collect(procs, conns, deadline=deadline, first=first)
         _stop(procs, exit_s=_GRACE_S)  # every result is in: let the workers exit cleanly
+        if node is not None and store is not None:
+            _wait_done(store, world_size, deadline=deadline)  # the other nodes still use it
         return results
     finally:
         _stop(procs)
@@ -116,59 +185,83 @@ def launch(
         del store
 
 
-def _collect(procs: list[Any], conns: list[Connection], *, deadline: float) -> list[Any]:
-    """Wait for one message per rank; raise on the first error, death or the deadline."""
+def _wait_done(store: Any, world_size: int, *, deadline: float) -> None:
+    """Wait until every rank of every node counted itself done in the store."""
+    while int(store.add(_DONE_KEY, 0)) < world_size:
+        if time.monotonic() > deadline:
+            done = int(store.add(_DONE_KEY, 0))
+            raise LaunchError(
+                f"timed out: {world_size - done} ranks of other nodes did not finish; "
+                "raise timeout_s or look at the other nodes' launchers"
+            )
+        time.sleep(0.05)
+
+
+def _collect(
+    procs: list[Any], conns: list[Connection], *, deadline: float, first: int = 0
+) -> list[Any]:
+    """Wait for one message per rank; raise on the first error, death or the deadline.
+
+    Ranks in messages are global: local index + ``first``."""
     results: dict[int, Any] = {}
     waiting = {id(c): r for r, c in enumerate(conns)}
     sentinels = {p.sentinel: r for r, p in enumerate(procs)}
     while len(results) < len(procs):
         left = deadline - time.monotonic()
         if left <= 0:
-            missing = sorted(set(range(len(procs))) - set(results))
+            missing = sorted(first + r for r in set(range(len(procs))) - set(results))
             raise LaunchError(f"timed out: ranks {missing} did not finish; raise timeout_s")
         ready = wait([c for c in conns if id(c) in waiting] + list(sentinels), timeout=left)
         # Exits first: a rank that died is the cause of its peers' errors, not their victim.
         for item in ready:
             if not isinstance(item, Connection) and item in sentinels:
                 rank = sentinels.pop(item)
-                _check_exit(procs[rank], rank, conns[rank], waiting, results)
+                _check_exit(procs[rank], rank, conns[rank], waiting, results, first)
         for item in ready:
             if isinstance(item, Connection) and id(item) in waiting:
                 rank = waiting.pop(id(item))
-                _take(item, rank, results, procs[rank])
+                _take(item, rank, results, procs[rank], first)
     return [results[r] for r in range(len(procs))]
 
 
-def _take(conn: Connection, rank: int, results: dict[int, Any], proc: Any) -> None:
+def _take(conn: Connection, rank: int, results: dict[int, Any], proc: Any, first: int = 0) -> None:
+    """Store rank ``rank``'s result (a local index; ``first + rank`` in messages)."""
+    name = first + rank
     try:
         status, payload = conn.recv()
     except EOFError:
         proc.join(_GRACE_S)
         raise LaunchError(
-            f"rank {rank} died with exit code {proc.exitcode} and no result", rank=rank
+            f"rank {name} died with exit code {proc.exitcode} and no result", rank=name
         ) from None
     if status == "ok":
         results[rank] = payload
         return
     kind, text, trace = payload
     raise LaunchError(
-        f"rank {rank} raised {kind}: {text}\n--- traceback of rank {rank} ---\n{trace}",
-        rank=rank,
+        f"rank {name} raised {kind}: {text}\n--- traceback of rank {name} ---\n{trace}",
+        rank=name,
         remote_traceback=trace,
     )
 
 
 def _check_exit(
-    proc: Any, rank: int, conn: Connection, waiting: dict[int, int], results: dict[int, Any]
+    proc: Any,
+    rank: int,
+    conn: Connection,
+    waiting: dict[int, int],
+    results: dict[int, Any],
+    first: int = 0,
 ) -> None:
     """A process ended: fine if its result arrived (or is still in the pipe), else an error."""
     if id(conn) in waiting and conn.poll(0.2):
         waiting.pop(id(conn))
-        _take(conn, rank, results, proc)
+        _take(conn, rank, results, proc, first)
     proc.join(_GRACE_S)
     if rank not in results:
         raise LaunchError(
-            f"rank {rank} died with exit code {proc.exitcode} and no result", rank=rank
+            f"rank {first + rank} died with exit code {proc.exitcode} and no result",
+            rank=first + rank,
         )
 
 
@@ -194,9 +287,10 @@ def _worker_main(
 ) -> None:
     _watch_parent()
     torch.set_num_threads(spec.threads)
+    pick_gloo_interface(spec.local_rank)
     try:
         store = dist.TCPStore(
-            "127.0.0.1",
+            spec.host,
             spec.port,
             None,
             False,
@@ -213,6 +307,8 @@ def _worker_main(
         world = World.create(timeout_s=spec.pg_timeout_s)
         result = fn(world, *args)
         conn.send(("ok", result))
+        if spec.node is not None:
+            store.add(_DONE_KEY, 1)  # node 0's launcher keeps the store up until all are done
     except BaseException as error:  # noqa: BLE001 - every failure goes back to the launcher
         conn.send(("error", (type(error).__name__, str(error), traceback.format_exc())))
         conn.close()

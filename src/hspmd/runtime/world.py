@@ -60,6 +60,14 @@ def plan_groups(plans: Iterable[CommPlan]) -> list[Ranks]:
     return sorted(out)
 
 
+def pick_gloo_interface(local_rank: int) -> None:
+    """Set ``GLOO_SOCKET_IFNAME`` to this rank's NIC from ``HSPMD_GLOO_IFNAMES`` (a comma list,
+    one NIC per local rank, round robin; ``hspmd netcluster`` sets it), if that is set."""
+    names = [n for n in os.environ.get("HSPMD_GLOO_IFNAMES", "").split(",") if n]
+    if names:
+        os.environ["GLOO_SOCKET_IFNAME"] = names[local_rank % len(names)]
+
+
 @dataclass(slots=True, eq=False)
 class World:
     """This rank's view of an initialized default process group.
@@ -107,6 +115,7 @@ class World:
             if name not in os.environ:
                 raise WorldError(f"{name} is not set: start the script with torchrun")
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        pick_gloo_interface(int(os.environ.get("LOCAL_RANK", "0")))
         device_id = None
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

@@ -6,6 +6,10 @@
 
 Several configs can share one launch (``train_many``): processes start once and run the
 configs one after another; ranks a config does not use only join its loss all-reduce.
+
+Across nodes (``node=NodeSpec(...)``), one launcher per node runs an equal share of the
+ranks; each returns the records (the global losses) and the parameter pieces of its own
+ranks, the rest of every parameter NaN: ``merge`` joins the nodes' results.
 """
 
 from __future__ import annotations
@@ -20,14 +24,14 @@ import torch
 from hspmd.errors import StrategyError
 from hspmd.models.llama import parameter_shapes
 from hspmd.plan.strategy import Strategy, check_strategy, parse_strategy
-from hspmd.runtime.launch import launch
+from hspmd.runtime.launch import NodeSpec, launch
 from hspmd.runtime.trace import NULL, Recorder, chrome_trace
 from hspmd.runtime.world import World
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.loop import options_of, run_rank
 from hspmd.train.reference import TrainResult
 
-__all__ = ["check_config", "num_processes", "train", "train_many"]
+__all__ = ["assemble", "check_config", "merge", "num_processes", "train", "train_many"]
 
 
 def check_config(config: TrainConfig) -> Strategy:
@@ -101,13 +105,22 @@ def train_many(
     timeout_s: float = 600.0,
     threads: int | None = None,
     trace: bool = False,
+    node: NodeSpec | None = None,
 ) -> list[TrainResult]:
     """Train every config in one launch of ``max(ranks)`` processes; results in order.
 
-    ``threads``: torch threads per rank (default: the launcher's, cores // ranks).
+    ``threads``: torch threads per rank (default: the launcher's, cores // ranks). With
+    ``node``, this launcher runs its node's share of the ranks (see the module docstring).
     ``trace``: each result carries the run's Chrome trace (``hspmd.runtime.trace``).
     """
     nproc = max(num_processes(c) for c in configs)
+    if node is not None:
+        if nproc % node.num_nodes:
+            raise TrainError(
+                f"{nproc} ranks do not split evenly over {node.num_nodes} nodes: use a "
+                f"strategy whose rank count is a multiple of {node.num_nodes}"
+            )
+        nproc //= node.num_nodes
     # A SimpleQueue: rank 0's puts are synchronous (no feeder thread), so every event is in
     # the pipe before its result is sent, and the launcher's clean-up of finished workers
     # can never interrupt a put. Only rank 0 writes; only this thread reads.
@@ -122,6 +135,7 @@ def train_many(
                 args=(list(configs), events, trace),
                 timeout_s=timeout_s,
                 threads=threads,
+                node=node,
             )
         except BaseException as error:  # noqa: BLE001 - re-raised in the caller's thread
             box["error"] = error
@@ -139,6 +153,12 @@ def train_many(
     if "error" in box:
         raise box["error"]
     return _assemble(box["results"], configs)
+
+
+def assemble(outcomes: Sequence[dict[str, Any]], config: TrainConfig) -> TrainResult:
+    """A result from ``run_rank``'s outcomes of one config, one per rank run (any launcher:
+    under torchrun, every rank's outcome gathered by hand); missing pieces stay NaN."""
+    return _assemble([[o] for o in outcomes], [config])[0]
 
 
 def _assemble(
@@ -179,8 +199,26 @@ def train(
     on_step: Callable[[StepRecord], None] | None = None,
     threads: int | None = None,
     trace: bool = False,
+    node: NodeSpec | None = None,
 ) -> TrainResult:
-    """Train one config on local processes (one per rank of its strategy); with
-    ``trace``, ``result.trace`` is the run's Chrome trace (``hspmd.runtime.trace``)."""
+    """Train one config on local processes (one per rank of its strategy, or this node's
+    share of them with ``node``); with ``trace``, ``result.trace`` is the run's Chrome trace
+    (``hspmd.runtime.trace``)."""
     callback = None if on_step is None else (lambda _index, record: on_step(record))
-    return train_many([config], on_step=callback, threads=threads, trace=trace)[0]
+    return train_many([config], on_step=callback, threads=threads, trace=trace, node=node)[0]
+
+
+def merge(results: Sequence[TrainResult]) -> TrainResult:
+    """One result from the nodes' results of one run: each parameter element from the node
+    that holds it (where several do, they agree); the records of the first."""
+    params = {}
+    for name, first in results[0].params.items():
+        full = first.clone()
+        for other in results[1:]:
+            value = other.params[name]
+            both = ~torch.isnan(full) & ~torch.isnan(value)
+            if not bool(torch.isclose(full[both], value[both], rtol=1e-6, atol=0.0).all()):
+                raise TrainError(f"nodes disagree on {name}: the ranks diverged (report it)")
+            full = torch.where(torch.isnan(full), value, full)
+        params[name] = full
+    return TrainResult(records=results[0].records, params=params)
