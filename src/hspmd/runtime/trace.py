@@ -54,6 +54,7 @@ __all__ = [
     "Spans",
     "chrome_trace",
     "comm_span",
+    "gather_parts",
     "span_on",
 ]
 
@@ -214,6 +215,14 @@ def span_on(world: Any, name: str, *, cat: str, **args: Any) -> AbstractContextM
     may be a stand-in without the attribute, as in doctests)."""
     rec = getattr(world, "tracer", None)
     return _NOTHING if rec is None else rec.span(name, cat=cat, **args)
+
+
+def gather_parts(world: World, rec: Recorder) -> list[RankTrace] | None:
+    """Every rank's ``export()`` on rank 0, in rank order (None on the others): one
+    collective at the end of a run, so a launcher per node still writes one whole trace."""
+    parts: list[Any] | None = [None] * world.world_size if world.rank == 0 else None
+    dist.gather_object(rec.export(), parts, dst=0)
+    return parts
 
 
 def comm_span(world: World, kind: str) -> AbstractContextManager[None]:
