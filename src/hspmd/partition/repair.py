@@ -19,9 +19,11 @@ gives every output copy its device and lifetime) and plans a whole batch of move
   (their edges to ``v`` no longer cross), so chains of neighbours (a layer's forward
   ops and their gradients) tend to move together as one chunk.
 
-The batch is kept if the emulated total overflow shrinks; ops of a kept batch do not
-move again. Rounds stop when the caps hold (or raise :class:`PartitionError` saying
-how much memory is missing where). Usually one to three rounds, each one schedule.
+The batch is kept if the emulated total overflow shrinks; the ops of the last kept
+batch, and of every batch dropped since, do not move again until another is kept. A device whose peak finds no move is
+left for the round while the others go on. Rounds stop when the caps hold (or raise
+:class:`PartitionError` saying how much memory is missing where). Usually one to three
+rounds, each one schedule.
 """
 
 from __future__ import annotations
@@ -48,7 +50,27 @@ def repair_memory(
     comm: CommModel,
     max_rounds: int = 30,
 ) -> np.ndarray:
-    """Move ops off overflowing devices until every peak is within its cap."""
+    """Move ops off overflowing devices until every peak is within its cap.
+
+    First with room on a target counted against its whole-step peak (no move can make
+    a new peak there); if that cannot meet the caps, with room at the time of the peak
+    being relieved (tight caps, every device near its cap at some time).
+    """
+    try:
+        return _repair(graph, place, caps=caps, comm=comm, max_rounds=max_rounds, local=False)
+    except PartitionError:
+        return _repair(graph, place, caps=caps, comm=comm, max_rounds=max_rounds, local=True)
+
+
+def _repair(
+    graph: OpGraph,
+    place: np.ndarray,
+    *,
+    caps: np.ndarray,
+    comm: CommModel,
+    max_rounds: int,
+    local: bool,
+) -> np.ndarray:
     check_residual_fits(graph, caps)
     k = len(caps)
     place = place.copy()
@@ -60,7 +82,7 @@ def repair_memory(
         over = curves.peak - caps
         if (over <= 0).all():
             return place
-        trial = _plan(graph, place, moved, curves=curves, caps=caps, delay=delay)
+        trial = _plan(graph, place, moved, curves=curves, caps=caps, delay=delay, local=local)
         batch = trial != place
         if not batch.any():
             break
@@ -69,6 +91,7 @@ def repair_memory(
         moved |= batch
         if np.maximum(t_curves.peak - caps, 0).sum() < np.maximum(over, 0).sum():
             place, curves = trial, t_curves
+            moved = batch  # ops of earlier kept batches may move again, from the new state
     over = curves.peak - caps
     if (over <= 0).all():
         return place
@@ -176,6 +199,7 @@ def _plan(
     curves: _Curves,
     caps: np.ndarray,
     delay: np.ndarray,
+    local: bool,
 ) -> np.ndarray:
     """One batch of moves planned on the estimated curves (module docstring)."""
     k = len(caps)
@@ -185,8 +209,9 @@ def _plan(
     leader = group == np.arange(graph.num_nodes)
     members = _group_members(group) if graph.colocate.max(initial=-1) >= 0 else {}
     taken = moved.copy()
+    stuck = np.zeros(k, dtype=bool)  # devices whose peak found no move this round
     for _ in range(4 * graph.num_nodes):
-        over = curves.use.max(axis=1) - caps
+        over = np.where(stuck, -np.inf, curves.use.max(axis=1) - caps)
         d = int(np.argmax(over))
         if over[d] <= 0:
             break
@@ -196,8 +221,9 @@ def _plan(
         group_pot = np.bincount(group, weights=pot, minlength=graph.num_nodes)
         cands = np.flatnonzero(leader & (group_pot > 0) & ~taken)
         if cands.size == 0:
-            break
-        room = caps - curves.use.max(axis=1)
+            stuck[d] = True
+            continue
+        room = caps - (curves.use[:, at] if local else curves.use.max(axis=1))
         room[d] = -np.inf
         ops, targets = _choose(
             graph,
@@ -212,7 +238,8 @@ def _plan(
             device=d,
         )
         if not ops:
-            break
+            stuck[d] = True
+            continue
         flat_ops = [m for v in ops for m in members.get(v, (v,))]
         flat_t = [t for v, t in zip(ops, targets, strict=True) for _ in members.get(v, (v,))]
         curves.move(flat_ops, d, flat_t, k)
