@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hspmd.errors import PartitionError
-from hspmd.partition.baselines import upward_rank
 from hspmd.partition.eft import eft_placement
 from hspmd.partition.emulate import CommModel, Emulation, emulation_of, schedule
 from hspmd.partition.graph import OpGraph, longest_paths
@@ -112,7 +111,7 @@ def partition(
     # beyond the paper: earliest-finish placements in the runtime's own order, ties among
     # ops ready at once by upward rank, and on graphs small enough for the search also by
     # topological rank (eft.py, docs/decisions.md)
-    up = upward_rank(graph, comm=comm)
+    up = slicing.bottom_level  # = upward_rank(graph, comm=comm), up to float rounding
     best.offer(eft_placement(graph, num_devices=num_devices, comm=comm, priority=-up), always=True)
     if search_trials > 0:
         best.offer(eft_placement(graph, num_devices=num_devices, comm=comm))
