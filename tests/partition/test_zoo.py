@@ -75,3 +75,21 @@ def test_cli_writes_a_graph_the_loader_reads(tmp_path) -> None:
     graph = load_graph(out)
     assert graph.num_nodes == capture_preset("word_lstm-tiny").num_nodes
     assert (graph.colocate >= 0).any()
+
+
+def test_cli_measure_writes_measured_times(tmp_path) -> None:
+    import argparse
+    import json
+
+    from hspmd.cli import partition_capture
+
+    parser = argparse.ArgumentParser()
+    partition_capture.register(parser.add_subparsers())
+    out = tmp_path / "tiny.json"
+    argv = ["partition-capture", "word_lstm-tiny", "--measure", "--repeats", "2", "--out", str(out)]
+    args = parser.parse_args(argv)
+    assert args.func(args) == 0
+    assert json.loads(out.read_text())["meta"]["times"] == "measured"
+    bad = parser.parse_args(argv[:3] + ["--repeats", "0", "--out", str(out)])
+    with pytest.raises(PartitionError, match="--repeats 0"):
+        bad.func(bad)
