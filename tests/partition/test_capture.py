@@ -75,3 +75,42 @@ def test_errors_and_presets() -> None:
     assert "15.7 TFLOP/s" in str(DEVICES["v100"])
     with pytest.raises(PartitionError, match="optimizer 'lamb'"):
         _mlp_graph(optimizer="lamb")
+
+
+def test_measured_times_are_medians_of_repeats_and_the_model_is_restored() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    batch = (torch.randn(32, 64), torch.randn(32, 8))
+    before = [p.detach().clone() for p in model.parameters()]
+    graph = capture_training_step(model, batch, loss_fn=_mse, measure=True, repeats=3)
+    assert graph.meta == {"times": "measured", "repeats": 3, "statistic": "median", "on": "cpu"}
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    ops = [i for i, n in enumerate(graph.names) if ":" not in n]
+    assert (graph.time_us[ops] > 0).all()
+    # sizes are the real outputs': the first matmul's (32, 256) fp32 output
+    first = next(i for i in ops if graph.names[i].startswith("addmm"))
+    assert graph.out_bytes[first] == 32 * 256 * 4
+    # the same structure as the roofline capture of the same model
+    with torch.device("meta"):
+        meta_model = torch.nn.Sequential(
+            torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8)
+        )
+        meta_batch = (torch.randn(32, 64), torch.randn(32, 8))
+    roof = capture_training_step(meta_model, meta_batch, loss_fn=_mse)
+    assert roof.meta["times"] == "roofline" and "v100" in roof.meta["device"]
+    assert roof.names == graph.names and np.array_equal(roof.out_bytes, graph.out_bytes)
+    assert np.array_equal(roof.residual_bytes, graph.residual_bytes)
+    with pytest.raises(PartitionError, match="repeats=0"):
+        capture_training_step(model, batch, loss_fn=_mse, measure=True, repeats=0)
+
+
+def test_the_graph_file_says_which_times(tmp_path) -> None:
+    from hspmd.partition.io import load_graph, save_graph_json
+
+    model = torch.nn.Linear(16, 4)
+    batch = (torch.randn(8, 16), torch.randn(8, 4))
+    graph = capture_training_step(model, batch, loss_fn=_mse, measure=True, repeats=2)
+    save_graph_json(tmp_path / "g.json", graph)
+    back = load_graph(tmp_path / "g.json")
+    assert back.meta["times"] == "measured" and back.meta["repeats"] == 2
+    assert np.array_equal(back.time_us, np.round(graph.time_us, 3))

@@ -83,3 +83,21 @@ def test_capture_leaves_the_callers_random_state_alone() -> None:
     torch.manual_seed(5)
     capture_preset("transformer-small")
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_cli_measure_writes_measured_times(tmp_path) -> None:
+    import argparse
+    import json
+
+    from hspmd.cli import partition_capture
+
+    parser = argparse.ArgumentParser()
+    partition_capture.register(parser.add_subparsers())
+    out = tmp_path / "tiny.json"
+    argv = ["partition-capture", "word_lstm-tiny", "--measure", "--repeats", "2", "--out", str(out)]
+    args = parser.parse_args(argv)
+    assert args.func(args) == 0
+    assert json.loads(out.read_text())["meta"]["times"] == "measured"
+    bad = parser.parse_args(argv[:3] + ["--repeats", "0", "--out", str(out)])
+    with pytest.raises(PartitionError, match="--repeats 0"):
+        bad.func(bad)

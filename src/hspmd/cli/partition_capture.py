@@ -2,10 +2,13 @@
 
     hspmd partition-capture word_lstm-large --out word_lstm-large.json
     hspmd partition-capture word_lstm-tiny --measure --out tiny.json   # CPU op times
+    hspmd partition-capture word_lstm-tiny --measure --repeats 9 --out tiny.json
     hspmd partition-capture --list
 
-The graph is written in the JSON schema that ``hspmd partition`` reads; capture runs on
-meta tensors, so even the large presets allocate nothing.
+The graph is written in the JSON schema that ``hspmd partition`` reads; its ``meta``
+says whether the op times are measured (``--measure``: the median of ``--repeats`` timed
+runs of the step on real tensors) or a roofline of ``--device``. Without ``--measure``
+capture runs on meta tensors, so even the large presets allocate nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--measure", action="store_true", help="time each op on this CPU (small presets only)"
     )
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="timed runs of the step with --measure (median)"
+    )
     parser.add_argument("--list", action="store_true", help="list the presets and exit")
     parser.set_defaults(func=run)
 
@@ -49,15 +55,26 @@ def run(args: argparse.Namespace) -> int:
         raise PartitionError(
             f"device {args.device!r} is not known; choose one of {sorted(DEVICES)}"
         )
+    if args.repeats < 1:
+        raise PartitionError(f"--repeats {args.repeats} must be >= 1")
     start = time.perf_counter()
     graph = capture_preset(
-        args.model, device=DEVICES[args.device], optimizer=args.optimizer, measure=args.measure
+        args.model,
+        device=DEVICES[args.device],
+        optimizer=args.optimizer,
+        measure=args.measure,
+        repeats=args.repeats,
     )
     save_graph_json(args.out, graph)
+    source = (
+        f"median of {args.repeats} timed runs on this CPU"
+        if args.measure
+        else f"roofline of {args.device}"
+    )
     print(
         f"{graph.name}: {graph.num_nodes} ops, {graph.num_edges} edges, "
         f"{graph.time_us.sum() / 1e3:,.1f} ms of work "
-        f"{'measured on this CPU' if args.measure else 'on ' + args.device}, "
+        f"({source}), "
         f"{graph.residual_bytes.sum() / 2**30:.2f} GiB residual; "
         f"captured in {time.perf_counter() - start:.1f} s -> {args.out}"
     )

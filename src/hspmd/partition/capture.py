@@ -13,9 +13,16 @@ Costs:
   ``launch_us + max(flops / flops_per_s, bytes / bytes_per_s)``; FLOPs per op family
   (matmuls, convolutions and attention from ``torch.utils.flop_counter``, one per
   output element for everything else); views cost nothing. With ``measure=True``
-  the op's own wall time on this CPU is used instead (real tensors only);
+  (real tensors only) the op's own wall time instead: after the recorded step, the
+  step runs ``repeats`` more times with every op timed (synchronized on CUDA), and
+  each op gets the median of its times; the model's parameters are restored after;
 * ``residual_bytes``: parameters and optimizer states are residual nodes (one per
   tensor, no time); in-place updates of them are colocated with them.
+
+Sizes are those of the tensors each op produced (numel x element size), so on real
+tensors they are measured, on meta tensors exact for the same shapes. ``graph.meta``
+(the JSON ``meta``) says which times were used: ``{"times": "measured", "repeats": 5,
+"statistic": "median", "on": "cpu"}`` or ``{"times": "roofline", "device": "v100: ..."}``.
 
 On meta tensors nothing is allocated, so graphs of 100K+ ops are cheap to capture.
 An update with zero gradients runs first, uncaptured, so that optimizer states exist
@@ -86,6 +93,7 @@ def capture_training_step(
     optimizer: str = "adam",
     device: Device = DEVICES["v100"],
     measure: bool = False,
+    repeats: int = 5,
     name: str = "step",
 ) -> OpGraph:
     """Create the optimizer states, then record one step op by op (see the module docstring)."""
@@ -94,6 +102,8 @@ def capture_training_step(
         raise PartitionError(f"model {type(model).__name__} has no trainable parameters")
     if measure and any(p.is_meta for _, p in params):
         raise PartitionError("measure=True needs real tensors; build the model off the meta device")
+    if measure and repeats < 1:
+        raise PartitionError(f"{repeats=} must be >= 1 (timed runs of the step)")
     opt = _optimizer(optimizer, [p for _, p in params])
     batch = tuple(batch)
 
@@ -106,6 +116,7 @@ def capture_training_step(
     opt.step()
     opt.zero_grad(set_to_none=True)
     recorder = _Recorder(device=device, measure=measure)
+    recorder.sync = measure and any(p.is_cuda for _, p in params)
     for pname, p in params:
         recorder.leaf(f"param:{pname}", p, residual=True)
         for key, state in opt.state[p].items():
@@ -113,10 +124,35 @@ def capture_training_step(
                 recorder.leaf(f"state:{pname}.{key}", state, residual=True)
     for i, tensor in enumerate(batch):
         recorder.leaf(f"input:{i}", tensor, residual=False)
+    saved = [p.detach().clone() for _, p in params] if measure else []
     with recorder:
         step()
     opt.zero_grad(set_to_none=True)
-    return recorder.graph(name)
+    if not measure:
+        return recorder.graph(name, meta={"times": "roofline", "device": str(device)})
+    # timed runs under the same mode, so that autograd dispatches the same ops
+    recorder.samples = []
+    for _ in range(repeats):
+        recorder.samples.append([])
+        with recorder:
+            step()
+        opt.zero_grad(set_to_none=True)
+        recorder.held.clear()
+        if len(recorder.samples[-1]) != len(recorder.op_nodes):
+            raise PartitionError(
+                f"a timed step ran {len(recorder.samples[-1])} ops, the recorded one "
+                f"{len(recorder.op_nodes)}: the step is not deterministic; use measure=False"
+            )
+    samples = recorder.samples
+    with torch.no_grad():
+        for (_, p), value in zip(params, saved, strict=True):
+            p.copy_(value)
+    median = np.median(np.asarray(samples), axis=0)
+    for node, t in zip(recorder.op_nodes, median.tolist(), strict=True):
+        recorder.time_us[node] = t
+    on = "cuda" if recorder.sync else "cpu"
+    meta = {"times": "measured", "repeats": repeats, "statistic": "median", "on": on}
+    return recorder.graph(name, meta=meta)
 
 
 def _optimizer(kind: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
@@ -147,6 +183,10 @@ class _Recorder(TorchDispatchMode):
         self.readers: dict[int, list[int]] = {}  # storage -> nodes that read it since
         self.owner: dict[int, int] = {}  # storage of a residual tensor -> its node
         self.alive: list[torch.Tensor] = []  # keeps ids and storages unique
+        self.op_nodes: list[int] = []  # node of each recorded op, in dispatch order
+        self.samples: list[list[float]] | None = None  # set for the timed runs
+        self.sync = False  # synchronize CUDA around each timed op
+        self.held: list[torch.Tensor] = []  # outputs of the timed run in flight
 
     def leaf(self, name: str, tensor: torch.Tensor, *, residual: bool) -> None:
         size = _nbytes(tensor)
@@ -172,13 +212,23 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if self.sync:
+            torch.cuda.synchronize()
         start = time.perf_counter()
         out = func(*args, **kwargs)
+        if self.sync:
+            torch.cuda.synchronize()
         elapsed_us = (time.perf_counter() - start) * 1e6
-        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         if not outputs:
             return out  # record_function markers, .item(): nothing flows on
+        if self.samples is not None:  # a timed run: the graph is already recorded
+            self.samples[-1].append(elapsed_us)
+            # hold the outputs as the recording run did: autograd steals a gradient
+            # nobody else holds (detach) and copies one that is held, other ops
+            self.held.extend(outputs)
+            return out
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         schema = func._schema
         written = _written_args(schema, args, kwargs)
         views = any(r.alias_info is not None for r in schema.returns)
@@ -194,6 +244,7 @@ class _Recorder(TorchDispatchMode):
         node = self._node(
             f"{func.__name__}#{len(self.names)}", time_us=time_us, out_bytes=new_bytes
         )
+        self.op_nodes.append(node)
         self._connect(node, inputs, written)
         for tensor in outputs:
             if views or written:
@@ -225,7 +276,7 @@ class _Recorder(TorchDispatchMode):
             self.src.append(dep)
             self.dst.append(node)
 
-    def graph(self, name: str) -> OpGraph:
+    def graph(self, name: str, *, meta: dict[str, Any]) -> OpGraph:
         edges = np.stack((np.asarray(self.src, np.int64), np.asarray(self.dst, np.int64)), axis=1)
         return OpGraph.build(
             name,
@@ -235,6 +286,7 @@ class _Recorder(TorchDispatchMode):
             residual_bytes=self.residual,
             edges=edges.reshape(-1, 2),
             colocate=self.colocate,
+            meta=meta,
         )
 
 

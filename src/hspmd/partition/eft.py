@@ -71,7 +71,24 @@ def eft_placement(
     devices = range(num_devices)
     while heap:
         _, _, v = pop(heap)
-        arrive = arrivals(v, in_ptr, preds, place, finish, delay, num_devices)
+        # arrivals(v, ...), inlined: the hottest loop
+        arrive = [0.0] * num_devices
+        top_t, top_d, second = 0.0, -1, 0.0
+        for u in preds[in_ptr[v] : in_ptr[v + 1]]:
+            pu, fu = place[u], finish[u]
+            if fu > arrive[pu]:
+                arrive[pu] = fu
+            t = fu + delay[u]
+            if t > top_t:
+                if pu != top_d:
+                    second = top_t
+                top_t, top_d = t, pu
+            elif pu != top_d and t > second:
+                second = t
+        for d in devices:
+            t = second if d == top_d else top_t
+            if t > arrive[d]:
+                arrive[d] = t
         forced = group_dev[group[v]] if group_dev[group[v]] >= 0 else pin[v]
         if forced >= 0:
             best = forced

@@ -326,6 +326,15 @@ def run_rank(rank: int, spec: RunSpec) -> RankResult:
     """One rank's forward, backward and SGD step under ``spec.plan`` (process group up)."""
     torch.manual_seed(spec.seed)
     traced = trace(spec.make_model(), spec.loss_fn)
+    loss, owned = forward_backward(rank, spec, traced)
+    return _rank_result(rank, traced, owned, loss, lr=spec.lr)
+
+
+def forward_backward(
+    rank: int, spec: RunSpec, traced: fx.GraphModule
+) -> tuple[torch.Tensor | None, list[str]]:
+    """Run this rank's nodes and transfers, then backward; the loss (on its rank) and
+    the targets of the modules and attributes this rank ran."""
     interp = fx.Interpreter(traced)
     rank_of = spec.plan.rank_of()
     sends: dict[str, list[Transfer]] = {}
@@ -357,7 +366,7 @@ def run_rank(rank: int, spec: RunSpec) -> RankResult:
         roots.append(loss)
         grads.append(torch.ones_like(loss))
     torch.autograd.backward(roots, grads)
-    return _rank_result(rank, traced, owned, loss, lr=spec.lr)
+    return loss, owned
 
 
 def _rank_result(

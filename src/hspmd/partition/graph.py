@@ -18,7 +18,7 @@ first use, with linear passes, and cached on the (immutable) graph.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import compress
 from typing import Any
@@ -43,6 +43,8 @@ class OpGraph:
     src: IntArray  # int64 [E], sorted by src (stable), no duplicates
     dst: IntArray  # int64 [E]
     colocate: IntArray  # int64 [V], -1 or the index of a node to share a device with
+    # where the costs came from (informative; written to and read from the JSON "meta")
+    meta: dict[str, Any] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         return f"OpGraph({self.name!r}, nodes={self.num_nodes}, edges={self.num_edges})"
@@ -57,8 +59,9 @@ class OpGraph:
         residual_bytes: Any,
         edges: Any,
         colocate: Any = None,
+        meta: dict[str, Any] | None = None,
     ) -> OpGraph:
-        """Validate and freeze a graph.
+        """Validate and freeze a graph (``meta``: informative, e.g. how costs were found).
 
         ``edges`` is an ``[E, 2]`` array-like of node indices, or of node names.
         Duplicate edges are merged; self loops, cycles, bad lengths and negative costs
@@ -87,7 +90,7 @@ class OpGraph:
                 raise PartitionError(
                     f"graph {name!r}: colocate entries must be -1 or a node index < {num}"
                 )
-        graph = OpGraph(name, names_t, times, outs, residual, src, dst, coloc)
+        graph = OpGraph(name, names_t, times, outs, residual, src, dst, coloc, dict(meta or {}))
         graph._check_acyclic()
         return graph
 

@@ -64,6 +64,7 @@ def graph_from_json(doc: dict[str, Any], *, default_name: str = "graph") -> OpGr
         residual_bytes=residual,
         edges=edges,
         colocate=colocate,
+        meta=doc.get("meta") if isinstance(doc.get("meta"), dict) else None,
     )
 
 
@@ -84,7 +85,7 @@ def graph_to_json(graph: OpGraph) -> dict[str, Any]:
         [graph.names[a], graph.names[b]]
         for a, b in zip(graph.src.tolist(), graph.dst.tolist(), strict=True)
     ]
-    return {"name": graph.name, "nodes": nodes, "edges": edges}
+    return {"name": graph.name, "nodes": nodes, "edges": edges, "meta": dict(graph.meta)}
 
 
 def save_graph_json(path: str | Path, graph: OpGraph) -> None:

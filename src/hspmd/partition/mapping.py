@@ -89,6 +89,8 @@ class DeviceWork:
     def range_sums(self, lo: int, hi: int) -> list[float]:
         """Per device, the sum of positions ``lo..hi-1`` (same walk as
         :meth:`Fenwick.range_sum`, same order of additions)."""
+        if hi <= lo:  # an empty span (a cluster expected to start and end at once)
+            return [0.0] * len(self.trees)
         plus, minus = [], []
         while hi > lo:
             plus.append(hi)

@@ -19,18 +19,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hspmd.errors import PartitionError
-from hspmd.partition.baselines import upward_rank
 from hspmd.partition.eft import eft_placement
 from hspmd.partition.emulate import CommModel, Emulation, emulation_of, schedule
 from hspmd.partition.graph import OpGraph, longest_paths
 from hspmd.partition.mapping import boundary_lists, map_clusters
-from hspmd.partition.memory import gib, repair_memory
+from hspmd.partition.memory import gib
 from hspmd.partition.refine import (
     improve_by_emulation,
     relieve_busiest,
     remap_clusters,
     switch_critical_nodes,
 )
+from hspmd.partition.repair import repair_memory
 from hspmd.partition.slicing import slice_graph
 
 # Work budget of the emulator-guided refinement, in (nodes + edges) x emulations.
@@ -111,7 +111,7 @@ def partition(
     # beyond the paper: earliest-finish placements in the runtime's own order, ties among
     # ops ready at once by upward rank, and on graphs small enough for the search also by
     # topological rank (eft.py, docs/decisions.md)
-    up = upward_rank(graph, comm=comm)
+    up = slicing.bottom_level  # = upward_rank(graph, comm=comm), up to float rounding
     best.offer(eft_placement(graph, num_devices=num_devices, comm=comm, priority=-up), always=True)
     if search_trials > 0:
         best.offer(eft_placement(graph, num_devices=num_devices, comm=comm))
@@ -124,14 +124,21 @@ def partition(
         clock.lap("refinement")
     place = best.place
     if caps is not None:
-        place = _repair_best(graph, best, caps=caps, comm=comm)
+        place = _repair_best(graph, best, caps=caps, comm=comm, up=up)
         clock.lap("memory")
     result = best.emulation(place, num_devices=num_devices)
     clock.lap("emulation")
     return PartitionResult(place, result, clock.total(), dict(clock.laps))
 
 
-def _repair_best(graph: OpGraph, best: _Best, *, caps: np.ndarray, comm: CommModel) -> np.ndarray:
+def _repair_best(
+    graph: OpGraph,
+    best: _Best,
+    *,
+    caps: np.ndarray,
+    comm: CommModel,
+    up: np.ndarray | None = None,
+) -> np.ndarray:
     """Repair the few best stages' placements; keep the fastest that meets the caps.
 
     The repair moves ops off the peak and can lengthen the step: a slightly slower stage
@@ -140,10 +147,13 @@ def _repair_best(graph: OpGraph, best: _Best, *, caps: np.ndarray, comm: CommMod
     is repaired as a last resort.
     """
     errors: list[PartitionError] = []
-    found = _repaired(graph, [p for _, p in best.candidates(3)], caps, comm, errors)
-    if not found:
-        aware = eft_placement(graph, num_devices=len(caps), comm=comm, caps=caps)
-        found = _repaired(graph, [aware], caps, comm, errors)
+    k = len(caps)
+    places = [p for _, p in best.candidates(3)]
+    # memory-aware list schedules: they start close to the caps, so few ops move
+    places.append(eft_placement(graph, num_devices=k, comm=comm, caps=caps))
+    if up is not None:
+        places.append(eft_placement(graph, num_devices=k, comm=comm, caps=caps, priority=-up))
+    found = _repaired(graph, places, caps, comm, errors)
     if not found:
         raise errors[0]
     return min(found, key=lambda f: f[0])[1]

@@ -39,6 +39,7 @@ class Slicing:
     ptr: np.ndarray  # int64 [C + 1]
     num_primary: int  # clusters 0 .. num_primary-1 are the primaries, one per device
     top_level: np.ndarray  # float64 [V], top levels on the whole graph (expected starts)
+    bottom_level: np.ndarray  # float64 [V], bottom levels on the whole graph (upward ranks)
 
     @property
     def num_clusters(self) -> int:
@@ -63,7 +64,7 @@ def slice_graph(graph: OpGraph, *, num_devices: int, edge_us: np.ndarray) -> Sli
     dst = graph.dst.tolist()
     paths: list[list[int]] = []
     top, bottom = longest_paths(graph, node_w=graph.time_us, edge_w=edge_us)
-    first_top = top
+    first_top, first_bottom = top, bottom
     for _ in range(num_devices):
         if not alive.any():
             break
@@ -77,7 +78,7 @@ def slice_graph(graph: OpGraph, *, num_devices: int, edge_us: np.ndarray) -> Sli
         top, bottom = longest_paths(graph, node_w=graph.time_us, edge_w=edge_us, alive=alive)
     num_primary = len(paths)
     paths += _secondary_paths(alive, _rounded(top + bottom), top, out_ptr, dst)
-    return _as_slicing(paths, num, num_primary, first_top)
+    return _as_slicing(paths, num, num_primary, first_top, first_bottom)
 
 
 def _rounded(wlvl: np.ndarray) -> np.ndarray:
@@ -125,7 +126,9 @@ def _secondary_paths(
     return paths
 
 
-def _as_slicing(paths: list[list[int]], num: int, num_primary: int, top: np.ndarray) -> Slicing:
+def _as_slicing(
+    paths: list[list[int]], num: int, num_primary: int, top: np.ndarray, bottom: np.ndarray
+) -> Slicing:
     sizes = np.fromiter((len(p) for p in paths), dtype=np.int64, count=len(paths))
     ptr = np.zeros(len(paths) + 1, dtype=np.int64)
     np.cumsum(sizes, out=ptr[1:])
@@ -133,5 +136,10 @@ def _as_slicing(paths: list[list[int]], num: int, num_primary: int, top: np.ndar
     cluster_of = np.empty(num, dtype=np.int64)
     cluster_of[members] = np.repeat(np.arange(len(paths), dtype=np.int64), sizes)
     return Slicing(
-        cluster_of=cluster_of, members=members, ptr=ptr, num_primary=num_primary, top_level=top
+        cluster_of=cluster_of,
+        members=members,
+        ptr=ptr,
+        num_primary=num_primary,
+        top_level=top,
+        bottom_level=bottom,
     )

@@ -310,12 +310,18 @@ PRESETS: dict[str, Preset] = {
 
 
 def capture_preset(
-    name: str, *, device: Device = DEVICES["v100"], optimizer: str = "adam", measure: bool = False
+    name: str,
+    *,
+    device: Device = DEVICES["v100"],
+    optimizer: str = "adam",
+    measure: bool = False,
+    repeats: int = 5,
 ) -> OpGraph:
     """Capture one training step of a preset.
 
     On meta tensors (nothing is allocated) with roofline times of ``device``; with
-    ``measure=True`` on real CPU tensors, each op timed as it runs (small presets only).
+    ``measure=True`` on real CPU tensors, each op timed in ``repeats`` runs of the step,
+    the median kept (small presets only).
     """
     if name not in PRESETS:
         raise PartitionError(f"model preset {name!r} is not known; choose one of {sorted(PRESETS)}")
@@ -332,5 +338,6 @@ def capture_preset(
         optimizer=optimizer,
         device=device,
         measure=measure,
+        repeats=repeats,
         name=name,
     )
