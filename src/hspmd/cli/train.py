@@ -23,13 +23,15 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from hspmd.checkpoint.store import latest, read_manifest
 from hspmd.models.llama import PRESETS
 from hspmd.plan.strategy import parse_strategy
 from hspmd.train.config import AdamConfig, StepRecord, TrainConfig, TrainError
+from hspmd.train.faults import parse_injections
 from hspmd.train.reference import TrainResult, run_reference
-from hspmd.train.trainer import check_config, num_processes, train
+from hspmd.train.trainer import check_config, num_processes, train, train_elastic
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -130,6 +132,27 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | Non
     )
     parser.add_argument("--resume", default=None, metavar="DIR", help="continue from DIR")
     parser.add_argument(
+        "--elastic",
+        action="store_true",
+        help="survive dead and hung ranks in-process: re-plan over the survivors, move the "
+        "states from surviving replicas, redo the interrupted step (docs/elastic.md)",
+    )
+    parser.add_argument(
+        "--hang-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="with --elastic: a rank without progress for S seconds counts as hung",
+    )
+    parser.add_argument(
+        "--inject-failure",
+        action="append",
+        default=[],
+        metavar="RANK@STEP[:PHASE[:kill|hang]]",
+        help="fault injection for tests: RANK fails in PHASE (forward, backward, sync, "
+        "optimizer, switch, save; default forward) of STEP by SIGKILL or a hang (repeatable)",
+    )
+    parser.add_argument(
         "--slowdown",
         default="",
         metavar="RANK=FACTOR,...",
@@ -191,6 +214,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         save_every=args.save_every or 1,
         resume=args.resume,
         slowdown=parse_slowdown(getattr(args, "slowdown", "")),
+        elastic=getattr(args, "elastic", False),
+        hang_timeout=getattr(args, "hang_timeout", 60.0),
+        inject=parse_injections(getattr(args, "inject_failure", [])),
     )
 
 
@@ -299,7 +325,50 @@ def run_config(config: TrainConfig, *, reference: bool, as_json: bool) -> TrainR
     title = f"{num_processes(config)} ranks"
     done = resumed_step(config)  # the bar starts there
     with progress(config, title=title, as_json=as_json, done=done) as on_step:
+        if config.elastic:
+            on_event = print_event if as_json else lambda e: print(event_text(e), flush=True)
+            return train_elastic(config, on_step=on_step, on_event=on_event)
         return train(config, on_step=on_step)
+
+
+def print_event(event: dict[str, Any]) -> None:
+    print(json.dumps(event), flush=True)
+
+
+def event_text(event: dict[str, Any]) -> str:
+    """One readable line for an elastic event (``--json`` prints the object instead).
+
+    >>> event_text({"event": "resumed", "step": 4, "recovery_seconds": 0.5, "moved_bytes": 8e6})
+    'resumed at step 4 after 0.500 s of recovery (8.0 MB of states moved)'
+    """
+    kind = event["event"]
+    if kind == "failure":
+        how = "hung" if event["cause"] == "hang" else f"died (exit code {event['exit_code']})"
+        return (
+            f"failure: rank {event['rank']} {how} in {event['phase']} of step {event['step']}; "
+            f"detected after {event['detected_after_s']:.3f} s"
+        )
+    if kind == "replan":
+        return f"replan: {event['strategy']!r} planned in {event['plan_seconds'] * 1e3:.0f} ms"
+    if kind == "resumed":
+        moved = event["moved_bytes"]
+        what = (
+            "states loaded from the checkpoint"
+            if moved is None
+            else (f"{moved / 1e6:.1f} MB of states moved")
+        )
+        return (
+            f"resumed at step {event['step']} after {event['recovery_seconds']:.3f} s of "
+            f"recovery ({what})"
+        )
+    if kind == "started":
+        return f"elastic run started: process ids by rank {event['pids']}"
+    if kind == "fallback":
+        return (
+            f"fallback: every replica of {event['lost']} died; loaded the checkpoint of step "
+            f"{event['checkpoint_step']} onto {event['strategy']!r}"
+        )
+    return json.dumps(event)
 
 
 def run(args: argparse.Namespace) -> int:

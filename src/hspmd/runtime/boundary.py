@@ -51,9 +51,10 @@ class Pending:
 
     work: Any
     buffer: torch.Tensor
+    world: World
 
     def wait(self) -> None:
-        self.work.wait()
+        self.world.wait([self.work])
 
 
 def send(plan: CommPlan, x: torch.Tensor, world: World) -> list[Pending]:
@@ -74,7 +75,7 @@ def send(plan: CommPlan, x: torch.Tensor, world: World) -> list[Pending]:
         else:
             buffer = torch.cat([t.reshape(-1) for t in parts])
         world.record("send", group=(rank, peer), nbytes=buffer.numel() * buffer.element_size())
-        pending.append(Pending(dist.isend(buffer, peer), buffer))
+        pending.append(Pending(dist.isend(buffer, peer), buffer, world))
     return pending
 
 
@@ -96,7 +97,7 @@ def recv(plan: CommPlan, world: World, *, dtype: torch.dtype = torch.float32) ->
         else:
             buffer = torch.empty(sum(v.numel() for v in views), dtype=dtype, device=out.device)
         world.record("recv", group=(peer, rank), nbytes=buffer.numel() * buffer.element_size())
-        dist.recv(buffer, peer)
+        world.wait([dist.irecv(buffer, peer)])  # the world's waiter notices dead peers
         if buffer is not views[0]:
             offset = 0
             for view in views:

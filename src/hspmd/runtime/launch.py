@@ -40,10 +40,24 @@ import torch
 import torch.distributed as dist
 
 from hspmd.errors import HspmdError
+from hspmd.runtime.members import Members
 from hspmd.runtime.world import World
 
 _PRELOAD = ["torch", "torch.distributed", "numpy", "hspmd.runtime.execute"]
 _GRACE_S = 2.0
+_HANG_POLL_S = 0.05  # elastic: how often the launcher looks at the heartbeats
+
+
+@dataclass(frozen=True, slots=True)
+class ElasticLaunch:
+    """An elastic launch: a worker's death or hang is published, never fatal to the others.
+
+    ``hang_timeout_s``: a rank without progress that long is killed and published dead;
+    ``on_message(rank, payload)``: what workers send with ``world.notify`` (events)."""
+
+    hang_timeout_s: float
+    on_message: Callable[[int, Any], None] | None = None
+    on_start: Callable[[list[int]], None] | None = None  # the workers' process ids by rank
 
 
 class LaunchError(HspmdError, RuntimeError):
@@ -55,6 +69,10 @@ class LaunchError(HspmdError, RuntimeError):
         self.remote_traceback = remote_traceback
 
 
+class _Closed(LaunchError):
+    """A worker's pipe closed with no result: it died."""
+
+
 @dataclass(frozen=True, slots=True)
 class _WorkerSpec:
     rank: int
@@ -63,6 +81,7 @@ class _WorkerSpec:
     backend: str
     pg_timeout_s: float
     threads: int
+    elastic: bool = False
 
 
 def launch(
@@ -75,12 +94,15 @@ def launch(
     pg_timeout_s: float | None = None,
     threads: int | None = None,
     start_method: str = "forkserver",
+    elastic: ElasticLaunch | None = None,
 ) -> list[Any]:
     """Run ``fn(world, *args)`` on ``nproc`` local processes; return the results by rank.
 
     Results travel back pickled: keep them small (numbers, numpy arrays, CPU tensors).
     ``threads`` is torch's intra-op thread count per worker (default: cores // nproc, at
     least 1). ``pg_timeout_s`` (default ``timeout_s``) bounds every collective.
+    ``elastic``: the run survives its workers (``ElasticLaunch``); a dead rank's result is
+    None, and the workers' ``World`` carries the store, its member id and ``notify``.
     """
     if nproc < 1:
         raise LaunchError(f"nproc={nproc}: start at least one process")
@@ -97,7 +119,10 @@ def launch(
     procs, conns = [], []
     try:
         for rank in range(nproc):
-            spec = _WorkerSpec(rank, nproc, store.port, backend, pg_timeout_s or timeout_s, threads)
+            spec = _WorkerSpec(
+                rank, nproc, store.port, backend, pg_timeout_s or timeout_s, threads,
+                elastic=elastic is not None,
+            )  # fmt: skip
             reader, writer = ctx.Pipe(duplex=False)
             proc = ctx.Process(
                 target=_worker_main, args=(fn, tuple(args), spec, writer), name=f"hspmd-rank{rank}"
@@ -106,7 +131,14 @@ def launch(
             writer.close()
             procs.append(proc)
             conns.append(reader)
-        results = _collect(procs, conns, deadline=time.monotonic() + timeout_s)
+        members = None
+        if elastic is not None and elastic.on_start is not None:
+            elastic.on_start([proc.pid for proc in procs])
+        if elastic is not None:
+            members = Members(store, range(nproc), hang_timeout_s=elastic.hang_timeout_s)
+        results = _collect(
+            procs, conns, deadline=time.monotonic() + timeout_s, elastic=elastic, members=members
+        )
         _stop(procs, exit_s=_GRACE_S)  # every result is in: let the workers exit cleanly
         return results
     finally:
@@ -116,40 +148,72 @@ def launch(
         del store
 
 
-def _collect(procs: list[Any], conns: list[Connection], *, deadline: float) -> list[Any]:
-    """Wait for one message per rank; raise on the first error, death or the deadline."""
+def _collect(
+    procs: list[Any], conns: list[Connection], *, deadline: float,
+    elastic: ElasticLaunch | None = None, members: Members | None = None,
+) -> list[Any]:  # fmt: skip
+    """Wait for one result per rank; raise on the first error, death or the deadline.
+
+    Elastic (``members`` given): a death or a hang is published (``Members``) and the
+    others go on; the dead rank's result is None."""
     results: dict[int, Any] = {}
     waiting = {id(c): r for r, c in enumerate(conns)}
     sentinels = {p.sentinel: r for r, p in enumerate(procs)}
+    on_message = elastic.on_message if elastic is not None else None
     while len(results) < len(procs):
         left = deadline - time.monotonic()
         if left <= 0:
             missing = sorted(set(range(len(procs))) - set(results))
             raise LaunchError(f"timed out: ranks {missing} did not finish; raise timeout_s")
-        ready = wait([c for c in conns if id(c) in waiting] + list(sentinels), timeout=left)
+        poll = left if members is None else min(left, _HANG_POLL_S)
+        ready = wait([c for c in conns if id(c) in waiting] + list(sentinels), timeout=poll)
         # Exits first: a rank that died is the cause of its peers' errors, not their victim.
         for item in ready:
             if not isinstance(item, Connection) and item in sentinels:
                 rank = sentinels.pop(item)
-                _check_exit(procs[rank], rank, conns[rank], waiting, results)
+                _check_exit(procs[rank], rank, conns[rank], waiting, results, members, on_message)
         for item in ready:
             if isinstance(item, Connection) and id(item) in waiting:
-                rank = waiting.pop(id(item))
-                _take(item, rank, results, procs[rank])
+                rank = waiting[id(item)]
+                try:
+                    if _take(item, rank, results, procs[rank], on_message):
+                        waiting.pop(id(item))
+                except _Closed:
+                    if members is None:
+                        raise
+                    waiting.pop(id(item))  # its exit (sentinel) publishes the death
+        if members is not None:
+            for rank in members.stale():  # hung: fence it (kill), then publish
+                procs[rank].kill()
+                procs[rank].join(_GRACE_S)
+                sentinels.pop(procs[rank].sentinel, None)
+                waiting.pop(id(conns[rank]), None)
+                members.died(rank, cause="hang", exitcode=procs[rank].exitcode)
+                results[rank] = None
+            if not members.alive:
+                raise LaunchError("every rank died: nothing left to train on")
     return [results[r] for r in range(len(procs))]
 
 
-def _take(conn: Connection, rank: int, results: dict[int, Any], proc: Any) -> None:
+def _take(
+    conn: Connection, rank: int, results: dict[int, Any], proc: Any,
+    on_message: Callable[[int, Any], None] | None = None,
+) -> bool:  # fmt: skip
+    """Read one message of ``rank``: True once it was the final one (its result)."""
     try:
         status, payload = conn.recv()
     except EOFError:
         proc.join(_GRACE_S)
-        raise LaunchError(
+        raise _Closed(
             f"rank {rank} died with exit code {proc.exitcode} and no result", rank=rank
         ) from None
+    if status == "event":
+        if on_message is not None:
+            on_message(rank, payload)
+        return False
     if status == "ok":
         results[rank] = payload
-        return
+        return True
     kind, text, trace = payload
     raise LaunchError(
         f"rank {rank} raised {kind}: {text}\n--- traceback of rank {rank} ---\n{trace}",
@@ -159,17 +223,29 @@ def _take(conn: Connection, rank: int, results: dict[int, Any], proc: Any) -> No
 
 
 def _check_exit(
-    proc: Any, rank: int, conn: Connection, waiting: dict[int, int], results: dict[int, Any]
-) -> None:
-    """A process ended: fine if its result arrived (or is still in the pipe), else an error."""
-    if id(conn) in waiting and conn.poll(0.2):
-        waiting.pop(id(conn))
-        _take(conn, rank, results, proc)
+    proc: Any, rank: int, conn: Connection, waiting: dict[int, int], results: dict[int, Any],
+    members: Members | None = None, on_message: Callable[[int, Any], None] | None = None,
+) -> None:  # fmt: skip
+    """A process ended: fine if its result arrived (or is still in the pipe), else an error
+    (elastic: a published death)."""
+    try:
+        while id(conn) in waiting and conn.poll(0.2):
+            if _take(conn, rank, results, proc, on_message):
+                waiting.pop(id(conn))
+    except LaunchError:
+        if members is None:
+            raise
     proc.join(_GRACE_S)
-    if rank not in results:
+    if rank in results:
+        return
+    if members is None:
         raise LaunchError(
             f"rank {rank} died with exit code {proc.exitcode} and no result", rank=rank
         )
+    waiting.pop(id(conn), None)
+    if rank in members.alive:
+        members.died(rank, cause="exit", exitcode=proc.exitcode)
+    results[rank] = None
 
 
 def _stop(procs: list[Any], *, exit_s: float = 0.0) -> None:
@@ -211,8 +287,14 @@ def _worker_main(
             device_id=_device_for(spec),
         )
         world = World.create(timeout_s=spec.pg_timeout_s)
+        if spec.elastic:
+            world.store, world.member = store, spec.rank
+            world.notify = lambda payload: conn.send(("event", payload))
         result = fn(world, *args)
         conn.send(("ok", result))
+        if spec.elastic:  # past groups are kept referenced: their destructors would block
+            conn.close()
+            os._exit(0)
     except BaseException as error:  # noqa: BLE001 - every failure goes back to the launcher
         conn.send(("error", (type(error).__name__, str(error), traceback.format_exc())))
         conn.close()

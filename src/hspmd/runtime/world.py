@@ -76,6 +76,11 @@ class World:
     groups: dict[Ranks, dist.ProcessGroup] = field(default_factory=dict)
     logs: list[CommLog] = field(default_factory=list)
     waiter: Callable[[Sequence[Any]], None] | None = None
+    # elastic runs (hspmd.runtime.watch): the launcher's store, this process's launch index
+    # (its rank in generation 0, fixed for the run) and a channel to the launcher
+    store: Any = None
+    member: int = -1
+    notify: Callable[[Any], None] | None = None
 
     @staticmethod
     def create(*, timeout_s: float = 300.0) -> World:

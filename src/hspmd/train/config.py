@@ -12,6 +12,7 @@ from typing import Any
 
 from hspmd.errors import HspmdError
 from hspmd.models.llama import LlamaConfig, get_config
+from hspmd.train.faults import Injection
 
 __all__ = ["AdamConfig", "StepRecord", "TrainConfig", "TrainError"]
 
@@ -72,6 +73,10 @@ class TrainConfig:
     resume: str | None = None  # continue from the newest checkpoint in this directory
     # (rank, factor): that rank sleeps (factor - 1) x each compute's time (hspmd.train.slowdown)
     slowdown: tuple[tuple[int, float], ...] = ()
+    # elastic training (hspmd.train.elastic): survive dead and hung ranks in-process
+    elastic: bool = False
+    hang_timeout: float = 60.0  # seconds without progress before a rank counts as hung
+    inject: tuple[Injection, ...] = ()  # fault injection (hspmd.train.faults)
 
     def __post_init__(self) -> None:
         for name in ("global_batch", "seq_len", "steps", "save_every", "bucket_bytes"):
@@ -84,6 +89,7 @@ class TrainConfig:
                 "(the strategy of step 1 is --strategy)"
             )
         self._check_slowdown()
+        self._check_elastic()
         if self.schedule not in ("1f1b", "gpipe"):
             raise TrainError(f"schedule={self.schedule!r}: choose 1f1b or gpipe")
         if self.dtype not in ("fp32", "bf16"):
@@ -120,6 +126,28 @@ class TrainConfig:
             raise TrainError(
                 f"seq_len={self.seq_len} exceeds the model's max_seq_len={model.max_seq_len}"
             )
+
+    def _check_elastic(self) -> None:
+        if not self.hang_timeout > 0:
+            raise TrainError(f"hang_timeout={self.hang_timeout}: give a positive number of seconds")
+        if not self.elastic:
+            other = [str(i) for i in self.inject if i.phase != "forward" or i.mode != "kill"]
+            if other:
+                raise TrainError(
+                    f"--inject-failure {other[0]}: without --elastic only a kill in forward "
+                    "(RANK@STEP) is injected (it ends the run); add --elastic"
+                )
+            return
+        refused = [
+            ("--zero1", self.zero1, "a sharded optimizer state has one holder"),
+            ("--switch", bool(self.switches), "the run re-plans by itself"),
+            ("--switch-mode weights", self.switch_mode == "weights", "use states"),
+            ("--switch-algo relay", self.switch_algo == "relay", "use fused"),
+            ("--resume", bool(self.resume), "resume without --elastic"),
+        ]
+        for flag, given, why in refused:
+            if given:
+                raise TrainError(f"--elastic does not take {flag} ({why}): drop {flag}")
 
     def _check_slowdown(self) -> None:
         ranks = [rank for rank, _ in self.slowdown]

@@ -20,13 +20,14 @@ import torch
 from hspmd.errors import StrategyError
 from hspmd.models.llama import parameter_shapes
 from hspmd.plan.strategy import Strategy, check_strategy, parse_strategy
-from hspmd.runtime.launch import launch
+from hspmd.runtime.launch import ElasticLaunch, launch
 from hspmd.runtime.world import World
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
+from hspmd.train.elastic import run_rank_elastic
 from hspmd.train.loop import options_of, run_rank
 from hspmd.train.reference import TrainResult
 
-__all__ = ["check_config", "num_processes", "train", "train_many"]
+__all__ = ["check_config", "num_processes", "train", "train_elastic", "train_many"]
 
 
 def check_config(config: TrainConfig) -> Strategy:
@@ -168,3 +169,44 @@ def train(
     """Train one config on local processes (one per rank of its strategy)."""
     callback = None if on_step is None else (lambda _index, record: on_step(record))
     return train_many([config], on_step=callback, threads=threads)[0]
+
+
+def train_elastic(
+    config: TrainConfig,
+    *,
+    on_step: Callable[[StepRecord], None] | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+    timeout_s: float = 600.0,
+    threads: int | None = None,
+) -> TrainResult:
+    """Train ``config`` (``elastic=True``) on local processes that survive each other's
+    death (``hspmd.train.elastic``); ``on_event`` gets the failure, replan, resumed and
+    fallback events. The result's parameters are the survivors' pieces."""
+    nproc = num_processes(config)
+    last = [0]  # a step reported again across a failure (a new rank 0) is dropped
+
+    def on_message(_rank: int, payload: Any) -> None:
+        kind, value = payload
+        if kind == "step":
+            if value.step > last[0]:
+                last[0] = value.step
+                if on_step is not None:
+                    on_step(value)
+            return
+        if value.get("event") == "fallback":
+            last[0] = value["checkpoint_step"]
+        if on_event is not None:
+            on_event(value)
+
+    def on_start(pids: list[int]) -> None:  # for tests and users that kill ranks from outside
+        if on_event is not None:
+            on_event({"event": "started", "pids": pids})
+
+    elastic = ElasticLaunch(
+        hang_timeout_s=config.hang_timeout, on_message=on_message, on_start=on_start
+    )
+    results = launch(
+        run_rank_elastic, nproc, args=(config,), timeout_s=timeout_s, threads=threads,
+        elastic=elastic,
+    )  # fmt: skip
+    return _assemble([[r] for r in results if r is not None], [config])[0]
