@@ -65,9 +65,25 @@ def check_config(config: TrainConfig) -> Strategy:
             f"slowdown names ranks {slow} that the run's strategies do not use (ranks "
             f"0..{len(used) - 1}): drop them or pick ranks of the strategy"
         )
+    _check_elastic(config, strategy, used)
     if config.model_config().tie_embeddings:
         raise TrainError("tied embeddings: not supported by the trainer yet; train without them")
     return strategy
+
+
+def _check_elastic(config: TrainConfig, strategy: Strategy, used: list[int]) -> None:
+    outside = [str(i) for i in config.inject if i.rank not in used]
+    if outside:
+        raise TrainError(
+            f"--inject-failure {outside[0]} names a rank the run does not have (ranks "
+            f"0..{len(used) - 1})"
+        )
+    if config.elastic and len(strategy.pipelines) < 2:
+        raise TrainError(
+            f"--elastic needs data-parallel redundancy: {strategy} has one pipeline, so a "
+            "lost rank loses its layers' only states; give two pipelines or more (e.g. "
+            "'2x2: R0:L0-3; 2x2: R1:L0-3')"
+        )
 
 
 def num_processes(config: TrainConfig) -> int:
