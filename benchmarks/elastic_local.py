@@ -92,8 +92,10 @@ def train(args: list[str], *, timeout_s: float) -> Run:
     return run
 
 
-def first_step_after(run: Run, moment: float) -> tuple[float, dict[str, Any]]:
-    return next((t, x) for t, x in run.steps() if t > moment)
+def first_step_after(run: Run, moment: float, *, step: int) -> tuple[float, dict[str, Any]]:
+    """The record of ``step`` (the one the kill interrupted, done again) arriving after
+    ``moment`` (a record of the step before may arrive after the kill: skipped)."""
+    return next((t, x) for t, x in run.steps() if t > moment and x["step"] >= step)
 
 
 def one_trial(common: list[str], *, kill: str, timeout_s: float) -> dict[str, Any]:
@@ -102,8 +104,8 @@ def one_trial(common: list[str], *, kill: str, timeout_s: float) -> dict[str, An
     if elastic.code != 0 or not elastic.events("resumed"):
         raise RuntimeError("the elastic run did not recover:\n" + elastic.stderr())
     killed = elastic.kill_time()
-    at, record = first_step_after(elastic, killed)
     failure = elastic.events("failure")[0]
+    at, record = first_step_after(elastic, killed, step=failure["step"])
     resumed = elastic.events("resumed")[0]
     survivors = elastic.events("replan")[-1]["strategy"]
     with tempfile.TemporaryDirectory() as folder:
@@ -112,7 +114,6 @@ def one_trial(common: list[str], *, kill: str, timeout_s: float) -> dict[str, An
         if first.code == 0:
             raise RuntimeError("the restart baseline's run survived the kill")
         restart_killed = first.kill_time()
-        saved = [x["step"] for _, x in first.steps()]
         index = common.index("--strategy")
         again = [*common[:index], *common[index + 2 :], "--strategy", survivors]
         second = train([*again, "--resume", folder], timeout_s=timeout_s)
@@ -125,16 +126,13 @@ def one_trial(common: list[str], *, kill: str, timeout_s: float) -> dict[str, An
         "detected_s": failure["detected_after_s"],
         "recovery_s": resumed["recovery_seconds"],
         "moved_bytes": resumed["moved_bytes"],
-        "inprocess_lost_steps": _done_before(elastic, killed) - record["step"] + 1,
+        # completed steps done again: (the kill's step - 1) - (the next step run) + 1
+        "inprocess_lost_steps": failure["step"] - record["step"],
         "restart_s": restart_at - restart_killed,
         "restart_teardown_s": first.ended - restart_killed,
-        "restart_lost_steps": (max(saved) if saved else 0) - restart_record["step"] + 1,
+        "restart_lost_steps": failure["step"] - restart_record["step"],
         "survivors": survivors,
     }
-
-
-def _done_before(run: Run, moment: float) -> int:
-    return max((x["step"] for t, x in run.steps() if t <= moment), default=0)
 
 
 def _check_same_losses(a: Run, b: Run, *, since: int) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from hspmd.checkpoint import latest, read_manifest
 from hspmd.runtime.launch import LaunchError
 from tests.elastic.helpers import assert_matches_reference, run
 
@@ -31,3 +32,13 @@ def test_a_lost_layer_falls_back_to_the_checkpoint(tmp_path: Path) -> None:
 def test_a_lost_layer_without_checkpoint_names_it() -> None:
     with pytest.raises(LaunchError, match="every replica of layers 1 died and there is no"):
         run(TWO_PP, *BOTH)
+
+
+def test_a_kill_while_saving_writes_the_checkpoint_again(tmp_path: Path) -> None:
+    """Rank 2 dies saving step 2 (committed): step 2 counts once, its checkpoint is written
+    again from the new plan, and it loads."""
+    result, events = run(TWO_PP, "2@2:save", save=str(tmp_path), save_every=2, steps=3)
+    assert_matches_reference(result, steps=3)
+    assert next(e for e in events if e["event"] == "resumed")["step"] == 3
+    manifest = read_manifest(latest(str(tmp_path)))
+    assert manifest.step == 2 and manifest.strategy != TWO_PP  # written by the new plan

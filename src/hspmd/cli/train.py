@@ -153,6 +153,20 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | Non
         "optimizer, switch, save; default forward) of STEP by SIGKILL or a hang (repeatable)",
     )
     parser.add_argument(
+        "--spares",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --elastic: start N more local processes, held back until --grow",
+    )
+    parser.add_argument(
+        "--grow",
+        action="append",
+        default=[],
+        metavar="STEP=N",
+        help="with --spares: N spare ranks join before STEP (re-plan, states move to them)",
+    )
+    parser.add_argument(
         "--slowdown",
         default="",
         metavar="RANK=FACTOR,...",
@@ -217,7 +231,22 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         elastic=getattr(args, "elastic", False),
         hang_timeout=getattr(args, "hang_timeout", 60.0),
         inject=parse_injections(getattr(args, "inject_failure", [])),
+        spares=getattr(args, "spares", 0),
+        grow=parse_grow(getattr(args, "grow", [])),
     )
+
+
+def parse_grow(values: list[str]) -> tuple[tuple[int, int], ...]:
+    """``['3=2']`` -> ``((3, 2),)``, sorted by step."""
+    out = []
+    for value in values:
+        step, sep, count = value.partition("=")
+        if not sep or not step.strip().isdigit() or not count.strip().isdigit():
+            raise TrainError(
+                f"--grow {value!r}: write STEP=N, e.g. 3=2 (2 spares join before step 3)"
+            )
+        out.append((int(step), int(count)))
+    return tuple(sorted(out))
 
 
 def global_batch_of(args: argparse.Namespace) -> int:
@@ -361,6 +390,8 @@ def event_text(event: dict[str, Any]) -> str:
             f"resumed at step {event['step']} after {event['recovery_seconds']:.3f} s of "
             f"recovery ({what})"
         )
+    if kind == "grow":
+        return f"growth: ranks {event['ranks']} join before step {event['step']}"
     if kind == "started":
         return f"elastic run started: process ids by rank {event['pids']}"
     if kind == "fallback":

@@ -58,6 +58,7 @@ class ElasticLaunch:
     hang_timeout_s: float
     on_message: Callable[[int, Any], None] | None = None
     on_start: Callable[[list[int]], None] | None = None  # the workers' process ids by rank
+    spares: int = 0  # the last ``spares`` processes start outside the group, until a growth
 
 
 class LaunchError(HspmdError, RuntimeError):
@@ -115,12 +116,13 @@ def launch(
     if start_method == "forkserver":
         ctx.set_forkserver_preload(_PRELOAD)
     store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+    spares = elastic.spares if elastic is not None else 0
     threads = threads or max(1, (os.cpu_count() or 1) // nproc)
     procs, conns = [], []
     try:
         for rank in range(nproc):
             spec = _WorkerSpec(
-                rank, nproc, store.port, backend, pg_timeout_s or timeout_s, threads,
+                rank, nproc - spares, store.port, backend, pg_timeout_s or timeout_s, threads,
                 elastic=elastic is not None,
             )  # fmt: skip
             reader, writer = ctx.Pipe(duplex=False)
@@ -135,7 +137,10 @@ def launch(
         if elastic is not None and elastic.on_start is not None:
             elastic.on_start([proc.pid for proc in procs])
         if elastic is not None:
-            members = Members(store, range(nproc), hang_timeout_s=elastic.hang_timeout_s)
+            members = Members(
+                store, range(nproc - spares), hang_timeout_s=elastic.hang_timeout_s,
+                spares=range(nproc - spares, nproc),
+            )  # fmt: skip
         results = _collect(
             procs, conns, deadline=time.monotonic() + timeout_s, elastic=elastic, members=members
         )
@@ -192,6 +197,15 @@ def _collect(
                 results[rank] = None
             if not members.alive:
                 raise LaunchError("every rank died: nothing left to train on")
+            members.serve_growth()
+            if all(r in results for r in members.alive):  # done: spares never used go
+                for rank in members.spares:
+                    procs[rank].kill()
+                    procs[rank].join(_GRACE_S)
+                    sentinels.pop(procs[rank].sentinel, None)
+                    waiting.pop(id(conns[rank]), None)
+                    results[rank] = None
+                members.spares.clear()
     return [results[r] for r in range(len(procs))]
 
 
@@ -278,15 +292,19 @@ def _worker_main(
             False,
             timeout=datetime.timedelta(seconds=spec.pg_timeout_s),
         )
-        dist.init_process_group(
-            spec.backend,
-            store=store,
-            rank=spec.rank,
-            world_size=spec.world_size,
-            timeout=datetime.timedelta(seconds=spec.pg_timeout_s),
-            device_id=_device_for(spec),
-        )
-        world = World.create(timeout_s=spec.pg_timeout_s)
+        if spec.rank < spec.world_size:
+            dist.init_process_group(
+                spec.backend,
+                store=store,
+                rank=spec.rank,
+                world_size=spec.world_size,
+                timeout=datetime.timedelta(seconds=spec.pg_timeout_s),
+                device_id=_device_for(spec),
+            )
+            world = World.create(timeout_s=spec.pg_timeout_s)
+        else:  # a spare: outside any group until a growth takes it (hspmd.runtime.members)
+            timeout = datetime.timedelta(seconds=spec.pg_timeout_s)
+            world = World(-1, 0, torch.device("cpu"), spec.backend, timeout)
         if spec.elastic:
             world.store, world.member = store, spec.rank
             world.notify = lambda payload: conn.send(("event", payload))
@@ -300,7 +318,8 @@ def _worker_main(
         conn.close()
         os._exit(1)
     conn.close()
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _device_for(spec: _WorkerSpec) -> torch.device | None:

@@ -16,7 +16,10 @@ dying/M            ``"TIME PHASE STEP"``: written by an injected failure just be
 join/G             counter: members that reached generation G's rendezvous
 commit/G/S         counter: ranks of generation G whose gradients of step S are final
 loss/G/S/R         the scaled loss sum of reporter rank R in step S of generation G
-plan/G             the strategy text rank 0 of generation G planned (JSON)
+plan/...           the strategy text rank 0 of a generation planned (JSON)
+grow/I             JSON growth request I (rank 0): ``count`` spares and the run's position
+moved/G            counter: members of G that hold the moved states
+joined/M           the growth request that took spare M into a generation
 =================  =========================================================================
 
 The launcher side is ``Members``: a death (``died``) or a stale heartbeat (``stale``: no
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -96,9 +99,14 @@ def _heartbeat(store: Any, member: int) -> tuple[float, str, int] | None:
 class Members:
     """The launcher's record of the members alive, published generation by generation."""
 
-    def __init__(self, store: Any, members: Sequence[int], *, hang_timeout_s: float) -> None:
+    def __init__(
+        self, store: Any, members: Iterable[int], *, hang_timeout_s: float,
+        spares: Iterable[int] = (),
+    ) -> None:  # fmt: skip
         self.store = store
         self.alive = list(members)
+        self.spares = list(spares)  # started, outside every generation until a growth
+        self.grown = 0  # growth requests served
         self.dead: list[int] = []
         self.hang_timeout_s = hang_timeout_s
         self.gen = 0
@@ -128,6 +136,22 @@ class Members:
         self.gen += 1
         self._publish()
         return death
+
+    def serve_growth(self) -> None:
+        """Serve the workers' growth requests (``grow/I`` = JSON ``{"count": N, ...}``,
+        numbered by the counter ``grow``): the next generation adds N spares (fewer if
+        fewer are left)."""
+        if not self.store.check([key("grow", self.grown)]):
+            return
+        request = json.loads(self.store.get(key("grow", self.grown)))
+        self.grown += 1
+        joining = self.spares[: request["count"]]
+        del self.spares[: len(joining)]
+        for member in joining:  # which request took it: its position in the run
+            self.store.set(key("joined", member), str(self.grown - 1))
+        self.alive = sorted(self.alive + joining)
+        self.gen += 1
+        self._publish()
 
     def stale(self) -> list[int]:
         """Members watched (a heartbeat with a progress time) and without progress for

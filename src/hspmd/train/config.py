@@ -77,6 +77,8 @@ class TrainConfig:
     elastic: bool = False
     hang_timeout: float = 60.0  # seconds without progress before a rank counts as hung
     inject: tuple[Injection, ...] = ()  # fault injection (hspmd.train.faults)
+    spares: int = 0  # local processes held back at the start, for growth
+    grow: tuple[tuple[int, int], ...] = ()  # (step, count): that many spares join before it
 
     def __post_init__(self) -> None:
         for name in ("global_batch", "seq_len", "steps", "save_every", "bucket_bytes"):
@@ -130,6 +132,19 @@ class TrainConfig:
     def _check_elastic(self) -> None:
         if not self.hang_timeout > 0:
             raise TrainError(f"hang_timeout={self.hang_timeout}: give a positive number of seconds")
+        if (self.spares or self.grow) and not self.elastic:
+            raise TrainError("--spares and --grow are for elastic runs: add --elastic")
+        steps = [step for step, _ in self.grow]
+        if steps != sorted(set(steps)) or any(s < 2 or n < 1 for s, n in self.grow):
+            raise TrainError(
+                f"--grow {self.grow}: give STEP=COUNT once per step, steps from 2 on, "
+                "COUNT >= 1, e.g. --grow 3=2"
+            )
+        if sum(n for _, n in self.grow) > self.spares:
+            raise TrainError(
+                f"--grow adds {sum(n for _, n in self.grow)} ranks but --spares is "
+                f"{self.spares}: hold back enough spares (--spares N)"
+            )
         if not self.elastic:
             other = [str(i) for i in self.inject if i.phase != "forward" or i.mode != "kill"]
             if other:

@@ -54,6 +54,7 @@ from hspmd.switch.survivors import lost_states, plan_survivor_switch, renumber_s
 from hspmd.train.batches import step_batches
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.faults import inject
+from hspmd.train.layout import Layout
 from hspmd.train.loop import (
     _Active,
     activate,
@@ -84,6 +85,7 @@ class _Run:
     applied: bool = False  # this rank applied the step in flight
     saved: int = 0  # the last step this rank checkpointed
     resave: int = 0  # a step whose checkpoint a failure interrupted (written after recovery)
+    grown: list[int] = field(default_factory=list)  # --grow steps served
     records: list[StepRecord] = field(default_factory=list)
 
     def store(self, fn: Any) -> Any:
@@ -113,13 +115,18 @@ def run_rank_elastic(world: World, config: TrainConfig) -> dict[str, Any]:
     assert config.strategy is not None and world.store is not None
     watch = Watch(world.store, world.member, deadline_s=world.timeout.total_seconds())
     world.waiter = watch.wait
-    active = _build(world, config, config.strategy, watch)
-    run = _Run(config, world, watch, active, tuple(range(world.world_size)), gen=0)
-    data = step_batches(config)
-    batch = next(data)
+    if world.rank < 0:  # a spare: wait for a growth, then recover into it
+        run, data, batch = _spare(world, config, watch)
+        data, batch = _recover(run, PeerFailure(run.gen), data, batch)
+    else:
+        active = _build(world, config, config.strategy, watch)
+        run = _Run(config, world, watch, active, tuple(range(world.world_size)), gen=0)
+        data = step_batches(config)
+        batch = next(data)
     try:
         while run.step <= config.steps:
             try:
+                _grow(run)
                 _step(run, batch)
                 if _save_due(run):
                     _save(run)
@@ -137,6 +144,48 @@ def run_rank_elastic(world: World, config: TrainConfig) -> dict[str, Any]:
         for name, p in run.active.exe.params.items():
             pieces[name] = (run.active.exe.pieces[name].region, p.detach().float().numpy().copy())
     return {"pieces": pieces, "records": run.records}
+
+
+def _grow(run: _Run) -> None:
+    """Before a ``--grow`` step: rank 0 asks the launcher for spares (``grow/I``, with the
+    run's position for the spares), then every rank waits for the new generation
+    (``PeerFailure``: the recovery takes the spares in)."""
+    steps = [step for step, _ in run.config.grow]
+    if run.step not in steps or run.step in run.grown:
+        return
+    run.grown.append(run.step)
+    index = steps.index(run.step)
+    if run.world.rank == 0:
+        request = {
+            "count": dict(run.config.grow)[run.step], "step": run.step, "gen": run.gen,
+            "members": list(run.members), "strategy": run.active.text,
+            "adam_steps": run.adam_steps, "grown": run.grown,
+        }  # fmt: skip
+        run.store(lambda s: s.set(key("grow", index), json.dumps(request)))
+    run.watch.enter("grow", run.step)
+    with run.watch.waiting_on_peers():
+        while True:
+            run.watch.check()
+            time.sleep(POLL_S)
+
+
+def _spare(world: World, config: TrainConfig, watch: Watch) -> tuple[_Run, Any, Any]:
+    """Wait until a growth takes this spare; its run, as an idle rank of the strategy that
+    ran then, positioned at the growth's step."""
+    name = key("joined", world.member)
+    while not watch.store_call(lambda s: s.check([name])):
+        time.sleep(POLL_S)
+    index = int(watch.store_call(lambda s: s.get(name)))
+    request = json.loads(watch.store_call(lambda s: s.get(key("grow", index))))
+    model = config.model_config()
+    layout = Layout.from_text(request["strategy"], num_layers=model.num_layers)
+    run = _Run(
+        config, world, watch, _Active(request["strategy"], layout), tuple(request["members"]),
+        gen=request["gen"], step=request["step"], adam_steps=request["adam_steps"],
+        grown=list(request["grown"]),
+    )  # fmt: skip
+    data = islice(step_batches(config), run.step - 1, None)
+    return run, data, next(data)
 
 
 def _step(run: _Run, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
@@ -241,6 +290,10 @@ def _recover(run: _Run, failure: PeerFailure, data: Any, batch: Any) -> tuple[An
                 _adopt(run, pending)
             pending = None
             _report_deaths(run, members, detected, reported)
+            joined = [m for m in members if m not in run.members and m not in reported]
+            if joined:
+                reported.update(joined)
+                run.notify("event", {"event": "grow", "ranks": joined, "step": run.step})
             batch = _settle(run, data, batch)
             pending = _replan_and_move(run, members)
             _arrive(run, "moved", pending.gen, len(members))
@@ -248,12 +301,18 @@ def _recover(run: _Run, failure: PeerFailure, data: Any, batch: Any) -> tuple[An
             break
         except PeerFailure as again:  # a member failed during recovery: again, from settled states
             detected = again.detected_at
+    used = set(parse_strategy(pending.strategy).ranks)
     if pending.moved_bytes is None:  # states lost: the checkpoint's steps come again
         data = islice(step_batches(config), run.step - 1, None)
         batch = next(data)
     run.notify(
         "event",
-        {"event": "replan", "strategy": pending.strategy, "plan_seconds": pending.plan_seconds},
+        {
+            "event": "replan",
+            "strategy": pending.strategy,
+            "plan_seconds": pending.plan_seconds,
+            "idle": [m for r, m in enumerate(pending.members) if r not in used],  # launch ranks
+        },
     )
     run.notify(
         "event",
@@ -340,6 +399,8 @@ def _replan_and_move(run: _Run, members: tuple[int, ...]) -> _Moved:
     source = parse_strategy(run.active.text)
     renumbered = {r: members.index(m) for r, m in enumerate(run.members) if m in members}
     dead = [r for r, m in enumerate(run.members) if m not in members]
+    joined = [m for m in members if m not in run.members]  # spares: numbered after the old
+    renumbered.update({len(run.members) + i: members.index(m) for i, m in enumerate(joined)})
     text, plan_seconds = _plan(run, members, source, renumbered)
     target = str(renumber_strategy(parse_strategy(text), renumbered))
     lost = lost_states(model, source, dead)
@@ -369,7 +430,8 @@ def _plan(
         watch.unwatched()
         try:
             plan = replan(
-                config.model_config(), local_cost(len(run.members)), alive=sorted(renumbered),
+                config.model_config(), local_cost(max(len(run.members), max(renumbered) + 1)),
+                alive=sorted(renumbered),
                 current=source, global_batch=config.global_batch, seq_len=config.seq_len,
                 dtype=config.dtype,  # type: ignore[arg-type]
             )  # fmt: skip

@@ -72,11 +72,12 @@ def check_config(config: TrainConfig) -> Strategy:
 
 
 def _check_elastic(config: TrainConfig, strategy: Strategy, used: list[int]) -> None:
-    outside = [str(i) for i in config.inject if i.rank not in used]
+    ranks = len(used) + config.spares  # spares are the launch ranks after the strategy's
+    outside = [str(i) for i in config.inject if i.rank >= ranks]
     if outside:
         raise TrainError(
             f"--inject-failure {outside[0]} names a rank the run does not have (ranks "
-            f"0..{len(used) - 1})"
+            f"0..{ranks - 1})"
         )
     if config.elastic and len(strategy.pipelines) < 2:
         raise TrainError(
@@ -198,7 +199,7 @@ def train_elastic(
     """Train ``config`` (``elastic=True``) on local processes that survive each other's
     death (``hspmd.train.elastic``); ``on_event`` gets the failure, replan, resumed and
     fallback events. The result's parameters are the survivors' pieces."""
-    nproc = num_processes(config)
+    nproc = num_processes(config) + config.spares
     last = [0]  # a step reported again across a failure (a new rank 0) is dropped
 
     def on_message(_rank: int, payload: Any) -> None:
@@ -219,8 +220,9 @@ def train_elastic(
             on_event({"event": "started", "pids": pids})
 
     elastic = ElasticLaunch(
-        hang_timeout_s=config.hang_timeout, on_message=on_message, on_start=on_start
-    )
+        hang_timeout_s=config.hang_timeout, on_message=on_message, on_start=on_start,
+        spares=config.spares,
+    )  # fmt: skip
     results = launch(
         run_rank_elastic, nproc, args=(config,), timeout_s=timeout_s, threads=threads,
         elastic=elastic,
