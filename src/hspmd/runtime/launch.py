@@ -59,6 +59,12 @@ class ElasticLaunch:
     on_message: Callable[[int, Any], None] | None = None
     on_start: Callable[[list[int]], None] | None = None  # the workers' process ids by rank
     spares: int = 0  # the last ``spares`` processes start outside the group, until a growth
+    # several launchers, one per node, acting as one job: the job's store (host, port),
+    # hosted elsewhere; this launcher's workers are launch ranks first_member.. of
+    # num_members in all. The launcher of first_member 0 publishes generation 0.
+    store: tuple[str, int] | None = None
+    first_member: int = 0
+    num_members: int | None = None
 
 
 class LaunchError(HspmdError, RuntimeError):
@@ -83,6 +89,7 @@ class _WorkerSpec:
     pg_timeout_s: float
     threads: int
     elastic: bool = False
+    host: str = "127.0.0.1"
 
 
 def launch(
@@ -115,15 +122,23 @@ def launch(
     ctx: Any = mp.get_context(start_method)
     if start_method == "forkserver":
         ctx.set_forkserver_preload(_PRELOAD)
-    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
-    spares = elastic.spares if elastic is not None else 0
+    host, first, spares = "127.0.0.1", 0, 0
+    if elastic is not None and elastic.store is not None:  # a node of a several-node job
+        host, port = elastic.store
+        store = dist.TCPStore(host, port, None, False, timeout=_seconds(timeout_s))
+        first = elastic.first_member
+    else:
+        store = dist.TCPStore(host, 0, None, True, wait_for_workers=False)
+    if elastic is not None:
+        spares = elastic.spares
+    total = (elastic.num_members if elastic is not None else None) or nproc - spares
     threads = threads or max(1, (os.cpu_count() or 1) // nproc)
     procs, conns = [], []
     try:
         for rank in range(nproc):
             spec = _WorkerSpec(
-                rank, nproc - spares, store.port, backend, pg_timeout_s or timeout_s, threads,
-                elastic=elastic is not None,
+                first + rank, total, store.port, backend, pg_timeout_s or timeout_s, threads,
+                elastic=elastic is not None, host=host,
             )  # fmt: skip
             reader, writer = ctx.Pipe(duplex=False)
             proc = ctx.Process(
@@ -138,12 +153,13 @@ def launch(
             elastic.on_start([proc.pid for proc in procs])
         if elastic is not None:
             members = Members(
-                store, range(nproc - spares), hang_timeout_s=elastic.hang_timeout_s,
-                spares=range(nproc - spares, nproc),
+                store, range(first, first + nproc - spares), hang_timeout_s=elastic.hang_timeout_s,
+                spares=range(nproc - spares, nproc), everyone=range(total) if first == 0 else None,
             )  # fmt: skip
         results = _collect(
-            procs, conns, deadline=time.monotonic() + timeout_s, elastic=elastic, members=members
-        )
+            procs, conns, deadline=time.monotonic() + timeout_s, elastic=elastic, members=members,
+            first=first,
+        )  # fmt: skip
         _stop(procs, exit_s=_GRACE_S)  # every result is in: let the workers exit cleanly
         return results
     finally:
@@ -155,7 +171,7 @@ def launch(
 
 def _collect(
     procs: list[Any], conns: list[Connection], *, deadline: float,
-    elastic: ElasticLaunch | None = None, members: Members | None = None,
+    elastic: ElasticLaunch | None = None, members: Members | None = None, first: int = 0,
 ) -> list[Any]:  # fmt: skip
     """Wait for one result per rank; raise on the first error, death or the deadline.
 
@@ -176,7 +192,10 @@ def _collect(
         for item in ready:
             if not isinstance(item, Connection) and item in sentinels:
                 rank = sentinels.pop(item)
-                _check_exit(procs[rank], rank, conns[rank], waiting, results, members, on_message)
+                _check_exit(
+                    procs[rank], rank, conns[rank], waiting, results, members, on_message,
+                    member=first + rank,
+                )  # fmt: skip
         for item in ready:
             if isinstance(item, Connection) and id(item) in waiting:
                 rank = waiting[id(item)]
@@ -188,17 +207,18 @@ def _collect(
                         raise
                     waiting.pop(id(item))  # its exit (sentinel) publishes the death
         if members is not None:
-            for rank in members.stale():  # hung: fence it (kill), then publish
+            for member in members.stale():  # hung: fence it (kill), then publish
+                rank = member - first
                 procs[rank].kill()
                 procs[rank].join(_GRACE_S)
                 sentinels.pop(procs[rank].sentinel, None)
                 waiting.pop(id(conns[rank]), None)
-                members.died(rank, cause="hang", exitcode=procs[rank].exitcode)
+                members.died(member, cause="hang", exitcode=procs[rank].exitcode)
                 results[rank] = None
             if not members.alive:
                 raise LaunchError("every rank died: nothing left to train on")
             members.serve_growth()
-            if all(r in results for r in members.alive):  # done: spares never used go
+            if all(m - first in results for m in members.alive):  # done: unused spares go
                 for rank in members.spares:
                     procs[rank].kill()
                     procs[rank].join(_GRACE_S)
@@ -239,6 +259,7 @@ def _take(
 def _check_exit(
     proc: Any, rank: int, conn: Connection, waiting: dict[int, int], results: dict[int, Any],
     members: Members | None = None, on_message: Callable[[int, Any], None] | None = None,
+    member: int = 0,
 ) -> None:  # fmt: skip
     """A process ended: fine if its result arrived (or is still in the pipe), else an error
     (elastic: a published death)."""
@@ -257,8 +278,8 @@ def _check_exit(
             f"rank {rank} died with exit code {proc.exitcode} and no result", rank=rank
         )
     waiting.pop(id(conn), None)
-    if rank in members.alive:
-        members.died(rank, cause="exit", exitcode=proc.exitcode)
+    if member in members.alive:
+        members.died(member, cause="exit", exitcode=proc.exitcode)
     results[rank] = None
 
 
@@ -286,7 +307,7 @@ def _worker_main(
     torch.set_num_threads(spec.threads)
     try:
         store = dist.TCPStore(
-            "127.0.0.1",
+            spec.host,
             spec.port,
             None,
             False,
@@ -320,6 +341,10 @@ def _worker_main(
     conn.close()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _seconds(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=seconds)
 
 
 def _device_for(spec: _WorkerSpec) -> torch.device | None:

@@ -30,8 +30,9 @@ declared dead is dead) writes ``dead/M`` and the next generation.
 from __future__ import annotations
 
 import json
+import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -101,21 +102,42 @@ class Members:
 
     def __init__(
         self, store: Any, members: Iterable[int], *, hang_timeout_s: float,
-        spares: Iterable[int] = (),
+        spares: Iterable[int] = (), everyone: Iterable[int] | None = (),
     ) -> None:  # fmt: skip
+        """``members``: this launcher's (it watches them); ``everyone``: the members of
+        generation 0 to publish (default: ``members``; None: another launcher of the job
+        publishes it)."""
         self.store = store
         self.alive = list(members)
         self.spares = list(spares)  # started, outside every generation until a growth
         self.grown = 0  # growth requests served
-        self.dead: list[int] = []
         self.hang_timeout_s = hang_timeout_s
-        self.gen = 0
-        self._publish()
+        if everyone is not None:
+            first = list(everyone) or self.alive
+            self.store.set(gen_key(0), json.dumps({"members": first, "dead": []}))
+            self.store.set(key("gen"), "0")
 
-    def _publish(self) -> None:
-        record = {"members": self.alive, "dead": self.dead}
-        self.store.set(gen_key(self.gen), json.dumps(record))
-        self.store.set(key("gen"), str(self.gen))
+    def _advance(
+        self, change: Callable[[list[int]], list[int]], *, dead: int | None = None
+    ) -> None:
+        """Publish the generation after the newest with ``change(members)``. Several
+        launchers may publish at once: generation G+1 goes to the one that claims
+        ``claim/G+1`` first (compare-and-set), the others apply their change on top."""
+        gen = int(self.store.get(key("gen")))
+        token = f"{os.getpid()}:{id(self)}:{time.time()}".encode()
+        while True:
+            while self.store.check([gen_key(gen + 1)]):
+                gen += 1
+            record = json.loads(self.store.get(gen_key(gen)))
+            new = {
+                "members": change(record["members"]),
+                "dead": record["dead"] + ([] if dead is None else [dead]),
+            }
+            if self.store.compare_set(key("claim", gen + 1), "", token) == token:
+                self.store.set(gen_key(gen + 1), json.dumps(new))
+                self.store.set(key("gen"), str(gen + 1))
+                return
+            self.store.wait([gen_key(gen + 1)])  # another launcher's: build on it
 
     def died(self, member: int, *, cause: str, exitcode: int | None) -> Death:
         """Publish member's death and the generation without it."""
@@ -132,9 +154,7 @@ class Members:
         death = Death(member, cause, exitcode, phase, step, failed_at, now)
         self.store.set(key("dead", member), json.dumps(asdict(death)))
         self.alive.remove(member)
-        self.dead.append(member)
-        self.gen += 1
-        self._publish()
+        self._advance(lambda members: [m for m in members if m != member], dead=member)
         return death
 
     def serve_growth(self) -> None:
@@ -150,8 +170,7 @@ class Members:
         for member in joining:  # which request took it: its position in the run
             self.store.set(key("joined", member), str(self.grown - 1))
         self.alive = sorted(self.alive + joining)
-        self.gen += 1
-        self._publish()
+        self._advance(lambda members: sorted(members + joining))
 
     def stale(self) -> list[int]:
         """Members watched (a heartbeat with a progress time) and without progress for

@@ -195,11 +195,21 @@ def train_elastic(
     on_event: Callable[[dict[str, Any]], None] | None = None,
     timeout_s: float = 600.0,
     threads: int | None = None,
+    node: tuple[tuple[str, int], int, int] | None = None,
 ) -> TrainResult:
     """Train ``config`` (``elastic=True``) on local processes that survive each other's
     death (``hspmd.train.elastic``); ``on_event`` gets the failure, replan, resumed and
-    fallback events. The result's parameters are the survivors' pieces."""
+    fallback events. The result's parameters are the survivors' pieces (of this node).
+
+    ``node=((host, port), first, count)``: this launcher is one node of a job of several:
+    it starts launch ranks ``first .. first + count - 1`` against the job's store at
+    ``host:port`` (docs/elastic.md, "Several machines"); the records come from the node
+    whose rank is the generation's rank 0 (the others' records are empty of events)."""
     nproc = num_processes(config) + config.spares
+    store, first, total = None, 0, None
+    if node is not None:
+        (store, first, count), total = node, nproc
+        nproc = count
     last = [0]  # a step reported again across a failure (a new rank 0) is dropped
 
     def on_message(_rank: int, payload: Any) -> None:
@@ -221,7 +231,7 @@ def train_elastic(
 
     elastic = ElasticLaunch(
         hang_timeout_s=config.hang_timeout, on_message=on_message, on_start=on_start,
-        spares=config.spares,
+        spares=config.spares, store=store, first_member=first, num_members=total,
     )  # fmt: skip
     results = launch(
         run_rank_elastic, nproc, args=(config,), timeout_s=timeout_s, threads=threads,
