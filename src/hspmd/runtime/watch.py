@@ -21,6 +21,7 @@ kept referenced, never used again: their destructors would block on abandoned wo
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -72,6 +73,7 @@ class Watch:
         self._lock = threading.Lock()  # the main thread's client, shared with its helpers
         self._beats = client(store)  # the heartbeat's own connection: never queued behind
         self._stop = threading.Event()
+        self._helper: tuple[threading.Thread, queue.SimpleQueue[Any]] | None = None
         threading.Thread(target=self._beat, daemon=True, name="hspmd-heartbeat").start()
 
     # -- progress -------------------------------------------------------------------------
@@ -123,25 +125,35 @@ class Watch:
     def wait(self, works: Sequence[Any]) -> None:
         """Wait for ``works`` (``World.waiter``); ``PeerFailure`` when a member is gone."""
         pending = [w for w in works if w is not None]
-        if pending:
-            self.run(lambda: [w.wait() for w in pending])
+        if not pending:
+            return
+        if all(w.is_completed() for w in pending):  # done already: no helper needed
+            try:
+                for w in pending:
+                    w.wait()
+            except RuntimeError as error:  # completed with an error: a peer's failure?
+                self._confirm(error)
+            return
+        self.run(lambda: [w.wait() for w in pending])
+
+    def _submit(self, fn: Callable[[], Any]) -> tuple[threading.Event, list[Any]]:
+        """Run ``fn`` on the helper thread (a new one after one was abandoned)."""
+        if self._helper is None or not self._helper[0].is_alive():
+            jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+            thread = threading.Thread(target=_serve, args=(jobs,), daemon=True, name="hspmd-wait")
+            thread.start()
+            self._helper = (thread, jobs)
+        box: list[Any] = []
+        done = threading.Event()
+        self._helper[1].put((fn, box, done))
+        return done, box
 
     def run(self, fn: Callable[[], Any]) -> Any:
         """``fn()`` in a helper thread, abandoned on a failure or past the deadline."""
-        box: list[Any] = []
-        done = threading.Event()
-
-        def helper() -> None:
-            try:
-                box.append(("ok", fn()))
-            except BaseException as error:  # noqa: BLE001 - handed to the caller
-                box.append(("error", error))
-            finally:
-                done.set()
-
         self.waiting += 1
+        abandoned = True
         try:
-            threading.Thread(target=helper, daemon=True, name="hspmd-wait").start()
+            done, box = self._submit(fn)
             if not done.wait(_FAST_S):
                 deadline = time.monotonic() + self.deadline_s
                 while not done.wait(POLL_S):
@@ -152,11 +164,14 @@ class Watch:
                             f"{self.deadline_s:.0f} s with every member alive: raise the "
                             "timeout or look for a deadlock"
                         )
+            abandoned = False
             status, value = box[0]
             if status == "error":
                 self._confirm(value)
             return value
         finally:
+            if abandoned:  # the helper is blocked on dead peers: the next call gets a new one
+                self._helper = None
             self.waiting -= 1
             if not self.frozen:
                 self.progress = time.time()
@@ -177,6 +192,18 @@ class Watch:
         """``fn(store)`` under the store lock (the heartbeat thread shares the client)."""
         with self._lock:
             return fn(self.store)
+
+
+def _serve(jobs: queue.SimpleQueue[Any]) -> None:
+    """The helper thread: run each ``(fn, box, done)``; the result or error into ``box``."""
+    while True:
+        fn, box, done = jobs.get()
+        try:
+            box.append(("ok", fn()))
+        except BaseException as error:  # noqa: BLE001 - handed to the caller
+            box.append(("error", error))
+        finally:
+            done.set()
 
 
 def client(store: Any) -> Any:
