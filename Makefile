@@ -21,6 +21,8 @@ test: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest
+	# again without asserts (python -O): nothing a caller can cause may rest on an assert
+	$(PY) -O -m pytest -m "not multiproc" -p no:cacheprovider
 
 bench: $(STAMP)
 	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hspmd.data import DataError, batches, documents, load_documents
+from hspmd.data import DataError, batches, data_warnings, documents, load_documents
 
 
 def test_default_corpus_batches() -> None:
@@ -69,3 +69,19 @@ def test_errors(tmp_path: Path) -> None:
         batches(2, 8, path=short)
     with pytest.raises(DataError, match="seq_len=0"):
         batches(2, 0)
+
+
+def test_jsonl_named_json_is_warned(tmp_path: Path) -> None:
+    lines = [json.dumps({"text": "a" * 50}), json.dumps({"text": "b" * 50})]
+    (tmp_path / "docs.json").write_text("\n".join(lines))
+    (tmp_path / "plain.json").write_text(json.dumps({"config": [1, 2]}, indent=1))
+    (warning,) = data_warnings(tmp_path / "docs.json", global_batch=1, seq_len=4, steps=1)
+    assert "named .json" in warning and "rename it to .jsonl" in warning
+    assert data_warnings(tmp_path / "plain.json", global_batch=1, seq_len=4, steps=1) == []
+
+
+def test_reused_corpus_is_warned(tmp_path: Path) -> None:
+    (tmp_path / "t.txt").write_text("x" * 99)  # 100 bytes with the separator
+    assert data_warnings(tmp_path / "t.txt", global_batch=2, seq_len=9, steps=5) == []
+    (warning,) = data_warnings(tmp_path / "t.txt", global_batch=2, seq_len=9, steps=6)
+    assert "reused 1.2 times" in warning

@@ -1,10 +1,11 @@
 """hspmd: hierarchical, heterogeneous SPMD training on PyTorch.
 
-The package is layered as DESIGN.md's "Architecture" lists it; each layer depends only on
-those above it (specialize builds plans and graphs as data, runtime executes them):
-
-    annotation -> graph -> deduce -> comm -> specialize -> runtime -> switch
-    -> elastic -> planner -> sim -> partition (ParDNN) -> models -> cli
+The package is layered as DESIGN.md's "Architecture" lists it: annotation (values), graph
+and deduce (the defined graph and its annotations), comm (resolution), specialize (per-rank
+plans and graphs, as data), runtime (executes them), checkpoint, switch, train, then
+planner and sim (choosing a plan), partition (ParDNN), viz and cli. Which package may
+import which is one table in docs/decisions.md ("The package layering"), enforced by
+tests/test_layering.py.
 """
 
 __version__ = "0.1.0"

@@ -119,10 +119,6 @@ class DistributedStates:
     def degree(self, dim: int) -> int:
         return next((n for d, n in self.entries if d == dim), 1)
 
-    @property
-    def split_dims(self) -> tuple[int, ...]:
-        return tuple(d for d, _ in self.entries if d >= 0)
-
     def indices(self, position: int) -> tuple[int, ...]:
         """Per-entry indices of the device at ``position``, by mixed radix (last fastest)."""
         out = []

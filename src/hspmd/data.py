@@ -32,7 +32,14 @@ import torch
 
 from hspmd.errors import HspmdError
 
-__all__ = ["DEFAULT_MAX_BYTES", "DataError", "batches", "documents", "load_documents"]
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "DataError",
+    "batches",
+    "data_warnings",
+    "documents",
+    "load_documents",
+]
 
 DEFAULT_MAX_BYTES = 8 << 20
 """Reading stops after this many bytes of text (the default corpus is about 3-6 MB)."""
@@ -166,3 +173,47 @@ def documents(
     for i in order:
         doc = docs[i] if max_len is None else docs[i][:max_len]
         yield torch.from_numpy(np.frombuffer(doc, dtype=np.uint8).astype(np.int64))
+
+
+def data_warnings(
+    path: str | Path | None,
+    *,
+    global_batch: int,
+    seq_len: int,
+    steps: int,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> list[str]:
+    """What a user should hear before training on ``path`` (the run still goes ahead): a
+    JSONL file named ``.json`` (read as one raw document), a corpus that ``steps`` reuse.
+
+    >>> data_warnings(None, global_batch=1, seq_len=16, steps=1)
+    []
+    """
+    out = []
+    file = None if path is None else Path(path)
+    if file is not None and file.is_file() and file.suffix == ".json" and _looks_like_jsonl(file):
+        out.append(
+            f'{path} holds one {{"text": ...}} object per line but is named .json, so it '
+            "trains on the raw JSON text as one document: rename it to .jsonl"
+        )
+    docs = load_documents(path, max_bytes=max_bytes)
+    total = sum(map(len, docs)) + len(docs)
+    need = steps * global_batch * (seq_len + 1)
+    if need > total:
+        out.append(
+            f"the data holds {total:,} bytes and {steps} steps of {global_batch} x "
+            f"{seq_len + 1} need {need:,}: it is reused {need / total:.1f} times (reshuffled "
+            "each pass); give more text (--data, --data-max-bytes) to see each byte once"
+        )
+    return out
+
+
+def _looks_like_jsonl(file: Path) -> bool:
+    try:
+        with file.open(encoding="utf-8", errors="replace") as handle:
+            lines = [line for line in (handle.readline() for _ in range(3)) if line.strip()]
+        return bool(lines) and all(
+            isinstance(record := json.loads(line), dict) and "text" in record for line in lines
+        )
+    except (OSError, json.JSONDecodeError):
+        return False

@@ -13,7 +13,7 @@ from hspmd.annotation import parse_annotation as A
 from hspmd.checkpoint.store import save
 from hspmd.cli import build_parser, main
 from hspmd.cli import train as train_cli
-from hspmd.cli.train import config_from_args, progress, warnings_of
+from hspmd.cli.train import config_from_args, progress, resume_warnings, warnings_of
 from hspmd.plan.params import ParamSpec
 from hspmd.train.config import StepRecord, TrainConfig
 from hspmd.train.trainer import check_config
@@ -50,6 +50,23 @@ def _save_fake(directory: Path, *, step: int) -> None:
          tensors_by_rank={0: {"w": torch.zeros(2)}})  # fmt: skip
 
 
+def test_resume_with_other_data_flags_is_warned(tmp_path: Path) -> None:
+    specs = {"w": ParamSpec("w", (2,), A("[0]{}"))}
+    saved = TrainConfig(strategy="1x1: R0:L0-3", global_batch=4, seed=3)
+    save(tmp_path, step=2, model="llama-tiny", strategy="1x1: R0:L0-3", specs=specs,
+         tensors_by_rank={0: {"w": torch.zeros(2)}}, run=saved.data_identity())  # fmt: skip
+    same = TrainConfig(strategy="1x1: R0:L0-3", global_batch=4, seed=3, resume=str(tmp_path))
+    assert resume_warnings(same) == []
+    other = TrainConfig(strategy="1x1: R0:L0-3", global_batch=8, seed=3, resume=str(tmp_path))
+    (warning,) = resume_warnings(other)
+    assert "--global-batch 8 where the checkpoint was saved with 4" in warning
+
+
+def test_resume_of_a_checkpoint_without_run_flags_warns_nothing(tmp_path: Path) -> None:
+    _save_fake(tmp_path, step=2)  # saved before checkpoints recorded the data flags
+    assert resume_warnings(TrainConfig(strategy="1x1: R0:L0-3", resume=str(tmp_path))) == []
+
+
 def test_resume_at_final_step_json_is_one_object(tmp_path: Path, capsys) -> None:
     _save_fake(tmp_path, step=10)
     argv = ["train", "--strategy", "1x1: R0:L0-3", "--steps", "10", "--json"]
@@ -64,11 +81,34 @@ def test_resume_at_final_step_json_is_one_object(tmp_path: Path, capsys) -> None
 def test_progress_bar_after_resume_counts_to_the_total(capsys) -> None:
     # Issue 17: resumed at step 10 of 14, the bar ended at 4/14.
     config = TrainConfig(strategy="1x1: R0:L0-3", global_batch=1, steps=14)
-    with progress(config, title="1 ranks", as_json=False, done=10) as on_step:
+    with progress(config, title="1 ranks", as_json=False, done=10, terminal=True) as on_step:
         for step in range(11, 15):
             on_step(StepRecord(step=step, loss=1.0, tokens=64, seconds=0.1))
     out = capsys.readouterr().out
     assert re.findall(r"(?<!\d)\d+/14", out) == ["14/14"]
+    assert "640 tokens/s" in out
+
+
+def test_plain_progress_doctest() -> None:
+    import doctest
+
+    import hspmd.cli.progress
+
+    assert doctest.testmod(hspmd.cli.progress).failed == 0
+
+
+def test_progress_off_a_terminal_is_plain_lines_and_quiet_is_silent(capsys) -> None:
+    config = TrainConfig(strategy="1x1: R0:L0-3", global_batch=1, steps=14)
+    with progress(config, title="1 ranks", as_json=False, done=10) as on_step:  # not a tty
+        for step in range(11, 15):
+            on_step(StepRecord(step=step, loss=1.0, tokens=64, seconds=0.1))
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[1] for line in lines] == ["11/14", "12/14", "13/14", "14/14"]
+    assert lines[0].startswith("step 11/14  loss 1.000000  640 tokens/s  eta 0:00:")
+    assert lines[-1].endswith("eta 0:00:00") and "\x1b" not in "".join(lines)  # no escapes
+    with progress(config, title="1 ranks", as_json=False, quiet=True) as on_step:
+        on_step(StepRecord(step=1, loss=1.0, tokens=64, seconds=0.1))
+    assert capsys.readouterr().out == ""
 
 
 def _args(*argv: str):
@@ -145,3 +185,13 @@ def test_save_and_resume_say_what_they_did(tmp_path: Path, capsys) -> None:
         "strategy '1x1: R0:L0-3'"
     ) in err
     assert f"checkpoint of step 3 saved in {tmp_path / 'step-00000003'}" in err
+    assert "warning" not in err
+    assert main([*argv, "--steps", "4", "--resume", str(tmp_path), "--seed", "7"]) == 0
+    assert "resuming with --seed 7 where the checkpoint was saved with 0" in capsys.readouterr().err
+
+
+def test_several_nodes_need_a_master_address(monkeypatch, capsys) -> None:
+    monkeypatch.delenv("HSPMD_MASTER_ADDR", raising=False)
+    argv = ["train", "--strategy", "2x1: R0:L0-1 R1:L2-3", "--steps", "1", "--nnodes", "2"]
+    assert main(argv) == 2
+    assert "--nnodes 2 needs --master-addr" in capsys.readouterr().err

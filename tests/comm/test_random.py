@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -57,11 +56,10 @@ def test_random_pairs_same_subgroups(data: st.DataObject) -> None:
     check_plan(resolve(src, dst, shape))
 
 
-@pytest.mark.xfail(strict=True, reason="open bug: found by test_random_pairs_2d, see issue notes")
 def test_duplicate_union_with_partial_subgroup_and_dg_change() -> None:
-    """hD over a partial subgroup whose DG shifts by one rank: the result's subgroup 1 is
-    wrong (its partial sums do not add up to the tensor). Kept as a known failure until the
-    resolver is fixed; remove the xfail then."""
+    """hD over a partial subgroup whose DG shifts by one rank: the send-recv of the partial
+    subgroup joins the other subgroup's BSR (rank 1 changes subgroup), and each summand must
+    go position-wise (a BSR table by regions once sent rank 2's summand twice)."""
     shape = (8, 12)
     src = parse_annotation("hD: [0,1]{D:2} [2,3,4,5]{P:4}")
     dst = parse_annotation("hD: [0]{} [1,2,3,4]{P:4}")

@@ -75,3 +75,11 @@ def test_cli_writes_a_graph_the_loader_reads(tmp_path) -> None:
     graph = load_graph(out)
     assert graph.num_nodes == capture_preset("word_lstm-tiny").num_nodes
     assert (graph.colocate >= 0).any()
+
+
+def test_capture_leaves_the_callers_random_state_alone() -> None:
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    capture_preset("transformer-small")
+    assert torch.equal(torch.rand(3), expected)

@@ -116,4 +116,4 @@ def test_fast_on_paper_scale() -> None:
     states = state_annotations(strategy, BIG, zero1=True)
     elapsed = time.perf_counter() - start
     assert len(params) == len(states) == 60 * 9 + 3
-    assert elapsed < 0.5, elapsed
+    assert elapsed < 5.0, elapsed  # a guard against blow-ups, not a target

@@ -10,6 +10,7 @@ import pytest
 import torch.distributed as dist
 
 from hspmd.runtime import LaunchError, World, launch
+from hspmd.runtime.launch import NodeSpec
 
 
 def scaled_rank(world: World, scale: int) -> tuple[int, int, int]:
@@ -88,3 +89,51 @@ def test_world_needs_prepared_groups() -> None:
     assert world.group((0, 1, 2, 3)) is None
     with pytest.raises(Exception, match=r"process group \[0, 2\] was not prepared"):
         world.group((2, 0))
+
+
+def sum_of_ranks(world: World) -> tuple[int, int]:
+    import torch
+
+    value = torch.tensor([world.rank])
+    dist.all_reduce(value)
+    return world.rank, int(value)
+
+
+@pytest.mark.multiproc
+def test_one_launcher_per_node_on_loopback(tmp_path: Path) -> None:
+    # two launchers, node 1's in another process: ranks 0-1 here, 2-3 there, one world
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code = (
+        "from hspmd.runtime.launch import NodeSpec, launch\n"
+        f"from {__name__} import sum_of_ranks\n"
+        f"print(launch(sum_of_ranks, 2, node=NodeSpec(1, 2, '127.0.0.1', {port}), threads=1))"
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": f"{root / 'src'}:{root}"}
+    other = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                             text=True)  # fmt: skip
+    try:
+        here = launch(sum_of_ranks, 2, node=NodeSpec(0, 2, "127.0.0.1", port), timeout_s=120)
+        out, _ = other.communicate(timeout=120)
+    finally:
+        if other.poll() is None:
+            other.kill()
+            other.wait()
+    assert here == [(0, 6), (1, 6)]
+    assert out.strip() == "[(2, 6), (3, 6)]"
+
+
+def test_node_spec_from_env_and_bad_values() -> None:
+    env = {"HSPMD_NNODES": "3", "HSPMD_NODE_RANK": "2", "HSPMD_MASTER_ADDR": "10.213.0.1"}
+    assert NodeSpec.from_env(env) == NodeSpec(2, 3, "10.213.0.1", 29500)
+    assert NodeSpec.from_env({}) is None
+    with pytest.raises(LaunchError, match="HSPMD_NODE_RANK"):
+        NodeSpec.from_env({"HSPMD_NNODES": "2", "HSPMD_MASTER_ADDR": "a"})
+    with pytest.raises(LaunchError, match="node rank 2 of 2 nodes"):
+        NodeSpec(2, 2, "a", 1)

@@ -128,5 +128,5 @@ def test_relay_needs_nodes_and_the_states_mode() -> None:
         dataclasses.replace(RELAY, ranks_per_node=None)
     with pytest.raises(TrainError, match="--switch-mode states"):
         dataclasses.replace(RELAY, switch_mode="weights")
-    with pytest.raises(TrainError, match="choose fused or relay"):
+    with pytest.raises(TrainError, match="choose one of fused, relay"):
         dataclasses.replace(RELAY, switch_algo="ring")

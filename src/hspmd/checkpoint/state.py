@@ -118,12 +118,14 @@ def commit_rank_states(
     adam_step: int,
     data_position: Any,
     keep: int = 1,
+    run: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Turn the shards every rank wrote for ``step`` into a complete checkpoint (one process)."""
+    """Turn the shards every rank wrote for ``step`` into a complete checkpoint (one process);
+    ``run`` records what made the data stream (see ``Manifest.run``)."""
     specs = state_specs(param_specs, optimizer_specs)
     return commit(
         directory, step=step, model=model, strategy=strategy, specs=specs,
-        data_position=data_position, adam_step=adam_step, keep=keep,
+        data_position=data_position, adam_step=adam_step, keep=keep, run=run,
     )  # fmt: skip
 
 

@@ -41,7 +41,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +138,8 @@ class Manifest:
     tensors: tuple[TensorEntry, ...]
     data_position: Any = 0
     adam_step: int = 0
+    # what made the data stream (data, batch, length, seed): a resume that differs is warned
+    run: Mapping[str, Any] = field(default_factory=dict)
 
     def entry(self, name: str) -> TensorEntry:
         for entry in self.tensors:
@@ -156,6 +158,7 @@ class Manifest:
             "strategy": self.strategy,
             "data_position": self.data_position,
             "adam_step": self.adam_step,
+            "run": dict(self.run),
             "tensors": {t.name: t.to_json() for t in self.tensors},
         }
 
@@ -214,12 +217,15 @@ def commit(
     data_position: Any = 0,
     adam_step: int = 0,
     keep: int = 1,
+    run: Mapping[str, Any] | None = None,
 ) -> Path:
     """Finish a save after every rank's ``write_shard``: check the shards, write the manifest,
     fsync, rename ``.partial-step-N`` to ``step-N``, prune. Called by one process."""
     folder, staging = Path(directory), staging_dir(directory, step)
     entries = [_checked_entry(staging, name, spec) for name, spec in specs.items()]
-    manifest = Manifest(step, model, strategy, tuple(entries), data_position, adam_step)
+    manifest = Manifest(
+        step, model, strategy, tuple(entries), data_position, adam_step, dict(run or {})
+    )
     needed = {shard_name(rank) for e in entries for rank, _ in e.shards}
     for stale in staging.glob("rank-*.safetensors"):
         if stale.name not in needed:
@@ -273,6 +279,7 @@ def save(
     adam_step: int = 0,
     keep: int = 1,
     on_shard: Callable[[int], None] | None = None,
+    run: Mapping[str, Any] | None = None,
 ) -> Path:
     """Save every rank's local tensors from one process (``write_shard`` per rank, then
     ``commit``). ``on_shard(rank)`` runs after each shard (tests inject failures there)."""
@@ -283,7 +290,7 @@ def save(
             on_shard(rank)
     return commit(
         directory, step=step, model=model, strategy=strategy, specs=specs,
-        data_position=data_position, adam_step=adam_step, keep=keep,
+        data_position=data_position, adam_step=adam_step, keep=keep, run=run,
     )  # fmt: skip
 
 
@@ -314,6 +321,7 @@ def read_manifest(checkpoint: str | Path) -> Manifest:
         return Manifest(
             int(data["step"]), str(data["model"]), str(data["strategy"]), tensors,
             data.get("data_position", 0), int(data.get("adam_step", 0)),
+            dict(data.get("run", {})),
         )  # fmt: skip
     except (KeyError, TypeError, ValueError, AttributeError, AnnotationError) as error:
         raise CheckpointError(f"corrupt checkpoint manifest {path}: {error!r}") from None

@@ -26,6 +26,7 @@ COMMANDS = (
     "profile",
     "simulate",
     "plan",
+    "netcluster",
 )
 
 

@@ -14,11 +14,17 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any
+from typing import Any, get_args
 
 from hspmd.errors import StrategyError
 from hspmd.models.config import PRESETS, get_config
-from hspmd.plan.strategy import StrategyOptions, check_strategy, parse_strategy
+from hspmd.plan.strategy import (
+    Dtype,
+    Schedule,
+    StrategyOptions,
+    check_strategy,
+    parse_strategy,
+)
 from hspmd.specialize.explain import explain, render, runs_text
 from hspmd.viz.common import check_picture_path
 
@@ -38,8 +44,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--zero1", action="store_true")
     parser.add_argument("--sequence-parallel", action="store_true")
     parser.add_argument("--recompute", action="store_true")
-    parser.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe"))
-    parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
+    parser.add_argument("--schedule", default="1f1b", choices=get_args(Schedule))
+    parser.add_argument("--dtype", default="fp32", choices=get_args(Dtype))
     parser.add_argument("--cluster", default=None, help="cluster file or shipped name: GPU kinds")
     parser.add_argument("--picture", default=None, metavar="FILE", help="also draw FILE.png|.svg")
     parser.set_defaults(func=run)

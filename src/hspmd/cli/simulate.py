@@ -75,6 +75,10 @@ def setup(args: argparse.Namespace) -> tuple[LlamaConfig, CostModel, int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.timeline:
+        from hspmd.viz.common import check_picture_path
+
+        check_picture_path(args.timeline, flag="--timeline")  # before the work
     config, cost, seq_len = setup(args)
     strategy = parse_strategy(args.strategy)
     options = StrategyOptions(
@@ -86,10 +90,11 @@ def run(args: argparse.Namespace) -> int:
         world_size=cost.num_ranks,
     )  # fmt: skip
     prediction = predict(strategy, config, cost, seq_len=seq_len, options=options)
-    if args.timeline:
-        from hspmd.sim.trace import draw_timeline
+    if args.timeline:  # the picture of `hspmd train --timeline`, from predicted times
+        from hspmd.viz.timeline import bars_from_result, draw_timeline
 
-        draw_timeline(prediction.result, args.timeline, title=f"{args.model}: {strategy}")
+        title = f"{args.model}: {strategy}\npredicted step {prediction.step_time_s:.4g} s"
+        draw_timeline(bars_from_result(prediction.result), args.timeline, title=title)
     if args.trace:
         from hspmd.sim.trace import write_trace
 

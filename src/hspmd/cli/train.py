@@ -14,21 +14,43 @@ weights move; ``--switch-algo relay`` relays single-owner transfers between node
 every NIC (nodes from ``--cluster`` or ``--ranks-per-node``). ``--save``/``--resume``: checkpoints that load onto any strategy.
 ``--slowdown 2=3,5=3``: ranks 2 and 5 sleep twice the time of each compute they run, as on
 devices three times slower (the losses do not change).
+``--trace run.json`` writes a Chrome / Perfetto trace of the run (every rank's F, B, Post,
+communication steps, switches, saves; docs/pictures.md), ``--timeline run.png`` the same as
+a Gantt chart; with ``--predict`` the chart is the last step, measured over predicted
+(``hspmd.planner.local``'s cost model, ``--predict-profile`` from ``hspmd profile``).
+Progress: a rich bar on a terminal, plain lines otherwise, nothing with ``--quiet``.
+
+``--nnodes 2 --node-rank K --master-addr ADDR [--master-port P]``: one launcher per node
+(run the same command on every node, K = 0, 1, ...), each running its share of the ranks;
+node 0 hosts the rendezvous at ADDR:P and prints the steps. Under ``hspmd netcluster exec``
+the node rank and the master address default to the emulated node's (docs/netcluster.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, get_args
 
 from hspmd.checkpoint.store import latest, read_manifest
+from hspmd.cli.progress import PlainProgress, switch_line
+from hspmd.cli.timeline import check_trace_flags, write_outputs
+from hspmd.data import DEFAULT_MAX_BYTES, data_warnings
 from hspmd.models.llama import PRESETS
-from hspmd.plan.strategy import parse_strategy
-from hspmd.train.config import AdamConfig, StepRecord, TrainConfig, TrainError
+from hspmd.plan.strategy import Dtype, Schedule, parse_strategy
+from hspmd.runtime.launch import NodeSpec
+from hspmd.train.config import (
+    AdamConfig,
+    StepRecord,
+    SwitchAlgo,
+    SwitchMode,
+    TrainConfig,
+    TrainError,
+)
 from hspmd.train.faults import parse_injections
 from hspmd.train.reference import TrainResult, run_reference
 from hspmd.train.trainer import check_config, num_processes, train, train_elastic
@@ -73,10 +95,10 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | Non
         "--data-max-bytes", type=int, default=None, help="read at most this much text"
     )
     parser.add_argument(
-        "--schedule", default="1f1b", choices=["1f1b", "gpipe"], help="pipeline schedule"
+        "--schedule", default="1f1b", choices=get_args(Schedule), help="pipeline schedule"
     )
     parser.add_argument(
-        "--dtype", default="fp32", choices=["fp32", "bf16"], help="compute dtype (masters fp32)"
+        "--dtype", default="fp32", choices=get_args(Dtype), help="compute dtype (masters fp32)"
     )
     parser.add_argument(
         "--zero1", action="store_true", help="shard fp32 masters and Adam states over pipelines"
@@ -100,7 +122,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | Non
     parser.add_argument(
         "--switch-mode",
         default="states",
-        choices=["states", "weights"],
+        choices=get_args(SwitchMode),
         help="what a switch moves: fp32 masters and Adam states (states, for unstable "
         "devices) or only the compute weights, states kept sharded over all ranks (weights, "
         "for mixed-length data)",
@@ -108,7 +130,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | Non
     parser.add_argument(
         "--switch-algo",
         default="fused",
-        choices=["fused", "relay"],
+        choices=get_args(SwitchAlgo),
         help="how a switch moves the states: one fused BSR, or relayed over every NIC of "
         "the nodes (needs --cluster or --ranks-per-node)",
     )
@@ -267,6 +289,13 @@ def warnings_of(args: argparse.Namespace, config: TrainConfig) -> list[str]:
         out.append(
             f"--save-every {config.save_every} is past --steps {config.steps}: nothing is saved"
         )
+    out += data_warnings(
+        config.data,
+        global_batch=config.global_batch,
+        seq_len=config.seq_len,
+        steps=config.steps,
+        max_bytes=config.data_max_bytes or DEFAULT_MAX_BYTES,
+    )
     for step, text in config.switches:
         if step > config.steps:
             out.append(
@@ -287,39 +316,102 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--reference", action="store_true", help="plain model on one process, no hspmd"
     )
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    parser.add_argument(
+        "--trace", default=None, metavar="FILE.json", help="write a Chrome / Perfetto trace"
+    )
+    parser.add_argument(
+        "--timeline", default=None, metavar="FILE", help="draw the run as a Gantt chart (.png/.svg)"
+    )
+    parser.add_argument(
+        "--predict",
+        action="store_true",
+        help="with --timeline: the last step measured over the simulator's prediction",
+    )
+    parser.add_argument(
+        "--predict-profile",
+        default=None,
+        metavar="FILE",
+        help="with --predict: compute speeds from this `hspmd profile` file",
+    )
+    add_node_arguments(parser)
     parser.set_defaults(func=run)
+
+
+def add_node_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--nnodes``, ``--node-rank``, ``--master-addr``, ``--master-port``: one launcher per node."""
+    group = parser.add_argument_group("several nodes (one launcher per node)")
+    group.add_argument("--nnodes", type=int, default=1, help="launchers, one per node")
+    group.add_argument(
+        "--node-rank",
+        type=int,
+        default=int(os.environ.get("HSPMD_NODE", "0")),
+        help="this node's index (default: $HSPMD_NODE, set by `hspmd netcluster exec`)",
+    )
+    group.add_argument(
+        "--master-addr",
+        default=os.environ.get("HSPMD_MASTER_ADDR"),
+        help="node 0's address, where it hosts the rendezvous (default: $HSPMD_MASTER_ADDR)",
+    )
+    group.add_argument("--master-port", type=int, default=29500, help="rendezvous port")
+
+
+def node_of(args: argparse.Namespace) -> NodeSpec | None:
+    """The ``NodeSpec`` the node arguments give (None for one node)."""
+    if args.nnodes <= 1:
+        return None
+    if not args.master_addr:
+        raise TrainError(
+            f"--nnodes {args.nnodes} needs --master-addr: the address of node 0 that every "
+            "node reaches"
+        )
+    return NodeSpec(args.node_rank, args.nnodes, args.master_addr, args.master_port)
 
 
 @contextmanager
 def progress(
-    config: TrainConfig, *, title: str, as_json: bool, done: int = 0
-) -> Iterator[Callable[[StepRecord], None]]:
-    """A step callback: JSON lines, or a rich progress bar (from step ``done``) with the latest loss."""
+    config: TrainConfig, *, title: str, as_json: bool, done: int = 0, quiet: bool = False,
+    terminal: bool | None = None,
+) -> Iterator[Callable[[StepRecord], None]]:  # fmt: skip
+    """A step callback: JSON lines; nothing (``quiet``); on a terminal (``terminal``,
+    default: stdout is one) a rich bar from step ``done`` with loss, tokens/s and ETA;
+    otherwise one plain line per step (``hspmd.cli.progress``)."""
     if as_json:
         yield lambda record: print(json.dumps(record.to_json()), flush=True)
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    if quiet:
+        yield lambda record: None
+        return
+    if not (sys.stdout.isatty() if terminal is None else terminal):
+        yield PlainProgress(total=config.steps, done=done)
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"),
+        TextColumn("loss {task.fields[loss]}  {task.fields[rate]} tokens/s  eta"),
+        TimeRemainingColumn(),
         TimeElapsedColumn(),
     )
     with Progress(*columns, transient=False) as bar:
-        task = bar.add_task(title, total=config.steps, completed=done, loss="-")
+        task = bar.add_task(title, total=config.steps, completed=done, loss="-", rate="-")
 
         def update(record: StepRecord) -> None:
             if record.switch_seconds is not None:
-                bar.console.print(
-                    f"switch before step {record.step} to {record.strategy!r}: "
-                    f"{record.switch_seconds * 1e3:.1f} ms"
-                )
-            bar.update(task, advance=1, loss=f"{record.loss:.6f}")
+                bar.console.print(switch_line(record))
+            rate = record.tokens / max(record.seconds, 1e-9)
+            bar.update(task, advance=1, loss=f"{record.loss:.6f}", rate=f"{rate:,.0f}")
             bar.console.print(
-                f"step {record.step:>3}  loss {record.loss:.6f}  "
-                f"{record.tokens / max(record.seconds, 1e-9):,.0f} tokens/s"
+                f"step {record.step:>3}  loss {record.loss:.6f}  {rate:,.0f} tokens/s"
             )
 
         yield update
@@ -330,6 +422,20 @@ def resumed_step(config: TrainConfig) -> int:
     if not config.resume:
         return 0
     return read_manifest(latest(config.resume)).step
+
+
+def resume_warnings(config: TrainConfig) -> list[str]:
+    """Where this run's data flags differ from those of the run that saved the checkpoint."""
+    if not config.resume:
+        return []
+    saved = read_manifest(latest(config.resume)).run
+    now = config.data_identity()
+    return [
+        f"resuming with {flag} {now[flag]} where the checkpoint was saved with {old}: the "
+        "remaining steps see other samples than the saved run would have"
+        for flag, old in saved.items()
+        if flag in now and now[flag] != old
+    ]
 
 
 def resume_text(config: TrainConfig) -> str:
@@ -345,19 +451,31 @@ def resume_text(config: TrainConfig) -> str:
     )
 
 
-def run_config(config: TrainConfig, *, reference: bool, as_json: bool) -> TrainResult:
+def run_config(
+    config: TrainConfig, *, reference: bool, as_json: bool, quiet: bool = False,
+    trace: bool = False, node: NodeSpec | None = None,
+) -> TrainResult:  # fmt: skip
     """Train (or run the reference) with the progress display; the CLI's core."""
     if reference:
-        with progress(config, title="reference", as_json=as_json) as on_step:
+        with progress(config, title="reference", as_json=as_json, quiet=quiet) as on_step:
             return run_reference(config, on_step=on_step)
     check_config(config)  # before any process starts
+    if node is not None and node.node_rank > 0:  # node 0 shows the steps
+        return train(config, node=node)
     title = f"{num_processes(config)} ranks"
+    if node is not None:
+        title += f" on {node.num_nodes} nodes"
     done = resumed_step(config)  # the bar starts there
-    with progress(config, title=title, as_json=as_json, done=done) as on_step:
+    with progress(config, title=title, as_json=as_json, done=done, quiet=quiet) as on_step:
         if config.elastic:
+            if trace or node is not None:
+                raise TrainError(
+                    "--elastic runs on one launcher without tracing here: drop --trace/"
+                    "--timeline and --nnodes (several nodes: docs/elastic.md)"
+                )
             on_event = print_event if as_json else lambda e: print(event_text(e), flush=True)
             return train_elastic(config, on_step=on_step, on_event=on_event)
-        return train(config, on_step=on_step)
+        return train(config, on_step=on_step, trace=trace, node=node)
 
 
 def print_event(event: dict[str, Any]) -> None:
@@ -416,9 +534,21 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps({"nothing_to_do": True, "checkpoint_step": done,
                               "steps": config.steps, "resume": config.resume}))  # fmt: skip
         return 0
+    wants_trace = check_trace_flags(args)  # before any work
     if config.resume and not args.reference:
         print(resume_text(config), file=sys.stderr)
-    result = run_config(config, reference=args.reference, as_json=args.json)
+        for warning in resume_warnings(config):
+            print(f"hspmd {args.command}: warning: {warning}", file=sys.stderr)
+    node = node_of(args)
+    result = run_config(
+        config, reference=args.reference, as_json=args.json, quiet=getattr(args, "quiet", False),
+        trace=wants_trace, node=node,
+    )  # fmt: skip
+    if node is not None and node.node_rank > 0:
+        print(f"node {node.node_rank} of {node.num_nodes}: done", file=sys.stderr)
+        return 0
+    if wants_trace:
+        write_outputs(args, config, result)
     if not args.json and result.records:
         print(f"final loss {result.records[-1].loss:.6f}", file=sys.stderr)
     saved = [r.step for r in result.records if r.step % config.save_every == 0]

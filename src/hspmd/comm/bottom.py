@@ -36,6 +36,7 @@ from hspmd.comm.plan import (
     ReduceScatter,
     SendRecv,
     Step,
+    Transfer,
 )
 from hspmd.comm.topology import Topology
 from hspmd.errors import AnnotationError
@@ -225,27 +226,47 @@ def _movement(
         try:
             make_layout(trial)
         except AnnotationError:
-            for s, m in sends.items():
-                table = BsrTable.of(state[s].regions(parts[s]), m.after.regions(parts[s]), shape)
-                bsrs[s] = replace(m, key=("bsr",), table=table)
+            # Position-wise transfers, not a BSR table: a table keeps regions only and
+            # would lose which partial summand each rank holds.
+            moved = [t for s, m in sends.items() for t in _position_wise(state[s], m, parts[s])]
+            bsrs.update({s: replace(m, key=("bsr",)) for s, m in sends.items()})
             sends = {}
+            return _bsr(bsrs, moved, state, make_layout, shape, topology)
     out: list[tuple[Step, dict[int, Move]]] = []
     if sends:
         pairs = tuple(p for m in sends.values() for p in m.pairs)
         out.append((SendRecv(pairs), sends))
     if bsrs:
-        tables = [m.table for m in bsrs.values() if m.table is not None]
         before = list(state)
         for s, m in sends.items():
             before[s] = m.after
-        after = list(before)
-        for s, m in bsrs.items():
-            after[s] = m.after
-        step = bsr_step(
-            schedule(tables, topology=topology),
-            before=make_layout(before),
-            after=make_layout(after),
-            shape=shape,
-        )
-        out.append((step, bsrs))
+        out.extend(_bsr(bsrs, [], before, make_layout, shape, topology))
     return out
+
+
+def _bsr(
+    bsrs: dict[int, Move],
+    moved: list[Transfer],
+    before: list[Axes],
+    make_layout: Layout,
+    shape: Sequence[int],
+    topology: Topology | None,
+) -> list[tuple[Step, dict[int, Move]]]:
+    """One BSR step: the tables of ``bsrs`` scheduled, plus the explicit ``moved``."""
+    tables = [m.table for m in bsrs.values() if m.table is not None]
+    after = list(before)
+    for s, m in bsrs.items():
+        after[s] = m.after
+    step = bsr_step(
+        (*schedule(tables, topology=topology), *moved),
+        before=make_layout(before),
+        after=make_layout(after),
+        shape=shape,
+    )
+    return [(step, bsrs)]
+
+
+def _position_wise(src: Axes, move: Move, part: Region) -> list[Transfer]:
+    """A send-recv move as transfers: the i-th rank's piece goes to the i-th rank after."""
+    regions = src.regions(part)
+    return [Transfer(a, b, regions[a]) for a, b in zip(src.ranks, move.after.ranks, strict=True)]

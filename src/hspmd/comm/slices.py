@@ -123,7 +123,7 @@ def merge_boxes(boxes: Iterable[Region]) -> list[Region]:
     [((0, 4), (0, 4)), ((4, 6), (0, 2))]
     """
     out = sorted(boxes)
-    if not out:
+    if len(out) < 2:
         return out
     for _ in range(2):
         for dim in reversed(range(len(out[0]))):

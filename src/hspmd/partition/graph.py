@@ -192,12 +192,6 @@ class OpGraph:
         top, _ = longest_paths(self, node_w=ones, edge_w=np.zeros(self.num_edges))
         return top.astype(np.int64)
 
-    @cached_property
-    def level_order(self) -> tuple[IntArray, IntArray]:
-        """Nodes sorted by (level, index) and the start of each level in that array."""
-        order = np.lexsort((np.arange(self.num_nodes), self.level)).astype(np.int64)
-        return order, _pointers(self.level[order], int(self.level.max(initial=-1)) + 1)
-
     def _check_acyclic(self) -> None:
         order = _kahn(self.num_nodes, self.out_ptr.tolist(), self.dst.tolist(), self.in_degree)
         if len(order) < self.num_nodes:

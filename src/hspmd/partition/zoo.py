@@ -320,8 +320,9 @@ def capture_preset(
     if name not in PRESETS:
         raise PartitionError(f"model preset {name!r} is not known; choose one of {sorted(PRESETS)}")
     preset = PRESETS[name]
-    torch.manual_seed(0)
-    with torch.device("cpu" if measure else "meta"):
+    # Seeded for a reproducible capture, without touching the caller's random state.
+    with torch.random.fork_rng(devices=[]), torch.device("cpu" if measure else "meta"):
+        torch.manual_seed(0)
         model = preset.build()
         batch = preset.make_batch()
     return capture_training_step(

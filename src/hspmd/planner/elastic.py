@@ -41,11 +41,11 @@ from typing import Any, Literal
 from hspmd.comm.bsr import BsrTable
 from hspmd.models.config import LlamaConfig
 from hspmd.plan.params import state_annotations
-from hspmd.plan.strategy import Strategy, StrategyOptions, format_ranks
+from hspmd.plan.strategy import Strategy, format_ranks
 from hspmd.planner.closed_form import PLAN_HEADROOM, Unit, tp_degrees
 from hspmd.planner.cost import CostModel
 from hspmd.planner.memory import OVERHEAD_BYTES
-from hspmd.planner.predict import Prediction
+from hspmd.planner.predict import Predicted, Prediction
 from hspmd.planner.search import Layout, PlanError, plan
 from hspmd.planner.workload import stage_params
 from hspmd.switch.cluster import ClusterError
@@ -82,7 +82,7 @@ class SwitchEstimate:
 
 
 @dataclass(frozen=True)
-class ElasticPlan:
+class ElasticPlan(Predicted):
     """The chosen strategy (cluster rank ids), its prediction and what the switch costs.
 
     ``switch`` is None when there is no current strategy, or when a layer lost every holder
@@ -98,18 +98,6 @@ class ElasticPlan:
     source: str
     candidates: int
     lost_layers: tuple[int, ...] = ()
-
-    @property
-    def strategy(self) -> Strategy:
-        return self.prediction.strategy
-
-    @property
-    def options(self) -> StrategyOptions:
-        return self.prediction.options
-
-    @property
-    def step_time_s(self) -> float:
-        return self.prediction.step_time_s
 
     @property
     def moved_bytes(self) -> float | None:

@@ -251,3 +251,21 @@ def predict(
         if mem.peak > cap:
             over[rank] = (mem.peak, cap)
     return Prediction(strategy, options, result.makespan, result, memory, over, works)
+
+
+class Predicted:
+    """What a plan reads through its ``prediction``: the strategy, options and step time."""
+
+    prediction: Prediction
+
+    @property
+    def strategy(self) -> Strategy:
+        return self.prediction.strategy
+
+    @property
+    def options(self) -> StrategyOptions:
+        return self.prediction.options
+
+    @property
+    def step_time_s(self) -> float:
+        return self.prediction.step_time_s

@@ -54,7 +54,7 @@ from hspmd.planner.closed_form import (
 from hspmd.planner.cost import CostModel
 from hspmd.planner.homogeneous import homogeneous_plan, megatron_strategy
 from hspmd.planner.ilp import layers_per_stage, micro_batches_per_pipeline
-from hspmd.planner.predict import Prediction, predict
+from hspmd.planner.predict import Predicted, Prediction, predict
 
 __all__ = [
     "Layout",
@@ -77,7 +77,7 @@ class PlanError(HspmdError, ValueError):
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(Predicted):
     """The chosen strategy, its options, the simulated step and the homogeneous baseline."""
 
     prediction: Prediction
@@ -86,18 +86,6 @@ class Plan:
     homogeneous: Prediction | None = None
     unused_ranks: tuple[int, ...] = ()
     alternatives: tuple[Prediction, ...] = ()  # every simulated plan that fits, fastest first
-
-    @property
-    def strategy(self) -> Strategy:
-        return self.prediction.strategy
-
-    @property
-    def options(self) -> StrategyOptions:
-        return self.prediction.options
-
-    @property
-    def step_time_s(self) -> float:
-        return self.prediction.step_time_s
 
     def to_json(self, cost: CostModel) -> dict[str, Any]:
         def side(p: Prediction) -> dict[str, Any]:

@@ -20,8 +20,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hspmd.annotation import Region
+from hspmd.annotation import Piece, Region
 from hspmd.comm.plan import BatchedSendRecv, CommPlan, SendRecv, local_box
+from hspmd.runtime.trace import comm_span
 from hspmd.runtime.world import World
 from hspmd.specialize.boundary import BoundaryError
 
@@ -68,14 +69,16 @@ def send(plan: CommPlan, x: torch.Tensor, world: World) -> list[Pending]:
         if src == rank:
             by_peer.setdefault(dst, []).append(x[local_box(piece, region)])
     pending = []
-    for peer in sorted(by_peer):
-        parts = by_peer[peer]
-        if len(parts) == 1:
-            buffer = parts[0].contiguous()
-        else:
-            buffer = torch.cat([t.reshape(-1) for t in parts])
-        world.record("send", group=(rank, peer), nbytes=buffer.numel() * buffer.element_size())
-        pending.append(Pending(dist.isend(buffer, peer), buffer, world))
+    with comm_span(world, "send"):  # the issue only: isend returns at once
+        for peer in sorted(by_peer):
+            parts = by_peer[peer]
+            if len(parts) == 1:
+                buffer = parts[0].contiguous()
+            else:
+                buffer = torch.cat([t.reshape(-1) for t in parts])
+            nbytes = buffer.numel() * buffer.element_size()
+            world.record("send", group=(rank, peer), nbytes=nbytes)
+            pending.append(Pending(dist.isend(buffer, peer), buffer, world))
     return pending
 
 
@@ -90,6 +93,16 @@ def recv(plan: CommPlan, world: World, *, dtype: torch.dtype = torch.float32) ->
     for src, dst, region in _transfers(plan):
         if dst == rank:
             by_peer.setdefault(src, []).append(region)
+    with comm_span(world, "recv"):  # until the data is in
+        _recv_into(out, piece, by_peer, world, dtype=dtype)
+    return out
+
+
+def _recv_into(
+    out: torch.Tensor, piece: Piece, by_peer: dict[int, list[Region]], world: World, *,
+    dtype: torch.dtype,
+) -> None:  # fmt: skip
+    rank = world.rank
     for peer in sorted(by_peer):
         views = [out[local_box(piece, region)] for region in by_peer[peer]]
         if len(views) == 1 and views[0].is_contiguous():
@@ -103,4 +116,3 @@ def recv(plan: CommPlan, world: World, *, dtype: torch.dtype = torch.float32) ->
             for view in views:
                 view.copy_(buffer[offset : offset + view.numel()].view(view.shape))
                 offset += view.numel()
-    return out

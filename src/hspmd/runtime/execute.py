@@ -24,6 +24,7 @@ split-reduce-scatter (``ASYNC_KINDS``), and ``.wait()`` on the handle gives what
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,7 @@ from hspmd.comm.plan import (
 from hspmd.errors import HspmdError
 from hspmd.runtime import collectives, slices
 from hspmd.runtime.context import Issued, StepContext
+from hspmd.runtime.trace import COMM, comm_span
 from hspmd.runtime.world import World
 
 __all__ = ["ASYNC_KINDS", "ExecuteError", "Started", "run_plan", "start_plan", "startable"]
@@ -63,10 +65,16 @@ class Started:
     then: Callable[[], torch.Tensor | None]
     world: World
     keep: bool  # this rank holds a piece of plan.dst
+    kind: str = ""  # the step in flight (traced waits are named after it)
 
     def wait(self) -> torch.Tensor | None:
         if self.works:
-            self.world.wait(self.works)
+            rec = self.world.tracer
+            if rec is None:
+                self.world.wait(self.works)
+            else:
+                with rec.span(f"wait {self.kind}", cat="wait", tid=COMM):
+                    self.world.wait(self.works)
         out = self.then()
         return out if self.keep else None
 
@@ -121,16 +129,22 @@ def start_plan(
                     "empty placeholder of the right dtype, or dtype="
                 )
             ctx = StepContext(world, before, after, plan.shape, like, owned)
+            span = _untraced if isinstance(step, Local) else comm_span(world, step.kind)
             if index == last and type(step) in _ISSUERS:
-                works, then = _ISSUERS[type(step)](step, state, ctx)
-                return Started(works, then, world, rank in plan.dst)
-            result = _EXECUTORS[type(step)](step, state, ctx)
+                with span:
+                    works, then = _ISSUERS[type(step)](step, state, ctx)
+                return Started(works, then, world, rank in plan.dst, step.kind)
+            with span:
+                result = _EXECUTORS[type(step)](step, state, ctx)
             owned = owned or result is not state  # intermediates are ours to overwrite
             state = result
         elif rank not in after:
             state = None
     done = state
     return Started([], lambda: done, world, rank in plan.dst)
+
+
+_untraced = nullcontext()
 
 
 def startable(plan: CommPlan) -> bool:

@@ -25,6 +25,7 @@ from hspmd.annotation import Annotation, Piece
 from hspmd.comm.plan import Transfer, local_box
 from hspmd.errors import HspmdError
 from hspmd.runtime.p2p import Exchange
+from hspmd.runtime.trace import comm_span
 from hspmd.runtime.world import World
 
 __all__ = ["FusedInputError", "FusedTensor", "run_fused_bsr"]
@@ -83,5 +84,6 @@ def run_fused_bsr(
             exchange.send(tr.dst, [local[i][local_box(old[i], tr.region)]])
         elif tr.dst == rank:
             exchange.recv(tr.src, [out[i][local_box(new[i], tr.region)]])
-    exchange.run()
+    with comm_span(world, "fused-bsr"):
+        exchange.run()
     return out

@@ -12,13 +12,27 @@ A worker that raises (or dies) makes the launcher kill the others and raise ``La
 naming the rank, the exception and its traceback. Every wait is bounded: the process-group
 timeout, the launcher's ``timeout_s``, and a short grace period before SIGKILL.
 
+Elastic (``elastic=ElasticLaunch(...)``, docs/elastic.md): the launcher never kills the
+survivors. A worker's death, or a heartbeat without progress for the hang timeout (the
+launcher kills that worker first), is published in the store as the next generation of
+members (``hspmd.runtime.members``); the survivors regroup in-process. A dead rank's
+result is None.
+
 Workers are started with the "forkserver" method by default: a clean server process (never
 a fork of the caller) imports torch once, and every worker is forked from it. That is as
 safe as "spawn" but avoids importing torch in every worker: 8 workers start in about 0.2 s
 instead of 13-18 s with "spawn" on a loaded 2-core machine (after the first launch, which
 starts the server). Pass ``start_method="spawn"`` to get fresh interpreters.
 
-Across machines, run the same worker function under torchrun with ``run_from_env``.
+Across machines, one launcher per node: ``launch(fn, nproc, node=NodeSpec(...))`` starts
+ranks ``node_rank * nproc ..`` of ``num_nodes * nproc`` and returns its own ranks' results;
+node 0's launcher hosts the store at ``master_addr:master_port`` and waits until every rank
+of every node is done before it closes it::
+
+    # on node 0 (address 10.213.0.1) and on node 1, the same call but node_rank=1
+    launch(work, 2, args=(10,), node=NodeSpec(0, 2, "10.213.0.1", 29500))   # -> [0, 10]
+
+Or run the same worker function under torchrun with ``run_from_env``.
 """
 
 from __future__ import annotations
@@ -41,10 +55,61 @@ import torch.distributed as dist
 
 from hspmd.errors import HspmdError
 from hspmd.runtime.members import Members
-from hspmd.runtime.world import World
+from hspmd.runtime.world import World, pick_gloo_interface
 
 _PRELOAD = ["torch", "torch.distributed", "numpy", "hspmd.runtime.execute"]
 _GRACE_S = 2.0
+
+
+class LaunchError(HspmdError, RuntimeError):
+    """A worker raised, died, or did not finish in time."""
+
+    def __init__(self, message: str, *, rank: int | None = None, remote_traceback: str = ""):
+        super().__init__(message)
+        self.rank = rank
+        self.remote_traceback = remote_traceback
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """This launcher's place among ``num_nodes`` launchers (one per machine).
+
+    ``master_addr:master_port`` is where node 0's launcher hosts the store: an address of
+    node 0 that every node can reach (not 127.0.0.1 unless all nodes are this machine).
+    """
+
+    node_rank: int
+    num_nodes: int
+    master_addr: str
+    master_port: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.node_rank < self.num_nodes:
+            raise LaunchError(
+                f"node rank {self.node_rank} of {self.num_nodes} nodes: give 0..{self.num_nodes - 1}"
+            )
+        if not 0 < self.master_port < 65536:
+            raise LaunchError(f"master port {self.master_port}: give a TCP port in 1..65535")
+
+    @staticmethod
+    def from_env(env: dict[str, str] | None = None) -> NodeSpec | None:
+        """From ``HSPMD_NNODES``, ``HSPMD_NODE_RANK``, ``HSPMD_MASTER_ADDR`` and
+        ``HSPMD_MASTER_PORT`` (None when ``HSPMD_NNODES`` is unset or 1)."""
+        env = dict(os.environ if env is None else env)
+        if int(env.get("HSPMD_NNODES", "1")) <= 1:
+            return None
+        try:
+            return NodeSpec(
+                int(env["HSPMD_NODE_RANK"]),
+                int(env["HSPMD_NNODES"]),
+                env["HSPMD_MASTER_ADDR"],
+                int(env.get("HSPMD_MASTER_PORT", "29500")),
+            )
+        except KeyError as missing:
+            raise LaunchError(f"HSPMD_NNODES is set but {missing} is not: set both") from None
+
+
+_DONE_KEY = "hspmd/launch/done"
 _HANG_POLL_S = 0.05  # elastic: how often the launcher looks at the heartbeats
 
 
@@ -67,15 +132,6 @@ class ElasticLaunch:
     num_members: int | None = None
 
 
-class LaunchError(HspmdError, RuntimeError):
-    """A worker raised, died, or did not finish in time."""
-
-    def __init__(self, message: str, *, rank: int | None = None, remote_traceback: str = ""):
-        super().__init__(message)
-        self.rank = rank
-        self.remote_traceback = remote_traceback
-
-
 class _Closed(LaunchError):
     """A worker's pipe closed with no result: it died."""
 
@@ -84,12 +140,14 @@ class _Closed(LaunchError):
 class _WorkerSpec:
     rank: int
     world_size: int
+    host: str
     port: int
     backend: str
     pg_timeout_s: float
     threads: int
+    node: NodeSpec | None = None
+    local_rank: int = 0
     elastic: bool = False
-    host: str = "127.0.0.1"
 
 
 def launch(
@@ -102,15 +160,18 @@ def launch(
     pg_timeout_s: float | None = None,
     threads: int | None = None,
     start_method: str = "forkserver",
+    node: NodeSpec | None = None,
     elastic: ElasticLaunch | None = None,
 ) -> list[Any]:
     """Run ``fn(world, *args)`` on ``nproc`` local processes; return the results by rank.
 
     Results travel back pickled: keep them small (numbers, numpy arrays, CPU tensors).
     ``threads`` is torch's intra-op thread count per worker (default: cores // nproc, at
-    least 1). ``pg_timeout_s`` (default ``timeout_s``) bounds every collective.
-    ``elastic``: the run survives its workers (``ElasticLaunch``); a dead rank's result is
-    None, and the workers' ``World`` carries the store, its member id and ``notify``.
+    least 1). ``pg_timeout_s`` (default ``timeout_s``) bounds every collective. With
+    ``node``, this is one of several launchers: it runs this node's ``nproc`` ranks and
+    returns their results (see the module docstring). ``elastic``: the run survives its
+    workers (``ElasticLaunch``, docs/elastic.md); a dead rank's result is None, and the
+    workers' ``World`` carries the store, its member id and ``notify``.
     """
     if nproc < 1:
         raise LaunchError(f"nproc={nproc}: start at least one process")
@@ -122,23 +183,30 @@ def launch(
     ctx: Any = mp.get_context(start_method)
     if start_method == "forkserver":
         ctx.set_forkserver_preload(_PRELOAD)
-    host, first, spares = "127.0.0.1", 0, 0
-    if elastic is not None and elastic.store is not None:  # a node of a several-node job
+    spares = elastic.spares if elastic is not None else 0
+    if elastic is not None and elastic.store is not None:  # a node of an elastic job
         host, port = elastic.store
-        store = dist.TCPStore(host, port, None, False, timeout=_seconds(timeout_s))
-        first = elastic.first_member
-    else:
-        store = dist.TCPStore(host, 0, None, True, wait_for_workers=False)
-    if elastic is not None:
-        spares = elastic.spares
-    total = (elastic.num_members if elastic is not None else None) or nproc - spares
+        store: Any = dist.TCPStore(host, port, None, False, timeout=_seconds(timeout_s))
+        first, world_size = elastic.first_member, elastic.num_members or nproc
+    elif node is None:
+        store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+        host, port, first, world_size = "127.0.0.1", store.port, 0, nproc - spares
+    else:  # node 0 hosts the store for every node; the others only connect to it
+        host, port = node.master_addr, node.master_port
+        first, world_size = node.node_rank * nproc, node.num_nodes * nproc
+        store = None
+        if node.node_rank == 0:
+            store = dist.TCPStore(host, port, None, True, wait_for_workers=False)
     threads = threads or max(1, (os.cpu_count() or 1) // nproc)
     procs, conns = [], []
+    deadline = time.monotonic() + timeout_s
     try:
-        for rank in range(nproc):
+        for local in range(nproc):
+            rank = first + local
+            timeout = pg_timeout_s or timeout_s
             spec = _WorkerSpec(
-                first + rank, total, store.port, backend, pg_timeout_s or timeout_s, threads,
-                elastic=elastic is not None, host=host,
+                rank, world_size, host, port, backend, timeout, threads, node, local,
+                elastic=elastic is not None,
             )  # fmt: skip
             reader, writer = ctx.Pipe(duplex=False)
             proc = ctx.Process(
@@ -149,18 +217,19 @@ def launch(
             procs.append(proc)
             conns.append(reader)
         members = None
-        if elastic is not None and elastic.on_start is not None:
-            elastic.on_start([proc.pid for proc in procs])
         if elastic is not None:
+            if elastic.on_start is not None:
+                elastic.on_start([proc.pid for proc in procs])
             members = Members(
                 store, range(first, first + nproc - spares), hang_timeout_s=elastic.hang_timeout_s,
-                spares=range(nproc - spares, nproc), everyone=range(total) if first == 0 else None,
+                spares=range(nproc - spares, nproc), everyone=range(world_size) if first == 0 else None,
             )  # fmt: skip
         results = _collect(
-            procs, conns, deadline=time.monotonic() + timeout_s, elastic=elastic, members=members,
-            first=first,
-        )  # fmt: skip
+            procs, conns, deadline=deadline, first=first, elastic=elastic, members=members
+        )
         _stop(procs, exit_s=_GRACE_S)  # every result is in: let the workers exit cleanly
+        if node is not None and store is not None:
+            _wait_done(store, world_size, deadline=deadline)  # the other nodes still use it
         return results
     finally:
         _stop(procs)
@@ -169,14 +238,27 @@ def launch(
         del store
 
 
+def _wait_done(store: Any, world_size: int, *, deadline: float) -> None:
+    """Wait until every rank of every node counted itself done in the store."""
+    while int(store.add(_DONE_KEY, 0)) < world_size:
+        if time.monotonic() > deadline:
+            done = int(store.add(_DONE_KEY, 0))
+            raise LaunchError(
+                f"timed out: {world_size - done} ranks of other nodes did not finish; "
+                "raise timeout_s or look at the other nodes' launchers"
+            )
+        time.sleep(0.05)
+
+
 def _collect(
-    procs: list[Any], conns: list[Connection], *, deadline: float,
-    elastic: ElasticLaunch | None = None, members: Members | None = None, first: int = 0,
+    procs: list[Any], conns: list[Connection], *, deadline: float, first: int = 0,
+    elastic: ElasticLaunch | None = None, members: Members | None = None,
 ) -> list[Any]:  # fmt: skip
     """Wait for one result per rank; raise on the first error, death or the deadline.
 
-    Elastic (``members`` given): a death or a hang is published (``Members``) and the
-    others go on; the dead rank's result is None."""
+    Ranks in messages are global: local index + ``first``. Elastic (``members`` given): a
+    death or a hang is published (``Members``) and the others go on; the dead rank's
+    result is None."""
     results: dict[int, Any] = {}
     waiting = {id(c): r for r, c in enumerate(conns)}
     sentinels = {p.sentinel: r for r, p in enumerate(procs)}
@@ -184,7 +266,7 @@ def _collect(
     while len(results) < len(procs):
         left = deadline - time.monotonic()
         if left <= 0:
-            missing = sorted(set(range(len(procs))) - set(results))
+            missing = sorted(first + r for r in set(range(len(procs))) - set(results))
             raise LaunchError(f"timed out: ranks {missing} did not finish; raise timeout_s")
         poll = left if members is None else min(left, _HANG_POLL_S)
         ready = wait([c for c in conns if id(c) in waiting] + list(sentinels), timeout=poll)
@@ -193,81 +275,89 @@ def _collect(
             if not isinstance(item, Connection) and item in sentinels:
                 rank = sentinels.pop(item)
                 _check_exit(
-                    procs[rank], rank, conns[rank], waiting, results, members, on_message,
-                    member=first + rank,
-                )  # fmt: skip
+                    procs[rank], rank, conns[rank], waiting, results, first, members, on_message
+                )
         for item in ready:
             if isinstance(item, Connection) and id(item) in waiting:
                 rank = waiting[id(item)]
                 try:
-                    if _take(item, rank, results, procs[rank], on_message):
+                    if _take(item, rank, results, procs[rank], first, on_message):
                         waiting.pop(id(item))
                 except _Closed:
                     if members is None:
                         raise
                     waiting.pop(id(item))  # its exit (sentinel) publishes the death
         if members is not None:
-            for member in members.stale():  # hung: fence it (kill), then publish
-                rank = member - first
-                procs[rank].kill()
-                procs[rank].join(_GRACE_S)
-                sentinels.pop(procs[rank].sentinel, None)
-                waiting.pop(id(conns[rank]), None)
-                members.died(member, cause="hang", exitcode=procs[rank].exitcode)
-                results[rank] = None
-            if not members.alive:
-                raise LaunchError("every rank died: nothing left to train on")
-            members.serve_growth()
-            if all(m - first in results for m in members.alive):  # done: unused spares go
-                for rank in members.spares:
-                    procs[rank].kill()
-                    procs[rank].join(_GRACE_S)
-                    sentinels.pop(procs[rank].sentinel, None)
-                    waiting.pop(id(conns[rank]), None)
-                    results[rank] = None
-                members.spares.clear()
+            _watch_members(members, procs, conns, waiting, sentinels, results, first)
     return [results[r] for r in range(len(procs))]
 
 
+def _watch_members(
+    members: Members, procs: list[Any], conns: list[Connection], waiting: dict[int, int],
+    sentinels: dict[Any, int], results: dict[int, Any], first: int,
+) -> None:  # fmt: skip
+    """Elastic: kill and publish hung members, serve growth, let unused spares go."""
+
+    def drop(rank: int) -> None:
+        procs[rank].kill()
+        procs[rank].join(_GRACE_S)
+        sentinels.pop(procs[rank].sentinel, None)
+        waiting.pop(id(conns[rank]), None)
+        results[rank] = None
+
+    for member in members.stale():  # hung: fence it (kill), then publish
+        drop(member - first)
+        members.died(member, cause="hang", exitcode=procs[member - first].exitcode)
+    if not members.alive:
+        raise LaunchError("every rank died: nothing left to train on")
+    members.serve_growth()
+    if all(m - first in results for m in members.alive):  # done: unused spares go
+        for rank in members.spares:
+            drop(rank)
+        members.spares.clear()
+
+
 def _take(
-    conn: Connection, rank: int, results: dict[int, Any], proc: Any,
+    conn: Connection, rank: int, results: dict[int, Any], proc: Any, first: int = 0,
     on_message: Callable[[int, Any], None] | None = None,
 ) -> bool:  # fmt: skip
-    """Read one message of ``rank``: True once it was the final one (its result)."""
+    """Read one message of rank ``rank`` (a local index; ``first + rank`` in messages):
+    True once it was the final one (its result)."""
+    name = first + rank
     try:
         status, payload = conn.recv()
     except EOFError:
         proc.join(_GRACE_S)
         raise _Closed(
-            f"rank {rank} died with exit code {proc.exitcode} and no result", rank=rank
+            f"rank {name} died with exit code {proc.exitcode} and no result", rank=name
         ) from None
     if status == "event":
         if on_message is not None:
-            on_message(rank, payload)
+            on_message(name, payload)
         return False
     if status == "ok":
         results[rank] = payload
         return True
     kind, text, trace = payload
     raise LaunchError(
-        f"rank {rank} raised {kind}: {text}\n--- traceback of rank {rank} ---\n{trace}",
-        rank=rank,
+        f"rank {name} raised {kind}: {text}\n--- traceback of rank {name} ---\n{trace}",
+        rank=name,
         remote_traceback=trace,
     )
 
 
 def _check_exit(
     proc: Any, rank: int, conn: Connection, waiting: dict[int, int], results: dict[int, Any],
-    members: Members | None = None, on_message: Callable[[int, Any], None] | None = None,
-    member: int = 0,
+    first: int = 0, members: Members | None = None,
+    on_message: Callable[[int, Any], None] | None = None,
 ) -> None:  # fmt: skip
     """A process ended: fine if its result arrived (or is still in the pipe), else an error
     (elastic: a published death)."""
     try:
         while id(conn) in waiting and conn.poll(0.2):
-            if _take(conn, rank, results, proc, on_message):
+            if _take(conn, rank, results, proc, first, on_message):
                 waiting.pop(id(conn))
-    except LaunchError:
+    except _Closed:
         if members is None:
             raise
     proc.join(_GRACE_S)
@@ -275,11 +365,12 @@ def _check_exit(
         return
     if members is None:
         raise LaunchError(
-            f"rank {rank} died with exit code {proc.exitcode} and no result", rank=rank
+            f"rank {first + rank} died with exit code {proc.exitcode} and no result",
+            rank=first + rank,
         )
     waiting.pop(id(conn), None)
-    if member in members.alive:
-        members.died(member, cause="exit", exitcode=proc.exitcode)
+    if first + rank in members.alive:
+        members.died(first + rank, cause="exit", exitcode=proc.exitcode)
     results[rank] = None
 
 
@@ -305,6 +396,7 @@ def _worker_main(
 ) -> None:
     _watch_parent()
     torch.set_num_threads(spec.threads)
+    pick_gloo_interface(spec.local_rank)
     try:
         store = dist.TCPStore(
             spec.host,
@@ -324,13 +416,14 @@ def _worker_main(
             )
             world = World.create(timeout_s=spec.pg_timeout_s)
         else:  # a spare: outside any group until a growth takes it (hspmd.runtime.members)
-            timeout = datetime.timedelta(seconds=spec.pg_timeout_s)
-            world = World(-1, 0, torch.device("cpu"), spec.backend, timeout)
+            world = World(-1, 0, torch.device("cpu"), spec.backend, _seconds(spec.pg_timeout_s))
         if spec.elastic:
             world.store, world.member = store, spec.rank
             world.notify = lambda payload: conn.send(("event", payload))
         result = fn(world, *args)
         conn.send(("ok", result))
+        if spec.node is not None:
+            store.add(_DONE_KEY, 1)  # node 0's launcher keeps the store up until all are done
         if spec.elastic:  # past groups are kept referenced: their destructors would block
             conn.close()
             os._exit(0)

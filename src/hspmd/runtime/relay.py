@@ -23,6 +23,7 @@ from hspmd.comm.plan import local_box
 from hspmd.comm.relay import BufferKey, RelayPlan, RelayTransfer
 from hspmd.runtime.fused import FusedInputError, FusedTensor
 from hspmd.runtime.p2p import Exchange
+from hspmd.runtime.trace import comm_span
 from hspmd.runtime.world import World
 
 __all__ = ["run_relay"]
@@ -97,5 +98,6 @@ def run_relay(
                 exchange.send(t.dst, [ends.read(t)])
             elif t.dst == rank:
                 exchange.recv(t.src, [ends.write(t)])
-        exchange.run()
+        with comm_span(world, "relay-round"):
+            exchange.run()
     return ends.out

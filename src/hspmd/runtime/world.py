@@ -28,6 +28,7 @@ from hspmd.errors import HspmdError
 
 if TYPE_CHECKING:
     from hspmd.runtime.counting import CommLog
+    from hspmd.runtime.trace import Recorder
 
 Ranks = tuple[int, ...]
 
@@ -59,6 +60,14 @@ def plan_groups(plans: Iterable[CommPlan]) -> list[Ranks]:
     return sorted(out)
 
 
+def pick_gloo_interface(local_rank: int) -> None:
+    """Set ``GLOO_SOCKET_IFNAME`` to this rank's NIC from ``HSPMD_GLOO_IFNAMES`` (a comma list,
+    one NIC per local rank, round robin; ``hspmd netcluster`` sets it), if that is set."""
+    names = [n for n in os.environ.get("HSPMD_GLOO_IFNAMES", "").split(",") if n]
+    if names:
+        os.environ["GLOO_SOCKET_IFNAME"] = names[local_rank % len(names)]
+
+
 @dataclass(slots=True, eq=False)
 class World:
     """This rank's view of an initialized default process group.
@@ -81,6 +90,7 @@ class World:
     store: Any = None
     member: int = -1
     notify: Callable[[Any], None] | None = None
+    tracer: Recorder | None = None  # hspmd.runtime.trace: set while a run is traced
 
     @staticmethod
     def create(*, timeout_s: float = 300.0) -> World:
@@ -110,6 +120,7 @@ class World:
             if name not in os.environ:
                 raise WorldError(f"{name} is not set: start the script with torchrun")
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        pick_gloo_interface(int(os.environ.get("LOCAL_RANK", "0")))
         device_id = None
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -171,9 +182,11 @@ class World:
                 work.wait()
 
     def record(self, op: str, *, group: Sequence[int], nbytes: int) -> None:
-        """Add one issued operation to every active counting log."""
+        """Add one issued operation to every active counting log (and the trace)."""
         for log in self.logs:
             log.add(op, group=tuple(group), nbytes=nbytes)
+        if self.tracer is not None:
+            self.tracer.op(op, tuple(group), nbytes)
 
     def __str__(self) -> str:
         return f"rank {self.rank}/{self.world_size} on {self.device} ({self.backend})"

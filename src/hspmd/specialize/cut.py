@@ -59,6 +59,10 @@ def _gathered_logits(annotation: Annotation) -> Annotation:
 
 @functools.cache
 def _meta_graph(config: LlamaConfig) -> torch.fx.GraphModule:
+    """The captured graph, shared by every deduction of ``config`` (``AnnotatedGraph.module``
+    when no alignment was needed). Deduction, ``cut`` and the executable builder only read
+    it and copy nodes into new graphs; nothing may change it in place (docs/decisions.md,
+    "Shared caches")."""
     with torch.device("meta"):
         return capture(Llama(config))
 

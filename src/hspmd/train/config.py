@@ -8,13 +8,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from hspmd.errors import HspmdError
 from hspmd.models.llama import LlamaConfig, get_config
+from hspmd.plan.strategy import Dtype, Schedule
 from hspmd.train.faults import Injection
 
-__all__ = ["AdamConfig", "StepRecord", "TrainConfig", "TrainError"]
+__all__ = ["AdamConfig", "StepRecord", "SwitchAlgo", "SwitchMode", "TrainConfig", "TrainError"]
+
+SwitchMode = Literal["states", "weights"]
+SwitchAlgo = Literal["fused", "relay"]
 
 
 class TrainError(HspmdError, ValueError):
@@ -50,8 +54,8 @@ class TrainConfig:
     adam: AdamConfig = field(default_factory=AdamConfig)
     data: str | None = None  # a text or JSONL file or a directory; None: the stdlib sources
     data_max_bytes: int | None = None  # read at most this much text (None: hspmd.data's default)
-    schedule: str = "1f1b"  # or "gpipe"
-    dtype: str = "fp32"
+    schedule: Schedule = "1f1b"  # or "gpipe"
+    dtype: Dtype = "fp32"  # compute dtype; masters are fp32
     zero1: bool = False
     sequence_parallel: bool = False
     recompute: bool = False
@@ -61,11 +65,11 @@ class TrainConfig:
     switches: tuple[tuple[int, str], ...] = ()
     # "states": a switch moves fp32 masters and Adam states (unstable devices);
     # "weights": they stay under a fixed home layout, only compute weights move (mixed-length)
-    switch_mode: str = "states"
+    switch_mode: SwitchMode = "states"
     # "fused": one BSR per switch; "relay": its single-owner inter-node transfers relayed
     # over every NIC of both nodes (hspmd.comm.relay), which needs nodes: ``cluster`` (a
     # cluster file or shipped name) or ``ranks_per_node`` (fake nodes of local processes)
-    switch_algo: str = "fused"
+    switch_algo: SwitchAlgo = "fused"
     cluster: str | None = None
     ranks_per_node: int | None = None
     save: str | None = None  # checkpoint directory (hspmd.checkpoint)
@@ -92,14 +96,13 @@ class TrainConfig:
             )
         self._check_slowdown()
         self._check_elastic()
-        if self.schedule not in ("1f1b", "gpipe"):
-            raise TrainError(f"schedule={self.schedule!r}: choose 1f1b or gpipe")
-        if self.dtype not in ("fp32", "bf16"):
-            raise TrainError(f"dtype={self.dtype!r}: choose fp32 or bf16")
-        if self.switch_mode not in ("states", "weights"):
-            raise TrainError(f"switch_mode={self.switch_mode!r}: choose states or weights")
-        if self.switch_algo not in ("fused", "relay"):
-            raise TrainError(f"switch_algo={self.switch_algo!r}: choose fused or relay")
+        # the Literal types check callers under mypy; these check everyone else
+        for name, kind in (("schedule", Schedule), ("dtype", Dtype),
+                           ("switch_mode", SwitchMode), ("switch_algo", SwitchAlgo)):  # fmt: skip
+            if getattr(self, name) not in get_args(kind):
+                raise TrainError(
+                    f"{name}={getattr(self, name)!r}: choose one of {', '.join(get_args(kind))}"
+                )
         if self.switch_algo == "relay" and not (self.cluster or self.ranks_per_node):
             raise TrainError(
                 "switch algorithm 'relay' needs nodes to relay through: give --cluster "
@@ -186,16 +189,35 @@ class TrainConfig:
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq_len
 
+    def data_identity(self) -> dict[str, Any]:
+        """What decides the data stream and the steps' samples, by ``hspmd train`` flag;
+        saved in checkpoints so that a resume that differs is warned about."""
+        return {
+            "--data": self.data or "(the Python standard library sources)",
+            "--data-max-bytes": self.data_max_bytes,
+            "--global-batch": self.global_batch,
+            "--seq-len": self.seq_len,
+            "--seed": self.seed,
+        }
+
+    def require_strategy(self) -> str:
+        """The starting strategy; a config without one can only train the reference."""
+        if self.strategy is None:
+            raise TrainError(
+                "this run needs a strategy: give TrainConfig(strategy=...) (--strategy), "
+                "or train the single-device reference"
+            )
+        return self.strategy
+
     @property
     def strategies(self) -> tuple[str, ...]:
         """Every strategy of the run, the starting one first."""
-        assert self.strategy is not None
-        return (self.strategy, *(text for _, text in self.switches))
+        return (self.require_strategy(), *(text for _, text in self.switches))
 
     def strategy_at(self, step: int) -> str:
         """The strategy that runs ``step`` (after the switches before it)."""
-        assert self.strategy is not None
-        return next((t for s, t in reversed(self.switches) if s <= step), self.strategy)
+        start = self.require_strategy()
+        return next((t for s, t in reversed(self.switches) if s <= step), start)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

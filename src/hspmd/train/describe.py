@@ -22,9 +22,8 @@ COLUMNS = ("rank", "pipe", "stage", "layers", "TP", "micro-batches", "boundary",
 
 def describe_ranks(config: TrainConfig) -> list[tuple[str, ...]]:
     """One row per rank, in ``COLUMNS`` order (communication kinds as resolved)."""
-    assert config.strategy is not None
     model = config.model_config()
-    strategy = parse_strategy(config.strategy)
+    strategy = parse_strategy(config.require_strategy())
     layout = Layout(strategy, model.num_layers)
     sync = grad_sync_plan(strategy, model)
     rows: list[tuple[str, ...]] = []

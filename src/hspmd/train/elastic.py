@@ -433,7 +433,7 @@ def _plan(
                 config.model_config(), local_cost(max(len(run.members), max(renumbered) + 1)),
                 alive=sorted(renumbered),
                 current=source, global_batch=config.global_batch, seq_len=config.seq_len,
-                dtype=config.dtype,  # type: ignore[arg-type]
+                dtype=config.dtype,
             )  # fmt: skip
             text = str(plan.strategy)
             check_strategy(

@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -52,7 +53,7 @@ from hspmd.switch.live import TrainState
 from hspmd.switch.weights import plan_weight_switch, run_weight_switch
 from hspmd.train.config import AdamConfig, TrainConfig
 from hspmd.train.optim import Adam
-from hspmd.train.sync import SyncItem, grad_sync_plan
+from hspmd.train.sync import SyncItem, grad_of, grad_sync_plan
 
 __all__ = [
     "HomePlan", "HomePost", "HomeState", "home_annotations", "home_plan", "home_post",
@@ -78,12 +79,15 @@ def _home(shape: tuple[int, ...], num_ranks: int, name: str) -> Annotation:
 
 
 @functools.cache
-def home_annotations(config: LlamaConfig, *, num_ranks: int) -> dict[str, ParamSpec]:
-    """Every parameter's home annotation (module docstring), in model order."""
-    return {
-        name: ParamSpec(name, shape, _home(shape, num_ranks, name))
-        for name, shape in parameter_shapes(config).items()
-    }
+def home_annotations(config: LlamaConfig, *, num_ranks: int) -> Mapping[str, ParamSpec]:
+    """Every parameter's home annotation (module docstring), in model order; read-only, as
+    it is cached and shared."""
+    return MappingProxyType(
+        {
+            name: ParamSpec(name, shape, _home(shape, num_ranks, name))
+            for name, shape in parameter_shapes(config).items()
+        }
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +176,7 @@ class HomePost:
     @torch.no_grad()
     def step(self) -> None:
         """Sync grads, move them to home, Adam on home, move the new weights back."""
-        grads = {n: _grad(p).float() for n, p in self.params.items()}
+        grads = {n: grad_of(p, n).float() for n, p in self.params.items()}
         _sync(self.plan.sync, grads, self.world)
         local = {i: grads[n] for i, n in enumerate(self.plan.names) if n in grads}
         moved = run_fused_bsr(self.plan.grad_transfers, self.plan.grads, local, self.world)
@@ -210,11 +214,6 @@ class HomePost:
                 self.home.adam.exp_avg_sq[index].copy_(exp_avg_sq)
         self.home.adam.steps = steps
         self.refresh()
-
-
-def _grad(param: torch.Tensor) -> torch.Tensor:
-    assert param.grad is not None, "every local parameter gets a gradient in B"
-    return param.grad
 
 
 def _sync(items: tuple[SyncItem, ...], grads: Mapping[str, torch.Tensor], world: World) -> None:

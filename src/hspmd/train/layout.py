@@ -67,10 +67,6 @@ class Layout:
     def ranks(self) -> tuple[int, ...]:
         return self.strategy.ranks
 
-    @property
-    def max_tp(self) -> int:
-        return max(len(s.ranks) for p in self.pipelines for s in p.stages)
-
     def role(self, rank: int) -> Role | None:
         """The rank's role, or None if the strategy does not use it."""
         offset = 0

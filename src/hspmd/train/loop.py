@@ -46,6 +46,7 @@ from hspmd.plan.strategy import StrategyOptions
 from hspmd.runtime.boundary import Pending, recv, send
 from hspmd.runtime.counting import count_comm
 from hspmd.runtime.executable import bind_executable, sync_grads
+from hspmd.runtime.trace import NULL, Recorder, Spans
 from hspmd.runtime.world import World, plan_groups
 from hspmd.specialize.boundary import BoundaryPlans, boundary_plans
 from hspmd.specialize.executable import build_executable, executable_groups
@@ -87,8 +88,8 @@ def options_of(config: TrainConfig) -> StrategyOptions:
         zero1=config.zero1,
         sequence_parallel=config.sequence_parallel,
         recompute=config.recompute,
-        schedule=config.schedule,  # type: ignore[arg-type]
-        dtype=config.dtype,  # type: ignore[arg-type]
+        schedule=config.schedule,
+        dtype=config.dtype,
     )
 
 
@@ -137,12 +138,14 @@ def _backward(plans: BoundaryPlans, world: World, live: _Live, *, m: int) -> Non
 def run_step(
     program: StageProgram, role: Role, plans: BoundaryPlans, config: TrainConfig,
     world: World, batch: tuple[torch.Tensor, torch.Tensor], *, post: Post | None = None,
-    slow: Slowdown | None = None, on_action: Callable[[str], None] | None = None,
+    slow: Slowdown | None = None, rec: Spans = NULL,
+    on_action: Callable[[str], None] | None = None,
 ) -> float:  # fmt: skip
     """Every F and B of the rank's schedule on one global batch; the scaled loss sum.
 
     With ``post`` (and ``config.overlap``), ``post.arm()`` runs before the last B. With
     ``slow``, each F and B compute is followed by its sleep (``hspmd.train.slowdown``).
+    ``rec`` records a span per F and B (``hspmd.runtime.trace``).
     ``on_action("forward" | "backward")`` runs before each action (elastic runs: phase
     tracking and fault injection)."""
     schedule = make_schedule(config.schedule, role.num_stages, role.stage, role.micro_batches)
@@ -154,14 +157,17 @@ def run_step(
         if on_action is not None:
             on_action("forward" if action.kind == "F" else "backward")
         if action.kind == "F":
-            _forward(program, role, plans, world, live, m=action.micro_batch, batch=batch,
-                     scale=scale, dtype=dtype)  # fmt: skip
+            with rec.span("F", cat="forward", micro_batch=action.micro_batch, stage=role.stage):
+                _forward(program, role, plans, world, live, m=action.micro_batch, batch=batch,
+                         scale=scale, dtype=dtype)  # fmt: skip
         elif action.kind == "B":
             if index == last_b and post is not None and config.overlap:
                 post.arm()
-            _backward(plans, world, live, m=action.micro_batch)
-    for pending in live.sends:
-        pending.wait()
+            with rec.span("B", cat="backward", micro_batch=action.micro_batch, stage=role.stage):
+                _backward(plans, world, live, m=action.micro_batch)
+    with rec.span("wait sends", cat="wait"):
+        for pending in live.sends:
+            pending.wait()
     return live.loss
 
 
@@ -320,7 +326,7 @@ def save_checkpoint(
     if world.rank == 0:
         commit_rank_states(
             directory, step=step, model=config.model, strategy=active.text,
-            param_specs=specs, adam_step=steps, data_position=step,
+            param_specs=specs, adam_step=steps, data_position=step, run=config.data_identity(),
         )  # fmt: skip
     world.wait([dist.barrier(async_op=True)])
 
@@ -354,30 +360,39 @@ def _resume(world: World, config: TrainConfig) -> tuple[_Active, int, int]:
     return active, first, state.adam_step
 
 
-def run_rank(world: World, config: TrainConfig, *, report: Any = None) -> dict[str, Any]:
+def run_rank(
+    world: World, config: TrainConfig, *, report: Any = None, rec: Spans = NULL
+) -> dict[str, Any]:
     """Train ``config`` on this rank; ranks outside the strategy only join the loss sum.
 
     ``report(record)`` is called on rank 0 after each step. Switches (``config.switches``)
     run before their step on every rank. Returns the step records and this rank's
-    parameter pieces: name -> (global region, numpy array).
+    parameter pieces: name -> (global region, numpy array). ``rec``: a trace
+    ``Recorder`` (``hspmd.runtime.trace``) records steps, F, B, Post, switches, saves and
+    every communication step.
     """
-    assert config.strategy is not None
+    first_strategy = config.require_strategy()
+    world.tracer = rec if isinstance(rec, Recorder) else None
+    end_setup = rec.begin("setup", cat="setup")  # groups, executables (and a resume)
     prepare_all(world, config)  # every rank, idle ones too, in the same order
     if config.resume:
         active, first, adam_steps = _resume(world, config)
     else:
-        active, first, adam_steps = activate(world, config, config.strategy), 1, 0
+        active, first, adam_steps = activate(world, config, first_strategy), 1, 0
     switches = dict(config.switches)
     # every rank reads the stream: a rank idle now may train after a switch
     data = islice(step_batches(config), first - 1, None)
     records = []
     slow = slowdown_of(config.slowdown, world.rank)
+    end_setup()
     for step in range(first, config.steps + 1):
         switched, messages = None, None
         if step in switches and step != first:
-            active, switched, messages = _timed_switch(
-                world, config, active, switches[step], steps=adam_steps
-            )
+            with rec.span("switch", cat="switch", step=step, to=switches[step]):
+                active, switched, messages = _timed_switch(
+                    world, config, active, switches[step], steps=adam_steps
+                )
+        end_step = rec.begin(f"step {step}", cat="step", step=step)
         batch = next(data)
         inject(config.inject, member=world.rank, step=step, phase="forward")  # ends the run
         start = time.perf_counter()
@@ -386,18 +401,23 @@ def run_rank(world: World, config: TrainConfig, *, report: Any = None) -> dict[s
         if role is not None and post is not None and active.plans is not None:
             post.zero_grad()
             value = run_step(
-                active.exe, role, active.plans, config, world, batch, post=post, slow=slow
-            )
+                active.exe, role, active.plans, config, world, batch, post=post, slow=slow,
+                rec=rec,
+            )  # fmt: skip
+            end_post = rec.begin("Post", cat="post")
             sync_grads(active.exe, world)  # partial grads inside the stage (SP norm weights)
             if role.is_last and role.rank == role.tp_ranks[0]:  # one reporter per pipeline
                 loss += value
             with slow:
                 post.step()
+            end_post()
         elif post is not None:  # an idle rank's home shards (switch_mode="weights")
-            with slow:
+            with rec.span("Post", cat="post"), slow:
                 post.step()
         adam_steps += 1
-        dist.all_reduce(loss)
+        with rec.span("loss all-reduce", cat="wait"):  # waits for the slowest rank
+            dist.all_reduce(loss)
+        end_step()
         record = StepRecord(
             step=step, loss=float(loss), tokens=config.tokens_per_step,
             seconds=time.perf_counter() - start, switch_seconds=switched,
@@ -407,12 +427,14 @@ def run_rank(world: World, config: TrainConfig, *, report: Any = None) -> dict[s
         if report is not None and world.rank == 0:
             report(record)
         if config.save and step % config.save_every == 0:
-            save_checkpoint(
-                world, config, active, directory=config.save, step=step, steps=adam_steps
-            )
+            with rec.span("save", cat="checkpoint", step=step):
+                save_checkpoint(
+                    world, config, active, directory=config.save, step=step, steps=adam_steps
+                )
     pieces = {}
     if active.exe is not None:
         for name, p in active.exe.params.items():
             # numpy, not tensors: tensors would travel as shared-memory fds
             pieces[name] = (active.exe.pieces[name].region, p.detach().float().numpy().copy())
+    world.tracer = None
     return {"pieces": pieces, "records": records}

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from hspmd.runtime.execute import Started, start_plan, startable
+from hspmd.runtime.trace import span_on
 from hspmd.train.sync import SyncItem
 
 __all__ = ["GradOverlap"]
@@ -103,10 +104,11 @@ class GradOverlap:
 
     def finish(self) -> list[torch.Tensor]:
         """Issue the items not issued yet, wait for all; each item's result, in order."""
-        for index in range(self.issued, len(self.items)):
-            self._start(index)
-        with torch.no_grad():
-            outs = [started.wait() for started in self.started]
+        with span_on(self.world, "grad sync", cat="sync"):
+            for index in range(self.issued, len(self.items)):
+                self._start(index)
+            with torch.no_grad():
+                outs = [started.wait() for started in self.started]
         self._reset()
         assert all(out is not None for out in outs), "every source of a grad plan keeps a piece"
         return [out for out in outs if out is not None]

@@ -35,7 +35,7 @@ from hspmd.switch.live import TrainState
 from hspmd.train.config import AdamConfig
 from hspmd.train.optim import Adam
 from hspmd.train.overlap import GradOverlap
-from hspmd.train.sync import SyncItem, gathered, scatter_back
+from hspmd.train.sync import SyncItem, gathered, grad_of, scatter_back
 
 __all__ = ["MixedPost", "PlainPost", "Post", "SplitPost", "load_adam", "adam_states"]
 
@@ -102,7 +102,7 @@ class PlainPost:
         )
 
     def _local(self, item: SyncItem) -> torch.Tensor:
-        return gathered(item, [_grad(self.params[n]) for n in item.names])
+        return gathered(item, [grad_of(self.params[n], n) for n in item.names])
 
     def arm(self) -> None:
         self.overlap.arm()
@@ -117,7 +117,7 @@ class PlainPost:
         """The gradient sync only: the optimizer states stay untouched (elastic runs redo a
         step whose sync failed)."""
         for item, out in self.overlap.results():
-            scatter_back(out, [_grad(self.params[n]) for n in item.names])
+            scatter_back(out, [grad_of(self.params[n], n) for n in item.names])
 
     @torch.no_grad()
     def apply(self) -> None:
@@ -167,7 +167,7 @@ class MixedPost(MasterAdam):
 
     def _local(self, item: SyncItem) -> torch.Tensor:
         """The fp32 gradients of ``item``: synced in fp32, as the masters' gradients."""
-        return gathered(item, [_grad(self.params[n]).float() for n in item.names])
+        return gathered(item, [grad_of(self.params[n], n).float() for n in item.names])
 
     def arm(self) -> None:
         self.overlap.arm()
@@ -182,9 +182,9 @@ class MixedPost(MasterAdam):
         """The gradient sync into the masters' gradients; masters and moments untouched."""
         synced = self.overlap.results()
         for name, param in self.params.items():
-            self.masters[name].grad = _grad(param).float()
+            self.masters[name].grad = grad_of(param, name).float()
         for item, out in synced:
-            scatter_back(out, [_grad(self.masters[n]) for n in item.names])
+            scatter_back(out, [grad_of(self.masters[n], n) for n in item.names])
 
     @torch.no_grad()
     def apply(self) -> None:
@@ -200,8 +200,3 @@ class MixedPost(MasterAdam):
         load_adam(self.adam, list(self.masters), state, steps)
         for name, param in self.params.items():
             param.copy_(self.masters[name])
-
-
-def _grad(param: torch.Tensor) -> torch.Tensor:
-    assert param.grad is not None, "every local parameter gets a gradient in B"
-    return param.grad

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -28,10 +29,12 @@ __all__ = ["TrainResult", "run_reference"]
 
 @dataclass(frozen=True, slots=True)
 class TrainResult:
-    """Per-step records and the final parameters at global shapes (name -> fp32 tensor)."""
+    """Per-step records and the final parameters at global shapes (name -> fp32 tensor);
+    ``trace``: the run's Chrome trace when it was traced (``hspmd.runtime.trace``)."""
 
     records: tuple[StepRecord, ...]
     params: dict[str, torch.Tensor]
+    trace: dict[str, Any] | None = None
 
     @property
     def losses(self) -> tuple[float, ...]:

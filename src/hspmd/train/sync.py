@@ -36,6 +36,7 @@ from hspmd.plan.params import ParamSpec, parameter_annotations
 from hspmd.plan.strategy import Strategy
 from hspmd.runtime.execute import run_plan
 from hspmd.runtime.world import World
+from hspmd.train.config import TrainError
 
 __all__ = [
     "BUCKET_BYTES",
@@ -124,7 +125,7 @@ def run_grad_sync(
     for item in items:
         if world.rank not in item.plan.src:
             continue
-        grads = [_grad(params[n]) for n in item.names]
+        grads = [grad_of(params[n], n) for n in item.names]
         out = run_plan(item.plan, gathered(item, grads), world, donate=True)
         assert out is not None
         scatter_back(out, grads)
@@ -143,6 +144,11 @@ def scatter_back(out: torch.Tensor, grads: list[torch.Tensor]) -> None:
         offset += g.numel()
 
 
-def _grad(param: torch.Tensor) -> torch.Tensor:
-    assert param.grad is not None, "every local parameter gets a gradient in B"
+def grad_of(param: torch.Tensor, name: str) -> torch.Tensor:
+    """``param``'s gradient after the backward pass; every local parameter must have one."""
+    if param.grad is None:
+        raise TrainError(
+            f"parameter {name} got no gradient in the backward pass: every parameter of a "
+            "stage must take part in its loss (remove or freeze unused parameters)"
+        )
     return param.grad

@@ -6,6 +6,10 @@
 
 Several configs can share one launch (``train_many``): processes start once and run the
 configs one after another; ranks a config does not use only join its loss all-reduce.
+
+Across nodes (``node=NodeSpec(...)``), one launcher per node runs an equal share of the
+ranks; each returns the records (the global losses) and the parameter pieces of its own
+ranks, the rest of every parameter NaN: ``merge`` joins the nodes' results.
 """
 
 from __future__ import annotations
@@ -20,14 +24,18 @@ import torch
 from hspmd.errors import StrategyError
 from hspmd.models.llama import parameter_shapes
 from hspmd.plan.strategy import Strategy, check_strategy, parse_strategy
-from hspmd.runtime.launch import ElasticLaunch, launch
+from hspmd.runtime.launch import ElasticLaunch, NodeSpec, launch
+from hspmd.runtime.trace import NULL, Recorder, chrome_trace
 from hspmd.runtime.world import World
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.elastic import run_rank_elastic
 from hspmd.train.loop import options_of, run_rank
 from hspmd.train.reference import TrainResult
 
-__all__ = ["check_config", "num_processes", "train", "train_elastic", "train_many"]
+__all__ = [
+    "assemble", "check_config", "merge", "num_processes", "train", "train_elastic",
+    "train_many",
+]  # fmt: skip
 
 
 def check_config(config: TrainConfig) -> Strategy:
@@ -93,11 +101,19 @@ def num_processes(config: TrainConfig) -> int:
     return 1 + max(max(parse_strategy(text).ranks) for text in config.strategies)
 
 
-def _rank_work(world: World, configs: Sequence[TrainConfig], events: Any) -> list[dict[str, Any]]:
+def _rank_work(
+    world: World, configs: Sequence[TrainConfig], events: Any, trace: bool
+) -> list[dict[str, Any]]:
     def report_for(index: int) -> Callable[[StepRecord], None]:
         return lambda record: events.put((index, record))
 
-    outcomes = [run_rank(world, c, report=report_for(i)) for i, c in enumerate(configs)]
+    outcomes = []
+    for index, config in enumerate(configs):
+        rec = Recorder.start(world) if trace else NULL
+        outcome = run_rank(world, config, report=report_for(index), rec=rec)
+        if isinstance(rec, Recorder):
+            outcome["trace"] = rec.export()
+        outcomes.append(outcome)
     if world.rank == 0:
         events.put(None)
     return outcomes
@@ -109,12 +125,23 @@ def train_many(
     on_step: Callable[[int, StepRecord], None] | None = None,
     timeout_s: float = 600.0,
     threads: int | None = None,
+    trace: bool = False,
+    node: NodeSpec | None = None,
 ) -> list[TrainResult]:
     """Train every config in one launch of ``max(ranks)`` processes; results in order.
 
-    ``threads``: torch threads per rank (default: the launcher's, cores // ranks).
+    ``threads``: torch threads per rank (default: the launcher's, cores // ranks). With
+    ``node``, this launcher runs its node's share of the ranks (see the module docstring).
+    ``trace``: each result carries the run's Chrome trace (``hspmd.runtime.trace``).
     """
     nproc = max(num_processes(c) for c in configs)
+    if node is not None:
+        if nproc % node.num_nodes:
+            raise TrainError(
+                f"{nproc} ranks do not split evenly over {node.num_nodes} nodes: use a "
+                f"strategy whose rank count is a multiple of {node.num_nodes}"
+            )
+        nproc //= node.num_nodes
     # A SimpleQueue: rank 0's puts are synchronous (no feeder thread), so every event is in
     # the pipe before its result is sent, and the launcher's clean-up of finished workers
     # can never interrupt a put. Only rank 0 writes; only this thread reads.
@@ -126,9 +153,10 @@ def train_many(
             box["results"] = launch(
                 _rank_work,
                 nproc,
-                args=(list(configs), events),
+                args=(list(configs), events, trace),
                 timeout_s=timeout_s,
                 threads=threads,
+                node=node,
             )
         except BaseException as error:  # noqa: BLE001 - re-raised in the caller's thread
             box["error"] = error
@@ -148,6 +176,12 @@ def train_many(
     return _assemble(box["results"], configs)
 
 
+def assemble(outcomes: Sequence[dict[str, Any]], config: TrainConfig) -> TrainResult:
+    """A result from ``run_rank``'s outcomes of one config, one per rank run (any launcher:
+    under torchrun, every rank's outcome gathered by hand); missing pieces stay NaN."""
+    return _assemble([[o] for o in outcomes], [config])[0]
+
+
 def _assemble(
     per_rank: list[list[dict[str, Any]]], configs: Sequence[TrainConfig]
 ) -> list[TrainResult]:
@@ -159,7 +193,10 @@ def _assemble(
             for name, (region, value) in outcome[index]["pieces"].items():
                 _place(params, name, region, torch.from_numpy(value))
         records = tuple(per_rank[0][index]["records"])
-        results.append(TrainResult(records=records, params=params))
+        parts = [outcome[index]["trace"] for outcome in per_rank if "trace" in outcome[index]]
+        meta = {"model": config.model, "strategy": config.strategy, "steps": config.steps}
+        trace = chrome_trace(parts, meta=meta) if parts else None
+        results.append(TrainResult(records=records, params=params, trace=trace))
     return results
 
 
@@ -182,10 +219,30 @@ def train(
     *,
     on_step: Callable[[StepRecord], None] | None = None,
     threads: int | None = None,
+    trace: bool = False,
+    node: NodeSpec | None = None,
 ) -> TrainResult:
-    """Train one config on local processes (one per rank of its strategy)."""
+    """Train one config on local processes (one per rank of its strategy, or this node's
+    share of them with ``node``); with ``trace``, ``result.trace`` is the run's Chrome trace
+    (``hspmd.runtime.trace``)."""
     callback = None if on_step is None else (lambda _index, record: on_step(record))
-    return train_many([config], on_step=callback, threads=threads)[0]
+    return train_many([config], on_step=callback, threads=threads, trace=trace, node=node)[0]
+
+
+def merge(results: Sequence[TrainResult]) -> TrainResult:
+    """One result from the nodes' results of one run: each parameter element from the node
+    that holds it (where several do, they agree); the records of the first."""
+    params = {}
+    for name, first in results[0].params.items():
+        full = first.clone()
+        for other in results[1:]:
+            value = other.params[name]
+            both = ~torch.isnan(full) & ~torch.isnan(value)
+            if not bool(torch.isclose(full[both], value[both], rtol=1e-6, atol=0.0).all()):
+                raise TrainError(f"nodes disagree on {name}: the ranks diverged (report it)")
+            full = torch.where(torch.isnan(full), value, full)
+        params[name] = full
+    return TrainResult(records=results[0].records, params=params)
 
 
 def train_elastic(

@@ -1,0 +1,107 @@
+"""`hspmd train --trace / --timeline / --predict`: the flags' checks and their files.
+
+The checks run before any process starts (a wrong suffix or a missing folder costs no
+training); the files are written from the run's merged trace (``hspmd.runtime.trace``)::
+
+    hspmd train ... --trace run.json                  # chrome://tracing or ui.perfetto.dev
+    hspmd train ... --timeline run.png                # every step, rows = ranks
+    hspmd train ... --timeline last.png --predict     # the last step over its prediction
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hspmd.plan.strategy import parse_strategy
+from hspmd.train.config import TrainConfig, TrainError
+from hspmd.train.reference import TrainResult
+from hspmd.viz.common import check_picture_path
+
+if TYPE_CHECKING:
+    from hspmd.planner.predict import Prediction
+
+__all__ = ["check_trace_flags", "write_outputs"]
+
+
+def check_trace_flags(args: argparse.Namespace) -> bool:
+    """Whether the run must be traced; TrainError / PictureError naming the flag to fix."""
+    trace, timeline = getattr(args, "trace", None), getattr(args, "timeline", None)
+    predict, profile = getattr(args, "predict", False), getattr(args, "predict_profile", None)
+    if predict and not timeline:
+        raise TrainError("--predict draws over the measured timeline: add --timeline FILE.png")
+    if profile and not predict:
+        raise TrainError("--predict-profile is read by --predict: add --predict --timeline FILE")
+    if profile and not Path(profile).is_file():
+        raise TrainError(
+            f"--predict-profile {profile!r}: no such file; write one with hspmd profile"
+        )
+    if (trace or timeline) and args.reference:
+        raise TrainError(
+            "--reference runs the plain model on this process, which is not traced: drop "
+            "--trace/--timeline, or --reference"
+        )
+    if trace:
+        out = Path(trace)
+        if out.suffix.lower() != ".json":
+            raise TrainError(f"--trace {trace!r}: traces are JSON files: name it {out.stem}.json")
+        if not out.parent.is_dir():
+            raise TrainError(f"--trace {trace!r}: folder {str(out.parent)!r} does not exist")
+    if timeline:
+        check_picture_path(timeline, flag="--timeline")
+    return bool(trace or timeline)
+
+
+def write_outputs(args: argparse.Namespace, config: TrainConfig, result: TrainResult) -> None:
+    """Write ``--trace`` and ``--timeline`` from ``result.trace``; one line each on stderr."""
+    trace = result.trace
+    assert trace is not None, "a traced run carries its trace"
+    ranks = len({e["pid"] for e in trace["traceEvents"]})
+    if args.trace:
+        Path(args.trace).write_text(json.dumps(trace))
+        spans = sum(1 for e in trace["traceEvents"] if e["ph"] == "X")
+        print(f"trace of {ranks} ranks, {spans} spans -> {args.trace} "
+              "(open in ui.perfetto.dev or chrome://tracing)", file=sys.stderr)  # fmt: skip
+    if not args.timeline:
+        return
+    from hspmd.viz.timeline import bars_from_result, bars_from_trace, draw_timeline, one_step
+
+    bars = bars_from_trace(trace)
+    title = f"{config.model}, {ranks} ranks: {config.strategy_at(config.steps)}"
+    if not args.predict:
+        draw_timeline(bars, args.timeline, title=title)
+        print(f"timeline of {config.steps} steps -> {args.timeline}", file=sys.stderr)
+        return
+    measured = one_step(bars)
+    prediction = _predict(config, profile=args.predict_profile)
+    took = max(b.end for b in measured if b.kind == "step")
+    title = (
+        f"{title}\nstep {config.steps}: measured {took * 1e3:.1f} ms, predicted "
+        f"{prediction.step_time_s * 1e3:.1f} ms (hspmd.planner.local cost model)"
+    )
+    draw_timeline(measured, args.timeline, predicted=bars_from_result(prediction.result),
+                  title=title)  # fmt: skip
+    print(
+        f"timeline of step {config.steps}: measured {took * 1e3:.1f} ms over predicted "
+        f"{prediction.step_time_s * 1e3:.1f} ms -> {args.timeline}",
+        file=sys.stderr,
+    )
+
+
+def _predict(config: TrainConfig, *, profile: str | None) -> Prediction:
+    """The simulator's step of the run's last strategy on local processes."""
+    from hspmd.planner.local import local_cost
+    from hspmd.planner.predict import predict
+    from hspmd.train.loop import options_of
+
+    strategy = parse_strategy(config.strategy_at(config.steps))
+    cost = local_cost(
+        1 + max(strategy.ranks), ranks_per_node=config.ranks_per_node, profile=profile,
+        dtype="bf16" if config.dtype == "bf16" else "fp32",
+    )  # fmt: skip
+    return predict(
+        strategy, config.model_config(), cost, seq_len=config.seq_len, options=options_of(config)
+    )
