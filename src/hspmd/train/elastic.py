@@ -86,6 +86,7 @@ class _Run:
     saved: int = 0  # the last step this rank checkpointed
     resave: int = 0  # a step whose checkpoint a failure interrupted (written after recovery)
     grown: list[int] = field(default_factory=list)  # --grow steps served
+    builds: int = 0  # executables built on this rank (TrainResult.builds)
     records: list[StepRecord] = field(default_factory=list)
 
     def store(self, fn: Any) -> Any:
@@ -120,7 +121,7 @@ def run_rank_elastic(world: World, config: TrainConfig) -> dict[str, Any]:
         data, batch = _recover(run, PeerFailure(run.gen), data, batch)
     else:
         active = _build(world, config, config.strategy, watch)
-        run = _Run(config, world, watch, active, tuple(range(world.world_size)), gen=0)
+        run = _Run(config, world, watch, active, tuple(range(world.world_size)), gen=0, builds=1)
         data = step_batches(config)
         batch = next(data)
     try:
@@ -143,7 +144,7 @@ def run_rank_elastic(world: World, config: TrainConfig) -> dict[str, Any]:
     if run.active.exe is not None:
         for name, p in run.active.exe.params.items():
             pieces[name] = (run.active.exe.pieces[name].region, p.detach().float().numpy().copy())
-    return {"pieces": pieces, "records": run.records}
+    return {"pieces": pieces, "records": run.records, "builds": run.builds}
 
 
 def _grow(run: _Run) -> None:
@@ -412,6 +413,7 @@ def _replan_and_move(run: _Run, members: tuple[int, ...]) -> _Moved:
     state = run.active.post.state() if run.active.post is not None else {}
     moved, _ = run_switch(switch, state, world)
     active = _build(world, config, target, watch)
+    run.builds += 1
     if active.post is not None:
         active.post.load_state(moved, steps=run.adam_steps)
     sent = float(sum(switch.sent_bytes().values()))
@@ -469,6 +471,7 @@ def _fallback(
             "train with --save DIR --save-every N"
         )
     active = _build(world, config, target, run.watch)
+    run.builds += 1
     state = load_checkpoint(world, config, active, directory=config.save)
     run.step, run.adam_steps, run.applied, run.resave = state.step + 1, state.adam_step, False, 0
     run.records = [r for r in run.records if r.step <= state.step]
