@@ -23,6 +23,9 @@ TWO = "2x2: R0:L0-3; 2x2: R1:L0-3"
         (["--elastic", "--inject-failure", "1@2:sync:nap"], "mode 'nap' is not kill or hang"),
         (["--elastic", "--inject-failure", "5@2"], "names a rank the run does not have"),
         (["--inject-failure", "1@2:sync"], "without --elastic only a kill in forward"),
+        (["--elastic", "--tokens-per-step", "512"], "does not take --tokens-per-step"),
+        (["--elastic", "--trace", "run.json"], "drop --trace/--timeline and --nnodes"),
+        (["--elastic", "--grow", "3=1"], "--grow adds 1 ranks but --spares is 0"),
     ],
 )
 def test_bad_elastic_flags_are_one_line(extra: list[str], message: str, capsys) -> None:  # type: ignore[no-untyped-def]

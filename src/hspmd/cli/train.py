@@ -19,6 +19,10 @@ no attention across documents, loss the mean over real tokens); the records add
 ``dropped``; one executable per rank serves every length (docs/mixed-length.md).
 ``--slowdown 2=3,5=3``: ranks 2 and 5 sleep twice the time of each compute they run, as on
 devices three times slower (the losses do not change).
+``--elastic``: dead and hung ranks (``--hang-timeout S``) are survived in-process: the
+others re-plan, move the states from surviving replicas and redo the step (one event line
+each: failure, replan, resumed); ``--inject-failure RANK@STEP[:PHASE[:kill|hang]]`` for
+tests; ``--spares N --grow STEP=K`` hold back N processes and let K join before STEP.
 ``--trace run.json`` writes a Chrome / Perfetto trace of the run (every rank's F, B, Post,
 communication steps, switches, saves; docs/pictures.md), ``--timeline run.png`` the same as
 a Gantt chart; with ``--predict`` the chart is the last step, measured over predicted
