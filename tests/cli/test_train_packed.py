@@ -57,3 +57,14 @@ def test_bad_data_and_options_exit_2(tmp_path: Path, capsys: pytest.CaptureFixtu
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_options_that_do_nothing_warn(capsys: pytest.CaptureFixture[str]) -> None:
+    from hspmd.cli import build_parser
+    from hspmd.cli.train import config_from_args, warnings_of
+
+    argv = ["train", "--strategy", STRATEGY, "--tokens-per-step", "256", "--max-seq-len", "48",
+            "--global-batch", "8", "--seq-len", "32"]  # fmt: skip
+    args = build_parser().parse_args(argv)
+    words = " ".join(warnings_of(args, config_from_args(args)))
+    assert "--global-batch 8 does nothing" in words and "--seq-len 32 does nothing" in words

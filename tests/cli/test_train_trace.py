@@ -1,5 +1,6 @@
 """`hspmd train --trace/--timeline/--predict`: flags checked first, then a traced run;
-`hspmd simulate --timeline`: the same picture from predicted times."""
+`hspmd simulate --timeline`: the same picture from predicted times; `hspmd timeline`: a
+saved trace redrawn."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hspmd.cli import main
+from hspmd.runtime.trace import RankTrace, chrome_trace
 
 _RUN = ["train", "--strategy", "2x1: R0:L0-3; 2x1: R1:L0-3", "--seq-len", "16", "--steps", "2"]
 
@@ -63,3 +65,53 @@ def test_simulate_timeline_is_the_train_picture_of_predicted_times(tmp_path: Pat
     assert main([*sim, "--timeline", str(svg)]) == 0
     text = svg.read_text()
     assert "rank 3" in text and "backward" in text and "predicted step" in text
+
+
+def _train_trace(path: Path) -> Path:
+    ms = 1_000_000
+    events = []
+    for step in (1, 2):
+        t = step * 100 * ms
+        events += [(f"step {step}", "step", 0, t, t + 90 * ms, {"step": step}),
+                   ("F", "forward", 0, t, t + 40 * ms, {"micro_batch": 0, "stage": 0})]  # fmt: skip
+    trace = chrome_trace([RankTrace(0, tuple(events), 0, 0, 0)], meta={"strategy": "1x1: R0:L0-3"})
+    path.write_text(json.dumps(trace))
+    return path
+
+
+def test_timeline_command_redraws_a_saved_trace(tmp_path: Path, capsys) -> None:
+    from matplotlib.image import imread
+
+    saved = _train_trace(tmp_path / "run.json")
+    out = tmp_path / "step2.png"
+    assert main(["timeline", str(saved), "--out", str(out), "--step", "2"]) == 0
+    assert "2 spans of 1 ranks ->" in capsys.readouterr().err  # step 2's frame and its F
+    assert imread(out).shape[1] > 500
+    sim = tmp_path / "sim.json"
+    assert main(["simulate", "--model", "llama-32b", "--cluster", "h20x32", "--seq-len", "1024",
+                 "--strategy", "4x1: R0-3:L0-29 R4-7:L30-59", "--recompute",
+                 "--trace", str(sim)]) == 0  # fmt: skip
+    svg = tmp_path / "sim.svg"
+    assert main(["timeline", str(sim), "--out", str(svg)]) == 0
+    assert "rank 7" in svg.read_text() and "backward" in svg.read_text()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["none.json", "--out", "x.png"], "'none.json': no such file"),
+        (["bad.json", "--out", "x.png"], "'bad.json' is not JSON"),
+        (["list.json", "--out", "x.png"], "'list.json' has no traceEvents list"),
+        (["run.json", "--out", "x.pdf"], "--out 'x.pdf': pictures are written as .png or .svg"),
+        (["run.json", "--out", "x.png", "--step", "9"], "step 9 is not in the trace"),
+    ],
+)
+def test_timeline_command_errors(argv: list[str], message: str, tmp_path: Path, capsys,
+                                 monkeypatch) -> None:  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    _train_trace(tmp_path / "run.json")
+    (tmp_path / "bad.json").write_text("{")
+    (tmp_path / "list.json").write_text("[]")
+    assert main(["timeline", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err

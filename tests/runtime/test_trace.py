@@ -15,6 +15,7 @@ from hspmd.runtime.trace import COMM, COMPUTE, NULL, RankTrace, Recorder, chrome
 from hspmd.runtime.world import World
 from hspmd.train.config import TrainConfig
 from hspmd.train.loop import run_rank
+from hspmd.train.reference import run_reference
 
 
 def _spans(trace: dict[str, Any]) -> list[dict[str, Any]]:
@@ -32,7 +33,7 @@ def test_spans_and_comm_steps_are_recorded_in_order() -> None:
     names = [(e[0], e[1], e[2]) for e in rec.events]
     assert names == [
         ("all-gather", "comm", COMM),
-        ("all_reduce", "comm", COMM),
+        ("all-reduce", "comm", COMM),
         ("F", "forward", COMPUTE),
         ("Post", "post", COMPUTE),
     ]
@@ -78,11 +79,13 @@ _CONFIG = dict(
 )  # fmt: skip
 
 
-def _traced_rank(world: World, config: TrainConfig) -> tuple[RankTrace, dict[str, int], int]:
+def _traced_rank(
+    world: World, config: TrainConfig
+) -> tuple[RankTrace, dict[str, int], int, list[float]]:
     rec = Recorder.start(world)
     with count_comm(world) as log:
-        run_rank(world, config, rec=rec)
-    return rec.export(), log.counts(), log.nbytes()
+        out = run_rank(world, config, rec=rec)
+    return rec.export(), log.counts(), log.nbytes(), [r.loss for r in out["records"]]
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +93,14 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], li
     save = str(tmp_path_factory.mktemp("ckpt"))
     config = TrainConfig(**_CONFIG, save=save)  # type: ignore[arg-type]
     out = launch(_traced_rank, 4, args=(config,), threads=1, timeout_s=600)
-    return chrome_trace([part for part, _, _ in out]), out
+    return chrome_trace([part for part, *_ in out]), out
+
+
+@pytest.mark.multiproc
+def test_a_traced_run_trains_as_the_reference(traced: tuple[dict[str, Any], list[Any]]) -> None:
+    _, out = traced
+    reference = run_reference(TrainConfig(**{**_CONFIG, "switches": ()}))  # type: ignore[arg-type]
+    assert out[0][3] == pytest.approx(list(reference.losses), rel=1e-5)
 
 
 @pytest.mark.multiproc
@@ -135,12 +145,9 @@ def test_times_are_monotone_and_nested_per_thread(
                 assert a["ts"] + a["dur"] <= b["ts"] + 1e-3, (pid, a, b)
 
 
-@pytest.mark.multiproc
-def test_one_comm_event_per_step_matches_the_comm_counts(
-    traced: tuple[dict[str, Any], list[Any]],
-) -> None:
-    trace, out = traced
-    for rank, (_, counts, nbytes) in enumerate(out):
+def _check_counts(trace: dict[str, Any], out: list[Any]) -> None:
+    """On every rank the comm events' ops and bytes sum to what count_comm counted."""
+    for rank, (_, counts, nbytes, _) in enumerate(out):
         comm = [e for e in _spans(trace) if e["pid"] == rank and e["cat"] == "comm"]
         ops: Counter[str] = Counter()
         for e in comm:
@@ -149,6 +156,27 @@ def test_one_comm_event_per_step_matches_the_comm_counts(
             assert rank in e["args"]["peers"] or not e["args"]["ops"]
         assert dict(ops) == counts, rank
         assert sum(e["args"]["bytes"] for e in comm) == nbytes, rank
+
+
+@pytest.mark.multiproc
+def test_one_comm_event_per_step_matches_the_comm_counts(
+    traced: tuple[dict[str, Any], list[Any]],
+) -> None:
+    _check_counts(*traced)
+
+
+@pytest.mark.multiproc
+def test_zero1_sequence_parallel_and_a_relayed_switch_match_the_counts() -> None:
+    config = TrainConfig(
+        strategy="2x2: R0-1:L0-1 R2:L2-3; 2x2: R3:L0-3", global_batch=8, seq_len=16,
+        steps=2, zero1=True, sequence_parallel=True, switch_algo="relay", ranks_per_node=2,
+        switches=((2, "2x2: R0-1:L0-3; 2x2: R2-3:L0-3"),),
+    )  # fmt: skip
+    out = launch(_traced_rank, 4, args=(config,), threads=1, timeout_s=600)
+    trace = chrome_trace([part for part, *_ in out])
+    _check_counts(trace, out)
+    kinds = {e["name"] for e in _spans(trace) if e["cat"] == "comm"}
+    assert {"split-reduce-scatter", "split-all-gather", "relay-round"} <= kinds, kinds
 
 
 @pytest.mark.multiproc

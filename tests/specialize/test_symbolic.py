@@ -66,3 +66,20 @@ def test_per_document_attention_equals_the_masked_one() -> None:
     torch.testing.assert_close(
         causal_attention(q, k, v, segments), masked_attention(q, k, v, segments)
     )
+
+
+def test_recomputed_executable_runs_shorter_packed_rows() -> None:
+    strategy = parse_strategy("1x2: R0:L0-1")
+    exe = build_executable(
+        CONFIG, strategy, StrategyOptions(recompute=True), 0, seq_len=MAX, seed=0
+    )
+    model = Llama(CONFIG, seed=0)
+    tokens, targets, segments = packed(12)
+    want = model(tokens, targets, segments)
+    want.backward()
+    loss = exe.forward(tokens, targets, segments)
+    loss.backward()
+    torch.testing.assert_close(loss, want, rtol=1e-6, atol=0.0)
+    grads = dict(model.named_parameters())
+    for name, p in exe.params.items():
+        torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-5, atol=1e-7, msg=name)

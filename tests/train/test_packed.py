@@ -2,11 +2,13 @@
 single-device reference on the same packed batches (fp32), one executable per rank serves
 every length, and the records count sequences and tokens per pipeline.
 
-One launch for both configs (4 ranks, 3 steps each, llama-tiny with 2 layers), on a JSONL
+One launch for three configs (4 ranks, 3 steps each, llama-tiny with 2 layers; the third
+in bf16 with recompute, within bf16 tolerances of the fp32 reference), on a JSONL
 corpus of long-tailed short documents (several per row, some over the maximum length)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -58,6 +60,12 @@ def config_of(strategy: str, sp: bool, data: Path) -> TrainConfig:
     )
 
 
+# bf16 compute (fp32 masters) with per-layer recompute: close to the fp32 reference, with
+# the tolerances of tests/train/test_strategy_matrix.py
+BF16_RECOMPUTE = "2x2: R0-1:L0 R2:L1; 3x1: R3:L0-1"
+BF16_LOSS_RTOL, BF16_PARAM_RTOL = 1e-3, 5e-2
+
+
 def documents_per_row(step: PackedStep) -> list[int]:
     out = []
     for pipe in step.micro_batches:
@@ -79,7 +87,17 @@ def test_packed_steps_vary_in_length(corpus: Path) -> None:
 
 def test_packed_training_equals_the_reference(corpus: Path) -> None:
     configs = [config_of(*value, corpus) for value in STRATEGIES.values()]
-    results = train_many(configs, timeout_s=900, threads=1)
+    low = dataclasses.replace(
+        config_of(BF16_RECOMPUTE, False, corpus), dtype="bf16", recompute=True
+    )
+    *results, low_result = train_many([*configs, low], timeout_s=900, threads=1)
+    low_reference = run_reference(dataclasses.replace(low, dtype="fp32", recompute=False))
+    for got, want in zip(low_result.losses, low_reference.losses, strict=True):
+        assert abs(got - want) <= BF16_LOSS_RTOL * abs(want), (got, want)
+    for pname, want_p in low_reference.params.items():
+        error = float((low_result.params[pname] - want_p).norm() / want_p.norm())
+        assert error <= BF16_PARAM_RTOL, (pname, error)
+    assert low_result.builds == 1
     for name, config, result in zip(STRATEGIES, configs, results, strict=True):
         reference = run_reference(config)
         comparison = compare(result, reference)

@@ -27,6 +27,7 @@ COMMANDS = (
     "simulate",
     "plan",
     "netcluster",
+    "timeline",
 )
 
 

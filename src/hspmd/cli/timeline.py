@@ -1,4 +1,5 @@
-"""`hspmd train --trace / --timeline / --predict`: the flags' checks and their files.
+"""`hspmd timeline TRACE.json --out FILE.png`, and `hspmd train --trace / --timeline /
+--predict`: the flags' checks and their files.
 
 The checks run before any process starts (a wrong suffix or a missing folder costs no
 training); the files are written from the run's merged trace (``hspmd.runtime.trace``)::
@@ -6,6 +7,8 @@ training); the files are written from the run's merged trace (``hspmd.runtime.tr
     hspmd train ... --trace run.json                  # chrome://tracing or ui.perfetto.dev
     hspmd train ... --timeline run.png                # every step, rows = ranks
     hspmd train ... --timeline last.png --predict     # the last step over its prediction
+    hspmd timeline run.json --out step7.svg --step 7  # later, from the file: one step
+    hspmd timeline step.json --out step.png           # or a `hspmd simulate --trace` file
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hspmd.plan.strategy import parse_strategy
 from hspmd.train.config import TrainConfig, TrainError
@@ -24,7 +27,54 @@ from hspmd.viz.common import check_picture_path
 if TYPE_CHECKING:
     from hspmd.planner.predict import Prediction
 
-__all__ = ["check_trace_flags", "write_outputs"]
+__all__ = ["check_trace_flags", "register", "write_outputs"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "timeline",
+        help="draw a trace of hspmd train or hspmd simulate as a Gantt chart",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("trace", metavar="TRACE.json", help="a --trace file")
+    parser.add_argument("--out", required=True, metavar="FILE", help="the picture (.png/.svg)")
+    parser.add_argument(
+        "--step", type=int, default=None, help="only this step (a train trace), from 0 s"
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hspmd.viz.timeline import bars_from_trace, draw_timeline, one_step
+
+    check_picture_path(args.out, flag="--out")
+    trace = _read_trace(args.trace)
+    bars = bars_from_trace(trace)
+    if args.step is not None:
+        bars = one_step(bars, step=args.step)
+    other = trace.get("otherData", {})
+    title = " ".join(str(other[k]) for k in ("model", "strategy") if other.get(k))
+    if args.step is not None:
+        title += f" (step {args.step})"
+    draw_timeline(bars, args.out, title=title or Path(args.trace).name)
+    ranks = len({b.rank for b in bars})
+    print(f"{len(bars)} spans of {ranks} ranks -> {args.out}", file=sys.stderr)
+    return 0
+
+
+def _read_trace(path: str) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise TrainError(f"{path!r}: no such file; write one with hspmd train --trace") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise TrainError(f"{path!r} is not JSON ({error}): pass a --trace file") from None
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise TrainError(
+            f"{path!r} has no traceEvents list: pass a file of hspmd train/simulate --trace"
+        )
+    return data
 
 
 def check_trace_flags(args: argparse.Namespace) -> bool:

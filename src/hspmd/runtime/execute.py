@@ -69,7 +69,7 @@ class Started:
 
     def wait(self) -> torch.Tensor | None:
         if self.works:
-            rec = self.world.tracer
+            rec = getattr(self.world, "tracer", None)
             if rec is None:
                 self.world.wait(self.works)
             else:

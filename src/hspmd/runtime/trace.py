@@ -25,6 +25,10 @@ default group (Cristian's method: of ``rounds`` exchanges the one with the short
 trip; the error is at most half of it, kept as ``uncertainty_ns``). Times in the trace are
 microseconds since rank 0's ``start``. On one machine the offsets are ~0 (one monotonic
 clock); across machines they are what makes a send and its receive line up.
+
+Times are host times. On CPU (gloo) a span is the work itself; under nccl the kernels run
+asynchronously, so a span is the time to issue them until something waits (a receive, a
+collective's wait): GPU time would need CUDA events, not recorded yet.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ __all__ = [
     "Spans",
     "chrome_trace",
     "comm_span",
+    "gather_parts",
     "span_on",
 ]
 
@@ -173,8 +178,9 @@ class Recorder:
             step.peers.update(group)
             return
         now = time.perf_counter_ns()
-        args = {"kind": op, "peers": list(group), "bytes": nbytes, "ops": {op: 1}}
-        self.events.append((op, "comm", COMM, now, now, args))
+        kind = op.replace("_", "-")  # named as a step kind: all_reduce -> all-reduce
+        args = {"kind": kind, "peers": sorted(group), "bytes": nbytes, "ops": {op: 1}}
+        self.events.append((kind, "comm", COMM, now, now, args))
 
     def export(self) -> RankTrace:
         return RankTrace(self.rank, tuple(self.events), self.offset_ns, self.uncertainty_ns,
@@ -211,9 +217,18 @@ def span_on(world: Any, name: str, *, cat: str, **args: Any) -> AbstractContextM
     return _NOTHING if rec is None else rec.span(name, cat=cat, **args)
 
 
+def gather_parts(world: World, rec: Recorder) -> list[RankTrace] | None:
+    """Every rank's ``export()`` on rank 0, in rank order (None on the others): one
+    collective at the end of a run, so a launcher per node still writes one whole trace."""
+    parts: list[Any] | None = [None] * world.world_size if world.rank == 0 else None
+    dist.gather_object(rec.export(), parts, dst=0)
+    return parts
+
+
 def comm_span(world: World, kind: str) -> AbstractContextManager[None]:
-    """``world.tracer.comm_step(kind)`` when tracing, else a no-op."""
-    rec = world.tracer
+    """``world.tracer.comm_step(kind)`` when tracing, else a no-op (also for a stand-in
+    world without the attribute)."""
+    rec = getattr(world, "tracer", None)
     return _NOTHING if rec is None else rec.comm_step(kind)
 
 
@@ -221,7 +236,7 @@ def _clock_sync(world: World, *, rounds: int) -> tuple[int, int, int]:
     """(offset to rank 0, half the best round trip, rank 0's clock at the end), in ns.
 
     Rank 0 answers ``rounds`` pings of each other rank in rank order with its clock."""
-    buf = torch.zeros(1, dtype=torch.int64)
+    buf = torch.zeros(1, dtype=torch.int64, device=world.device)  # nccl: a CUDA tensor
     best_rtt, offset = 0, 0
     if world.rank == 0:
         for peer in range(1, world.world_size):
@@ -238,7 +253,7 @@ def _clock_sync(world: World, *, rounds: int) -> tuple[int, int, int]:
             rtt = back - sent
             if best_rtt == 0 or rtt < best_rtt:
                 best_rtt, offset = rtt, int(buf[0]) - (sent + back) // 2
-    origin = torch.tensor([time.perf_counter_ns()], dtype=torch.int64)
+    origin = torch.tensor([time.perf_counter_ns()], dtype=torch.int64, device=world.device)
     dist.broadcast(origin, 0)
     return offset, best_rtt // 2, int(origin[0])
 

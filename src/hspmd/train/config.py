@@ -224,7 +224,7 @@ class TrainConfig:
             "--data": self.data or "(the Python standard library sources)",
             "--data-max-bytes": self.data_max_bytes,
             "--global-batch": self.global_batch,
-            "--seq-len": self.seq_len,
+            "--seq-len": self.seq_len,  # the maximum length with --tokens-per-step
             "--seed": self.seed,
             "--tokens-per-step": self.step_tokens,
             "--long-docs": self.long_docs,

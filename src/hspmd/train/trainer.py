@@ -25,7 +25,7 @@ from hspmd.errors import StrategyError
 from hspmd.models.llama import parameter_shapes
 from hspmd.plan.strategy import Strategy, check_strategy, parse_strategy
 from hspmd.runtime.launch import ElasticLaunch, NodeSpec, launch
-from hspmd.runtime.trace import NULL, Recorder, chrome_trace
+from hspmd.runtime.trace import NULL, Recorder, chrome_trace, gather_parts
 from hspmd.runtime.world import World
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.elastic import run_rank_elastic
@@ -121,8 +121,8 @@ def _rank_work(
     for index, config in enumerate(configs):
         rec = Recorder.start(world) if trace else NULL
         outcome = run_rank(world, config, report=report_for(index), rec=rec)
-        if isinstance(rec, Recorder):
-            outcome["trace"] = rec.export()
+        if isinstance(rec, Recorder):  # every rank's events, on rank 0 (any node)
+            outcome["trace"] = gather_parts(world, rec)
         outcomes.append(outcome)
     if world.rank == 0:
         events.put(None)
@@ -203,7 +203,7 @@ def _assemble(
             for name, (region, value) in outcome[index]["pieces"].items():
                 _place(params, name, region, torch.from_numpy(value))
         records = tuple(per_rank[0][index]["records"])
-        parts = [outcome[index]["trace"] for outcome in per_rank if "trace" in outcome[index]]
+        parts = next((o[index]["trace"] for o in per_rank if o[index].get("trace")), None)
         meta = {"model": config.model, "strategy": config.strategy, "steps": config.steps}
         trace = chrome_trace(parts, meta=meta) if parts else None
         builds = max(outcome[index]["builds"] for outcome in per_rank)

@@ -49,6 +49,7 @@ KIND_COLOURS = {
 }
 _OTHER = "#ece133"
 _LABELLED = ("forward", "backward")
+_SIM_KINDS = {"F": "forward", "B": "backward"}  # the simulator's compute categories
 _MAX_STEP_MARKS = 25
 _MAX_HEIGHT_IN = 40.0  # past ~90 rows the rows get thinner, not the page longer
 
@@ -68,9 +69,15 @@ class Bar:
 
 
 def bars_from_trace(trace: dict[str, Any]) -> list[Bar]:
-    """The ``X`` events of a ``hspmd train --trace`` file (``hspmd.runtime.trace``)."""
+    """The ``X`` events of a ``hspmd train --trace`` file (``hspmd.runtime.trace``), or of
+    ``hspmd simulate --trace`` (``hspmd.sim.trace``: categories ``F``/``B`` become
+    forward/backward); a thread named ``compute`` is the compute lane, any other the comm
+    lane."""
+    every = trace.get("traceEvents", [])
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in every
+               if e.get("ph") == "M" and e.get("name") == "thread_name"}  # fmt: skip
     events = sorted(
-        (e for e in trace.get("traceEvents", []) if e.get("ph") == "X"),
+        (e for e in every if e.get("ph") == "X"),
         key=lambda e: (e["pid"], e["tid"], e["ts"], -e["dur"]),
     )
     bars: list[Bar] = []
@@ -81,7 +88,7 @@ def bars_from_trace(trace: dict[str, Any]) -> list[Bar]:
         while stack and stack[-1] <= start:
             stack.pop()
         args = e.get("args") or {}
-        kind = e.get("cat", "")
+        kind = _SIM_KINDS.get(e.get("cat", ""), e.get("cat", ""))
         if kind == "step":  # a frame, not a bar: it does not push the depth of its spans
             bars.append(
                 Bar(e["pid"], COMPUTE_LANE, start, end, kind, e["name"], 0, args.get("step"))
@@ -90,7 +97,8 @@ def bars_from_trace(trace: dict[str, Any]) -> list[Bar]:
         label = e["name"]
         if kind in _LABELLED and "micro_batch" in args:
             label = f"{e['name']}{args['micro_batch']}"
-        lane = COMM_LANE if e["tid"] == 1 else COMPUTE_LANE
+        thread = threads.get((e["pid"], e["tid"]), "compute" if e["tid"] == 0 else "comm")
+        lane = COMPUTE_LANE if thread == "compute" else COMM_LANE
         bars.append(Bar(e["pid"], lane, start, end, kind, label, len(stack)))
         stack.append(end)
     return bars
@@ -100,11 +108,10 @@ def bars_from_result(result: Result) -> list[Bar]:
     """A simulated step (``hspmd.sim``): compute streams on the compute lane, the rest on
     the comm lane; categories ``F``/``B`` become forward/backward; a collective gives one
     bar on each participant."""
-    kinds = {"F": "forward", "B": "backward", "compute": "forward"}
     bars = []
     for s in result.spans:
         lane = COMPUTE_LANE if s.stream == "compute" else COMM_LANE
-        kind = kinds.get(s.category, s.category)
+        kind = _SIM_KINDS.get(s.category, s.category)
         for rank in s.ranks:
             bars.append(Bar(rank, lane, s.start, s.end, kind, s.label or s.task_id))
     return bars
