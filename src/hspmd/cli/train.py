@@ -19,6 +19,10 @@ no attention across documents, loss the mean over real tokens); the records add
 ``dropped``; one executable per rank serves every length (docs/mixed-length.md).
 ``--slowdown 2=3,5=3``: ranks 2 and 5 sleep twice the time of each compute they run, as on
 devices three times slower (the losses do not change).
+``--elastic``: dead and hung ranks (``--hang-timeout S``) are survived in-process: the
+others re-plan, move the states from surviving replicas and redo the step (one event line
+each: failure, replan, resumed); ``--inject-failure RANK@STEP[:PHASE[:kill|hang]]`` for
+tests; ``--spares N --grow STEP=K`` hold back N processes and let K join before STEP.
 ``--trace run.json`` writes a Chrome / Perfetto trace of the run (every rank's F, B, Post,
 communication steps, switches, saves; docs/pictures.md), ``--timeline run.png`` the same as
 a Gantt chart; with ``--predict`` the chart is the last step, measured over predicted
@@ -39,7 +43,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import get_args
+from typing import Any, get_args
 
 from hspmd.checkpoint.store import latest, read_manifest
 from hspmd.cli.progress import PlainProgress, switch_line
@@ -56,8 +60,9 @@ from hspmd.train.config import (
     TrainConfig,
     TrainError,
 )
+from hspmd.train.faults import parse_injections
 from hspmd.train.reference import TrainResult, run_reference
-from hspmd.train.trainer import check_config, num_processes, train
+from hspmd.train.trainer import check_config, num_processes, train, train_elastic
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -158,6 +163,41 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | Non
     )
     parser.add_argument("--resume", default=None, metavar="DIR", help="continue from DIR")
     parser.add_argument(
+        "--elastic",
+        action="store_true",
+        help="survive dead and hung ranks in-process: re-plan over the survivors, move the "
+        "states from surviving replicas, redo the interrupted step (docs/elastic.md)",
+    )
+    parser.add_argument(
+        "--hang-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="with --elastic: a rank without progress for S seconds counts as hung",
+    )
+    parser.add_argument(
+        "--inject-failure",
+        action="append",
+        default=[],
+        metavar="RANK@STEP[:PHASE[:kill|hang]]",
+        help="fault injection for tests: RANK fails in PHASE (forward, backward, sync, "
+        "optimizer, switch, save; default forward) of STEP by SIGKILL or a hang (repeatable)",
+    )
+    parser.add_argument(
+        "--spares",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --elastic: start N more local processes, held back until --grow",
+    )
+    parser.add_argument(
+        "--grow",
+        action="append",
+        default=[],
+        metavar="STEP=N",
+        help="with --spares: N spare ranks join before STEP (re-plan, states move to them)",
+    )
+    parser.add_argument(
         "--tokens-per-step",
         type=int,
         default=None,
@@ -250,7 +290,25 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         save_every=args.save_every or 1,
         resume=args.resume,
         slowdown=parse_slowdown(getattr(args, "slowdown", "")),
+        elastic=getattr(args, "elastic", False),
+        hang_timeout=getattr(args, "hang_timeout", 60.0),
+        inject=parse_injections(getattr(args, "inject_failure", [])),
+        spares=getattr(args, "spares", 0),
+        grow=parse_grow(getattr(args, "grow", [])),
     )
+
+
+def parse_grow(values: list[str]) -> tuple[tuple[int, int], ...]:
+    """``['3=2']`` -> ``((3, 2),)``, sorted by step."""
+    out = []
+    for value in values:
+        step, sep, count = value.partition("=")
+        if not sep or not step.strip().isdigit() or not count.strip().isdigit():
+            raise TrainError(
+                f"--grow {value!r}: write STEP=N, e.g. 3=2 (2 spares join before step 3)"
+            )
+        out.append((int(step), int(count)))
+    return tuple(sorted(out))
 
 
 def global_batch_of(args: argparse.Namespace) -> int:
@@ -449,7 +507,57 @@ def run_config(
         title += f" on {node.num_nodes} nodes"
     done = resumed_step(config)  # the bar starts there
     with progress(config, title=title, as_json=as_json, done=done, quiet=quiet) as on_step:
+        if config.elastic:
+            if trace or node is not None:
+                raise TrainError(
+                    "--elastic runs on one launcher without tracing here: drop --trace/"
+                    "--timeline and --nnodes (several nodes: docs/elastic.md)"
+                )
+            on_event = print_event if as_json else lambda e: print(event_text(e), flush=True)
+            return train_elastic(config, on_step=on_step, on_event=on_event)
         return train(config, on_step=on_step, trace=trace, node=node)
+
+
+def print_event(event: dict[str, Any]) -> None:
+    print(json.dumps(event), flush=True)
+
+
+def event_text(event: dict[str, Any]) -> str:
+    """One readable line for an elastic event (``--json`` prints the object instead).
+
+    >>> event_text({"event": "resumed", "step": 4, "recovery_seconds": 0.5, "moved_bytes": 8e6})
+    'resumed at step 4 after 0.500 s of recovery (8.0 MB of states moved)'
+    """
+    kind = event["event"]
+    if kind == "failure":
+        how = "hung" if event["cause"] == "hang" else f"died (exit code {event['exit_code']})"
+        return (
+            f"failure: rank {event['rank']} {how} in {event['phase']} of step {event['step']}; "
+            f"detected after {event['detected_after_s']:.3f} s"
+        )
+    if kind == "replan":
+        return f"replan: {event['strategy']!r} planned in {event['plan_seconds'] * 1e3:.0f} ms"
+    if kind == "resumed":
+        moved = event["moved_bytes"]
+        what = (
+            "states loaded from the checkpoint"
+            if moved is None
+            else (f"{moved / 1e6:.1f} MB of states moved")
+        )
+        return (
+            f"resumed at step {event['step']} after {event['recovery_seconds']:.3f} s of "
+            f"recovery ({what})"
+        )
+    if kind == "grow":
+        return f"growth: ranks {event['ranks']} join before step {event['step']}"
+    if kind == "started":
+        return f"elastic run started: process ids by rank {event['pids']}"
+    if kind == "fallback":
+        return (
+            f"fallback: every replica of {event['lost']} died; loaded the checkpoint of step "
+            f"{event['checkpoint_step']} onto {event['strategy']!r}"
+        )
+    return json.dumps(event)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -52,9 +52,10 @@ class Pending:
 
     work: Any
     buffer: torch.Tensor
+    world: World
 
     def wait(self) -> None:
-        self.work.wait()
+        self.world.wait([self.work])
 
 
 def send(plan: CommPlan, x: torch.Tensor, world: World) -> list[Pending]:
@@ -77,7 +78,7 @@ def send(plan: CommPlan, x: torch.Tensor, world: World) -> list[Pending]:
                 buffer = torch.cat([t.reshape(-1) for t in parts])
             nbytes = buffer.numel() * buffer.element_size()
             world.record("send", group=(rank, peer), nbytes=nbytes)
-            pending.append(Pending(dist.isend(buffer, peer), buffer))
+            pending.append(Pending(dist.isend(buffer, peer), buffer, world))
     return pending
 
 
@@ -109,7 +110,7 @@ def _recv_into(
         else:
             buffer = torch.empty(sum(v.numel() for v in views), dtype=dtype, device=out.device)
         world.record("recv", group=(peer, rank), nbytes=buffer.numel() * buffer.element_size())
-        dist.recv(buffer, peer)
+        world.wait([dist.irecv(buffer, peer)])  # the world's waiter notices dead peers
         if buffer is not views[0]:
             offset = 0
             for view in views:

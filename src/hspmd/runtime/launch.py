@@ -12,6 +12,12 @@ A worker that raises (or dies) makes the launcher kill the others and raise ``La
 naming the rank, the exception and its traceback. Every wait is bounded: the process-group
 timeout, the launcher's ``timeout_s``, and a short grace period before SIGKILL.
 
+Elastic (``elastic=ElasticLaunch(...)``, docs/elastic.md): the launcher never kills the
+survivors. A worker's death, or a heartbeat without progress for the hang timeout (the
+launcher kills that worker first), is published in the store as the next generation of
+members (``hspmd.runtime.members``); the survivors regroup in-process. A dead rank's
+result is None.
+
 Workers are started with the "forkserver" method by default: a clean server process (never
 a fork of the caller) imports torch once, and every worker is forked from it. That is as
 safe as "spawn" but avoids importing torch in every worker: 8 workers start in about 0.2 s
@@ -48,6 +54,7 @@ import torch
 import torch.distributed as dist
 
 from hspmd.errors import HspmdError
+from hspmd.runtime.members import Members
 from hspmd.runtime.world import World, pick_gloo_interface
 
 _PRELOAD = ["torch", "torch.distributed", "numpy", "hspmd.runtime.execute"]
@@ -103,6 +110,30 @@ class NodeSpec:
 
 
 _DONE_KEY = "hspmd/launch/done"
+_HANG_POLL_S = 0.05  # elastic: how often the launcher looks at the heartbeats
+
+
+@dataclass(frozen=True, slots=True)
+class ElasticLaunch:
+    """An elastic launch: a worker's death or hang is published, never fatal to the others.
+
+    ``hang_timeout_s``: a rank without progress that long is killed and published dead;
+    ``on_message(rank, payload)``: what workers send with ``world.notify`` (events)."""
+
+    hang_timeout_s: float
+    on_message: Callable[[int, Any], None] | None = None
+    on_start: Callable[[list[int]], None] | None = None  # the workers' process ids by rank
+    spares: int = 0  # the last ``spares`` processes start outside the group, until a growth
+    # several launchers, one per node, acting as one job: the job's store (host, port),
+    # hosted elsewhere; this launcher's workers are launch ranks first_member.. of
+    # num_members in all. The launcher of first_member 0 publishes generation 0.
+    store: tuple[str, int] | None = None
+    first_member: int = 0
+    num_members: int | None = None
+
+
+class _Closed(LaunchError):
+    """A worker's pipe closed with no result: it died."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +147,7 @@ class _WorkerSpec:
     threads: int
     node: NodeSpec | None = None
     local_rank: int = 0
+    elastic: bool = False
 
 
 def launch(
@@ -129,6 +161,7 @@ def launch(
     threads: int | None = None,
     start_method: str = "forkserver",
     node: NodeSpec | None = None,
+    elastic: ElasticLaunch | None = None,
 ) -> list[Any]:
     """Run ``fn(world, *args)`` on ``nproc`` local processes; return the results by rank.
 
@@ -136,7 +169,9 @@ def launch(
     ``threads`` is torch's intra-op thread count per worker (default: cores // nproc, at
     least 1). ``pg_timeout_s`` (default ``timeout_s``) bounds every collective. With
     ``node``, this is one of several launchers: it runs this node's ``nproc`` ranks and
-    returns their results (see the module docstring).
+    returns their results (see the module docstring). ``elastic``: the run survives its
+    workers (``ElasticLaunch``, docs/elastic.md); a dead rank's result is None, and the
+    workers' ``World`` carries the store, its member id and ``notify``.
     """
     if nproc < 1:
         raise LaunchError(f"nproc={nproc}: start at least one process")
@@ -148,9 +183,14 @@ def launch(
     ctx: Any = mp.get_context(start_method)
     if start_method == "forkserver":
         ctx.set_forkserver_preload(_PRELOAD)
-    if node is None:
-        store: Any = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
-        host, port, first, world_size = "127.0.0.1", store.port, 0, nproc
+    spares = elastic.spares if elastic is not None else 0
+    if elastic is not None and elastic.store is not None:  # a node of an elastic job
+        host, port = elastic.store
+        store: Any = dist.TCPStore(host, port, None, False, timeout=_seconds(timeout_s))
+        first, world_size = elastic.first_member, elastic.num_members or nproc
+    elif node is None:
+        store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+        host, port, first, world_size = "127.0.0.1", store.port, 0, nproc - spares
     else:  # node 0 hosts the store for every node; the others only connect to it
         host, port = node.master_addr, node.master_port
         first, world_size = node.node_rank * nproc, node.num_nodes * nproc
@@ -164,7 +204,10 @@ def launch(
         for local in range(nproc):
             rank = first + local
             timeout = pg_timeout_s or timeout_s
-            spec = _WorkerSpec(rank, world_size, host, port, backend, timeout, threads, node, local)
+            spec = _WorkerSpec(
+                rank, world_size, host, port, backend, timeout, threads, node, local,
+                elastic=elastic is not None,
+            )  # fmt: skip
             reader, writer = ctx.Pipe(duplex=False)
             proc = ctx.Process(
                 target=_worker_main, args=(fn, tuple(args), spec, writer), name=f"hspmd-rank{rank}"
@@ -173,7 +216,17 @@ def launch(
             writer.close()
             procs.append(proc)
             conns.append(reader)
-        results = _collect(procs, conns, deadline=deadline, first=first)
+        members = None
+        if elastic is not None:
+            if elastic.on_start is not None:
+                elastic.on_start([proc.pid for proc in procs])
+            members = Members(
+                store, range(first, first + nproc - spares), hang_timeout_s=elastic.hang_timeout_s,
+                spares=range(nproc - spares, nproc), everyone=range(world_size) if first == 0 else None,
+            )  # fmt: skip
+        results = _collect(
+            procs, conns, deadline=deadline, first=first, elastic=elastic, members=members
+        )
         _stop(procs, exit_s=_GRACE_S)  # every result is in: let the workers exit cleanly
         if node is not None and store is not None:
             _wait_done(store, world_size, deadline=deadline)  # the other nodes still use it
@@ -198,45 +251,93 @@ def _wait_done(store: Any, world_size: int, *, deadline: float) -> None:
 
 
 def _collect(
-    procs: list[Any], conns: list[Connection], *, deadline: float, first: int = 0
-) -> list[Any]:
-    """Wait for one message per rank; raise on the first error, death or the deadline.
+    procs: list[Any], conns: list[Connection], *, deadline: float, first: int = 0,
+    elastic: ElasticLaunch | None = None, members: Members | None = None,
+) -> list[Any]:  # fmt: skip
+    """Wait for one result per rank; raise on the first error, death or the deadline.
 
-    Ranks in messages are global: local index + ``first``."""
+    Ranks in messages are global: local index + ``first``. Elastic (``members`` given): a
+    death or a hang is published (``Members``) and the others go on; the dead rank's
+    result is None."""
     results: dict[int, Any] = {}
     waiting = {id(c): r for r, c in enumerate(conns)}
     sentinels = {p.sentinel: r for r, p in enumerate(procs)}
+    on_message = elastic.on_message if elastic is not None else None
     while len(results) < len(procs):
         left = deadline - time.monotonic()
         if left <= 0:
             missing = sorted(first + r for r in set(range(len(procs))) - set(results))
             raise LaunchError(f"timed out: ranks {missing} did not finish; raise timeout_s")
-        ready = wait([c for c in conns if id(c) in waiting] + list(sentinels), timeout=left)
+        poll = left if members is None else min(left, _HANG_POLL_S)
+        ready = wait([c for c in conns if id(c) in waiting] + list(sentinels), timeout=poll)
         # Exits first: a rank that died is the cause of its peers' errors, not their victim.
         for item in ready:
             if not isinstance(item, Connection) and item in sentinels:
                 rank = sentinels.pop(item)
-                _check_exit(procs[rank], rank, conns[rank], waiting, results, first)
+                _check_exit(
+                    procs[rank], rank, conns[rank], waiting, results, first, members, on_message
+                )
         for item in ready:
             if isinstance(item, Connection) and id(item) in waiting:
-                rank = waiting.pop(id(item))
-                _take(item, rank, results, procs[rank], first)
+                rank = waiting[id(item)]
+                try:
+                    if _take(item, rank, results, procs[rank], first, on_message):
+                        waiting.pop(id(item))
+                except _Closed:
+                    if members is None:
+                        raise
+                    waiting.pop(id(item))  # its exit (sentinel) publishes the death
+        if members is not None:
+            _watch_members(members, procs, conns, waiting, sentinels, results, first)
     return [results[r] for r in range(len(procs))]
 
 
-def _take(conn: Connection, rank: int, results: dict[int, Any], proc: Any, first: int = 0) -> None:
-    """Store rank ``rank``'s result (a local index; ``first + rank`` in messages)."""
+def _watch_members(
+    members: Members, procs: list[Any], conns: list[Connection], waiting: dict[int, int],
+    sentinels: dict[Any, int], results: dict[int, Any], first: int,
+) -> None:  # fmt: skip
+    """Elastic: kill and publish hung members, serve growth, let unused spares go."""
+
+    def drop(rank: int) -> None:
+        procs[rank].kill()
+        procs[rank].join(_GRACE_S)
+        sentinels.pop(procs[rank].sentinel, None)
+        waiting.pop(id(conns[rank]), None)
+        results[rank] = None
+
+    for member in members.stale():  # hung: fence it (kill), then publish
+        drop(member - first)
+        members.died(member, cause="hang", exitcode=procs[member - first].exitcode)
+    if not members.alive:
+        raise LaunchError("every rank died: nothing left to train on")
+    members.serve_growth()
+    if all(m - first in results for m in members.alive):  # done: unused spares go
+        for rank in members.spares:
+            drop(rank)
+        members.spares.clear()
+
+
+def _take(
+    conn: Connection, rank: int, results: dict[int, Any], proc: Any, first: int = 0,
+    on_message: Callable[[int, Any], None] | None = None,
+) -> bool:  # fmt: skip
+    """Read one message of rank ``rank`` (a local index; ``first + rank`` in messages):
+    True once it was the final one (its result)."""
     name = first + rank
     try:
         status, payload = conn.recv()
     except EOFError:
         proc.join(_GRACE_S)
-        raise LaunchError(
+        raise _Closed(
             f"rank {name} died with exit code {proc.exitcode} and no result", rank=name
         ) from None
+    if status == "event":
+        if on_message is not None:
+            on_message(name, payload)
+        return False
     if status == "ok":
         results[rank] = payload
-        return
+        return True
     kind, text, trace = payload
     raise LaunchError(
         f"rank {name} raised {kind}: {text}\n--- traceback of rank {name} ---\n{trace}",
@@ -246,23 +347,31 @@ def _take(conn: Connection, rank: int, results: dict[int, Any], proc: Any, first
 
 
 def _check_exit(
-    proc: Any,
-    rank: int,
-    conn: Connection,
-    waiting: dict[int, int],
-    results: dict[int, Any],
-    first: int = 0,
-) -> None:
-    """A process ended: fine if its result arrived (or is still in the pipe), else an error."""
-    if id(conn) in waiting and conn.poll(0.2):
-        waiting.pop(id(conn))
-        _take(conn, rank, results, proc, first)
+    proc: Any, rank: int, conn: Connection, waiting: dict[int, int], results: dict[int, Any],
+    first: int = 0, members: Members | None = None,
+    on_message: Callable[[int, Any], None] | None = None,
+) -> None:  # fmt: skip
+    """A process ended: fine if its result arrived (or is still in the pipe), else an error
+    (elastic: a published death)."""
+    try:
+        while id(conn) in waiting and conn.poll(0.2):
+            if _take(conn, rank, results, proc, first, on_message):
+                waiting.pop(id(conn))
+    except _Closed:
+        if members is None:
+            raise
     proc.join(_GRACE_S)
-    if rank not in results:
+    if rank in results:
+        return
+    if members is None:
         raise LaunchError(
             f"rank {first + rank} died with exit code {proc.exitcode} and no result",
             rank=first + rank,
         )
+    waiting.pop(id(conn), None)
+    if first + rank in members.alive:
+        members.died(first + rank, cause="exit", exitcode=proc.exitcode)
+    results[rank] = None
 
 
 def _stop(procs: list[Any], *, exit_s: float = 0.0) -> None:
@@ -296,25 +405,39 @@ def _worker_main(
             False,
             timeout=datetime.timedelta(seconds=spec.pg_timeout_s),
         )
-        dist.init_process_group(
-            spec.backend,
-            store=store,
-            rank=spec.rank,
-            world_size=spec.world_size,
-            timeout=datetime.timedelta(seconds=spec.pg_timeout_s),
-            device_id=_device_for(spec),
-        )
-        world = World.create(timeout_s=spec.pg_timeout_s)
+        if spec.rank < spec.world_size:
+            dist.init_process_group(
+                spec.backend,
+                store=store,
+                rank=spec.rank,
+                world_size=spec.world_size,
+                timeout=datetime.timedelta(seconds=spec.pg_timeout_s),
+                device_id=_device_for(spec),
+            )
+            world = World.create(timeout_s=spec.pg_timeout_s)
+        else:  # a spare: outside any group until a growth takes it (hspmd.runtime.members)
+            world = World(-1, 0, torch.device("cpu"), spec.backend, _seconds(spec.pg_timeout_s))
+        if spec.elastic:
+            world.store, world.member = store, spec.rank
+            world.notify = lambda payload: conn.send(("event", payload))
         result = fn(world, *args)
         conn.send(("ok", result))
         if spec.node is not None:
             store.add(_DONE_KEY, 1)  # node 0's launcher keeps the store up until all are done
+        if spec.elastic:  # past groups are kept referenced: their destructors would block
+            conn.close()
+            os._exit(0)
     except BaseException as error:  # noqa: BLE001 - every failure goes back to the launcher
         conn.send(("error", (type(error).__name__, str(error), traceback.format_exc())))
         conn.close()
         os._exit(1)
     conn.close()
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _seconds(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=seconds)
 
 
 def _device_for(spec: _WorkerSpec) -> torch.device | None:

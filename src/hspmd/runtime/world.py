@@ -85,6 +85,11 @@ class World:
     groups: dict[Ranks, dist.ProcessGroup] = field(default_factory=dict)
     logs: list[CommLog] = field(default_factory=list)
     waiter: Callable[[Sequence[Any]], None] | None = None
+    # elastic runs (hspmd.runtime.watch): the launcher's store, this process's launch index
+    # (its rank in generation 0, fixed for the run) and a channel to the launcher
+    store: Any = None
+    member: int = -1
+    notify: Callable[[Any], None] | None = None
     tracer: Recorder | None = None  # hspmd.runtime.trace: set while a run is traced
 
     @staticmethod

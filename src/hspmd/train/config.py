@@ -13,6 +13,7 @@ from typing import Any, Literal, get_args
 from hspmd.errors import HspmdError
 from hspmd.models.llama import LlamaConfig, get_config
 from hspmd.plan.strategy import Dtype, Schedule
+from hspmd.train.faults import Injection
 
 __all__ = ["AdamConfig", "StepRecord", "SwitchAlgo", "SwitchMode", "TrainConfig", "TrainError"]
 
@@ -76,6 +77,12 @@ class TrainConfig:
     resume: str | None = None  # continue from the newest checkpoint in this directory
     # (rank, factor): that rank sleeps (factor - 1) x each compute's time (hspmd.train.slowdown)
     slowdown: tuple[tuple[int, float], ...] = ()
+    # elastic training (hspmd.train.elastic): survive dead and hung ranks in-process
+    elastic: bool = False
+    hang_timeout: float = 60.0  # seconds without progress before a rank counts as hung
+    inject: tuple[Injection, ...] = ()  # fault injection (hspmd.train.faults)
+    spares: int = 0  # local processes held back at the start, for growth
+    grow: tuple[tuple[int, int], ...] = ()  # (step, count): that many spares join before it
     # variable-length steps (hspmd.train.packing): whole documents of at most this many
     # tokens per step, packed into the micro-batches; ``seq_len`` is then the maximum length
     step_tokens: int | None = None
@@ -92,6 +99,7 @@ class TrainConfig:
                 "(the strategy of step 1 is --strategy)"
             )
         self._check_slowdown()
+        self._check_elastic()
         self._check_packed()
         # the Literal types check callers under mypy; these check everyone else
         for name, kind in (("schedule", Schedule), ("dtype", Dtype),
@@ -128,6 +136,42 @@ class TrainConfig:
             raise TrainError(
                 f"seq_len={self.seq_len} exceeds the model's max_seq_len={model.max_seq_len}"
             )
+
+    def _check_elastic(self) -> None:
+        if not self.hang_timeout > 0:
+            raise TrainError(f"hang_timeout={self.hang_timeout}: give a positive number of seconds")
+        if (self.spares or self.grow) and not self.elastic:
+            raise TrainError("--spares and --grow are for elastic runs: add --elastic")
+        steps = [step for step, _ in self.grow]
+        if steps != sorted(set(steps)) or any(s < 2 or n < 1 for s, n in self.grow):
+            raise TrainError(
+                f"--grow {self.grow}: give STEP=COUNT once per step, steps from 2 on, "
+                "COUNT >= 1, e.g. --grow 3=2"
+            )
+        if sum(n for _, n in self.grow) > self.spares:
+            raise TrainError(
+                f"--grow adds {sum(n for _, n in self.grow)} ranks but --spares is "
+                f"{self.spares}: hold back enough spares (--spares N)"
+            )
+        if not self.elastic:
+            other = [str(i) for i in self.inject if i.phase != "forward" or i.mode != "kill"]
+            if other:
+                raise TrainError(
+                    f"--inject-failure {other[0]}: without --elastic only a kill in forward "
+                    "(RANK@STEP) is injected (it ends the run); add --elastic"
+                )
+            return
+        refused = [
+            ("--zero1", self.zero1, "a sharded optimizer state has one holder"),
+            ("--switch", bool(self.switches), "the run re-plans by itself"),
+            ("--switch-mode weights", self.switch_mode == "weights", "use states"),
+            ("--switch-algo relay", self.switch_algo == "relay", "use fused"),
+            ("--resume", bool(self.resume), "resume without --elastic"),
+            ("--tokens-per-step", self.step_tokens is not None, "fixed batches for now"),
+        ]
+        for flag, given, why in refused:
+            if given:
+                raise TrainError(f"--elastic does not take {flag} ({why}): drop {flag}")
 
     def _check_slowdown(self) -> None:
         ranks = [rank for rank, _ in self.slowdown]

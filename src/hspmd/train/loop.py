@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Protocol
@@ -58,6 +58,7 @@ from hspmd.specialize.schedule import make_schedule
 from hspmd.switch.live import plan_switch, run_switch, switch_topology
 from hspmd.train.batches import step_batches
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
+from hspmd.train.faults import inject
 from hspmd.train.home import home_annotations, home_post, run_ranks, switch_weights
 from hspmd.train.layout import Layout, Role
 from hspmd.train.packing import PackedStep, packed_steps, record_fields
@@ -73,6 +74,7 @@ __all__ = [
     "save_checkpoint",
     "options_of",
     "prepare_all",
+    "prepare_strategies",
     "run_rank",
     "switch_to",
 ]
@@ -163,18 +165,23 @@ def run_step(
     program: StageProgram, role: Role, plans: BoundaryPlans, config: TrainConfig,
     world: World, batch: Batch, *, post: Post | None = None, slow: Slowdown | None = None,
     rec: Spans = NULL,
+    on_action: Callable[[str], None] | None = None,
 ) -> float:  # fmt: skip
     """Every F and B of the rank's schedule on one global batch; the scaled loss sum.
 
     With ``post`` (and ``config.overlap``), ``post.arm()`` runs before the last B. With
     ``slow``, each F and B compute is followed by its sleep (``hspmd.train.slowdown``).
-    ``rec`` records a span per F and B (``hspmd.runtime.trace``)."""
+    ``rec`` records a span per F and B (``hspmd.runtime.trace``).
+    ``on_action("forward" | "backward")`` runs before each action (elastic runs: phase
+    tracking and fault injection)."""
     schedule = make_schedule(config.schedule, role.num_stages, role.stage, role.micro_batches)
     live = _Live(slow=slow or Slowdown())
     hidden = config.model_config().hidden_size
     dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
     last_b = max((i for i, a in enumerate(schedule) if a.kind == "B"), default=-1)
     for index, action in enumerate(schedule):
+        if on_action is not None:
+            on_action("forward" if action.kind == "F" else "backward")
         if action.kind == "F":
             micro = _micro_batch(batch, role, config, action.micro_batch)
             with rec.span("F", cat="forward", micro_batch=action.micro_batch, stage=role.stage):
@@ -219,9 +226,14 @@ class _Active:
 def prepare_all(world: World, config: TrainConfig) -> None:
     """Create the process groups of every strategy of the run, on every rank, at once
     (one deterministic order: DESIGN decision 8)."""
+    prepare_strategies(world, config, config.strategies)
+
+
+def prepare_strategies(world: World, config: TrainConfig, texts: Sequence[str]) -> None:
+    """Create the process groups of the strategies ``texts`` on every rank."""
     model = config.model_config()
     plans, groups = [], []
-    for text in dict.fromkeys(config.strategies):
+    for text in dict.fromkeys(texts):
         strategy = Layout.from_text(text, num_layers=model.num_layers).strategy
         if config.zero1:
             plans += [p for z in zero1_plan(strategy, model).values() for p in (z.reduce, z.gather)]
@@ -337,13 +349,13 @@ def save_checkpoint(
             exp_avg={n: v for n, (_, v, _) in state.items()},
             exp_avg_sq={n: v for n, (_, _, v) in state.items()},
         )  # fmt: skip
-    dist.barrier()
+    world.wait([dist.barrier(async_op=True)])  # through the waiter: elastic runs go on
     if world.rank == 0:
         commit_rank_states(
             directory, step=step, model=config.model, strategy=active.text,
             param_specs=specs, adam_step=steps, data_position=step, run=config.data_identity(),
         )  # fmt: skip
-    dist.barrier()
+    world.wait([dist.barrier(async_op=True)])
 
 
 def load_checkpoint(
@@ -413,6 +425,7 @@ def run_rank(
                 )
         end_step = rec.begin(f"step {step}", cat="step", step=step)
         batch = next(data)
+        inject(config.inject, member=world.rank, step=step, phase="forward")  # ends the run
         start = time.perf_counter()
         loss = torch.zeros(1, dtype=torch.float64)
         role, post = active.role, active.post

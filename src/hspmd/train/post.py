@@ -37,7 +37,7 @@ from hspmd.train.optim import Adam
 from hspmd.train.overlap import GradOverlap
 from hspmd.train.sync import SyncItem, gathered, grad_of, scatter_back
 
-__all__ = ["MixedPost", "PlainPost", "Post", "load_adam", "adam_states"]
+__all__ = ["MixedPost", "PlainPost", "Post", "SplitPost", "load_adam", "adam_states"]
 
 
 class Post(Protocol):
@@ -59,6 +59,16 @@ class Post(Protocol):
         """Take over moved or loaded state; the compute weights follow from the masters
         (``compute``: ZeRO-1's whole pieces, when they came with the state)."""
         ...
+
+
+class SplitPost(Post, Protocol):
+    """A Post whose step splits in two (``PlainPost``, ``MixedPost``): ``finish_sync``
+    (communication; optimizer states untouched) then ``apply`` (local), so that a failure
+    during the sync leaves a step that can be redone exactly."""
+
+    def finish_sync(self) -> None: ...
+
+    def apply(self) -> None: ...
 
 
 def adam_states(adam: Adam, names: list[str]) -> TrainState:
@@ -99,8 +109,19 @@ class PlainPost:
 
     @torch.no_grad()
     def step(self) -> None:
+        self.finish_sync()
+        self.apply()
+
+    @torch.no_grad()
+    def finish_sync(self) -> None:
+        """The gradient sync only: the optimizer states stay untouched (elastic runs redo a
+        step whose sync failed)."""
         for item, out in self.overlap.results():
             scatter_back(out, [grad_of(self.params[n], n) for n in item.names])
+
+    @torch.no_grad()
+    def apply(self) -> None:
+        """Adam on the synced gradients (after ``finish_sync``; no communication)."""
         self.adam.step()
 
     def zero_grad(self) -> None:
@@ -153,11 +174,21 @@ class MixedPost(MasterAdam):
 
     @torch.no_grad()
     def step(self) -> None:
+        self.finish_sync()
+        self.apply()
+
+    @torch.no_grad()
+    def finish_sync(self) -> None:
+        """The gradient sync into the masters' gradients; masters and moments untouched."""
         synced = self.overlap.results()
         for name, param in self.params.items():
             self.masters[name].grad = grad_of(param, name).float()
         for item, out in synced:
             scatter_back(out, [grad_of(self.masters[n], n) for n in item.names])
+
+    @torch.no_grad()
+    def apply(self) -> None:
+        """Adam on the masters, then the compute weights (no communication)."""
         self.adam.step()
         for name, param in self.params.items():
             param.copy_(self.masters[name])

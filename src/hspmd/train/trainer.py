@@ -24,15 +24,19 @@ import torch
 from hspmd.errors import StrategyError
 from hspmd.models.llama import parameter_shapes
 from hspmd.plan.strategy import Strategy, check_strategy, parse_strategy
-from hspmd.runtime.launch import NodeSpec, launch
+from hspmd.runtime.launch import ElasticLaunch, NodeSpec, launch
 from hspmd.runtime.trace import NULL, Recorder, chrome_trace, gather_parts
 from hspmd.runtime.world import World
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
+from hspmd.train.elastic import run_rank_elastic
 from hspmd.train.loop import options_of, run_rank
 from hspmd.train.packing import packed_steps
 from hspmd.train.reference import TrainResult
 
-__all__ = ["assemble", "check_config", "merge", "num_processes", "train", "train_many"]
+__all__ = [
+    "assemble", "check_config", "merge", "num_processes", "train", "train_elastic",
+    "train_many",
+]  # fmt: skip
 
 
 def check_config(config: TrainConfig) -> Strategy:
@@ -70,6 +74,7 @@ def check_config(config: TrainConfig) -> Strategy:
             f"slowdown names ranks {slow} that the run's strategies do not use (ranks "
             f"0..{len(used) - 1}): drop them or pick ranks of the strategy"
         )
+    _check_elastic(config, strategy, used)
     if config.model_config().tie_embeddings:
         raise TrainError("tied embeddings: not supported by the trainer yet; train without them")
     if config.packed:  # the data and the first step's dispatch, before any process starts
@@ -82,6 +87,22 @@ def check_config(config: TrainConfig) -> Strategy:
             )
         next(packed_steps(config, strategy), None)
     return strategy
+
+
+def _check_elastic(config: TrainConfig, strategy: Strategy, used: list[int]) -> None:
+    ranks = len(used) + config.spares  # spares are the launch ranks after the strategy's
+    outside = [str(i) for i in config.inject if i.rank >= ranks]
+    if outside:
+        raise TrainError(
+            f"--inject-failure {outside[0]} names a rank the run does not have (ranks "
+            f"0..{ranks - 1})"
+        )
+    if config.elastic and len(strategy.pipelines) < 2:
+        raise TrainError(
+            f"--elastic needs data-parallel redundancy: {strategy} has one pipeline, so a "
+            "lost rank loses its layers' only states; give two pipelines or more (e.g. "
+            "'2x2: R0:L0-3; 2x2: R1:L0-3')"
+        )
 
 
 def num_processes(config: TrainConfig) -> int:
@@ -233,3 +254,55 @@ def merge(results: Sequence[TrainResult]) -> TrainResult:
             full = torch.where(torch.isnan(full), value, full)
         params[name] = full
     return TrainResult(records=results[0].records, params=params)
+
+
+def train_elastic(
+    config: TrainConfig,
+    *,
+    on_step: Callable[[StepRecord], None] | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+    timeout_s: float = 600.0,
+    threads: int | None = None,
+    node: tuple[tuple[str, int], int, int] | None = None,
+) -> TrainResult:
+    """Train ``config`` (``elastic=True``) on local processes that survive each other's
+    death (``hspmd.train.elastic``); ``on_event`` gets the failure, replan, resumed and
+    fallback events. The result's parameters are the survivors' pieces (of this node).
+
+    ``node=((host, port), first, count)``: this launcher is one node of a job of several:
+    it starts launch ranks ``first .. first + count - 1`` against the job's store at
+    ``host:port`` (docs/elastic.md, "Several machines"); the records come from the node
+    whose rank is the generation's rank 0 (the others' records are empty of events)."""
+    nproc = num_processes(config) + config.spares
+    store, first, total = None, 0, None
+    if node is not None:
+        (store, first, count), total = node, nproc
+        nproc = count
+    last = [0]  # a step reported again across a failure (a new rank 0) is dropped
+
+    def on_message(_rank: int, payload: Any) -> None:
+        kind, value = payload
+        if kind == "step":
+            if value.step > last[0]:
+                last[0] = value.step
+                if on_step is not None:
+                    on_step(value)
+            return
+        if value.get("event") == "fallback":
+            last[0] = value["checkpoint_step"]
+        if on_event is not None:
+            on_event(value)
+
+    def on_start(pids: list[int]) -> None:  # for tests and users that kill ranks from outside
+        if on_event is not None:
+            on_event({"event": "started", "pids": pids})
+
+    elastic = ElasticLaunch(
+        hang_timeout_s=config.hang_timeout, on_message=on_message, on_start=on_start,
+        spares=config.spares, store=store, first_member=first, num_members=total,
+    )  # fmt: skip
+    results = launch(
+        run_rank_elastic, nproc, args=(config,), timeout_s=timeout_s, threads=threads,
+        elastic=elastic,
+    )  # fmt: skip
+    return _assemble([[r] for r in results if r is not None], [config])[0]

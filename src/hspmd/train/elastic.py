@@ -1,0 +1,490 @@
+"""Elastic training on one rank: survive dead and hung peers in-process (docs/elastic.md).
+
+The loop of ``hspmd.train.loop`` with a commit point and a recovery. Every step::
+
+    forward, backward        run_step (tensor-parallel and boundary waits are watched)
+    sync                     sync_grads, post.finish_sync(); the pipeline's loss -> store
+    commit                   store counter commit/G/S += 1; wait until every rank of G is in
+    optimizer                post.apply() (local); the loss = the reporters' sum (store)
+    save                     every --save-every steps
+
+A failure anywhere (``PeerFailure`` from a wait, hspmd.runtime.watch) abandons the step:
+
+1. regroup: rendezvous of generation G' (the launcher published it) and a new default
+   process group under a new store prefix;
+2. the step in flight committed iff commit/G/S reached G's size (then the ranks that had
+   not applied it apply it now, and it is recorded); else nobody applied it;
+3. re-plan: rank 0 of G' runs ``hspmd.planner.elastic.replan`` over the surviving ranks
+   (``local_cost``), warm-started from the current strategy, and publishes it;
+4. move masters and Adam moments from surviving replicas to the new plan, one fused BSR
+   (``hspmd.switch.survivors``), build the new executables, load the states;
+5. redo the step (same batch) if it had not committed, else go on with the next one.
+
+A failure during recovery (phase ``switch``) restarts it from the same source states (the
+move never changes them). Where a layer lost every holder: the newest checkpoint of
+``--save``, loaded onto the new plan (steps after it are redone), else a ``TrainError``
+naming the lost layers.
+
+Rank 0 of the current generation reports through ``world.notify``: ``("step", record)``
+and ``("event", {...})`` for ``failure``, ``replan``, ``resumed`` and ``fallback``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from itertools import islice
+from typing import Any, cast
+
+import torch
+
+from hspmd.checkpoint import latest, read_manifest
+from hspmd.errors import HspmdError
+from hspmd.plan.strategy import check_strategy, parse_strategy
+from hspmd.planner.elastic import replan
+from hspmd.planner.local import local_cost
+from hspmd.runtime.executable import sync_grads
+from hspmd.runtime.members import key, read_death
+from hspmd.runtime.watch import POLL_S, PeerFailure, Watch, regroup
+from hspmd.runtime.world import World
+from hspmd.switch.live import run_switch
+from hspmd.switch.survivors import lost_states, plan_survivor_switch, renumber_strategy
+from hspmd.train.batches import step_batches
+from hspmd.train.config import StepRecord, TrainConfig, TrainError
+from hspmd.train.faults import inject
+from hspmd.train.layout import Layout
+from hspmd.train.loop import (
+    _Active,
+    activate,
+    load_checkpoint,
+    options_of,
+    prepare_strategies,
+    run_step,
+    save_checkpoint,
+)
+from hspmd.train.post import SplitPost
+from hspmd.train.slowdown import slowdown_of
+
+__all__ = ["run_rank_elastic"]
+
+
+@dataclass(slots=True)
+class _Run:
+    """What one rank carries across generations."""
+
+    config: TrainConfig
+    world: World
+    watch: Watch
+    active: _Active
+    members: tuple[int, ...]  # member of each rank of the strategy's generation
+    gen: int  # the generation the strategy (and the step's commit counter) belongs to
+    step: int = 1
+    adam_steps: int = 0
+    applied: bool = False  # this rank applied the step in flight
+    saved: int = 0  # the last step this rank checkpointed
+    resave: int = 0  # a step whose checkpoint a failure interrupted (written after recovery)
+    grown: list[int] = field(default_factory=list)  # --grow steps served
+    builds: int = 0  # executables built on this rank (TrainResult.builds)
+    records: list[StepRecord] = field(default_factory=list)
+
+    def store(self, fn: Any) -> Any:
+        return self.watch.store_call(fn)
+
+    def notify(self, kind: str, payload: Any) -> None:
+        if self.world.rank == 0 and self.world.notify is not None:
+            self.world.notify((kind, payload))
+
+
+def _reporters(active: _Active) -> list[int]:
+    """The ranks whose loss sum is a pipeline's (its last stage's first rank)."""
+    return [p.stages[-1].ranks[0] for p in active.layout.strategy.pipelines]
+
+
+def _build(world: World, config: TrainConfig, text: str, watch: Watch) -> _Active:
+    """The executables of ``text`` on this rank (its groups first: ``new_group`` is a
+    collective of the whole generation, so it is watched like any wait)."""
+    watch.run(partial(prepare_strategies, world, config, [text]))
+    watch.unwatched()  # building executables: local work, no hang check
+    return activate(world, config, text)
+
+
+def run_rank_elastic(world: World, config: TrainConfig) -> dict[str, Any]:
+    """Train ``config`` elastically on this rank (module docstring); the step records and
+    this rank's parameter pieces, as ``hspmd.train.loop.run_rank``."""
+    assert config.strategy is not None and world.store is not None
+    watch = Watch(world.store, world.member, deadline_s=world.timeout.total_seconds())
+    world.waiter = watch.wait
+    if world.rank < 0:  # a spare: wait for a growth, then recover into it
+        run, data, batch = _spare(world, config, watch)
+        data, batch = _recover(run, PeerFailure(run.gen), data, batch)
+    else:
+        active = _build(world, config, config.strategy, watch)
+        run = _Run(config, world, watch, active, tuple(range(world.world_size)), gen=0, builds=1)
+        data = step_batches(config)
+        batch = next(data)
+    try:
+        while run.step <= config.steps:
+            try:
+                _grow(run)
+                _step(run, batch)
+                if _save_due(run):
+                    _save(run)
+            except PeerFailure as failure:
+                data, batch = _recover(run, failure, data, batch)
+                continue
+            run.step += 1
+            run.applied = False
+            if run.step <= config.steps:
+                batch = next(data)
+    finally:
+        watch.stop()
+    pieces = {}
+    if run.active.exe is not None:
+        for name, p in run.active.exe.params.items():
+            pieces[name] = (run.active.exe.pieces[name].region, p.detach().float().numpy().copy())
+    return {"pieces": pieces, "records": run.records, "builds": run.builds}
+
+
+def _grow(run: _Run) -> None:
+    """Before a ``--grow`` step: rank 0 asks the launcher for spares (``grow/I``, with the
+    run's position for the spares), then every rank waits for the new generation
+    (``PeerFailure``: the recovery takes the spares in)."""
+    steps = [step for step, _ in run.config.grow]
+    if run.step not in steps or run.step in run.grown:
+        return
+    run.grown.append(run.step)
+    index = steps.index(run.step)
+    if run.world.rank == 0:
+        request = {
+            "count": dict(run.config.grow)[run.step], "step": run.step, "gen": run.gen,
+            "members": list(run.members), "strategy": run.active.text,
+            "adam_steps": run.adam_steps, "grown": run.grown,
+        }  # fmt: skip
+        run.store(lambda s: s.set(key("grow", index), json.dumps(request)))
+    run.watch.enter("grow", run.step)
+    with run.watch.waiting_on_peers():
+        while True:
+            run.watch.check()
+            time.sleep(POLL_S)
+
+
+def _spare(world: World, config: TrainConfig, watch: Watch) -> tuple[_Run, Any, Any]:
+    """Wait until a growth takes this spare; its run, as an idle rank of the strategy that
+    ran then, positioned at the growth's step."""
+    name = key("joined", world.member)
+    while not watch.store_call(lambda s: s.check([name])):
+        time.sleep(POLL_S)
+    index = int(watch.store_call(lambda s: s.get(name)))
+    request = json.loads(watch.store_call(lambda s: s.get(key("grow", index))))
+    model = config.model_config()
+    layout = Layout.from_text(request["strategy"], num_layers=model.num_layers)
+    run = _Run(
+        config, world, watch, _Active(request["strategy"], layout), tuple(request["members"]),
+        gen=request["gen"], step=request["step"], adam_steps=request["adam_steps"],
+        grown=list(request["grown"]),
+    )  # fmt: skip
+    data = islice(step_batches(config), run.step - 1, None)
+    return run, data, next(data)
+
+
+def _step(run: _Run, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+    config, world, watch, active = run.config, run.world, run.watch, run.active
+    step, member = run.step, world.member
+    begin = time.perf_counter()
+
+    def phase(name: str) -> None:
+        watch.enter(name, step)
+        inject(config.inject, member=member, step=step, phase=name, watch=watch)
+
+    phase("forward")
+    role, post = active.role, active.post
+    if role is not None and post is not None and active.plans is not None:
+        post.zero_grad()
+        value = run_step(
+            active.exe, role, active.plans, config, world, batch, post=post,
+            slow=slowdown_of(config.slowdown, member), on_action=phase,
+        )  # fmt: skip
+        phase("sync")
+        sync_grads(active.exe, world)
+        cast(SplitPost, post).finish_sync()
+        if world.rank in _reporters(active):
+            run.store(lambda s: s.set(key("loss", run.gen, step, world.rank), repr(value)))
+    else:
+        phase("sync")
+    _commit(run)
+    phase("optimizer")
+    if post is not None:
+        cast(SplitPost, post).apply()
+    run.applied = True
+    run.adam_steps += 1
+    _record(run, seconds=time.perf_counter() - begin)
+
+
+def _commit(run: _Run) -> None:
+    """Count this rank in; wait until every rank of the generation is (or a failure)."""
+    name = key("commit", run.gen, run.step)
+    count = run.store(lambda s: s.add(name, 1))
+    pause = 0.0005
+    with run.watch.waiting_on_peers():
+        while count < len(run.members):
+            run.watch.check()
+            time.sleep(pause)
+            pause = min(pause * 2, POLL_S)
+            count = run.store(lambda s: s.add(name, 0))
+
+
+def _record(run: _Run, *, seconds: float) -> None:
+    """The step's loss from the reporters' store entries; rank 0 reports it."""
+    losses = [
+        float(run.store(lambda s, r=r: s.get(key("loss", run.gen, run.step, r))))
+        for r in _reporters(run.active)
+    ]
+    record = StepRecord(
+        step=run.step, loss=float(sum(losses)), tokens=run.config.tokens_per_step, seconds=seconds
+    )
+    run.records.append(record)
+    run.notify("step", record)
+
+
+def _save(run: _Run) -> None:
+    run.watch.enter("save", run.step)
+    inject(run.config.inject, member=run.world.member, step=run.step, phase="save", watch=run.watch)
+    save_checkpoint(
+        run.world, run.config, run.active, directory=run.config.save or "", step=run.step,
+        steps=run.adam_steps,
+    )  # fmt: skip
+    run.saved = run.step
+
+
+def _save_due(run: _Run) -> bool:
+    config = run.config
+    return bool(config.save) and run.step % config.save_every == 0 and run.saved != run.step
+
+
+@dataclass(frozen=True, slots=True)
+class _Moved:
+    """A new generation's state, built and loaded, adopted once every member has it."""
+
+    active: _Active
+    members: tuple[int, ...]
+    gen: int
+    moved_bytes: float | None  # None: loaded from a checkpoint
+    strategy: str
+    plan_seconds: float
+
+
+def _recover(run: _Run, failure: PeerFailure, data: Any, batch: Any) -> tuple[Any, Any]:
+    """Regroup, settle the step in flight, re-plan, move the states (module docstring);
+    the data stream and the batch to run next. Retries while members keep failing: the
+    move never changes the source states, and a moved state is adopted only once every
+    member of its generation has it (the counter ``moved/G``, decided as commits are)."""
+    config, world, watch = run.config, run.world, run.watch
+    began = detected = failure.detected_at
+    reported: set[int] = set()
+    pending: _Moved | None = None
+    while True:
+        try:
+            members = regroup(world, watch)
+            if pending is not None and _count(run, "moved", pending.gen) >= len(pending.members):
+                _adopt(run, pending)
+            pending = None
+            _report_deaths(run, members, detected, reported)
+            joined = [m for m in members if m not in run.members and m not in reported]
+            if joined:
+                reported.update(joined)
+                run.notify("event", {"event": "grow", "ranks": joined, "step": run.step})
+            batch = _settle(run, data, batch)
+            pending = _replan_and_move(run, members)
+            _arrive(run, "moved", pending.gen, len(members))
+            _adopt(run, pending)
+            break
+        except PeerFailure as again:  # a member failed during recovery: again, from settled states
+            detected = again.detected_at
+    used = set(parse_strategy(pending.strategy).ranks)
+    if pending.moved_bytes is None:  # states lost: the checkpoint's steps come again
+        data = islice(step_batches(config), run.step - 1, None)
+        batch = next(data)
+    run.notify(
+        "event",
+        {
+            "event": "replan",
+            "strategy": pending.strategy,
+            "plan_seconds": pending.plan_seconds,
+            "idle": [m for r, m in enumerate(pending.members) if r not in used],  # launch ranks
+        },
+    )
+    run.notify(
+        "event",
+        {
+            "event": "resumed",
+            "step": run.step,
+            "recovery_seconds": round(time.time() - began, 6),
+            "moved_bytes": pending.moved_bytes,
+        },
+    )
+    return data, batch
+
+
+def _settle(run: _Run, data: Any, batch: Any) -> Any:
+    """The step in flight: finished if it committed (apply, record, save), else left to
+    redo. Returns the batch to run next."""
+    if not run.applied and _count(run, "commit", run.gen, run.step) >= len(run.members):
+        if run.active.post is not None:  # every rank had synced: apply here too
+            cast(SplitPost, run.active.post).apply()
+        run.applied = True
+        run.adam_steps += 1
+        _record(run, seconds=0.0)
+    if run.applied:
+        run.resave = run.step if _save_due(run) else 0
+        run.step += 1
+        run.applied = False
+        if run.step <= run.config.steps:
+            batch = next(data)
+    return batch
+
+
+def _count(run: _Run, what: str, *parts: int) -> int:
+    name = key(what, *parts)
+    return int(run.store(lambda s: s.add(name, 0)))
+
+
+def _arrive(run: _Run, what: str, gen: int, size: int) -> None:
+    """Count this rank in ``what/gen`` and wait for ``size`` (or a failure)."""
+    name = key(what, gen)
+    count = run.store(lambda s: s.add(name, 1))
+    with run.watch.waiting_on_peers():
+        while count < size:
+            run.watch.check()
+            time.sleep(POLL_S)
+            count = run.store(lambda s: s.add(name, 0))
+
+
+def _adopt(run: _Run, moved: _Moved) -> None:
+    run.active, run.members, run.gen = moved.active, moved.members, moved.gen
+    if run.resave:  # the interrupted checkpoint, written again from the new plan
+        step, run.step = run.step, run.resave
+        _save(run)
+        run.step, run.resave = step, 0
+
+
+def _report_deaths(
+    run: _Run, members: tuple[int, ...], detected: float, reported: set[int]
+) -> None:
+    for member in run.members:
+        if member in members or member in reported:
+            continue
+        reported.add(member)
+        death = run.store(lambda s, m=member: read_death(s, m))
+        run.notify(
+            "event",
+            {
+                "event": "failure",
+                "rank": member,
+                "phase": death.phase,
+                "step": death.step,
+                "cause": death.cause,
+                "exit_code": death.exitcode,
+                "failed_at": round(death.failed_at, 6),
+                "detected_after_s": round(max(0.0, detected - death.failed_at), 6),
+            },
+        )
+
+
+def _replan_and_move(run: _Run, members: tuple[int, ...]) -> _Moved:
+    """Re-plan over the survivors and move the states there (or load the checkpoint where
+    states were lost); the result, not adopted yet."""
+    config, world, watch = run.config, run.world, run.watch
+    model = config.model_config()
+    source = parse_strategy(run.active.text)
+    renumbered = {r: members.index(m) for r, m in enumerate(run.members) if m in members}
+    dead = [r for r, m in enumerate(run.members) if m not in members]
+    joined = [m for m in members if m not in run.members]  # spares: numbered after the old
+    renumbered.update({len(run.members) + i: members.index(m) for i, m in enumerate(joined)})
+    text, plan_seconds = _plan(run, members, source, renumbered)
+    target = str(renumber_strategy(parse_strategy(text), renumbered))
+    lost = lost_states(model, source, dead)
+    if lost:
+        return _fallback(run, members, target, lost, plan_seconds)
+    watch.enter("switch", run.step)
+    inject(config.inject, member=world.member, step=run.step, phase="switch", watch=watch)
+    switch = plan_survivor_switch(model, source, parse_strategy(target), renumbered=renumbered)
+    state = run.active.post.state() if run.active.post is not None else {}
+    moved, _ = run_switch(switch, state, world)
+    active = _build(world, config, target, watch)
+    run.builds += 1
+    if active.post is not None:
+        active.post.load_state(moved, steps=run.adam_steps)
+    sent = float(sum(switch.sent_bytes().values()))
+    return _Moved(active, members, watch.gen, sent, target, plan_seconds)
+
+
+def _plan(
+    run: _Run, members: tuple[int, ...], source: Any, renumbered: dict[int, int]
+) -> tuple[str, float]:
+    """Rank 0 of the new generation plans (in the old numbers) and publishes; the others
+    read it. Returns the strategy text (old numbers) and the planner's seconds."""
+    config, world, watch = run.config, run.world, run.watch
+    name = key("plan", watch.gen, run.gen, run.step)
+    record: dict[str, Any]
+    if world.rank == 0:
+        watch.unwatched()
+        try:
+            plan = replan(
+                config.model_config(), local_cost(max(len(run.members), max(renumbered) + 1)),
+                alive=sorted(renumbered),
+                current=source, global_batch=config.global_batch, seq_len=config.seq_len,
+                dtype=config.dtype,
+            )  # fmt: skip
+            text = str(plan.strategy)
+            check_strategy(
+                plan.strategy, config.model_config(), global_batch=config.global_batch,
+                options=options_of(config), seq_len=config.seq_len,
+            )  # fmt: skip
+            record = {"strategy": text, "plan_seconds": plan.plan_seconds}
+        except HspmdError as error:
+            record = {"error": f"no plan for the {len(members)} ranks left: {error}"}
+        run.store(lambda s: s.set(name, json.dumps(record)))
+    else:
+        with watch.waiting_on_peers():
+            while not run.store(lambda s: s.check([name])):
+                watch.check()
+                time.sleep(POLL_S)
+        record = json.loads(run.store(lambda s: s.get(name)))
+    if "error" in record:
+        raise TrainError(record["error"])
+    return record["strategy"], float(record["plan_seconds"])
+
+
+def _fallback(
+    run: _Run, members: tuple[int, ...], target: str, lost: list[str], plan_seconds: float
+) -> _Moved:
+    """Every holder of ``lost`` died: the newest checkpoint, loaded onto ``target``; the
+    run goes back to the step after it."""
+    config, world = run.config, run.world
+    layers = sorted({n.split(".")[1] for n in lost if n.startswith("layers.")}, key=int)
+    what = f"layers {', '.join(layers)}" if layers else ", ".join(lost[:3])
+    if not config.save or not _has_checkpoint(config.save):
+        raise TrainError(
+            f"every replica of {what} died and there is no checkpoint to fall back to: "
+            "train with --save DIR --save-every N"
+        )
+    active = _build(world, config, target, run.watch)
+    run.builds += 1
+    state = load_checkpoint(world, config, active, directory=config.save)
+    run.step, run.adam_steps, run.applied, run.resave = state.step + 1, state.adam_step, False, 0
+    run.records = [r for r in run.records if r.step <= state.step]
+    run.notify(
+        "event",
+        {"event": "fallback", "lost": what, "checkpoint_step": state.step, "strategy": target},
+    )
+    return _Moved(active, members, run.watch.gen, None, target, plan_seconds)
+
+
+def _has_checkpoint(directory: str) -> bool:
+    try:
+        read_manifest(latest(directory))
+    except (HspmdError, OSError):
+        return False
+    return True
