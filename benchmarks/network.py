@@ -475,7 +475,7 @@ def main() -> int:
     from hspmd.netcluster.spec import NetClusterError, NetSpec
 
     try:
-        run.check_permission()
+        run.check_permission(probe=True)
     except NetClusterError as error:
         print(f"network.py: {error}", file=sys.stderr)
         return 2

@@ -75,13 +75,52 @@ def test_jsonl_named_json_is_warned(tmp_path: Path) -> None:
     lines = [json.dumps({"text": "a" * 50}), json.dumps({"text": "b" * 50})]
     (tmp_path / "docs.json").write_text("\n".join(lines))
     (tmp_path / "plain.json").write_text(json.dumps({"config": [1, 2]}, indent=1))
-    (warning,) = data_warnings(tmp_path / "docs.json", global_batch=1, seq_len=4, steps=1)
+    (warning,) = data_warnings(tmp_path / "docs.json", step_bytes=5, steps=1)
     assert "named .json" in warning and "rename it to .jsonl" in warning
-    assert data_warnings(tmp_path / "plain.json", global_batch=1, seq_len=4, steps=1) == []
+    assert data_warnings(tmp_path / "plain.json", step_bytes=5, steps=1) == []
 
 
 def test_reused_corpus_is_warned(tmp_path: Path) -> None:
     (tmp_path / "t.txt").write_text("x" * 99)  # 100 bytes with the separator
-    assert data_warnings(tmp_path / "t.txt", global_batch=2, seq_len=9, steps=5) == []
-    (warning,) = data_warnings(tmp_path / "t.txt", global_batch=2, seq_len=9, steps=6)
+    assert data_warnings(tmp_path / "t.txt", step_bytes=20, steps=5) == []
+    (warning,) = data_warnings(tmp_path / "t.txt", step_bytes=20, steps=6)
     assert "reused 1.2 times" in warning
+
+
+# -- documents and steps of variable-length training
+
+
+def test_document_steps_default_corpus_long_tailed() -> None:
+    from hspmd.data import document_steps, split_documents
+
+    lengths = sorted(len(d) for d in split_documents(load_documents(max_bytes=1 << 20)))
+    assert lengths[len(lengths) // 2] * 10 < lengths[-1]  # long-tailed
+    steps = list(islice(document_steps(4096, seed=3, max_len=512, max_bytes=1 << 20), 4))
+    again = list(islice(document_steps(4096, seed=3, max_len=512, max_bytes=1 << 20), 4))
+    for step, other in zip(steps, again, strict=True):
+        assert step.lengths == other.lengths and step.tokens <= 4096
+        assert max(step.lengths) <= 512
+        assert all(int(d[-1]) == 0 for d in step.documents)  # the separator ends each
+    assert sum(s.truncated for s in steps) > 0
+
+
+def test_long_docs_policies_and_errors(tmp_path: Path) -> None:
+    from hspmd.data import document_steps
+
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(json.dumps({"text": t}) for t in ["a" * 5, "b" * 50, "c" * 7]))
+    steps = document_steps(40, max_len=20, long_docs="drop", path=path)
+    step = next(steps)
+    assert set(step.lengths) == {5, 7} and step.dropped >= 1 and step.truncated == 0
+    cut = next(document_steps(40, max_len=20, path=path))
+    assert 20 in cut.lengths and cut.truncated == 1
+    with pytest.raises(DataError, match="more than the maximum sequence length 20"):
+        document_steps(40, max_len=20, long_docs="error", path=path)
+    with pytest.raises(DataError, match="fewer than the 5 one step needs"):
+        document_steps(40, max_len=20, min_documents=5, path=path)
+    many = next(document_steps(20, max_len=20, min_documents=3, path=path))
+    assert len(many.documents) == 3  # over the token count rather than too few documents
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with pytest.raises(DataError, match="empty"):
+        document_steps(40, max_len=20, path=empty)

@@ -17,14 +17,28 @@ it reshuffles (seed + epoch) and goes on forever. Same seed, same batches::
     (torch.Size([4, 16]), torch.int64, True)
 
 ``documents`` yields whole documents of varying length (for mixed-length planning).
+
+``document_steps`` is the data of variable-length training (docs/mixed-length.md): the
+text split into documents (``split_documents``: a JSONL record is one; a text file splits
+at blank lines before an unindented line, so Python sources give one document per
+top-level block: long-tailed lengths), in seeded order, grouped into steps of at most
+``tokens_per_step`` tokens. A document of ``n`` bytes is ``n + 1`` ids (its bytes, then the
+0 byte): ``n`` tokens predicting the next byte. Documents over ``max_len`` tokens are
+truncated, dropped or refused (``long_docs``), and counted in their step::
+
+    >>> step = next(document_steps(2048, max_len=256, max_bytes=1 << 18))
+    >>> sum(step.lengths) <= 2048, max(step.lengths) <= 256, len(step.documents) > 1
+    (True, True, True)
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 import sysconfig
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,11 +48,15 @@ from hspmd.errors import HspmdError
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
+    "LONG_DOCS",
     "DataError",
+    "DocumentStep",
     "batches",
     "data_warnings",
+    "document_steps",
     "documents",
     "load_documents",
+    "split_documents",
 ]
 
 DEFAULT_MAX_BYTES = 8 << 20
@@ -178,15 +196,15 @@ def documents(
 def data_warnings(
     path: str | Path | None,
     *,
-    global_batch: int,
-    seq_len: int,
+    step_bytes: int,
     steps: int,
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> list[str]:
     """What a user should hear before training on ``path`` (the run still goes ahead): a
-    JSONL file named ``.json`` (read as one raw document), a corpus that ``steps`` reuse.
+    JSONL file named ``.json`` (read as one raw document), a corpus that ``steps`` steps of
+    ``step_bytes`` each reuse.
 
-    >>> data_warnings(None, global_batch=1, seq_len=16, steps=1)
+    >>> data_warnings(None, step_bytes=17, steps=1)
     []
     """
     out = []
@@ -198,12 +216,12 @@ def data_warnings(
         )
     docs = load_documents(path, max_bytes=max_bytes)
     total = sum(map(len, docs)) + len(docs)
-    need = steps * global_batch * (seq_len + 1)
+    need = steps * step_bytes
     if need > total:
         out.append(
-            f"the data holds {total:,} bytes and {steps} steps of {global_batch} x "
-            f"{seq_len + 1} need {need:,}: it is reused {need / total:.1f} times (reshuffled "
-            "each pass); give more text (--data, --data-max-bytes) to see each byte once"
+            f"the data holds {total:,} bytes and {steps} steps of {step_bytes:,} need "
+            f"{need:,}: it is reused {need / total:.1f} times (reshuffled each pass); give "
+            "more text (--data, --data-max-bytes) to see each byte once"
         )
     return out
 
@@ -217,3 +235,127 @@ def _looks_like_jsonl(file: Path) -> bool:
         )
     except (OSError, json.JSONDecodeError):
         return False
+
+
+# -- documents and steps of variable-length training ------------------------------------------
+
+LONG_DOCS = ("truncate", "drop", "error")
+"""What ``document_steps`` does with a document longer than ``max_len`` tokens."""
+
+_BLOCK = re.compile(rb"\n(?:[ \t]*\n)+(?=\S)")  # blank lines, then an unindented line
+
+
+def split_documents(docs: list[bytes]) -> list[bytes]:
+    """Each text split at blank lines followed by an unindented line (top-level blocks).
+
+    >>> split_documents([b"import os\\n\\n\\ndef f():\\n    x = 1\\n\\n    return x\\n"])
+    [b'import os', b'def f():\\n    x = 1\\n\\n    return x\\n']
+    """
+    return [part for doc in docs for part in _BLOCK.split(doc) if part.strip()]
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentStep:
+    """One step's documents (1-D int64: the bytes, then the 0 byte) and what was cut."""
+
+    documents: tuple[torch.Tensor, ...]
+    truncated: int = 0  # documents of this step cut to max_len
+    dropped: int = 0  # documents left out before this step for being too long
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """Tokens of each document (its ids minus one)."""
+        return tuple(len(d) - 1 for d in self.documents)
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.lengths)
+
+
+def document_steps(
+    tokens_per_step: int,
+    seed: int = 0,
+    *,
+    max_len: int,
+    long_docs: str = "truncate",
+    min_documents: int = 1,
+    path: str | Path | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> Iterator[DocumentStep]:
+    """Endless steps of whole documents, at most ``tokens_per_step`` tokens each (module
+    docstring); a step holds at least ``min_documents`` documents (it goes over the token
+    count if it must). Reshuffled each epoch (seed + epoch); same seed, same steps."""
+    if long_docs not in LONG_DOCS:
+        raise DataError(f"long_docs={long_docs!r}: choose one of {', '.join(LONG_DOCS)}")
+    if tokens_per_step < 1 or max_len < 1 or min_documents < 1:
+        raise DataError(
+            f"{tokens_per_step=}, {max_len=} and {min_documents=} must all be at least 1"
+        )
+    if max_len > tokens_per_step:
+        raise DataError(
+            f"max_len={max_len} is more than tokens_per_step={tokens_per_step}: a step could "
+            "not hold a document of the maximum length; raise the tokens per step"
+        )
+    docs = split_documents(load_documents(path, max_bytes=max_bytes))
+    where = str(path) if path is not None else "the standard library sources"
+    long = [i for i, d in enumerate(docs) if len(d) > max_len]
+    if long and long_docs == "error":
+        raise DataError(
+            f"document {long[0]} of {where} has {len(docs[long[0]])} tokens, more than the "
+            f"maximum sequence length {max_len} ({len(long)} such documents): use --long-docs "
+            "truncate or drop, or a larger --max-seq-len"
+        )
+    kept = len(docs) - (len(long) if long_docs == "drop" else 0)
+    if kept < min_documents:
+        raise DataError(
+            f"{where} has {kept} usable documents, fewer than the {min_documents} one step "
+            "needs (one per micro-batch): use more text or fewer micro-batches"
+        )
+    return _steps(docs, tokens_per_step, seed, max_len, long_docs, min_documents)
+
+
+def _document_stream(
+    docs: list[bytes], seed: int, max_len: int, long_docs: str
+) -> Iterator[tuple[bytes | None, bool]]:
+    """``(document, truncated)`` forever; ``(None, False)`` for a dropped one."""
+    epoch = 0
+    while True:
+        order = list(range(len(docs)))
+        random.Random(seed + epoch).shuffle(order)
+        for i in order:
+            doc = docs[i]
+            if len(doc) <= max_len:
+                yield doc, False
+            elif long_docs == "drop":
+                yield None, False
+            else:
+                yield doc[:max_len], True
+        epoch += 1
+
+
+def _as_ids(doc: bytes) -> torch.Tensor:
+    ids = np.frombuffer(doc + bytes([SEPARATOR]), dtype=np.uint8).astype(np.int64)
+    return torch.from_numpy(ids)
+
+
+def _steps(
+    docs: list[bytes], tokens_per_step: int, seed: int, max_len: int, long_docs: str,
+    min_documents: int,
+) -> Iterator[DocumentStep]:  # fmt: skip
+    stream = _document_stream(docs, seed, max_len, long_docs)
+    pending = next(stream)
+    while True:
+        chosen: list[torch.Tensor] = []
+        total = truncated = dropped = 0
+        while True:
+            doc, cut = pending
+            if doc is None:
+                dropped += 1
+            elif total + len(doc) > tokens_per_step and len(chosen) >= min_documents:
+                break  # the next step starts with it
+            else:
+                chosen.append(_as_ids(doc))
+                total += len(doc)
+                truncated += cut
+            pending = next(stream)
+        yield DocumentStep(tuple(chosen), truncated=truncated, dropped=dropped)

@@ -61,7 +61,7 @@ def test_llama_tiny_tp2() -> None:
         assert ag.param_grads[name] == spec.annotation, name  # one pipeline, no batch split
     assert ag.alignments == ()
     assert str(ag.annotations[ag.loss]) == "[0,1]{D:2}"
-    attention = [n for n in ag.annotations if n.startswith("scaled_dot_product_attention")]
+    attention = [n for n in ag.annotations if n.startswith("causal_attention")]
     assert {str(ag.annotations[n]) for n in attention} == {"[0,1]{1:2}"}  # heads split
 
 

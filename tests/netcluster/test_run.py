@@ -59,6 +59,21 @@ def test_a_nic_per_rank_network_sets_one_interface_per_local_rank(netns) -> None
     assert run.existing() == ()
 
 
+def test_latency_needs_netem_and_a_refusal_leaves_nothing(netns) -> None:
+    spec = NetSpec(2, 1, 1.0, latency_ms=2)
+    try:
+        run.up(spec)
+    except NetClusterError as error:  # kernels without sch_netem (this machine's)
+        assert "netem" in str(error) and "drop --latency-ms" in str(error)
+    else:
+        out = subprocess.run(run.exec_argv(0, ["tc", "qdisc", "show", "dev", "nc0"]),
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+        assert "netem" in out and "delay 1ms" in out
+    finally:
+        run.down()
+    assert run.existing() == ()
+
+
 def test_a_failed_up_leaves_nothing(netns, monkeypatch) -> None:
     from hspmd.netcluster import spec as spec_module
 

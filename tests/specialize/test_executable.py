@@ -64,7 +64,7 @@ def test_single_stage_tp1_equals_the_plain_model() -> None:
 def test_two_tp1_stages_chained_equal_the_plain_model() -> None:
     want_loss, want_grads = reference()
     first, second = build("1x2: R0:L0 R1:L1", 0), build("1x2: R0:L0 R1:L1", 1)
-    assert "def forward(self, activation, targets)" in second.graph_module.code
+    assert "def forward(self, activation, targets, segments = None)" in second.graph_module.code
     tokens, targets = batch()
     out = first.forward(tokens, targets)
     received = out.detach().requires_grad_(True)
@@ -131,7 +131,9 @@ def test_sequence_parallel_graph_gathers_and_scatters() -> None:
         (("layers.0.attn_norm.weight", "layers.0.mlp_norm.weight"), ("all-reduce",))
     ]
     last = build_executable(CONFIG, strategy, sp, 3, seq_len=SEQ, seed=0)
-    assert "getitem = (2, 16)[1]" in last.graph_module.code  # T for the RoPE tables
+    code = last.graph_module.code  # T for the RoPE tables, from the length of the call
+    assert "stage_shape(activation, (2, 16), 8)" in code and "getitem = stage_shape[1]" in code
+    assert last.length_multiple == 2
     assert "all-reduce" in str(last) and "norm.weight" in last.grad_sync[0].names
     plans = boundary_plans(strategy, CONFIG, 3, (2, SEQ, 64), options=sp)
     assert plans.incoming is not None

@@ -50,7 +50,7 @@ def test_slowdown_keeps_the_losses_and_takes_longer() -> None:
     )  # fmt: skip
     slowed = TrainConfig(
         strategy=_STRATEGY, model_overrides=_TWO, global_batch=8, seq_len=32,
-        steps=4, slowdown=((1, 6.0),),
+        steps=4, slowdown=((1, 10.0),),
     )  # fmt: skip
     plain, slow = train_many([base, slowed])
     assert [r.loss for r in slow.records] == [r.loss for r in plain.records]

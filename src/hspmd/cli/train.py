@@ -12,6 +12,11 @@ STEP (one process per rank of the largest strategy); the step's record carries
 ``switch_seconds``; with ``--switch-mode weights`` the states stay put and only the compute
 weights move; ``--switch-algo relay`` relays single-owner transfers between nodes over
 every NIC (nodes from ``--cluster`` or ``--ranks-per-node``). ``--save``/``--resume``: checkpoints that load onto any strategy.
+``--tokens-per-step N --max-seq-len L [--long-docs truncate|drop|error]``: variable-length
+steps of whole documents packed into the strategy's micro-batches (at most L tokens a row,
+no attention across documents, loss the mean over real tokens); the records add
+``sequences`` and ``pipeline_tokens`` per pipeline and the long documents ``truncated`` or
+``dropped``; one executable per rank serves every length (docs/mixed-length.md).
 ``--slowdown 2=3,5=3``: ranks 2 and 5 sleep twice the time of each compute they run, as on
 devices three times slower (the losses do not change).
 ``--trace run.json`` writes a Chrome / Perfetto trace of the run (every rank's F, B, Post,
@@ -153,6 +158,28 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | Non
     )
     parser.add_argument("--resume", default=None, metavar="DIR", help="continue from DIR")
     parser.add_argument(
+        "--tokens-per-step",
+        type=int,
+        default=None,
+        metavar="N",
+        help="variable-length steps: whole documents of at most N tokens per step, packed "
+        "into the strategy's micro-batches (docs/mixed-length.md)",
+    )
+    parser.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=None,
+        metavar="L",
+        help="with --tokens-per-step: the longest packed row (default: --seq-len)",
+    )
+    parser.add_argument(
+        "--long-docs",
+        default="truncate",
+        choices=["truncate", "drop", "error"],
+        help="with --tokens-per-step: a document over --max-seq-len tokens is cut to it, "
+        "left out, or refused (counted in the step records)",
+    )
+    parser.add_argument(
         "--slowdown",
         default="",
         metavar="RANK=FACTOR,...",
@@ -189,11 +216,20 @@ def parse_slowdown(text: str) -> tuple[tuple[int, float], ...]:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    step_tokens = getattr(args, "tokens_per_step", None)
+    max_seq_len = getattr(args, "max_seq_len", None)
+    if max_seq_len is not None and step_tokens is None:
+        raise TrainError(
+            f"--max-seq-len {max_seq_len} needs --tokens-per-step N (variable-length steps); "
+            "for fixed batches give --seq-len"
+        )
     return TrainConfig(
         model=args.model,
         strategy=args.strategy,
         global_batch=global_batch_of(args),
-        seq_len=args.seq_len,
+        seq_len=max_seq_len or args.seq_len,
+        step_tokens=step_tokens,
+        long_docs=getattr(args, "long_docs", "truncate"),
         steps=args.steps,
         seed=args.seed,
         adam=AdamConfig(lr=args.lr),
@@ -237,8 +273,8 @@ def warnings_of(args: argparse.Namespace, config: TrainConfig) -> list[str]:
         )
     out += data_warnings(
         config.data,
-        global_batch=config.global_batch,
-        seq_len=config.seq_len,
+        # a fixed batch reads seq_len + 1 bytes a row; packed steps up to step_tokens
+        step_bytes=config.step_tokens or config.global_batch * (config.seq_len + 1),
         steps=config.steps,
         max_bytes=config.data_max_bytes or DEFAULT_MAX_BYTES,
     )

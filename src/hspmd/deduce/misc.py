@@ -9,7 +9,8 @@ embedding ``(ids, W[V, H])`` on one axis::
     D      P       P
 
 ``scaled_dot_product_attention(q, k, v)``: q, k, v equal, split only on batch or heads
-(grouped-query attention keeps whole groups when the degree divides the kv heads).
+(grouped-query attention keeps whole groups when the degree divides the kv heads); the
+same for ``hspmd.attention.causal_attention(q, k, v, segments)`` (packed documents).
 
 ``cross_entropy(logits[N, C, ...], targets[N, ...])``: split on N (and the extra dims) on
 both gives a partial loss: each part holds the mean over its tokens, a summand once the
@@ -30,6 +31,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from hspmd.attention import causal_attention
 from hspmd.deduce.rules import (
     DUP,
     PARTIAL,
@@ -74,6 +76,7 @@ def embedding(call: OpCall, placements: tuple[int, ...]) -> int:
 
 
 @register(torch._C._nn.scaled_dot_product_attention, F.scaled_dot_product_attention)
+@register(causal_attention, inputs=(0, 1, 2))  # segments: data every rank holds whole
 def attention(call: OpCall, placements: tuple[int, ...]) -> int:
     if len(call.inputs) != 3:
         raise RuleError(

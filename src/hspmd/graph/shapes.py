@@ -127,7 +127,8 @@ def _evaluate(
 
 
 def propagate_shapes(gm: torch.fx.GraphModule, inputs: Mapping[str, TensorSpec]) -> ShapeInfo:
-    """Run ``gm`` on meta tensors; ``inputs`` gives each placeholder's global spec.
+    """Run ``gm`` on meta tensors; ``inputs`` gives each placeholder's global spec (an
+    optional input left out takes its default, e.g. the Llama's ``segments=None``).
 
     Calls with the same target, arguments and input specs run once (a 60-layer model
     repeats one layer's calls), so the cost grows with the number of distinct calls. The
@@ -142,12 +143,15 @@ def propagate_shapes(gm: torch.fx.GraphModule, inputs: Mapping[str, TensorSpec])
         if node.op == "output":
             continue
         if node.op == "placeholder":
-            if node.target not in inputs:
+            if node.target not in inputs and node.args:  # an optional input: its default
+                value = node.args[0]
+            elif node.target not in inputs:
                 raise ShapeError(
                     f"no shape for input {node.target!r}: pass input_shapes={{{node.target!r}: (...)}}"
                 )
-            spec = inputs[node.target]
-            value = torch.empty(spec.shape, dtype=spec.dtype, device="meta")
+            else:
+                spec = inputs[node.target]
+                value = torch.empty(spec.shape, dtype=spec.dtype, device="meta")
         else:
             try:
                 value = _evaluate(node, gm, env, memo)

@@ -41,9 +41,11 @@ import math
 import zlib
 
 import torch
+import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
+from hspmd.attention import causal_attention
 from hspmd.markers import reshard
 from hspmd.models.config import (
     PRESETS,
@@ -52,6 +54,9 @@ from hspmd.models.config import (
     get_config,
     parameter_shapes,
 )
+
+# one call node in the traced graph (packed documents are data: hspmd.attention)
+torch.fx.wrap("causal_attention")
 
 __all__ = [
     "PRESETS",
@@ -64,6 +69,8 @@ __all__ = [
     "parameter_shapes",
 ]
 
+
+Segments = torch.Tensor | None  # (B, T) document id per position; None: one per row
 
 # -- building blocks ------------------------------------------------------------------------
 
@@ -112,7 +119,9 @@ class Attention(nn.Module):
         self.wv = nn.Linear(config.hidden_size, kv_size, bias=False)
         self.wo = nn.Linear(q_size, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments: Segments = None
+    ) -> torch.Tensor:
         # B and T are read from x, so fx records them as getitem on x.shape and they stay
         # whatever the local tensor holds. The head counts are constants in the traced
         # graph: under tensor parallelism each rank holds num_heads / TP heads, and
@@ -122,9 +131,9 @@ class Attention(nn.Module):
         k = self.wk(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B,nkv,T,hd)
         v = self.wv(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B,nkv,T,hd)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=self.num_kv_heads != self.num_heads
-        )  # (B, nh, T, hd)
+        y = causal_attention(
+            q, k, v, segments, enable_gqa=self.num_kv_heads != self.num_heads
+        )  # (B, nh, T, hd); segments (B, T): packed documents attend only to themselves
         y = y.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)  # (B, T, nh*hd)
         return self.wo(y)  # (B, T, H), a partial sum under tensor parallelism
 
@@ -149,11 +158,15 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(config.hidden_size, config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments: Segments = None
+    ) -> torch.Tensor:
         p = self.prefix
         x = reshard(x, f"{p}.input")  # (B, T, H) residual: pipeline boundary, SP layout
         h = reshard(self.attn_norm(x), f"{p}.attn_in")  # TP: duplicate (SP: gather seq)
-        x = x + reshard(self.attn(h, cos, sin), f"{p}.attn_out")  # TP: partial -> duplicate
+        x = x + reshard(
+            self.attn(h, cos, sin, segments), f"{p}.attn_out"
+        )  # TP: partial -> duplicate
         h = reshard(self.mlp_norm(x), f"{p}.mlp_in")
         x = x + reshard(self.mlp(h), f"{p}.mlp_out")
         return x
@@ -196,21 +209,24 @@ class Llama(nn.Module):
         if not on_meta:
             init_weights(self, seed)
 
-    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, T) int64 -> (B, T, V)."""
+    def logits(self, tokens: torch.Tensor, segments: Segments = None) -> torch.Tensor:
+        """(B, T) int64 -> (B, T, V); ``segments`` (B, T): document ids of packed rows."""
         T = tokens.shape[1]
         # torch.narrow, not [:T]: fx can slice a buffer by a traced size only this way.
         cos, sin = torch.narrow(self.rope_cos, 0, 0, T), torch.narrow(self.rope_sin, 0, 0, T)
         x = reshard(self.embed(tokens), "embed")  # (B, T, H) residual stream
         cos, sin = cos.type_as(x), sin.type_as(x)
         for layer in self.layers:
-            x = layer(x, cos, sin)
+            x = layer(x, cos, sin, segments)
         x = reshard(self.norm(x), "head_in")  # (B, T, H)
         return reshard(self.head(x), "logits")  # (B, T, V) vocab-parallel head: split dim 2
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy over all B*T tokens, computed in fp32."""
-        logits = self.logits(tokens)
+    def forward(
+        self, tokens: torch.Tensor, targets: torch.Tensor, segments: Segments = None
+    ) -> torch.Tensor:
+        """Mean cross-entropy over the B*T tokens, computed in fp32; targets -100 (padding
+        of packed rows) are left out. ``segments``: see ``hspmd.attention``."""
+        logits = self.logits(tokens, segments)
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 

@@ -39,10 +39,14 @@ from hspmd.netcluster.spec import (
 )
 
 MEASURE_PORT = 29650
+PROBE = f"{PREFIX}probe"
 
 
-def check_permission() -> None:
-    """Raise a one-line NetClusterError unless this process can make network namespaces."""
+def check_permission(*, probe: bool = False) -> None:
+    """Raise a one-line NetClusterError unless this process can make network namespaces.
+
+    ``probe``: also make and delete a namespace (``hspmd-nc-probe``) and set a link up in
+    it, which root without CAP_SYS_ADMIN / CAP_NET_ADMIN (a container) cannot."""
     missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
     if missing:
         raise NetClusterError(
@@ -52,6 +56,17 @@ def check_permission() -> None:
         raise NetClusterError(
             "network namespaces need root (CAP_NET_ADMIN): run as root, e.g. with sudo"
         )
+    if probe:
+        made = _run(("ip", "netns", "add", PROBE), check=False)
+        tried = _run(("ip", "-n", PROBE, "link", "set", "lo", "up"), check=False)
+        _run(("ip", "netns", "del", PROBE), check=False)
+        for proc in (made, tried):
+            if proc.returncode != 0:
+                reason = (proc.stderr.strip().splitlines() or ["failed"])[-1]
+                raise NetClusterError(
+                    f"cannot make network namespaces here ({reason}): run as root with "
+                    "CAP_SYS_ADMIN and CAP_NET_ADMIN (a privileged container)"
+                )
 
 
 def _run(command: Command, *, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -108,7 +123,7 @@ class Signals:
 
 def up(spec: NetSpec) -> None:
     """Build ``spec``; on any failure (or signal) remove what was built and re-raise."""
-    check_permission()
+    check_permission(probe=True)
     if existing():
         raise NetClusterError(
             f"a netcluster is already up ({', '.join(existing())}): "

@@ -3,7 +3,8 @@
 Specialization leaves an ``Executable`` as data: its ``ReshardModule`` calls hold their
 forward and backward plans and no process group. ``bind_executable(exe, world)`` checks
 that the groups the plans need are prepared, gives every ``ReshardModule`` the autograd
-reshard (``hspmd.runtime.autograd``) on ``world``, gives a ``VocabParallelLoss`` the
+reshard (``hspmd.runtime.autograd``) on ``world``, sized to each call's sequence length
+(``SizedReshard``), gives a ``VocabParallelLoss`` the
 vocab-parallel cross-entropy (``hspmd.runtime.vocab_loss``), and moves the graph to the world's
 device. ``sync_grads(exe, world)`` runs the stage's gradient sync plans once per step,
 after the last B::
@@ -20,6 +21,8 @@ from collections.abc import Mapping
 
 import torch
 
+from hspmd.comm.plan import CommPlan
+from hspmd.comm.sizing import global_shape, sized
 from hspmd.runtime.autograd import reshard
 from hspmd.runtime.execute import run_plan
 from hspmd.runtime.vocab_loss import vocab_parallel_cross_entropy
@@ -29,7 +32,7 @@ from hspmd.specialize.executable import Executable, ReshardModule, reshard_plans
 from hspmd.specialize.grad_sync import StageGradSync
 from hspmd.specialize.loss import VocabParallelLoss
 
-__all__ = ["bind_executable", "run_stage_grad_sync", "sync_grads"]
+__all__ = ["SizedReshard", "bind_executable", "run_stage_grad_sync", "sync_grads"]
 
 
 def bind_executable(exe: Executable, world: World) -> Executable:
@@ -46,14 +49,30 @@ def bind_executable(exe: Executable, world: World) -> Executable:
                 f"process group {list(group)} is not prepared: call "
                 "world.prepare_groups(executable_groups(strategy)) on every rank first"
             )
-    runner = functools.partial(reshard, world=world)
     for module in exe.graph_module.modules():
         if isinstance(module, ReshardModule):
-            module.runner = runner
+            module.runner = SizedReshard(world)
     for loss in losses:
         loss.runner = functools.partial(vocab_parallel_cross_entropy, world=world)
     exe.graph_module.to(world.device)  # parameters stay the same objects (moved in place)
     return exe
+
+
+class SizedReshard:
+    """A marker's runner: its plans, resolved at the maximum length, sized to the length of
+    each call (``hspmd.comm.sizing``; the global shape read from the local input), then
+    the autograd reshard. Sized plans are kept per shape (a handful of lengths)."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.plans: dict[tuple[int, ...], tuple[CommPlan, CommPlan]] = {}
+
+    def __call__(self, x: torch.Tensor, forward: CommPlan, backward: CommPlan) -> torch.Tensor:
+        shape = global_shape(forward, self.world.rank, x.shape)
+        pair = self.plans.get(shape)
+        if pair is None:
+            pair = self.plans[shape] = (sized(forward, shape), sized(backward, shape))
+        return reshard(x, *pair, self.world)
 
 
 def sync_grads(exe: Executable, world: World) -> None:

@@ -22,11 +22,13 @@ only issues ``isend`` (wait on the returned works later) while ``recv`` blocks::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hspmd.comm.plan import CommPlan
 from hspmd.comm.resolve import resolve
+from hspmd.comm.sizing import sized
 from hspmd.errors import HspmdError
 from hspmd.models.llama import LlamaConfig
 from hspmd.plan.schema import activation_annotations
@@ -38,6 +40,7 @@ __all__ = [
     "BoundaryError",
     "BoundaryPlans",
     "boundary_plans",
+    "sized_boundaries",
 ]
 
 
@@ -107,3 +110,18 @@ def boundary_plans(
 
     last = len(pipeline.stages) - 1
     return BoundaryPlans(between(s) if s > 0 else None, between(s + 1) if s < last else None)
+
+
+@functools.lru_cache(maxsize=256)
+def sized_boundaries(plans: BoundaryPlans, shape: tuple[int, ...]) -> BoundaryPlans:
+    """``plans`` (resolved at the maximum length) for a micro-batch activation of ``shape``
+    (``hspmd.comm.sizing``): a shorter sequence moves shorter slices."""
+
+    def one(boundary: Boundary | None) -> Boundary | None:
+        if boundary is None:
+            return None
+        return Boundary(
+            boundary.name, sized(boundary.forward, shape), sized(boundary.backward, shape)
+        )
+
+    return BoundaryPlans(one(plans.incoming), one(plans.outgoing))

@@ -8,7 +8,7 @@ rank's parameter slices. Steps:
    marker's output (a new placeholder, the activation the previous stage sends) to the
    loss (last stage) or the residual stream entering ``layers.{last+1}.input``.
    Constants (RoPE tables, sizes) the stage needs stay; the sizes read from
-   ``tokens.shape`` read the activation's shape instead (same B and T);
+   ``tokens.shape`` read the activation's shape instead (``stage_shape``: same B and T);
 2. markers inside the stage become ``ReshardModule`` calls holding the resolved forward
    plan ``resolve(src, dst)`` and backward plan ``resolve(grad_out, grad_in)``; markers
    whose plans both do nothing vanish. Align nodes (deduction's, where consumers give a
@@ -20,6 +20,11 @@ rank's parameter slices. Steps:
    cross-entropy on vocab-split logits becomes a ``VocabParallelLoss`` call
    (``hspmd.specialize.loss``; its runner is bound by the runtime like a marker's).
 
+The sequence length is symbolic (DESIGN decision 14): deduction and resolution run once at
+``seq_len``, the maximum; the graph reads B and T from its inputs, so one executable runs
+every length up to it that is a multiple of ``Executable.length_multiple`` (1, or the TP
+degree under sequence parallelism), its plans sized per call (``hspmd.comm.sizing``).
+
 The result is data: the ``ReshardModule`` calls hold their plans and no process group.
 ``hspmd.runtime.executable.bind_executable(exe, world)`` gives each one the runtime's
 autograd reshard on ``world`` (and moves the graph to the world's device)::
@@ -30,13 +35,16 @@ autograd reshard on ``world`` (and moves the graph to the world's device)::
 >>> from hspmd.plan.strategy import StrategyOptions, parse_strategy
 >>> exe = build_executable(get_config("llama-tiny", num_layers=2),
 ...     parse_strategy("2x1: R0:L0 R1:L1"), StrategyOptions(), 1, seq_len=8, seed=0)
->>> exe.graph_module.code.split("(")[0].strip(), sorted(exe.params)[:1]
-('def forward', ['head.weight'])
+>>> next(line for line in exe.graph_module.code.splitlines() if "def " in line)
+'def forward(self, activation, targets, segments = None):'
+>>> sorted(exe.params)[:1]
+['head.weight']
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +57,7 @@ from torch import nn
 from hspmd.annotation import Piece
 from hspmd.comm.plan import CommPlan
 from hspmd.comm.resolve import resolve
+from hspmd.comm.sizing import length_multiple
 from hspmd.deduce import AnnotatedGraph
 from hspmd.markers import is_align_node, is_reshard_node
 from hspmd.models.llama import LlamaConfig, init_parameter, rope_tables
@@ -70,9 +79,26 @@ __all__ = [
     "executable_groups",
     "locate",
     "reshard_plans",
+    "stage_shape",
 ]
 
 Runner = Callable[[torch.Tensor, CommPlan, CommPlan], torch.Tensor]
+
+SEQ_DIM = 1
+"""The sequence dim of tokens (B, T) and activations (B, T, H): the symbolic length."""
+
+
+def stage_shape(x: torch.Tensor, shape: tuple[int, ...], x_length: int) -> torch.Size:
+    """``shape`` (a tensor's local shape at the maximum length) at the length of this call:
+    its sequence dim scaled by ``x.shape[1] / x_length`` (the stage input's length now and
+    at the maximum).
+
+    >>> stage_shape(torch.zeros(2, 3, 8), (2, 12), 6)      # SP input: 3 of 6 positions
+    torch.Size([2, 6])
+    """
+    out = list(shape)
+    out[SEQ_DIM] = shape[SEQ_DIM] * x.shape[SEQ_DIM] // x_length
+    return torch.Size(out)
 
 
 class ReshardModule(nn.Module):
@@ -107,9 +133,13 @@ class ReshardModule(nn.Module):
 class Executable:
     """One rank's stage program (``hspmd.train.loop.StageProgram``).
 
-    ``forward(x, targets)``: ``x`` is the micro-batch's tokens on stage 0, else the
-    activation received from the previous stage; returns the mean token loss of the
-    micro-batch on the last stage, else the residual stream to send on.
+    ``forward(x, targets, segments=None)``: ``x`` is the micro-batch's tokens on stage 0,
+    else the activation received from the previous stage; ``segments`` the document ids of
+    packed rows (``hspmd.attention``); returns the mean token loss of the micro-batch on
+    the last stage, else the residual stream to send on. Any sequence length up to the
+    ``seq_len`` it was built for runs (a multiple of ``length_multiple``): the graph reads
+    lengths from its inputs, and the runtime sizes each plan per call
+    (``hspmd.comm.sizing``).
     """
 
     graph_module: torch.fx.GraphModule
@@ -121,9 +151,20 @@ class Executable:
     layers: tuple[int, int]
     comm: tuple[str, ...]  # one line per kept marker: name, forward and backward kinds
     grad_sync: tuple[StageGradSync, ...] = ()  # deduced partial grads inside the stage
+    seq_len: int = 0  # the maximum sequence length (plans are resolved at it)
 
-    def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        out = self.graph_module(x, targets)
+    @property
+    def length_multiple(self) -> int:
+        """Sequence lengths this executable runs are multiples of this (``comm.sizing``)."""
+        out = 1
+        for plan in reshard_plans(self.graph_module):
+            out = math.lcm(out, length_multiple(plan, SEQ_DIM))
+        return out
+
+    def forward(
+        self, x: torch.Tensor, targets: torch.Tensor, segments: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        out = self.graph_module(x, targets, segments)
         assert isinstance(out, torch.Tensor)
         return out
 
@@ -190,14 +231,16 @@ class _Builder:
         if isinstance(new, torch.fx.Node) and len(self.graph.nodes) > before:
             new.meta["layer"] = layer_of(node)  # for recompute per layer
 
-    def swapped(self, node: torch.fx.Node, x: torch.fx.Node) -> None:
+    def swapped(self, node: torch.fx.Node, x: torch.fx.Node, x_length: int) -> None:
         """An earlier stage's tensor read for its shape or dtype: the stage input stands in
-        for it, and its shape is the constant local shape (under sequence parallelism the
-        received residual holds T / tp positions of the T the RoPE tables need)."""
+        for it, and its shape is ``stage_shape`` of the input: the local shape at the
+        maximum length with the sequence length of the call (under sequence parallelism
+        the received residual holds T / tp positions of the T the RoPE tables need)."""
         self.env[node] = x
         for user in node.users:
             if user.target is getattr and user.args[1] == "shape":
-                self.env[user] = torch.Size(self._elsewhere_shape(node))
+                shape = self._elsewhere_shape(node)
+                self.env[user] = self.graph.call_function(stage_shape, (x, shape, x_length))
 
     def _elsewhere_shape(self, node: torch.fx.Node) -> tuple[int, ...]:
         """The local shape of a tensor an earlier stage holds (the same on its ranks)."""
@@ -342,14 +385,19 @@ def build_executable(
     stage_cut = cut(ag, stage, config.num_layers)
     b = _Builder(ag, config, rank, seed)
     x = b.graph.placeholder("tokens" if stage_cut.start is None else "activation")
-    targets = b.graph.placeholder("targets")
+    inputs = {
+        "targets": b.graph.placeholder("targets"),
+        "segments": b.graph.placeholder("segments", default_value=None),
+    }
+    # the local length of the stage input at seq_len (the sizes of swapped tensors scale by it)
+    x_length = seq_len if stage_cut.start is None else b.local_shape(stage_cut.start)[SEQ_DIM]
     for node in ag.module.graph.nodes:
-        if node.op == "placeholder" and (node.target == "targets" or stage_cut.start is None):
-            b.env[node] = targets if node.target == "targets" else x
-        elif stage_cut.start is not None and node is stage_cut.start:
-            b.env[node] = x
+        if node.op == "placeholder" and node.target in inputs:
+            b.env[node] = inputs[str(node.target)]
+        elif node is stage_cut.start or (node.op == "placeholder" and stage_cut.start is None):
+            b.env[node] = x  # the tokens on stage 0, else the received activation
         elif node in stage_cut.swap:
-            b.swapped(node, x)
+            b.swapped(node, x, x_length)
         elif node in stage_cut.keep:
             b.copy(node)
     b.graph.output(b.env[stage_cut.end])
@@ -369,6 +417,7 @@ def build_executable(
         layers=(stage.first_layer, stage.last_layer),
         comm=tuple(b.comm),
         grad_sync=_grad_sync(ag, b.pieces),
+        seq_len=seq_len,
     )
 
 

@@ -76,6 +76,10 @@ class TrainConfig:
     resume: str | None = None  # continue from the newest checkpoint in this directory
     # (rank, factor): that rank sleeps (factor - 1) x each compute's time (hspmd.train.slowdown)
     slowdown: tuple[tuple[int, float], ...] = ()
+    # variable-length steps (hspmd.train.packing): whole documents of at most this many
+    # tokens per step, packed into the micro-batches; ``seq_len`` is then the maximum length
+    step_tokens: int | None = None
+    long_docs: str = "truncate"  # a document over seq_len tokens: truncate, drop or error
 
     def __post_init__(self) -> None:
         for name in ("global_batch", "seq_len", "steps", "save_every", "bucket_bytes"):
@@ -88,6 +92,7 @@ class TrainConfig:
                 "(the strategy of step 1 is --strategy)"
             )
         self._check_slowdown()
+        self._check_packed()
         # the Literal types check callers under mypy; these check everyone else
         for name, kind in (("schedule", Schedule), ("dtype", Dtype),
                            ("switch_mode", SwitchMode), ("switch_algo", SwitchAlgo)):  # fmt: skip
@@ -139,12 +144,34 @@ class TrainConfig:
                     "(3 makes the rank three times slower; 1 leaves it as is)"
                 )
 
+    def _check_packed(self) -> None:
+        if self.long_docs not in ("truncate", "drop", "error"):
+            raise TrainError(f"long_docs={self.long_docs!r}: choose truncate, drop or error")
+        if self.step_tokens is None:
+            return
+        if self.step_tokens < self.seq_len:
+            raise TrainError(
+                f"--tokens-per-step {self.step_tokens} is below --max-seq-len {self.seq_len}: "
+                "a step must hold a document of the maximum length; raise it"
+            )
+        if self.switches:
+            raise TrainError(
+                "--switch with --tokens-per-step is not supported yet: train variable-length "
+                "steps under one strategy"
+            )
+
+    @property
+    def packed(self) -> bool:
+        """Variable-length steps of packed documents (``step_tokens``), not fixed batches."""
+        return self.step_tokens is not None
+
     def model_config(self) -> LlamaConfig:
         return get_config(self.model, **dict(self.model_overrides))
 
     @property
     def tokens_per_step(self) -> int:
-        return self.global_batch * self.seq_len
+        """Tokens per step: ``global_batch * seq_len``, or at most ``step_tokens``."""
+        return self.step_tokens or self.global_batch * self.seq_len
 
     def data_identity(self) -> dict[str, Any]:
         """What decides the data stream and the steps' samples, by ``hspmd train`` flag;
@@ -153,8 +180,10 @@ class TrainConfig:
             "--data": self.data or "(the Python standard library sources)",
             "--data-max-bytes": self.data_max_bytes,
             "--global-batch": self.global_batch,
-            "--seq-len": self.seq_len,
+            "--seq-len": self.seq_len,  # the maximum length with --tokens-per-step
             "--seed": self.seed,
+            "--tokens-per-step": self.step_tokens,
+            "--long-docs": self.long_docs,
         }
 
     def require_strategy(self) -> str:
@@ -188,6 +217,11 @@ class StepRecord:
     switch_seconds: float | None = None  # a switch ran before this step (slowest rank)
     strategy: str | None = None  # the strategy switched to, with switch_seconds
     switch_messages: int | None = None  # messages the switch sent, summed over ranks
+    # variable-length steps: documents and real tokens per pipeline, long documents cut
+    sequences: tuple[int, ...] | None = None
+    pipeline_tokens: tuple[int, ...] | None = None
+    truncated: int | None = None
+    dropped: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -200,4 +234,8 @@ class StepRecord:
             out["switch_seconds"] = round(self.switch_seconds, 6)
             out["strategy"] = self.strategy
             out["switch_messages"] = self.switch_messages
+        if self.sequences is not None:
+            out["sequences"] = list(self.sequences)
+            out["pipeline_tokens"] = list(self.pipeline_tokens or ())
+            out["truncated"], out["dropped"] = self.truncated, self.dropped
         return out

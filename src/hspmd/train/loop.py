@@ -14,6 +14,10 @@ the rank's schedule (``hspmd.specialize.schedule``)::
           start during the rank's last B, as gradients become final (hspmd.train.overlap;
           ``TrainConfig.overlap=False``: all after it)
 
+With ``TrainConfig.step_tokens`` each step is packed documents of varying length
+(``hspmd.train.packing``): the executable and boundary plans are built once, at the maximum
+length ``seq_len``, and sized to each micro-batch (``hspmd.comm.sizing``); no rebuild.
+
 With ``TrainConfig.slowdown`` a listed rank sleeps ``(factor - 1)`` times the wall time of
 each F and B compute and of Post's step after it (``hspmd.train.slowdown``).
 
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Protocol
@@ -47,7 +52,7 @@ from hspmd.runtime.counting import count_comm
 from hspmd.runtime.executable import bind_executable, sync_grads
 from hspmd.runtime.trace import NULL, Recorder, Spans
 from hspmd.runtime.world import World, plan_groups
-from hspmd.specialize.boundary import BoundaryPlans, boundary_plans
+from hspmd.specialize.boundary import BoundaryPlans, boundary_plans, sized_boundaries
 from hspmd.specialize.executable import build_executable, executable_groups
 from hspmd.specialize.schedule import make_schedule
 from hspmd.switch.live import plan_switch, run_switch, switch_topology
@@ -55,6 +60,7 @@ from hspmd.train.batches import step_batches
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.home import home_annotations, home_post, run_ranks, switch_weights
 from hspmd.train.layout import Layout, Role
+from hspmd.train.packing import PackedStep, packed_steps, record_fields
 from hspmd.train.post import MixedPost, PlainPost, Post
 from hspmd.train.slowdown import Slowdown, slowdown_of
 from hspmd.train.sync import SyncItem, grad_sync_plan
@@ -73,11 +79,31 @@ __all__ = [
 
 
 class StageProgram(Protocol):
-    """What a rank runs for one micro-batch: ``forward(tokens or activation, targets)``."""
+    """What a rank runs for one micro-batch: ``forward(tokens or activation, targets,
+    segments)`` (segments: packed documents' ids, or None)."""
 
     params: dict[str, torch.Tensor]
 
-    def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor: ...
+    def forward(
+        self, x: torch.Tensor, targets: torch.Tensor, segments: torch.Tensor | None = None
+    ) -> torch.Tensor: ...
+
+
+Batch = tuple[torch.Tensor, torch.Tensor] | PackedStep
+"""A step's data: the global batch ``(tokens, targets)``, or packed micro-batches."""
+MicroData = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, float]
+
+
+def _micro_batch(batch: Batch, role: Role, config: TrainConfig, m: int) -> MicroData:
+    """Micro-batch ``m`` of the rank's pipeline: tokens, targets, segments, loss weight
+    (its tokens over the step's: DESIGN decision 6)."""
+    if isinstance(batch, PackedStep):
+        mb = batch.micro_batches[role.pipeline][m]
+        return mb.tokens, mb.targets, mb.segments, batch.scale(role.pipeline, m)
+    tokens, targets = batch
+    size = role.micro_batch_size
+    rows = slice(role.row_offset + m * size, role.row_offset + (m + 1) * size)
+    return tokens[rows], targets[rows], None, size / config.global_batch
 
 
 def options_of(config: TrainConfig) -> StrategyOptions:
@@ -96,24 +122,25 @@ class _Live:
 
     inputs: dict[int, torch.Tensor] = field(default_factory=dict)
     outputs: dict[int, torch.Tensor] = field(default_factory=dict)
+    plans: dict[int, BoundaryPlans] = field(default_factory=dict)  # sized to each length
     sends: list[Pending] = field(default_factory=list)
     loss: float = 0.0
     slow: Slowdown = field(default_factory=Slowdown)  # this rank's emulated slowdown
 
 
 def _forward(
-    program: StageProgram, role: Role, plans: BoundaryPlans, world: World, live: _Live, *,
-    m: int, batch: tuple[torch.Tensor, torch.Tensor], scale: float, dtype: torch.dtype,
+    program: StageProgram, plans: BoundaryPlans, world: World, live: _Live, *,
+    m: int, micro: MicroData, hidden: int, dtype: torch.dtype,
 ) -> None:  # fmt: skip
-    tokens, targets = batch
-    size = role.micro_batch_size
-    rows = slice(role.row_offset + m * size, role.row_offset + (m + 1) * size)
+    tokens, targets, segments, scale = micro
+    # boundary plans are resolved at the maximum length: sized to this micro-batch's
+    plans = live.plans[m] = sized_boundaries(plans, (*tokens.shape, hidden))
     if plans.incoming is None:
-        x = tokens[rows]
+        x = tokens
     else:
         x = recv(plans.incoming.forward, world, dtype=dtype).requires_grad_(True)
     with live.slow:  # the compute only, not the receive
-        out = program.forward(x, targets[rows])  # recompute: per layer, inside the executable
+        out = program.forward(x, targets, segments)  # recompute: per layer, in the executable
     if plans.outgoing is None:
         out = out * scale
         live.loss += float(out.detach())
@@ -122,8 +149,8 @@ def _forward(
     live.inputs[m], live.outputs[m] = x, out
 
 
-def _backward(plans: BoundaryPlans, world: World, live: _Live, *, m: int) -> None:
-    x, out = live.inputs.pop(m), live.outputs.pop(m)
+def _backward(world: World, live: _Live, *, m: int) -> None:
+    x, out, plans = live.inputs.pop(m), live.outputs.pop(m), live.plans.pop(m)
     grad = None if plans.outgoing is None else recv(plans.outgoing.backward, world, dtype=out.dtype)
     with live.slow:  # the compute only, not the receive
         out.backward(grad)
@@ -134,8 +161,8 @@ def _backward(plans: BoundaryPlans, world: World, live: _Live, *, m: int) -> Non
 
 def run_step(
     program: StageProgram, role: Role, plans: BoundaryPlans, config: TrainConfig,
-    world: World, batch: tuple[torch.Tensor, torch.Tensor], *, post: Post | None = None,
-    slow: Slowdown | None = None, rec: Spans = NULL,
+    world: World, batch: Batch, *, post: Post | None = None, slow: Slowdown | None = None,
+    rec: Spans = NULL,
 ) -> float:  # fmt: skip
     """Every F and B of the rank's schedule on one global batch; the scaled loss sum.
 
@@ -144,19 +171,20 @@ def run_step(
     ``rec`` records a span per F and B (``hspmd.runtime.trace``)."""
     schedule = make_schedule(config.schedule, role.num_stages, role.stage, role.micro_batches)
     live = _Live(slow=slow or Slowdown())
-    scale = role.micro_batch_size / config.global_batch  # mb tokens / global tokens
+    hidden = config.model_config().hidden_size
     dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
     last_b = max((i for i, a in enumerate(schedule) if a.kind == "B"), default=-1)
     for index, action in enumerate(schedule):
         if action.kind == "F":
+            micro = _micro_batch(batch, role, config, action.micro_batch)
             with rec.span("F", cat="forward", micro_batch=action.micro_batch, stage=role.stage):
-                _forward(program, role, plans, world, live, m=action.micro_batch, batch=batch,
-                         scale=scale, dtype=dtype)  # fmt: skip
+                _forward(program, plans, world, live, m=action.micro_batch, micro=micro,
+                         hidden=hidden, dtype=dtype)  # fmt: skip
         elif action.kind == "B":
             if index == last_b and post is not None and config.overlap:
                 post.arm()
             with rec.span("B", cat="backward", micro_batch=action.micro_batch, stage=role.stage):
-                _backward(plans, world, live, m=action.micro_batch)
+                _backward(world, live, m=action.micro_batch)
     with rec.span("wait sends", cat="wait"):
         for pending in live.sends:
             pending.wait()
@@ -368,8 +396,12 @@ def run_rank(
         active, first, adam_steps = activate(world, config, first_strategy), 1, 0
     switches = dict(config.switches)
     # every rank reads the stream: a rank idle now may train after a switch
-    data = islice(step_batches(config), first - 1, None)
-    records = []
+    data: Iterator[Batch] = islice(
+        packed_steps(config, active.layout.strategy) if config.packed else step_batches(config),
+        first - 1,
+        None,
+    )
+    records, executables = [], set()  # executables: one per strategy, whatever the lengths
     slow = slowdown_of(config.slowdown, world.rank)
     end_setup()
     for step in range(first, config.steps + 1):
@@ -390,6 +422,7 @@ def run_rank(
                 active.exe, role, active.plans, config, world, batch, post=post, slow=slow,
                 rec=rec,
             )  # fmt: skip
+            executables.add(id(active.exe))
             end_post = rec.begin("Post", cat="post")
             sync_grads(active.exe, world)  # partial grads inside the stage (SP norm weights)
             if role.is_last and role.rank == role.tp_ranks[0]:  # one reporter per pipeline
@@ -405,9 +438,10 @@ def run_rank(
             dist.all_reduce(loss)
         end_step()
         record = StepRecord(
-            step=step, loss=float(loss), tokens=config.tokens_per_step,
-            seconds=time.perf_counter() - start, switch_seconds=switched,
-            strategy=active.text if switched is not None else None, switch_messages=messages,
+            step=step, loss=float(loss), seconds=time.perf_counter() - start,
+            switch_seconds=switched, switch_messages=messages,
+            strategy=active.text if switched is not None else None,
+            **{"tokens": config.tokens_per_step, **_record_fields(batch)},
         )  # fmt: skip
         records.append(record)
         if report is not None and world.rank == 0:
@@ -423,4 +457,8 @@ def run_rank(
             # numpy, not tensors: tensors would travel as shared-memory fds
             pieces[name] = (active.exe.pieces[name].region, p.detach().float().numpy().copy())
     world.tracer = None
-    return {"pieces": pieces, "records": records}
+    return {"pieces": pieces, "records": records, "builds": len(executables)}
+
+
+def _record_fields(batch: Batch) -> dict[str, Any]:
+    return record_fields(batch) if isinstance(batch, PackedStep) else {}

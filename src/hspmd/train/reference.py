@@ -1,5 +1,8 @@
 """The reference run: the plain model on one process, no hspmd, same data and batch.
 
+Variable-length steps (``TrainConfig.step_tokens``) run every micro-batch of the
+strategy's packing here, one after another, weighted as the distributed run weighs them.
+
 Every distributed run must equal this one (first-step loss to 1e-5 relative, parameters
 after a few Adam steps to 1e-4 relative in fp32). It uses ``torch.optim.Adam`` itself,
 not our per-slice Adam, so it is an independent oracle for the optimizer too.
@@ -14,15 +17,17 @@ not our per-slice Adam, so it is an independent oracle for the optimizer too.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from hspmd.models.llama import Llama, init_weights
+from hspmd.plan.strategy import parse_strategy
 from hspmd.train.batches import step_batches
-from hspmd.train.config import StepRecord, TrainConfig
+from hspmd.train.config import StepRecord, TrainConfig, TrainError
+from hspmd.train.packing import PackedStep, packed_steps, record_fields
 
 __all__ = ["TrainResult", "run_reference"]
 
@@ -35,6 +40,7 @@ class TrainResult:
     records: tuple[StepRecord, ...]
     params: dict[str, torch.Tensor]
     trace: dict[str, Any] | None = None
+    builds: int = 0  # executables a rank built and ran (one per strategy: lengths are symbolic)
 
     @property
     def losses(self) -> tuple[float, ...]:
@@ -62,16 +68,21 @@ def run_reference(
     )
     records = []
     start = time.perf_counter()
-    for step, (tokens, targets) in enumerate(step_batches(config), start=1):
+    for step, batch in enumerate(_batches(config), start=1):
         optimizer.zero_grad(set_to_none=True)
-        loss = model(tokens, targets)  # mean over every token of the global batch
-        loss.backward()
+        if isinstance(batch, PackedStep):
+            loss, fields = _packed_step(model, batch), record_fields(batch)
+        else:
+            tokens, targets = batch
+            value = model(tokens, targets)  # mean over every token of the global batch
+            value.backward()
+            loss, fields = float(value.detach()), {}
         optimizer.step()
         record = StepRecord(
             step=step,
-            loss=float(loss.detach()),
-            tokens=config.tokens_per_step,
+            loss=loss,
             seconds=time.perf_counter() - start,
+            **{"tokens": config.tokens_per_step, **fields},
         )
         records.append(record)
         if on_step is not None:
@@ -79,3 +90,26 @@ def run_reference(
         start = time.perf_counter()
     params = {name: p.detach().clone() for name, p in model.named_parameters()}
     return TrainResult(records=tuple(records), params=params)
+
+
+def _batches(config: TrainConfig) -> Iterator[tuple[torch.Tensor, torch.Tensor] | PackedStep]:
+    if not config.packed:
+        return step_batches(config)
+    if config.strategy is None:
+        raise TrainError(
+            "--tokens-per-step packs documents as a strategy's pipelines and micro-batches "
+            "take them: give --strategy, also with --reference"
+        )
+    return packed_steps(config, parse_strategy(config.strategy))
+
+
+def _packed_step(model: Llama, step: PackedStep) -> float:
+    """Every micro-batch of every pipeline, as the strategy packs them, on this process:
+    the same weighted sum of mean token losses (backpropagated) as the distributed run."""
+    total = 0.0
+    for p, pipe in enumerate(step.micro_batches):
+        for m, mb in enumerate(pipe):
+            loss = model(mb.tokens, mb.targets, mb.segments) * step.scale(p, m)
+            loss.backward()
+            total += float(loss.detach())
+    return total

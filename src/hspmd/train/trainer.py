@@ -29,6 +29,7 @@ from hspmd.runtime.trace import NULL, Recorder, chrome_trace, gather_parts
 from hspmd.runtime.world import World
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.loop import options_of, run_rank
+from hspmd.train.packing import packed_steps
 from hspmd.train.reference import TrainResult
 
 __all__ = ["assemble", "check_config", "merge", "num_processes", "train", "train_many"]
@@ -71,6 +72,15 @@ def check_config(config: TrainConfig) -> Strategy:
         )
     if config.model_config().tie_embeddings:
         raise TrainError("tied embeddings: not supported by the trainer yet; train without them")
+    if config.packed:  # the data and the first step's dispatch, before any process starts
+        rows = sum(p.batch_size for p in strategy.pipelines)
+        if (config.step_tokens or 0) > rows * config.seq_len:
+            raise TrainError(
+                f"--tokens-per-step {config.step_tokens} is more than the strategy's {rows} "
+                f"rows of --max-seq-len {config.seq_len} hold ({rows * config.seq_len}): "
+                "lower it, raise --max-seq-len, or give the pipelines more micro-batches"
+            )
+        next(packed_steps(config, strategy), None)
     return strategy
 
 
@@ -175,7 +185,8 @@ def _assemble(
         parts = next((o[index]["trace"] for o in per_rank if o[index].get("trace")), None)
         meta = {"model": config.model, "strategy": config.strategy, "steps": config.steps}
         trace = chrome_trace(parts, meta=meta) if parts else None
-        results.append(TrainResult(records=records, params=params, trace=trace))
+        builds = max(outcome[index]["builds"] for outcome in per_rank)
+        results.append(TrainResult(records=records, params=params, trace=trace, builds=builds))
     return results
 
 

@@ -1,0 +1,95 @@
+"""Causal attention over packed documents: the one attention op the model calls.
+
+A packed row holds several documents back to back; ``segments`` (B, T) gives each
+position its document's id (ids of one row are contiguous runs). A position attends to the
+earlier positions of its own document only (block-diagonal causal attention)::
+
+    segments  0 0 0 1 1 2        attends to (x)
+    pos 0     x . . . . .
+    pos 2     x x x . . .
+    pos 4     . . . x x .
+    pos 5     . . . . . x
+
+``segments=None`` is one document per row: plain causal SDPA. ``causal_attention`` runs
+causal SDPA on each document's slice (``document_attention``), which measured fastest on
+CPU (``benchmarks/packed_attention.py``, docs/decisions.md "Packed attention");
+``masked_attention`` (SDPA with the block-diagonal mask) is the same function, kept as the
+benchmark's baseline and a test oracle. For deduction (``hspmd.deduce.misc``) it is
+attention like SDPA: ``segments`` is data every rank holds whole, as are the RoPE tables.
+
+>>> q = torch.randn(1, 2, 6, 4)
+>>> segments = torch.tensor([[0, 0, 0, 1, 1, 2]])
+>>> torch.allclose(causal_attention(q, q, q, segments), masked_attention(q, q, q, segments),
+...                atol=1e-6)
+True
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["causal_attention", "document_spans", "masked_attention"]
+
+
+def document_spans(segments: torch.Tensor) -> list[list[tuple[int, int]]]:
+    """Per row, the ``(start, stop)`` of each run of equal ids.
+
+    >>> document_spans(torch.tensor([[0, 0, 1], [5, 5, 5]]))
+    [[(0, 2), (2, 3)], [(0, 3)]]
+    """
+    length = segments.shape[1]
+    changes = (segments[:, 1:] != segments[:, :-1]).nonzero().tolist()
+    cuts: list[list[int]] = [[0] for _ in range(segments.shape[0])]
+    for row, position in changes:
+        cuts[row].append(position + 1)
+    return [list(zip(c, [*c[1:], length], strict=True)) for c in cuts]
+
+
+def causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    segments: torch.Tensor | None = None,
+    *,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """``(B, heads, T, hd)`` attention of each position to its document's earlier ones."""
+    if segments is None or q.device.type == "meta":  # meta: shape propagation
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=enable_gqa)
+    rows = []
+    # split, not slicing: its backward is one cat, where the backward of each slice would
+    # write a zero-filled gradient of the whole input; 4-D pieces keep SDPA's fused kernel
+    for spans, qr, kr, vr in zip(
+        document_spans(segments), q.split(1), k.split(1), v.split(1), strict=True
+    ):
+        sizes = [stop - start for start, stop in spans]
+        parts = [
+            F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, enable_gqa=enable_gqa)
+            for qd, kd, vd in zip(
+                qr.split(sizes, dim=2), kr.split(sizes, dim=2), vr.split(sizes, dim=2), strict=True
+            )
+        ]  # each (1, heads, n, hd)
+        rows.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=2))
+    return rows[0] if len(rows) == 1 else torch.cat(rows)
+
+
+def block_causal_mask(segments: torch.Tensor) -> torch.Tensor:
+    """``(B, 1, T, T)`` bool: True where a position may attend (same document, not later)."""
+    same = segments[:, :, None] == segments[:, None, :]
+    length = segments.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=segments.device).tril()
+    return (same & causal)[:, None]
+
+
+def masked_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    segments: torch.Tensor,
+    *,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """``causal_attention`` as one SDPA with the block-diagonal causal mask."""
+    mask = block_causal_mask(segments)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=enable_gqa)
