@@ -204,3 +204,46 @@ def test_clocks_line_a_send_up_with_its_receive(
             assert r["ts"] + r["dur"] + slack >= s["ts"], (a, b, s, r)
     for rank in ("1", "2", "3"):  # one machine, one monotonic clock: offsets within error
         assert abs(clocks[rank]["offset_us"]) <= clocks[rank]["uncertainty_us"] + 50.0
+
+
+@pytest.mark.multiproc
+def test_one_launcher_per_node_gathers_every_rank_on_node_0() -> None:
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from hspmd.runtime.launch import NodeSpec
+    from hspmd.train.trainer import train
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    kwargs = {"strategy": "2x1: R0:L0-3; 2x1: R1:L0-3", "global_batch": 4, "seq_len": 16,
+              "steps": 2}  # fmt: skip
+    code = (
+        "from hspmd.runtime.launch import NodeSpec\n"
+        "from hspmd.train.config import TrainConfig\n"
+        "from hspmd.train.trainer import train\n"
+        f"r = train(TrainConfig(**{kwargs!r}), trace=True,\n"
+        f"          node=NodeSpec(1, 2, '127.0.0.1', {port}), threads=1)\n"
+        "print(r.trace is None)"
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": f"{root / 'src'}:{root}"}
+    other = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                             text=True)  # fmt: skip
+    try:
+        config = TrainConfig(**kwargs)  # type: ignore[arg-type]
+        here = train(config, trace=True, node=NodeSpec(0, 2, "127.0.0.1", port), threads=1)
+        out, _ = other.communicate(timeout=300)
+    finally:
+        if other.poll() is None:
+            other.kill()
+            other.wait()
+    assert out.strip() == "True"  # node 1 keeps nothing: node 0 has the run's trace
+    assert here.trace is not None
+    spans = [e for e in here.trace["traceEvents"] if e["ph"] == "X"]
+    assert {e["pid"] for e in spans} == {0, 1}
+    assert sum(e["cat"] == "forward" and e["pid"] == 1 for e in spans) == 4
