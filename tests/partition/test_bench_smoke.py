@@ -29,3 +29,13 @@ def test_benchmark_quick_runs_and_reproduces_published_makespans() -> None:
     assert summary["reproduced"] == "4/4"  # authors' and RR makespans, K = 2 and 4
     assert "ours/rr" in summary["geomean_makespan"]
     assert summary["geomean_makespan"]["ours/rr"] < 1.0
+
+
+def test_caps_benchmark_prints_capped_next_to_uncapped() -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "partition_caps.py"), "--sizes", "2000"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(summary["capped_over_uncapped"]) == {"trn-wide_11L", "trn-narrow_24L"}
+    assert all(summary["caps_met"].values())
+    assert all(r < 1.05 for r in summary["capped_over_uncapped"].values())
