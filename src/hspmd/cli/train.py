@@ -77,6 +77,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 # Without --global-batch and --strategy (the reference run): this many sequences per step.
 REFERENCE_BATCH = 8
+DEFAULT_SEQ_LEN = 64
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | None) -> None:
@@ -95,7 +96,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | Non
         help="sequences per step (default: the strategy's sum of COUNT x SIZE; "
         f"{REFERENCE_BATCH} without a strategy)",
     )
-    parser.add_argument("--seq-len", type=int, default=64, help="tokens per sequence")
+    parser.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help="tokens per sequence")
     parser.add_argument("--steps", type=int, default=5, help="last step (counts from the start)")
     parser.add_argument("--seed", type=int, default=0, help="seed of weights and data order")
     parser.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate")
@@ -336,6 +337,13 @@ def warnings_of(args: argparse.Namespace, config: TrainConfig) -> list[str]:
         steps=config.steps,
         max_bytes=config.data_max_bytes or DEFAULT_MAX_BYTES,
     )
+    if config.packed and args.global_batch is not None:
+        out.append(
+            f"--global-batch {args.global_batch} does nothing with --tokens-per-step: a step "
+            "is whole documents packed into the strategy's micro-batches"
+        )
+    if getattr(args, "max_seq_len", None) is not None and args.seq_len != DEFAULT_SEQ_LEN:
+        out.append(f"--seq-len {args.seq_len} does nothing with --max-seq-len: drop one")
     for step, text in config.switches:
         if step > config.steps:
             out.append(
