@@ -156,16 +156,23 @@ def plan_switch(
         if dst_params[name].annotation != dst:
             names.append(f"param/{name}")
             tensors.append(FusedTensor(spec.shape, spec.annotation, dst_params[name].annotation))
-    tables = [
-        BsrTable.between(t.src, t.dst, t.shape, tensor=i, itemsize=4) for i, t in enumerate(tensors)
-    ]
     topology = topology or Topology.flat()
-    transfers = schedule(tables, topology=topology, fused=True)
+    tables, transfers = fused_scheme(tensors, topology)
     relay = None
     if algo == "relay":
         absent = [r for n in topology.nodes for r in n.ranks if r >= (num_ranks or 1 << 30)]
         relay = plan_relay(tables, transfers, topology=topology, exclude=absent)
     return SwitchPlan(tuple(names), tuple(tensors), transfers, relay)
+
+
+def fused_scheme(
+    tensors: list[FusedTensor], topology: Topology
+) -> tuple[list[BsrTable], tuple[Transfer, ...]]:
+    """The BSR tables of fp32 ``tensors`` and the one fused scheme serving them all."""
+    tables = [
+        BsrTable.between(t.src, t.dst, t.shape, tensor=i, itemsize=4) for i, t in enumerate(tensors)
+    ]
+    return tables, schedule(tables, topology=topology, fused=True)
 
 
 def run_switch(

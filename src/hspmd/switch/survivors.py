@@ -25,13 +25,12 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 from hspmd.annotation import DUP, Annotation, DeviceGroup, DistributedStates
-from hspmd.comm.bsr import BsrTable, schedule
 from hspmd.comm.topology import Topology
 from hspmd.models.llama import LlamaConfig
 from hspmd.plan.params import parameter_annotations, state_annotations
 from hspmd.plan.strategy import Pipeline, Stage, Strategy
 from hspmd.runtime.fused import FusedTensor
-from hspmd.switch.live import STATE_KINDS, SwitchPlan
+from hspmd.switch.live import STATE_KINDS, SwitchPlan, fused_scheme
 
 __all__ = ["lost_states", "plan_survivor_switch", "renumber", "renumber_strategy", "surviving"]
 
@@ -118,8 +117,5 @@ def plan_survivor_switch(
         for kind in STATE_KINDS:
             names.append(f"{kind}/{name}")
             tensors.append(FusedTensor(spec.shape, src, dst))
-    tables = [
-        BsrTable.between(t.src, t.dst, t.shape, tensor=i, itemsize=4) for i, t in enumerate(tensors)
-    ]
-    transfers = schedule(tables, topology=topology or Topology.flat(), fused=True)
+    _, transfers = fused_scheme(tensors, topology or Topology.flat())
     return SwitchPlan(tuple(names), tuple(tensors), transfers)
