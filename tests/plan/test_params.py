@@ -9,7 +9,7 @@ import pytest
 
 from hspmd.errors import StrategyError
 from hspmd.models import get_config, parameter_shapes
-from hspmd.plan.params import param_kind, parameter_annotations, state_annotations
+from hspmd.plan.params import parameter_annotations, state_annotations
 from hspmd.plan.strategy import parse_strategy
 
 C2 = (
@@ -49,12 +49,13 @@ def test_one_pipeline_is_one_subgroup() -> None:
 
 
 def test_kinds() -> None:
-    assert param_kind("layers.3.attn.wv.weight") == "column"
-    assert param_kind("layers.3.mlp.w_down.weight") == "row"
-    assert param_kind("head.weight") == "vocab"
-    assert param_kind("layers.0.mlp_norm.weight") == "norm"
-    with pytest.raises(StrategyError, match="no sharding rule"):
-        param_kind("layers.0.attn.bias")
+    config = get_config("llama-tiny")
+    assert config.param_kind("layers.3.attn.wv.weight") == "column"
+    assert config.param_kind("layers.3.mlp.w_down.weight") == "row"
+    assert config.param_kind("head.weight") == "vocab"
+    assert config.param_kind("layers.0.mlp_norm.weight") == "replicate"
+    assert config.param_layer("head.weight") == config.num_layers - 1
+    assert config.param_layer("layers.2.attn.wq.weight") == 2
 
 
 def test_tied_needs_one_stage() -> None:

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hspmd.models.config import require_llama
 from hspmd.plan.strategy import parse_strategy
 from hspmd.train.config import TrainConfig, TrainError
 from hspmd.train.reference import TrainResult
@@ -160,5 +161,9 @@ def _predict(config: TrainConfig, *, profile: str | None) -> Prediction:
         dtype="bf16" if config.dtype == "bf16" else "fp32",
     )  # fmt: skip
     return predict(
-        strategy, config.model_config(), cost, seq_len=config.seq_len, options=options_of(config)
+        strategy,
+        require_llama(config.model_config(), "--predict"),
+        cost,
+        seq_len=config.seq_len,
+        options=options_of(config),
     )

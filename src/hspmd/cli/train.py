@@ -43,6 +43,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, get_args
 
 from hspmd.checkpoint.store import latest, read_manifest
@@ -83,7 +84,19 @@ DEFAULT_SEQ_LEN = 64
 def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | None) -> None:
     """The arguments of a training run (shared with `hspmd demo`)."""
     trainable = [name for name, c in PRESETS.items() if not c.config_only]
-    parser.add_argument("--model", default="llama-tiny", choices=trainable, help="model preset")
+    parser.add_argument(
+        "--model",
+        default="llama-tiny",
+        type=model_argument(trainable),
+        help=f"a preset ({', '.join(trainable)}) or any nn.Module's factory: FILE.py:FUNCTION "
+        "or package.module:FUNCTION (docs/models.md)",
+    )
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="JSON object (or a .json file): the factory's keyword arguments, or preset "
+        """fields to override, e.g. '{"num_layers": 2}'""",
+    )
     parser.add_argument(
         "--strategy",
         default=strategy,
@@ -256,6 +269,53 @@ def parse_slowdown(text: str) -> tuple[tuple[int, float], ...]:
     return tuple(sorted(out))
 
 
+def model_argument(presets: list[str]) -> Callable[[str], str]:
+    """``--model``'s type: a preset name, or a factory with a file made absolute (every
+    process, on any node, loads the same file)."""
+
+    def parse(text: str) -> str:
+        if text in presets:
+            return text
+        where, sep, name = text.rpartition(":")
+        if not sep or not where or not name.isidentifier():
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is neither a preset ({', '.join(presets)}) nor FILE.py:FUNCTION / "
+                "package.module:FUNCTION"
+            )
+        if where.endswith(".py"):
+            path = Path(where).expanduser()
+            if not path.is_file():
+                raise argparse.ArgumentTypeError(f"no file {where} (from {text!r})")
+            return f"{path.resolve()}:{name}"
+        return text
+
+    return parse
+
+
+def model_kwargs(text: str | None) -> tuple[tuple[str, Any], ...]:
+    """``--config``: a JSON object, inline or in a file, as sorted hashable items."""
+    if text is None:
+        return ()
+    source = Path(text).read_text() if text.endswith(".json") and Path(text).is_file() else text
+    try:
+        data = json.loads(source)
+    except json.JSONDecodeError as error:
+        raise TrainError(
+            f"--config {text!r} is not JSON ({error}): give e.g. '{{\"num_layers\": 2}}'"
+        ) from None
+    if not isinstance(data, dict):
+        raise TrainError(f"--config {text!r}: give a JSON object of keyword arguments")
+
+    def frozen(value: Any) -> Any:
+        if isinstance(value, list):
+            return tuple(frozen(v) for v in value)
+        if isinstance(value, dict):
+            return tuple(sorted((k, frozen(v)) for k, v in value.items()))
+        return value
+
+    return tuple(sorted((str(k), frozen(v)) for k, v in data.items()))
+
+
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     step_tokens = getattr(args, "tokens_per_step", None)
     max_seq_len = getattr(args, "max_seq_len", None)
@@ -266,6 +326,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         )
     return TrainConfig(
         model=args.model,
+        model_overrides=model_kwargs(getattr(args, "config", None)),
         strategy=args.strategy,
         global_batch=global_batch_of(args),
         seq_len=max_seq_len or args.seq_len,

@@ -23,7 +23,7 @@ import torch.fx
 from torch import nn
 
 from hspmd.annotation import Annotation
-from hspmd.deduce import contract, misc, pointwise, reduce, views  # noqa: F401  (register rules)
+from hspmd.deduce import contract, layers, misc, pointwise, reduce, views  # noqa: F401  (rules)
 from hspmd.deduce.align import insert_alignments
 from hspmd.deduce.backward import AlignNeed, AlignSite, ReshardSite, backward_annotations
 from hspmd.deduce.forward import forward_annotations

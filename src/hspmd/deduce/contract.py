@@ -17,6 +17,7 @@ A duplicate operand may sit on a split letter only where its size is 1 (broadcas
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import string
 
@@ -80,7 +81,8 @@ def _einsum_rule(spec: str, call: OpCall, placements: tuple[int, ...]) -> int:
 def linear(call: OpCall, placements: tuple[int, ...]) -> int:
     """``F.linear(x, W, b)``: ``...k,nk->...n``, then the bias is added like ``add``."""
     has_bias = len(call.inputs) == 3
-    out = _einsum_rule("...k,nk->...n", call, placements[:2])
+    weights = dataclasses.replace(call, inputs=call.inputs[:2])
+    out = _einsum_rule("...k,nk->...n", weights, placements[:2])
     if not has_bias:
         return out
     bias = placements[2]

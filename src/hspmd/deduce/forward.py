@@ -33,6 +33,7 @@ from hspmd.deduce.rules import (
     target_text,
 )
 from hspmd.errors import AnnotationError
+from hspmd.graph.capture import source_line
 from hspmd.graph.shapes import ShapeInfo
 from hspmd.markers import is_align_node, is_reshard_node
 
@@ -47,7 +48,25 @@ class ForwardResult:
 
 
 def _node_text(node: torch.fx.Node) -> str:
-    return f"node {node.name} ({target_text(node.target)})"
+    where = source_line(node)
+    at = f" at {where}" if where else ""
+    return f"node {node.name} ({target_text(node.target)}){at}"
+
+
+def _constant_inputs(
+    node: torch.fx.Node, info: ShapeInfo, known: Mapping[str, Annotation | None]
+) -> bool:
+    """True if ``node`` reads only constant tensors and sizes (or nothing: ``arange``)."""
+
+    def constant(n: torch.fx.Node) -> bool:
+        if n.name in info.specs:
+            return known.get(n.name) is None
+        value = info.values.get(n.name)
+        return isinstance(value, int | float | bool | str | torch.device | torch.dtype | None) or (
+            isinstance(value, tuple) and all(isinstance(v, int) for v in value)
+        )
+
+    return all(constant(n) for n in node.all_input_nodes)
 
 
 def _data_inputs(node: torch.fx.Node, entry: RuleEntry, info: ShapeInfo) -> list[torch.fx.Node]:
@@ -224,6 +243,9 @@ def forward_annotations(
             inputs[node.name] = (node.args[0].name,)
         else:
             entry = lookup(node.target)
+            if entry is None and _constant_inputs(node, info, known):
+                known[node.name] = None  # made from sizes and buffers only: a constant
+                continue
             if entry is None:
                 raise NoRuleError(
                     f"{_node_text(node)}: no deduction rule for {target_text(node.target)}. "

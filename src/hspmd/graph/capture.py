@@ -22,7 +22,7 @@ from torch import nn
 
 from hspmd.errors import HspmdError
 
-__all__ = ["CaptureError", "InliningTracer", "capture"]
+__all__ = ["CaptureError", "InliningTracer", "capture", "source_line"]
 
 
 class CaptureError(HspmdError, ValueError):
@@ -71,3 +71,18 @@ def capture(module: nn.Module) -> torch.fx.GraphModule:
             "Keep data-dependent control flow out of forward (branch on shapes or config only)"
         ) from error
     return torch.fx.GraphModule(module, graph, class_name=type(module).__name__)
+
+
+def source_line(node: torch.fx.Node) -> str | None:
+    """``file:line`` of the user's code that made ``node`` (the innermost frame of its
+    recorded stack outside torch), or None when the capture recorded no stack."""
+    stack = node.meta.get("stack_trace") or getattr(node, "stack_trace", None)
+    if not stack:
+        return None
+    found = None
+    for line in str(stack).splitlines():
+        line = line.strip()
+        if line.startswith('File "') and "/torch/" not in line:
+            path, _, rest = line[6:].partition('", line ')
+            found = f"{path}:{rest.split(',')[0]}"
+    return found

@@ -13,8 +13,17 @@ import dataclasses
 from dataclasses import dataclass
 
 from hspmd.errors import HspmdError
+from hspmd.models.spec import MarkerSpec, ModelSpec, TPKind, kind_by_rules
 
-__all__ = ["PRESETS", "LlamaConfig", "ModelConfigError", "get_config", "parameter_shapes"]
+__all__ = [
+    "PRESETS",
+    "TP_RULES",
+    "LlamaConfig",
+    "require_llama",
+    "ModelConfigError",
+    "get_config",
+    "parameter_shapes",
+]
 
 
 class ModelConfigError(HspmdError, ValueError):
@@ -52,6 +61,59 @@ class LlamaConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
+    # -- the ModelSpec protocol (hspmd.models.spec) ------------------------------------------
+
+    @property
+    def name(self) -> str:
+        for name, preset in PRESETS.items():
+            if preset == self:
+                return name
+        return f"llama ({self.num_layers} layers, hidden {self.hidden_size})"
+
+    def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
+        return parameter_shapes(self)
+
+    def param_kind(self, name: str) -> TPKind:
+        return kind_by_rules(name, TP_RULES)
+
+    def param_layer(self, name: str) -> int:
+        """Layer ``i`` for ``layers.{i}.*``; embed with layer 0, norm and head with the last."""
+        if name.startswith("layers."):
+            return int(name.split(".")[1])
+        return 0 if name == "embed.weight" else self.num_layers - 1
+
+    def markers(self) -> tuple[MarkerSpec, ...]:
+        """The Llama's markers (``hspmd.models.llama``), in forward order."""
+        H, last = (self.hidden_size,), self.num_layers - 1
+        specs = [MarkerSpec("embed", 0, "residual", H)]
+        for i in range(self.num_layers):
+            for part, placement in (("input", "residual"), ("attn_in", "dup"),
+                                    ("attn_out", "residual"), ("mlp_in", "dup"),
+                                    ("mlp_out", "residual")):  # fmt: skip
+                specs.append(MarkerSpec(f"layers.{i}.{part}", i, placement, H))  # type: ignore[arg-type]
+        specs.append(MarkerSpec("head_in", last, "dup", H))
+        specs.append(MarkerSpec("logits", last, 2, (self.vocab_size,)))
+        return tuple(specs)
+
+    def tp_sizes(self, first_layer: int, last_layer: int) -> dict[str, int]:
+        sizes = {
+            "num_heads": self.num_heads,
+            "num_kv_heads": self.num_kv_heads,
+            "intermediate_size": self.intermediate_size,
+        }
+        if first_layer == 0 or last_layer == self.num_layers - 1:
+            sizes["vocab_size"] = self.vocab_size
+        return sizes
+
+
+TP_RULES: tuple[tuple[str, str], ...] = (
+    ("*.attn.wq.weight", "column"), ("*.attn.wk.weight", "column"),
+    ("*.attn.wv.weight", "column"), ("*.mlp.w_gate.weight", "column"),
+    ("*.mlp.w_up.weight", "column"), ("*.attn.wo.weight", "row"),
+    ("*.mlp.w_down.weight", "row"), ("embed.weight", "vocab"), ("head.weight", "vocab"),
+)  # fmt: skip
+"""How the Llama's parameters split under TP (Megatron's layout); norms replicate."""
+
 
 PRESETS: dict[str, LlamaConfig] = {
     # Fast on CPU; byte-level vocabulary.
@@ -74,6 +136,17 @@ PRESETS: dict[str, LlamaConfig] = {
         num_heads=64, num_kv_heads=8, norm_eps=1e-5, max_seq_len=4096, config_only=True,
     ),
 }  # fmt: skip
+
+
+def require_llama(model: ModelSpec, what: str) -> LlamaConfig:
+    """``model`` as a Llama config, or ModelConfigError naming ``what`` needs one (the
+    cost model, the planners and the simulator know Llama-shaped models only, for now)."""
+    if isinstance(model, LlamaConfig):
+        return model
+    raise ModelConfigError(
+        f"{what} knows Llama-shaped models only (their FLOPs and bytes by formula), not "
+        f"{model.name}: use a llama preset there, or give --strategy by hand"
+    )
 
 
 def get_config(name: str, **overrides: object) -> LlamaConfig:

@@ -1,8 +1,10 @@
-"""Annotations of the Llama parameters, fp32 masters and Adam states under a strategy.
+"""Annotations of a model's parameters, fp32 masters and Adam states under a strategy.
 
-A parameter lives on the stage that holds its layer, one stage per pipeline. Each such
-stage is one subgroup; the pipelines are data-parallel replicas, so the top tier is
-duplicate (``hD:``). Inside a stage the split is Megatron's::
+A parameter lives on the stage that holds its layer (``ModelSpec.param_layer``), one stage
+per pipeline. Each such stage is one subgroup; the pipelines are data-parallel replicas,
+so the top tier is duplicate (``hD:``). Inside a stage the split is the parameter's TP kind
+(``ModelSpec.param_kind``: column ``{0:t}``, row ``{1:t}``, vocab ``{0:t}``, replicate
+``{D:t}``; hspmd.models.spec). The Llama's kinds are Megatron's::
 
     parameter                          DS on a stage of TP degree t
     attn.wq / wk / wv, mlp.w_gate/w_up {0:t}   column parallel (output features)
@@ -32,15 +34,14 @@ Optimizer states (the fp32 master and both Adam moments share one annotation):
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from hspmd.annotation import DUP, Annotation, DeviceGroup, DistributedStates
 from hspmd.errors import AnnotationError, StrategyError
-from hspmd.models.config import LlamaConfig, parameter_shapes
+from hspmd.models.spec import ModelSpec, ModelSpecError
 from hspmd.plan.strategy import Stage, Strategy, check_strategy
 
-__all__ = ["ParamSpec", "parameter_annotations", "param_kind", "state_annotations"]
+__all__ = ["ParamSpec", "parameter_annotations", "state_annotations"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,34 +59,16 @@ class ParamSpec:
         return f"{self.name} {list(self.shape)} {self.annotation}"
 
 
-_COLUMN = ("attn.wq.weight", "attn.wk.weight", "attn.wv.weight", "mlp.w_gate.weight", "mlp.w_up.weight")  # fmt: skip
-_ROW = ("attn.wo.weight", "mlp.w_down.weight")
-_LAYER = re.compile(r"layers\.(\d+)\.")
+_STAGE_DIM = {"column": 0, "row": 1, "vocab": 0, "replicate": DUP}
 
 
-def param_kind(name: str) -> str:
-    """``'column'``, ``'row'``, ``'vocab'`` or ``'norm'``: how a stage splits ``name``."""
-    if name.endswith(_COLUMN):
-        return "column"
-    if name.endswith(_ROW):
-        return "row"
-    if name in ("embed.weight", "head.weight"):
-        return "vocab"
-    if name.endswith("norm.weight"):
-        return "norm"
-    raise StrategyError(f"no sharding rule for parameter {name!r} (see hspmd/plan/params.py)")
-
-
-_STAGE_DIM = {"column": 0, "row": 1, "vocab": 0, "norm": DUP}
-_STATE_DIM = {"column": 1, "row": 0, "vocab": 1, "norm": 0}
-
-
-def _layer_of(name: str, config: LlamaConfig) -> int:
-    """The layer whose stage holds ``name``: embed with layer 0, norm and head with the last."""
-    match = _LAYER.match(name)
-    if match:
-        return int(match.group(1))
-    return 0 if name == "embed.weight" else config.num_layers - 1
+def _state_dim(kind: str, shape: tuple[int, ...]) -> int | None:
+    """The dim ZeRO-1 splits across replicas: one the stage does not split (the last one
+    for a column or vocab weight, dim 0 for a row weight or a replicated one); None for a
+    1-D column-parallel bias, whose only dim TP splits: its state stays with its shard."""
+    if kind in ("column", "vocab"):
+        return len(shape) - 1 if len(shape) > 1 else None
+    return 0
 
 
 def _holders(strategy: Strategy, layer: int) -> tuple[Stage, ...]:
@@ -101,7 +84,7 @@ def _annotation(stages: tuple[Stage, ...], kind: str) -> Annotation:
     )
 
 
-def parameter_annotations(strategy: Strategy, config: LlamaConfig) -> dict[str, ParamSpec]:
+def parameter_annotations(strategy: Strategy, config: ModelSpec) -> dict[str, ParamSpec]:
     """Every parameter's ``ParamSpec``, in ``named_parameters()`` order.
 
     Checks the strategy against the model first (StrategyError). Pure metadata: llama-32b
@@ -116,8 +99,13 @@ def parameter_annotations(strategy: Strategy, config: LlamaConfig) -> dict[str, 
     check_strategy(strategy, config)
     cache: dict[tuple[int, str], Annotation] = {}
     specs = {}
-    for name, shape in parameter_shapes(config).items():
-        kind, layer = param_kind(name), _layer_of(name, config)
+    for name, shape in config.parameter_shapes().items():
+        kind, layer = config.param_kind(name), config.param_layer(name)
+        if kind == "row" and len(shape) < 2:
+            raise ModelSpecError(
+                f"{name} {list(shape)} is 1-D, so it cannot be row-parallel: make it "
+                "replicate (a row-parallel layer's bias is added after the all-reduce)"
+            )
         key = (layer, kind)
         if key not in cache:
             cache[key] = _annotation(_holders(strategy, layer), kind)
@@ -126,7 +114,7 @@ def parameter_annotations(strategy: Strategy, config: LlamaConfig) -> dict[str, 
 
 
 def state_annotations(
-    strategy: Strategy, config: LlamaConfig, *, zero1: bool = False
+    strategy: Strategy, config: ModelSpec, *, zero1: bool = False
 ) -> dict[str, ParamSpec]:
     """The annotation of each parameter's fp32 master and Adam moments (module docstring).
 
@@ -139,12 +127,14 @@ def state_annotations(
     params = parameter_annotations(strategy, config)
     if not zero1 or len(strategy.pipelines) == 1:
         return params
-    return {name: _zero1_spec(spec) for name, spec in params.items()}
+    return {name: _zero1_spec(spec, config.param_kind(name)) for name, spec in params.items()}
 
 
-def _zero1_spec(spec: ParamSpec) -> ParamSpec:
+def _zero1_spec(spec: ParamSpec, kind: str) -> ParamSpec:
     param = spec.annotation
-    dim = _STATE_DIM[param_kind(spec.name)]
+    dim = _state_dim(kind, spec.shape)
+    if dim is None:
+        return spec
     length, parts = spec.shape[dim], param.hsize
     if length < parts:
         raise StrategyError(

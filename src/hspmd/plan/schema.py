@@ -33,7 +33,7 @@ from typing import Any
 
 from hspmd.annotation import DUP, Annotation, DeviceGroup, DistributedStates
 from hspmd.errors import AnnotationError, StrategyError
-from hspmd.models.config import LlamaConfig
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import ParamSpec, parameter_annotations, state_annotations
 from hspmd.plan.strategy import Strategy, StrategyOptions, check_strategy
 
@@ -129,12 +129,9 @@ class Plan:
 # -- activations --------------------------------------------------------------------------------
 
 
-def marker_names(config: LlamaConfig) -> tuple[str, ...]:
-    """Every marker of the Llama model, in the order the forward pass meets them."""
-    names = ["embed"]
-    for i in range(config.num_layers):
-        names += [f"layers.{i}.{p}" for p in ("input", "attn_in", "attn_out", "mlp_in", "mlp_out")]
-    return (*names, "head_in", "logits")
+def marker_names(config: ModelSpec) -> tuple[str, ...]:
+    """Every marker of the model, in the order the forward pass meets them."""
+    return tuple(spec.name for spec in config.markers())
 
 
 def _batch_annotation(strategy: Strategy, layer: int, dim: int) -> Annotation:
@@ -151,7 +148,7 @@ def _batch_annotation(strategy: Strategy, layer: int, dim: int) -> Annotation:
 
 
 def activation_annotations(
-    strategy: Strategy, config: LlamaConfig, *, seq_len: int, options: StrategyOptions | None = None
+    strategy: Strategy, config: ModelSpec, *, seq_len: int, options: StrategyOptions | None = None
 ) -> dict[str, ParamSpec]:
     """The annotation each marker imposes, with its per-micro-batch global shape.
 
@@ -174,23 +171,20 @@ def activation_annotations(
     options = options or StrategyOptions()
     check_strategy(strategy, config, options=options, seq_len=seq_len)
     B = sum(p.micro_batch_size for p in strategy.pipelines)
-    hidden, logits = (B, seq_len, config.hidden_size), (B, seq_len, config.vocab_size)
     residual = 1 if options.sequence_parallel else DUP
-    last = config.num_layers - 1
-    specs = {"embed": ParamSpec("embed", hidden, _batch_annotation(strategy, 0, residual))}
-    for i in range(config.num_layers):
-        dims = {"input": residual, "attn_in": DUP, "attn_out": residual}
-        dims |= {"mlp_in": DUP, "mlp_out": residual}
-        for part, dim in dims.items():
-            name = f"layers.{i}.{part}"
-            specs[name] = ParamSpec(name, hidden, _batch_annotation(strategy, i, dim))
-    specs["head_in"] = ParamSpec("head_in", hidden, _batch_annotation(strategy, last, DUP))
-    specs["logits"] = ParamSpec("logits", logits, _batch_annotation(strategy, last, 2))
+    specs = {}
+    for marker in config.markers():
+        placement = marker.placement
+        dim = residual if placement == "residual" else DUP if placement == "dup" else placement
+        shape = (B, seq_len, *marker.trailing)
+        specs[marker.name] = ParamSpec(
+            marker.name, shape, _batch_annotation(strategy, marker.layer, dim)
+        )
     return specs
 
 
 def input_annotations(
-    strategy: Strategy, config: LlamaConfig, *, seq_len: int
+    strategy: Strategy, config: ModelSpec, *, seq_len: int
 ) -> dict[str, ParamSpec]:
     """``tokens`` on layer 0's stages and ``targets`` on the last layer's, both (B, T) int64,
     batch split over the pipelines as for the markers, duplicate inside a stage."""
@@ -205,7 +199,7 @@ def input_annotations(
 
 def build_plan(
     strategy: Strategy,
-    config: LlamaConfig,
+    config: ModelSpec,
     *,
     seq_len: int,
     options: StrategyOptions | None = None,

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Literal
 from hspmd.errors import StrategyError
 
 if TYPE_CHECKING:
-    from hspmd.models.config import LlamaConfig
+    from hspmd.models.spec import ModelSpec
 
 __all__ = [
     "Pipeline",
@@ -291,7 +291,7 @@ def _stage_hint(token: str, rest: str) -> str:
 
 def check_strategy(
     strategy: Strategy,
-    config: LlamaConfig,
+    config: ModelSpec,
     *,
     global_batch: int | None = None,
     options: StrategyOptions | None = None,
@@ -319,7 +319,7 @@ def check_strategy(
             )
         _check_layers(p, pipeline, config)
         for s, stage in enumerate(pipeline.stages):
-            _check_tp(p, s, stage, config, last=s == len(pipeline.stages) - 1)
+            _check_tp(p, s, stage, config)
             if options.sequence_parallel and seq_len is not None and seq_len % stage.tp:
                 raise StrategyError(
                     f"sequence parallel splits seq_len={seq_len} over the {stage.tp} ranks of "
@@ -356,7 +356,7 @@ def _check_ranks(strategy: Strategy, world_size: int | None) -> None:
             owner[rank] = stage
 
 
-def _check_layers(p: int, pipeline: Pipeline, config: LlamaConfig) -> None:
+def _check_layers(p: int, pipeline: Pipeline, config: ModelSpec) -> None:
     num_layers, expected = config.num_layers, 0
     for index, stage in enumerate(pipeline.stages):
         if stage.last_layer < stage.first_layer:
@@ -404,14 +404,15 @@ def _overlap(p: int, pipeline: Pipeline, index: int, num_layers: int) -> str:
     return message + f"start it at layer {after} (each layer on one stage, in order)"
 
 
-def _check_tp(p: int, s: int, stage: Stage, config: LlamaConfig, *, last: bool) -> None:
-    sizes = {
-        "num_heads": config.num_heads,
-        "num_kv_heads": config.num_kv_heads,
-        "intermediate_size": config.intermediate_size,
-    }
-    if s == 0 or last:
-        sizes["vocab_size"] = config.vocab_size
+def _check_tp(p: int, s: int, stage: Stage, config: ModelSpec) -> None:
+    sizes = config.tp_sizes(stage.first_layer, stage.last_layer)
+    if stage.tp > 1 and not sizes:
+        raise StrategyError(
+            f"stage {stage} (pipeline {p}) has TP degree {stage.tp}, but {config.name} splits "
+            f"none of the parameters of layers {stage.first_layer}-{stage.last_layer}: every "
+            "rank would repeat the same work; give the model TP rules (docs/models.md) or "
+            "use TP 1 there"
+        )
     for name, size in sizes.items():
         if size % stage.tp:
             valid = [d for d in range(1, stage.tp + 1) if all(n % d == 0 for n in sizes.values())]

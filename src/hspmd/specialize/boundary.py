@@ -30,7 +30,7 @@ from hspmd.comm.plan import CommPlan
 from hspmd.comm.resolve import resolve
 from hspmd.comm.sizing import sized
 from hspmd.errors import HspmdError
-from hspmd.models.llama import LlamaConfig
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.schema import activation_annotations
 from hspmd.plan.strategy import Strategy, StrategyOptions
 from hspmd.specialize.cut import locate
@@ -74,7 +74,7 @@ class BoundaryPlans:
 
 def boundary_plans(
     strategy: Strategy,
-    config: LlamaConfig,
+    config: ModelSpec,
     rank: int,
     micro_batch_shape: Sequence[int],
     *,

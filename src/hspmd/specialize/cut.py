@@ -1,7 +1,7 @@
 """The stage cut: where a rank is, its pipeline's deduced graph, and the stage's slice of it.
 
-``locate`` finds a rank's ``(pipeline, stage)``; ``deduce_pipeline`` deduces the defined
-Llama graph under that pipeline's plan at its micro-batch shapes; ``cut`` selects the
+``locate`` finds a rank's ``(pipeline, stage)``; ``deduce_pipeline`` deduces the model's
+defined graph (``hspmd.models.build.model_graph``) under that pipeline's plan at its micro-batch shapes; ``cut`` selects the
 nodes of one stage: from the tokens (stage 0) or the ``layers.{first}.input`` marker's
 output to the loss (last stage) or the residual stream entering ``layers.{last+1}.input``.
 Earlier stages' tensors that the stage reads only for their shape or dtype are
@@ -17,7 +17,6 @@ Earlier stages' tensors that the stage reads only for their shape or dtype are
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,9 +26,9 @@ import torch.fx
 from hspmd.annotation import DUP, Annotation, DistributedStates
 from hspmd.deduce import AnnotatedGraph, deduce
 from hspmd.errors import HspmdError
-from hspmd.graph.capture import capture
 from hspmd.markers import is_reshard_node
-from hspmd.models.llama import Llama, LlamaConfig
+from hspmd.models.build import model_graph
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import parameter_annotations
 from hspmd.plan.schema import activation_annotations, input_annotations
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
@@ -57,25 +56,15 @@ def _gathered_logits(annotation: Annotation) -> Annotation:
     return dataclasses.replace(annotation, states=states)
 
 
-@functools.cache
-def _meta_graph(config: LlamaConfig) -> torch.fx.GraphModule:
-    """The captured graph, shared by every deduction of ``config`` (``AnnotatedGraph.module``
-    when no alignment was needed). Deduction, ``cut`` and the executable builder only read
-    it and copy nodes into new graphs; nothing may change it in place (docs/decisions.md,
-    "Shared caches")."""
-    with torch.device("meta"):
-        return capture(Llama(config))
-
-
 def deduce_pipeline(
-    config: LlamaConfig,
+    config: ModelSpec,
     pipeline: Pipeline,
     options: StrategyOptions,
     *,
     seq_len: int,
     gather_logits: bool = False,
 ) -> AnnotatedGraph:
-    """The Llama graph deduced under one pipeline's plan, at its micro-batch shapes.
+    """The model's graph deduced under one pipeline's plan, at its micro-batch shapes.
 
     Every rank runs only its own pipeline's ops, so the pipeline's plan (one subgroup per
     annotation, ``hsize == 1``) is all a stage needs; gradient sync across pipelines is
@@ -95,7 +84,7 @@ def deduce_pipeline(
     if gather_logits:
         markers["logits"] = _gathered_logits(markers["logits"])
     return deduce(
-        _meta_graph(config),
+        model_graph(config),
         input_annotations={name: spec.annotation for name, spec in inputs.items()},
         param_annotations={
             name: spec.annotation for name, spec in parameter_annotations(sub, config).items()

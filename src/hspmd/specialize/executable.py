@@ -1,4 +1,4 @@
-"""Per-rank executable graphs: the rank's stage of the Llama, specialized (paper 6.2).
+"""Per-rank executable graphs: the rank's stage of the model, specialized (paper 6.2).
 
 ``build_executable(config, strategy, options, rank, seq_len=, seed=)`` returns an
 ``Executable``: an fx GraphModule of the rank's ops only, on local tensors, plus the
@@ -60,7 +60,8 @@ from hspmd.comm.resolve import resolve
 from hspmd.comm.sizing import length_multiple
 from hspmd.deduce import AnnotatedGraph
 from hspmd.markers import is_align_node, is_reshard_node
-from hspmd.models.llama import LlamaConfig, init_parameter, rope_tables
+from hspmd.models.build import constant, initial_parameter
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Strategy, StrategyOptions
 from hspmd.specialize.align import align_plans
 from hspmd.specialize.cut import ExecutableError, cut, deduce_pipeline, locate
@@ -177,12 +178,10 @@ class Executable:
         return "\n".join([head, *(f"  {line}" for line in (*self.comm, *sync))])
 
 
-def _check_supported(config: LlamaConfig, options: StrategyOptions) -> None:
+def _check_supported(config: ModelSpec, options: StrategyOptions) -> None:
     unsupported = ["zero1"] if options.zero1 else []
     if options.dtype != "fp32":
         unsupported.append(f"dtype={options.dtype}")
-    if config.tie_embeddings:
-        unsupported.append("tie_embeddings")
     if unsupported:
         raise ExecutableError(
             f"executable graphs do not support {', '.join(unsupported)} yet: "
@@ -204,7 +203,7 @@ class _Builder:
     """Copies the kept nodes into a new graph, specializing each for ``rank``."""
 
     ag: AnnotatedGraph
-    config: LlamaConfig
+    config: ModelSpec
     rank: int
     seed: int
     graph: torch.fx.Graph = dataclasses.field(default_factory=torch.fx.Graph)
@@ -276,12 +275,11 @@ class _Builder:
     def attr(self, node: torch.fx.Node) -> None:
         target = str(node.target)
         name = self.ag.params.get(node.name)
-        if name is None:  # a buffer: the RoPE tables
-            cos, sin = rope_tables(self.config)
-            self.root[target] = {"rope_cos": cos, "rope_sin": sin}[target]
+        if name is None:  # a buffer: the Llama's RoPE tables, say
+            self.root[target] = constant(self.config, target)
         else:
             piece = self.ag.annotations[node.name].piece(self.rank, self.ag.shape(node.name))  # type: ignore[union-attr]
-            full = init_parameter(name, self.config, seed=self.seed)
+            full = initial_parameter(self.config, name, seed=self.seed)
             self.root[target] = nn.Parameter(local_slice(full, piece))
             self.pieces[name] = piece
         self.env[node] = self.graph.get_attr(target)
@@ -360,7 +358,7 @@ class _Builder:
 
 
 def build_executable(
-    config: LlamaConfig,
+    config: ModelSpec,
     strategy: Strategy,
     options: StrategyOptions,
     rank: int,

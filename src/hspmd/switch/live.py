@@ -35,7 +35,7 @@ from hspmd.comm.bsr import BsrTable, messages, schedule
 from hspmd.comm.plan import Transfer
 from hspmd.comm.relay import RelayPlan, plan_relay
 from hspmd.comm.topology import Topology
-from hspmd.models.llama import LlamaConfig
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import parameter_annotations, state_annotations
 from hspmd.plan.strategy import Strategy
 from hspmd.runtime.fused import FusedTensor, run_fused_bsr
@@ -126,7 +126,7 @@ def switch_topology(
 
 
 def plan_switch(
-    config: LlamaConfig,
+    config: ModelSpec,
     source: Strategy,
     target: Strategy,
     *,

@@ -26,7 +26,7 @@ from collections.abc import Collection, Mapping
 
 from hspmd.annotation import DUP, Annotation, DeviceGroup, DistributedStates
 from hspmd.comm.topology import Topology
-from hspmd.models.llama import LlamaConfig
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import parameter_annotations, state_annotations
 from hspmd.plan.strategy import Pipeline, Stage, Strategy
 from hspmd.runtime.fused import FusedTensor
@@ -88,14 +88,14 @@ def renumber_strategy(strategy: Strategy, mapping: Mapping[int, int]) -> Strateg
     )
 
 
-def lost_states(config: LlamaConfig, source: Strategy, dead: Collection[int]) -> list[str]:
+def lost_states(config: ModelSpec, source: Strategy, dead: Collection[int]) -> list[str]:
     """Parameters of ``source`` whose every holder died (their states are gone)."""
     states = state_annotations(source, config, zero1=False)
     return [name for name, spec in states.items() if surviving(spec.annotation, dead) is None]
 
 
 def plan_survivor_switch(
-    config: LlamaConfig, source: Strategy, target: Strategy, *, renumbered: Mapping[int, int],
+    config: ModelSpec, source: Strategy, target: Strategy, *, renumbered: Mapping[int, int],
     topology: Topology | None = None,
 ) -> SwitchPlan:  # fmt: skip
     """The fused BSR from the survivors of ``source`` (old numbers; ``renumbered`` maps

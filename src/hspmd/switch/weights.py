@@ -30,7 +30,7 @@ import torch
 from hspmd.comm.bsr import BsrTable, messages, schedule
 from hspmd.comm.plan import Transfer
 from hspmd.comm.topology import Topology
-from hspmd.models.llama import LlamaConfig
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import parameter_annotations
 from hspmd.plan.strategy import Strategy
 from hspmd.runtime.fused import FusedTensor, run_fused_bsr
@@ -76,7 +76,7 @@ class WeightSwitchPlan:
 
 
 def plan_weight_switch(
-    config: LlamaConfig,
+    config: ModelSpec,
     source: Strategy,
     target: Strategy,
     *,

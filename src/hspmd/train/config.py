@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from hspmd.errors import HspmdError
-from hspmd.models.llama import LlamaConfig, get_config
+from hspmd.models.llama import get_config
+from hspmd.models.spec import ModelSpec, ModuleModel
 from hspmd.plan.strategy import Dtype, Schedule
 from hspmd.train.faults import Injection
 
@@ -44,8 +45,11 @@ class TrainConfig:
     over every pipeline's micro-batches.
     """
 
-    model: str = "llama-tiny"  # a preset of hspmd.models.llama.PRESETS
-    model_overrides: tuple[tuple[str, Any], ...] = ()  # e.g. (("num_layers", 2),)
+    # a preset of hspmd.models.llama.PRESETS, or a factory of any nn.Module:
+    # "path/to/file.py:FUNCTION" or "package.module:FUNCTION" (docs/models.md)
+    model: str = "llama-tiny"
+    # preset fields to override, or the factory's keyword arguments: (("num_layers", 2),)
+    model_overrides: tuple[tuple[str, Any], ...] = ()
     strategy: str | None = None  # e.g. "2x2: R0-1:L0-1 R2:L2-3; 4x1: R3:L0-3"
     global_batch: int = 8
     seq_len: int = 64
@@ -136,6 +140,21 @@ class TrainConfig:
             raise TrainError(
                 f"seq_len={self.seq_len} exceeds the model's max_seq_len={model.max_seq_len}"
             )
+        if isinstance(model, ModuleModel):
+            self._check_module(model)
+
+    def _check_module(self, model: ModuleModel) -> None:
+        """What a user module's run cannot do yet (each one line with the fix)."""
+        refused = [
+            ("--tokens-per-step", self.step_tokens is not None,
+             "packed documents need the model's attention to take segments"),
+            ("--sequence-parallel", self.sequence_parallel,
+             "the markers hspmd inserts keep the stream whole"),
+            ("--elastic", self.elastic, "its re-planning uses the Llama cost model"),
+        ]  # fmt: skip
+        for flag, given, why in refused:
+            if given:
+                raise TrainError(f"{model.name} cannot train with {flag} ({why}): drop {flag}")
 
     def _check_elastic(self) -> None:
         if not self.hang_timeout > 0:
@@ -209,7 +228,13 @@ class TrainConfig:
         """Variable-length steps of packed documents (``step_tokens``), not fixed batches."""
         return self.step_tokens is not None
 
-    def model_config(self) -> LlamaConfig:
+    def model_config(self) -> ModelSpec:
+        """The model as metadata: a Llama preset's config, or a user module read on the
+        meta device (``hspmd.models.module.load_model``)."""
+        if ":" in self.model:
+            from hspmd.models.module import load_model
+
+            return load_model(self.model, dict(self.model_overrides))
         return get_config(self.model, **dict(self.model_overrides))
 
     @property

@@ -42,6 +42,7 @@ import torch
 
 from hspmd.checkpoint import latest, read_manifest
 from hspmd.errors import HspmdError
+from hspmd.models.config import require_llama
 from hspmd.plan.strategy import check_strategy, parse_strategy
 from hspmd.planner.elastic import replan
 from hspmd.planner.local import local_cost
@@ -432,7 +433,7 @@ def _plan(
         watch.unwatched()
         try:
             plan = replan(
-                config.model_config(), local_cost(max(len(run.members), max(renumbered) + 1)),
+                require_llama(config.model_config(), "elastic re-planning"), local_cost(max(len(run.members), max(renumbered) + 1)),
                 alive=sorted(renumbered),
                 current=source, global_batch=config.global_batch, seq_len=config.seq_len,
                 dtype=config.dtype,

@@ -41,7 +41,8 @@ from hspmd.comm.bsr import BsrTable, schedule
 from hspmd.comm.plan import Transfer
 from hspmd.comm.topology import Topology
 from hspmd.errors import StrategyError
-from hspmd.models.llama import LlamaConfig, init_parameter, parameter_shapes
+from hspmd.models.build import initial_parameter
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import ParamSpec, parameter_annotations
 from hspmd.plan.strategy import Strategy, parse_strategy
 from hspmd.runtime.counting import count_comm
@@ -79,13 +80,13 @@ def _home(shape: tuple[int, ...], num_ranks: int, name: str) -> Annotation:
 
 
 @functools.cache
-def home_annotations(config: LlamaConfig, *, num_ranks: int) -> Mapping[str, ParamSpec]:
+def home_annotations(config: ModelSpec, *, num_ranks: int) -> Mapping[str, ParamSpec]:
     """Every parameter's home annotation (module docstring), in model order; read-only, as
     it is cached and shared."""
     return MappingProxyType(
         {
             name: ParamSpec(name, shape, _home(shape, num_ranks, name))
-            for name, shape in parameter_shapes(config).items()
+            for name, shape in config.parameter_shapes().items()
         }
     )
 
@@ -109,9 +110,7 @@ class HomePlan:
 
 
 @functools.cache
-def home_plan(
-    strategy: Strategy, config: LlamaConfig, *, num_ranks: int, itemsize: int
-) -> HomePlan:
+def home_plan(strategy: Strategy, config: ModelSpec, *, num_ranks: int, itemsize: int) -> HomePlan:
     """The plan of Post under ``strategy`` (pure metadata; cached)."""
     params = parameter_annotations(strategy, config)
     homes = home_annotations(config, num_ranks=num_ranks)
@@ -139,7 +138,7 @@ class HomeState:
     """
 
     def __init__(
-        self, config: LlamaConfig, *, rank: int, num_ranks: int, seed: int, adam: AdamConfig,
+        self, config: ModelSpec, *, rank: int, num_ranks: int, seed: int, adam: AdamConfig,
         dtype: torch.dtype,
     ) -> None:  # fmt: skip
         self.homes = home_annotations(config, num_ranks=num_ranks)
@@ -147,7 +146,7 @@ class HomeState:
         self.masters: dict[str, torch.Tensor] = {}
         for name, spec in self.homes.items():
             piece = spec.annotation.piece(rank, spec.shape)
-            full = init_parameter(name, config, seed=seed).to(dtype).float()
+            full = initial_parameter(config, name, seed=seed).to(dtype).float()
             self.masters[name] = local_slice(full, piece)
         self.adam = Adam(list(self.masters.values()), adam)
 

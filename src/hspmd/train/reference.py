@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
-from hspmd.models.llama import Llama, init_weights
+from hspmd.models.build import plain_model
 from hspmd.plan.strategy import parse_strategy
 from hspmd.train.batches import step_batches
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
@@ -47,9 +48,9 @@ class TrainResult:
         return tuple(r.loss for r in self.records)
 
 
-def build_reference_model(config: TrainConfig) -> Llama:
+def build_reference_model(config: TrainConfig) -> nn.Module:
     """The single-device model with the plan-independent initial weights."""
-    return init_weights(Llama(config.model_config()), config.seed)
+    return plain_model(config.model_config(), seed=config.seed)
 
 
 def run_reference(
@@ -103,7 +104,7 @@ def _batches(config: TrainConfig) -> Iterator[tuple[torch.Tensor, torch.Tensor] 
     return packed_steps(config, parse_strategy(config.strategy))
 
 
-def _packed_step(model: Llama, step: PackedStep) -> float:
+def _packed_step(model: nn.Module, step: PackedStep) -> float:
     """Every micro-batch of every pipeline, as the strategy packs them, on this process:
     the same weighted sum of mean token losses (backpropagated) as the distributed run."""
     total = 0.0

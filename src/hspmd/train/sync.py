@@ -31,7 +31,7 @@ import torch
 from hspmd.annotation import DUP, PARTIAL, Annotation
 from hspmd.comm.plan import CommPlan
 from hspmd.comm.resolve import resolve
-from hspmd.models.llama import LlamaConfig
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import ParamSpec, parameter_annotations
 from hspmd.plan.strategy import Strategy
 from hspmd.runtime.execute import run_plan
@@ -69,7 +69,7 @@ BUCKET_BYTES = 4 << 20  # fp32 gradient bytes per flat bucket (DDP: 25 MiB, firs
 
 
 def grad_sync_plan(
-    strategy: Strategy, config: LlamaConfig, *, bucket_bytes: int = BUCKET_BYTES
+    strategy: Strategy, config: ModelSpec, *, bucket_bytes: int = BUCKET_BYTES
 ) -> tuple[SyncItem, ...]:
     """Every plan Post runs, in one order shared by all ranks (pure metadata)."""
     specs = parameter_annotations(strategy, config)

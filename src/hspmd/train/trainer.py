@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 from hspmd.errors import StrategyError
-from hspmd.models.llama import parameter_shapes
 from hspmd.plan.strategy import Strategy, check_strategy, parse_strategy
 from hspmd.runtime.launch import ElasticLaunch, NodeSpec, launch
 from hspmd.runtime.trace import NULL, Recorder, chrome_trace, gather_parts
@@ -75,8 +74,6 @@ def check_config(config: TrainConfig) -> Strategy:
             f"0..{len(used) - 1}): drop them or pick ranks of the strategy"
         )
     _check_elastic(config, strategy, used)
-    if config.model_config().tie_embeddings:
-        raise TrainError("tied embeddings: not supported by the trainer yet; train without them")
     if config.packed:  # the data and the first step's dispatch, before any process starts
         rows = sum(p.batch_size for p in strategy.pipelines)
         if (config.step_tokens or 0) > rows * config.seq_len:
@@ -197,7 +194,7 @@ def _assemble(
 ) -> list[TrainResult]:
     results = []
     for index, config in enumerate(configs):
-        shapes = parameter_shapes(config.model_config())
+        shapes = config.model_config().parameter_shapes()
         params = {name: torch.full(shape, float("nan")) for name, shape in shapes.items()}
         for outcome in per_rank:
             for name, (region, value) in outcome[index]["pieces"].items():

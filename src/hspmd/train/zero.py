@@ -30,7 +30,8 @@ import torch
 from hspmd.annotation import PARTIAL
 from hspmd.comm.plan import CommPlan
 from hspmd.comm.resolve import resolve
-from hspmd.models.llama import LlamaConfig, init_parameter
+from hspmd.models.build import initial_parameter
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import parameter_annotations, state_annotations
 from hspmd.plan.strategy import Strategy
 from hspmd.runtime.execute import run_plan
@@ -56,7 +57,7 @@ class ZeroItem:
     gather: CommPlan  # state shard -> param (hD)
 
 
-def zero1_plan(strategy: Strategy, config: LlamaConfig) -> dict[str, ZeroItem]:
+def zero1_plan(strategy: Strategy, config: ModelSpec) -> dict[str, ZeroItem]:
     """Every parameter's reduce and gather plans, in model order (pure metadata)."""
     params = parameter_annotations(strategy, config)
     states = state_annotations(strategy, config, zero1=True)
@@ -75,7 +76,7 @@ class ZeroOne(MasterAdam):
 
     def __init__(
         self, items: dict[str, ZeroItem], params: dict[str, torch.Tensor], *,
-        config: LlamaConfig, seed: int, adam: AdamConfig, world: World,
+        config: ModelSpec, seed: int, adam: AdamConfig, world: World,
         deferred: frozenset[str] = frozenset(),
     ) -> None:  # fmt: skip
         self.items = [items[name] for name in items if name in params]
@@ -83,7 +84,7 @@ class ZeroOne(MasterAdam):
         self.masters: dict[str, torch.Tensor] = {}
         for item in self.items:
             piece = item.reduce.dst.piece(world.rank, item.shape)
-            full = init_parameter(item.name, config, seed=seed)
+            full = initial_parameter(config, item.name, seed=seed)
             self.masters[item.name] = local_slice(full, piece)
         self.adam = Adam(list(self.masters.values()), adam)
         # every rank's reduces in reverse model order (the order backward finishes them)

@@ -1,0 +1,93 @@
+"""The torch side of a ``ModelSpec``: its captured graph, initial values and plain module.
+
+One function per need, for both kinds of model: the Llama presets (``LlamaConfig``:
+``hspmd.models.llama``) and user modules (``ModuleModel``: ``hspmd.models.module``).
+
+>>> from hspmd.models.config import get_config
+>>> initial_parameter(get_config("llama-tiny"), "norm.weight", seed=0)[:2]
+tensor([1., 1.])
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.fx
+from torch import nn
+
+from hspmd.graph.capture import capture
+from hspmd.models.config import LlamaConfig
+from hspmd.models.spec import ModelSpec, ModelSpecError, ModuleModel
+
+__all__ = ["constant", "initial_parameter", "model_graph", "plain_model"]
+
+
+@functools.cache
+def _llama_graph(config: LlamaConfig) -> torch.fx.GraphModule:
+    from hspmd.models.llama import Llama
+
+    with torch.device("meta"):
+        return capture(Llama(config))
+
+
+def model_graph(model: ModelSpec) -> torch.fx.GraphModule:
+    """The defined graph on the meta device, markers included. Shared by every caller:
+    read it, never change it in place (docs/decisions.md, "Shared caches")."""
+    if isinstance(model, LlamaConfig):
+        return _llama_graph(model)
+    from hspmd.models.module import model_graph as module_graph
+
+    return module_graph(_module(model))
+
+
+def initial_parameter(model: ModelSpec, name: str, *, seed: int) -> torch.Tensor:
+    """The initial fp32 value of parameter ``name`` at its global shape (plan-free)."""
+    if isinstance(model, LlamaConfig):
+        from hspmd.models.llama import init_parameter
+
+        return init_parameter(name, model, seed=seed)
+    from hspmd.models.module import initial_state
+
+    state = initial_state(_module(model), seed)
+    if name not in state:
+        raise ModelSpecError(f"{model.name} has no parameter {name!r}")
+    return state[name].float()
+
+
+def constant(model: ModelSpec, target: str) -> torch.Tensor:
+    """A buffer the graph reads (``get_attr`` of no parameter), e.g. the RoPE tables."""
+    if isinstance(model, LlamaConfig):
+        from hspmd.models.llama import rope_tables
+
+        cos, sin = rope_tables(model)
+        tables = {"rope_cos": cos, "rope_sin": sin}
+        if target in tables:
+            return tables[target]
+    else:
+        from hspmd.models.module import initial_state
+
+        state = initial_state(_module(model), 0)
+        if target in state:
+            return state[target]
+    raise ModelSpecError(
+        f"{model.name}: the graph reads {target!r}, which is neither a parameter nor a "
+        "buffer of the module: register tensors the forward reads as buffers"
+    )
+
+
+def plain_model(model: ModelSpec, *, seed: int) -> nn.Module:
+    """The whole model on the CPU, initialized as ``initial_parameter`` (reference runs)."""
+    if isinstance(model, LlamaConfig):
+        from hspmd.models.llama import Llama, init_weights
+
+        return init_weights(Llama(model), seed)
+    from hspmd.models.module import plain_module
+
+    return plain_module(_module(model), seed)
+
+
+def _module(model: ModelSpec) -> ModuleModel:
+    if not isinstance(model, ModuleModel):
+        raise ModelSpecError(f"unknown kind of model: {type(model).__name__}")
+    return model

@@ -1,0 +1,425 @@
+"""Any ``nn.Module`` as an hspmd model: load it, read its metadata, capture its graph.
+
+``load_model("my_model.py:make_model", {"num_layers": 4})`` calls the factory on the meta
+device and returns a ``ModuleModel`` (``hspmd.models.spec``): plain data that every process
+can rebuild the module from. What hspmd reads from the module (docs/models.md):
+
+- ``forward(tokens, targets)`` -> the mean loss, tokens and targets (B, T) int64;
+- the blocks: the ``nn.ModuleList`` named by the module's ``hspmd_blocks`` attribute, or
+  its one longest ``ModuleList``; block ``i``'s first argument is the stream ``(B, T, H)``
+  and gets the pipeline marker ``layers.{i}.input`` (unless the module places its own
+  ``hspmd.reshard`` markers of that name);
+- ``tp_rules`` (optional): ``{fnmatch pattern: "column" | "row" | "vocab" | "replicate"}``
+  over parameter names, first match wins, unmatched parameters replicate. A column or row
+  weight must feed ``F.linear`` (``nn.Linear``) and a vocab weight ``F.linear`` or
+  ``F.embedding``; hspmd then inserts the markers Megatron's layout needs: ``*.tp_in``
+  before a column layer's input (its gradient is all-reduced) and ``*.tp_out`` after a
+  row layer or a vocab-parallel embedding (the partial sums are all-reduced; a row
+  layer's bias is added after that);
+- ``vocab_size`` and ``max_seq_len`` attributes (optional: else the rows of the embedding
+  that reads the tokens, and no limit);
+- initial weights: the factory called on the CPU after ``torch.manual_seed(seed)``.
+
+>>> import torch
+>>> model = load_model("hspmd.models.examples:gpt2", {"num_layers": 2})
+>>> model.num_layers, model.hidden_size, model.param_kind("layers.0.attn.q.weight")
+(2, 32, 'column')
+>>> [m.name for m in model.markers()][:4]
+['wte.tp_out', 'layers.0.input', 'layers.0.attn.q.tp_in', 'layers.0.attn.o.tp_out']
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch import nn
+
+from hspmd.graph.capture import CaptureError, InliningTracer, source_line
+from hspmd.markers import is_reshard_node, reshard
+from hspmd.models.spec import (
+    TP_KINDS,
+    MarkerSpec,
+    ModelSpecError,
+    ModuleModel,
+    ParamInfo,
+    kind_by_rules,
+)
+
+__all__ = ["build_module", "capture_model", "load_factory", "load_model", "initial_state"]
+
+NO_LIMIT = 1 << 30  # max_seq_len of a model that states none
+
+
+def load_factory(source: str) -> Callable[..., nn.Module]:
+    """The callable ``source`` names: ``path/to/file.py:NAME`` or ``package.module:NAME``."""
+    where, sep, attr = source.rpartition(":")
+    if not sep or not where or not attr:
+        raise ModelSpecError(
+            f"--model {source!r}: name a factory as FILE.py:FUNCTION or package.module:FUNCTION "
+            "(or a preset: llama-tiny, llama-small)"
+        )
+    if where.endswith(".py"):
+        module = _load_file(Path(where))
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as error:
+            raise ModelSpecError(f"--model {source!r}: cannot import {where}: {error}") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ModelSpecError(
+            f"--model {source!r}: {where} has no callable {attr!r} "
+            f"(it defines {', '.join(n for n in dir(module) if not n.startswith('_'))})"
+        )
+    return factory
+
+
+def _load_file(path: Path) -> Any:
+    path = path.expanduser().resolve()
+    if not path.is_file():
+        raise ModelSpecError(f"--model: no file {path}: give the path of a Python file")
+    name = "hspmd_user_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:
+        del sys.modules[name]
+        raise ModelSpecError(f"--model: {path} failed to import: {error!r}") from error
+    return module
+
+
+def build_module(source: str, kwargs: Mapping[str, Any]) -> nn.Module:
+    """Call the factory (on the default device: wrap in ``torch.device("meta")`` for shapes)."""
+    factory = load_factory(source)
+    try:
+        module = factory(**kwargs)
+    except TypeError as error:
+        raise ModelSpecError(
+            f"--model {source}: the factory rejected {dict(kwargs)}: {error}"
+        ) from None
+    if not isinstance(module, nn.Module):
+        raise ModelSpecError(
+            f"--model {source}: the factory returned a {type(module).__name__}, not an nn.Module"
+        )
+    return module
+
+
+# -- capture with the markers hspmd inserts ----------------------------------------------------
+
+
+def _blocks(module: nn.Module, source: str) -> tuple[str, nn.ModuleList]:
+    named = getattr(module, "hspmd_blocks", None)
+    if isinstance(named, str):
+        found = module.get_submodule(named) if named else None
+        if not isinstance(found, nn.ModuleList):
+            raise ModelSpecError(f"{source}: hspmd_blocks={named!r} is not an nn.ModuleList")
+        return named, found
+    lists = [(n, m) for n, m in module.named_modules() if isinstance(m, nn.ModuleList) and len(m)]
+    if not lists:
+        raise ModelSpecError(
+            f"{source}: {type(module).__name__} has no nn.ModuleList of blocks: put the blocks "
+            "in one (pipeline stages cut between them) or set hspmd_blocks"
+        )
+    longest = max(len(m) for _, m in lists)
+    best = [(n, m) for n, m in lists if len(m) == longest]
+    if len(best) > 1:
+        raise ModelSpecError(
+            f"{source}: several ModuleLists of {longest} modules ({', '.join(n for n, _ in best)}): "
+            "set the module's hspmd_blocks to the name of the blocks"
+        )
+    return best[0]
+
+
+class _BlockTracer(InliningTracer):
+    """Inserts ``layers.{i}.input`` on the first argument of block ``i``'s call."""
+
+    def __init__(self, blocks: nn.ModuleList) -> None:
+        super().__init__()
+        self.record_stack_traces = True
+        self._index = {id(block): i for i, block in enumerate(blocks)}
+
+    def call_module(self, m: nn.Module, forward: Any, args: Any, kwargs: Any) -> Any:
+        i = self._index.get(id(m))
+        if i is not None and args and isinstance(args[0], torch.fx.Proxy):
+            args = (reshard(args[0], f"layers.{i}.input"), *args[1:])  # type: ignore[arg-type]
+        return super().call_module(m, forward, args, kwargs)
+
+
+def _prefix(param: str) -> str:
+    return param.rsplit(".", 1)[0] if "." in param else param
+
+
+def _insert_tp_markers(gm: torch.fx.GraphModule, kinds: Mapping[str, str], source: str) -> None:
+    """The markers of Megatron's layout around every column, row and vocab parameter's op."""
+    graph = gm.graph
+    inputs_marked: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in list(graph.nodes):
+        kind = kinds.get(str(node.target)) if node.op == "get_attr" else None
+        if kind is None or kind == "replicate":
+            continue
+        for user in list(node.users):
+            _check_tp_use(node, user, kind, source)
+            if user.target is F.linear and user.args[1] is not node:
+                continue  # the bias of a column layer: split with its weight, nothing to add
+            if kind == "row" or user.target is F.embedding:
+                _mark_output(graph, user, f"{_prefix(str(node.target))}.tp_out")
+            else:  # column, or a vocab-parallel head: its input is duplicate in the stage
+                x = user.args[0]
+                assert isinstance(x, torch.fx.Node)
+                if x not in inputs_marked:
+                    with graph.inserting_after(x):
+                        marked = graph.call_function(
+                            reshard, (x, f"{_prefix(str(node.target))}.tp_in")
+                        )
+                    inputs_marked[x] = marked
+                user.replace_input_with(x, inputs_marked[x])
+    graph.lint()
+    gm.recompile()
+
+
+def _check_tp_use(param: torch.fx.Node, user: torch.fx.Node, kind: str, source: str) -> None:
+    allowed = (F.linear, F.embedding) if kind == "vocab" else (F.linear,)
+    if user.target in allowed:
+        return
+    where = source_line(user) or source
+    raise ModelSpecError(
+        f"{param.target} is {kind}-parallel by the model's tp_rules, but it feeds "
+        f"{getattr(user.target, '__name__', user.target)} at {where}: hspmd splits only "
+        "weights of nn.Linear (and vocab-parallel nn.Embedding); use one, or make it replicate"
+    )
+
+
+def _mark_output(graph: torch.fx.Graph, user: torch.fx.Node, name: str) -> None:
+    """``reshard(user, name)`` in place of ``user``; a row layer's bias moves after it."""
+    bias = (
+        user.args[2] if user.target is F.linear and len(user.args) > 2 else user.kwargs.get("bias")
+    )
+    if user.target is F.linear and bias is not None:
+        user.args = (user.args[0], user.args[1])
+        user.kwargs = {}
+    with graph.inserting_after(user):
+        marked = graph.call_function(reshard, (user, name))
+    last = marked
+    if isinstance(bias, torch.fx.Node):
+        with graph.inserting_after(marked):
+            last = graph.call_function(torch.add, (marked, bias))
+    user.replace_all_uses_with(last, delete_user_cb=lambda n: n is not marked)
+
+
+def capture_model(
+    module: nn.Module, kinds: Mapping[str, str], source: str
+) -> tuple[torch.fx.GraphModule, bool]:
+    """The module's graph with hspmd's markers; True if the module placed its own."""
+    _, blocks = _blocks(module, source)
+    tracer = _BlockTracer(blocks)
+    own = False
+    try:
+        graph = tracer.trace(module)
+    except ModelSpecError:
+        raise
+    except Exception as error:
+        raise CaptureError(
+            f"torch.fx cannot trace {source} ({type(module).__name__}.forward): {error}. "
+            "Keep data-dependent control flow out of forward (branch on shapes or config only)"
+        ) from error
+    names = [str(n.args[1]) for n in graph.nodes if is_reshard_node(n)]
+    if len(names) != len(set(names)):  # the module's own layers.{i}.input and ours
+        own = True
+        plain = InliningTracer()
+        plain.record_stack_traces = True
+        graph = plain.trace(module)
+    gm = torch.fx.GraphModule(module, graph, class_name=type(module).__name__)
+    _insert_tp_markers(gm, kinds, source)
+    return gm, own
+
+
+# -- metadata ------------------------------------------------------------------------------------
+
+
+def _rules(module: nn.Module, source: str) -> tuple[tuple[str, str], ...]:
+    rules = getattr(module, "tp_rules", None) or {}
+    if not isinstance(rules, Mapping):
+        raise ModelSpecError(f"{source}: tp_rules must be a dict of pattern -> kind, not {rules!r}")
+    for pattern, kind in rules.items():
+        if kind not in TP_KINDS:
+            raise ModelSpecError(
+                f"{source}: tp_rules[{pattern!r}] = {kind!r}: choose one of {', '.join(TP_KINDS)}"
+            )
+    return tuple((str(p), str(k)) for p, k in rules.items())
+
+
+def _shapes(gm: torch.fx.GraphModule, batch: int, length: int) -> dict[str, tuple[int, ...]]:
+    """Output shape of every marker at (batch, length), run on the meta device."""
+    found: dict[str, tuple[int, ...]] = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+            out = super().call_function(target, args, kwargs)
+            if target is reshard:
+                found[str(args[1])] = tuple(out.shape)
+            return out
+
+    tokens = torch.zeros(batch, length, dtype=torch.long, device="meta")
+    Recorder(gm).run(tokens, tokens)
+    return found
+
+
+def _param_layers(
+    gm: torch.fx.GraphModule, names: list[str], num_layers: int, blocks: str
+) -> dict[str, int]:
+    """Block ``i``'s parameters (``{blocks}.{i}.*``): layer i; others: layer 0 if the first block's input
+    depends on them, else the last layer."""
+    first = next(n for n in gm.graph.nodes if is_reshard_node(n) and n.args[1] == "layers.0.input")
+    before: set[torch.fx.Node] = set()
+    stack = [first]
+    while stack:
+        node = stack.pop()
+        if node not in before:
+            before.add(node)
+            stack.extend(node.all_input_nodes)
+    used_before = {str(n.target) for n in before if n.op == "get_attr"}
+    layers = {}
+    depth = blocks.count(".") + 1
+    for name in names:
+        parts = name.split(".")
+        if name.startswith(blocks + ".") and parts[depth].isdigit():
+            layers[name] = int(parts[depth])
+        else:
+            layers[name] = 0 if name in used_before else num_layers - 1
+    return layers
+
+
+def load_model(source: str, kwargs: Mapping[str, Any] | None = None) -> ModuleModel:
+    """Read the model ``source`` names (module docstring) into a ``ModuleModel``."""
+    kwargs = dict(kwargs or {})
+    return _load(source, tuple(sorted(kwargs.items())))
+
+
+@functools.lru_cache(maxsize=16)
+def _load(source: str, kwargs: tuple[tuple[str, Any], ...]) -> ModuleModel:
+    with torch.device("meta"):
+        module = build_module(source, dict(kwargs))
+    path, blocks = _blocks(module, source)
+    rules = _rules(module, source)
+    names = [n for n, _ in module.named_parameters()]
+    kinds = {n: kind_by_rules(n, rules) for n in names}
+    gm, own = _capture(source, kwargs)
+    num_layers = len(blocks)
+    max_len = getattr(module, "max_seq_len", None)
+    max_len = max_len if isinstance(max_len, int) else NO_LIMIT
+    shapes = _shapes(gm, 2, min(8, max_len))
+    markers = []
+    for node in gm.graph.nodes:
+        if not is_reshard_node(node):
+            continue
+        name = str(node.args[1])
+        shape = shapes[name]
+        if shape[:2] != (2, min(8, max_len)):
+            raise ModelSpecError(
+                f"{source}: marker {name} holds a tensor of shape {list(shape)}; hspmd cuts and "
+                "reshards (batch, seq, ...) tensors only"
+            )
+        markers.append((name, shape[2:]))
+    block_inputs = {shape for name, shape in markers if name.endswith(".input")}
+    if len(block_inputs) != 1 or len(next(iter(block_inputs))) != 1:
+        raise ModelSpecError(
+            f"{source}: the blocks' inputs have shapes {sorted(block_inputs)} after (B, T); "
+            "a pipeline stage receives one (B, T, H) stream: give every block the same"
+        )
+    (hidden,) = next(iter(block_inputs))
+    layers = _param_layers(gm, names, num_layers, path)
+    shared = len(list(module.named_parameters(remove_duplicate=False))) > len(names)
+    params = tuple(
+        ParamInfo(n, tuple(p.shape), kinds[n], layers[n]) for n, p in module.named_parameters()
+    )
+    return ModuleModel(
+        source=source,
+        kwargs=kwargs,
+        name=f"{type(module).__name__} ({source})",
+        num_layers=num_layers,
+        hidden_size=hidden,
+        vocab_size=_vocab_size(module, gm),
+        max_seq_len=max_len,
+        params=params,
+        marker_specs=tuple(_marker_spec(name, trailing, layers) for name, trailing in markers),
+        tp_rules=rules,
+        tie_embeddings=shared,
+        user_markers=own,
+    )
+
+
+def _marker_spec(name: str, trailing: tuple[int, ...], layers: Mapping[str, int]) -> MarkerSpec:
+    if name.startswith("layers.") and name.endswith(".input"):
+        return MarkerSpec(name, int(name.split(".")[1]), "residual", trailing)
+    prefix = name.rsplit(".", 1)[0]
+    layer = next((v for k, v in layers.items() if _prefix(k) == prefix), None)
+    if layer is None:
+        raise ModelSpecError(
+            f"marker {name!r}: hspmd cannot tell which layer's stage it is on; name markers "
+            "layers.{i}.input, or place none and let hspmd insert them"
+        )
+    return MarkerSpec(name, layer, "dup", trailing)
+
+
+def _vocab_size(module: nn.Module, gm: torch.fx.GraphModule) -> int:
+    size = getattr(module, "vocab_size", None)
+    if isinstance(size, int):
+        return size
+    tokens = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    for user in tokens.users:
+        if user.target is F.embedding:
+            weight = user.args[1]
+            assert isinstance(weight, torch.fx.Node)
+            return int(gm.get_parameter(str(weight.target)).shape[0])
+    return 256
+
+
+@functools.lru_cache(maxsize=16)
+def _capture(source: str, kwargs: tuple[tuple[str, Any], ...]) -> tuple[torch.fx.GraphModule, bool]:
+    with torch.device("meta"):
+        module = build_module(source, dict(kwargs))
+    rules = _rules(module, source)
+    kinds = {n: kind_by_rules(n, rules) for n, _ in module.named_parameters()}
+    return capture_model(module, kinds, source)
+
+
+def model_graph(model: ModuleModel) -> torch.fx.GraphModule:
+    """The captured graph of ``model`` on the meta device, with its markers (shared: read
+    only, docs/decisions.md "Shared caches")."""
+    return _capture(model.source, model.kwargs)[0]
+
+
+@functools.lru_cache(maxsize=4)
+def initial_state(model: ModuleModel, seed: int) -> Mapping[str, torch.Tensor]:
+    """Every parameter and buffer of the module built on the CPU after
+    ``torch.manual_seed(seed)``: the plan-free initial values (DESIGN decision 5)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        with torch.device("cpu"):
+            module = build_module(model.source, dict(model.kwargs))
+    state: dict[str, torch.Tensor] = dict(module.named_parameters())
+    state |= dict(module.named_buffers())
+    return {name: t.detach() for name, t in state.items()}
+
+
+def plain_module(model: ModuleModel, seed: int) -> nn.Module:
+    """The module itself on the CPU, initialized as ``initial_state`` (the reference run)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        with torch.device("cpu"):
+            return build_module(model.source, dict(model.kwargs))

@@ -1,0 +1,196 @@
+"""What hspmd needs to know of a model, as metadata: the ``ModelSpec`` protocol (no torch).
+
+Planning, annotation and specialization read a model through this protocol only. Two
+kinds implement it: the Llama presets (``hspmd.models.config.LlamaConfig``, derived from
+the config by formula, so llama-70b needs no graph) and any user ``nn.Module``
+(``ModuleModel``, read from the module itself on the meta device by
+``hspmd.models.module.load_model``).
+
+A model is a stack of ``num_layers`` blocks between a *pre* part (embedding) and a *post*
+part (norm, head, loss). Its forward takes ``(tokens, targets)`` (B, T) int64 and returns
+the mean loss. The stream entering each block is ``(B, T, hidden_size)``: pipeline stages
+cut there. Every parameter has
+
+- a *layer*: the block whose stage holds it (pre-part parameters go with layer 0, post-part
+  ones with the last layer);
+- a *kind*: how a stage of TP degree t splits it (Megatron's names)::
+
+      kind        2-D weight (out, in)     1-D (bias, norm)   effect on its op's output
+      column      {0:t}                    {0:t}              split on the last dim
+      row         {1:t}                    error              partial: all-reduced after
+      vocab       {0:t}                    -                  embedding: partial, reduced;
+                                                              head: logits split (the loss
+                                                              is vocab-parallel)
+      replicate   {D:t}                    {D:t}              as its inputs
+
+A *marker* is a reshard point of the model (``hspmd.reshard`` or inserted by hspmd) with
+the layer whose stage it is on, the layout it imposes inside the stage (``residual``: the
+stream's, duplicate or split on seq under sequence parallelism; ``dup``; or a dim split t
+ways) and its shape after (B, T).
+
+>>> spec = MarkerSpec("layers.1.input", layer=1, placement="residual", trailing=(64,))
+>>> print(spec)
+layers.1.input L1 residual (B,T,64)
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, get_args
+
+from hspmd.errors import HspmdError
+
+__all__ = [
+    "MarkerSpec",
+    "ModelSpec",
+    "ModelSpecError",
+    "ModuleModel",
+    "ParamInfo",
+    "TPKind",
+    "TP_KINDS",
+    "kind_by_rules",
+]
+
+TPKind = Literal["column", "row", "vocab", "replicate"]
+TP_KINDS: tuple[str, ...] = get_args(TPKind)
+Placement = Literal["residual", "dup"] | int
+
+
+class ModelSpecError(HspmdError, ValueError):
+    """A model that hspmd cannot read or train as written (names the part and the fix)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MarkerSpec:
+    """A reshard point: name, the layer of its stage, its layout there, its shape after (B, T)."""
+
+    name: str
+    layer: int
+    placement: Placement
+    trailing: tuple[int, ...]
+
+    def __str__(self) -> str:
+        dims = ",".join(["B", "T", *map(str, self.trailing)])
+        return f"{self.name} L{self.layer} {self.placement} ({dims})"
+
+
+class ModelSpec(Protocol):
+    """The model as hspmd sees it (module docstring). ``LlamaConfig`` and ``ModuleModel``;
+    hashable (caches key on it)."""
+
+    def __hash__(self) -> int: ...
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def max_seq_len(self) -> int: ...
+    @property
+    def config_only(self) -> bool: ...
+    @property
+    def tie_embeddings(self) -> bool: ...
+
+    def parameter_shapes(self) -> Mapping[str, tuple[int, ...]]:
+        """Every parameter's global shape, in ``named_parameters()`` order."""
+        ...
+
+    def param_kind(self, name: str) -> TPKind:
+        """How a stage splits parameter ``name`` under TP."""
+        ...
+
+    def param_layer(self, name: str) -> int:
+        """The layer whose stage holds parameter ``name``."""
+        ...
+
+    def markers(self) -> tuple[MarkerSpec, ...]:
+        """Every reshard point, in forward order."""
+        ...
+
+    def tp_sizes(self, first_layer: int, last_layer: int) -> dict[str, int]:
+        """Named sizes the TP degree of a stage holding those layers must divide."""
+        ...
+
+
+def kind_by_rules(name: str, rules: tuple[tuple[str, str], ...]) -> TPKind:
+    """The kind of the first rule whose ``fnmatch`` pattern matches ``name``; else replicate.
+
+    >>> kind_by_rules("blocks.3.attn.q.weight", (("*.attn.q.*", "column"),))
+    'column'
+    >>> kind_by_rules("ln_f.weight", (("*.attn.q.*", "column"),))
+    'replicate'
+    """
+    for pattern, kind in rules:
+        if fnmatch.fnmatchcase(name, pattern):
+            return kind  # type: ignore[return-value]  # checked by check_rules
+    return "replicate"
+
+
+@dataclass(frozen=True, slots=True)
+class ParamInfo:
+    """One parameter of a user model: name, global shape, TP kind, layer."""
+
+    name: str
+    shape: tuple[int, ...]
+    kind: TPKind
+    layer: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModuleModel:
+    """A user ``nn.Module``, as metadata read from it (``hspmd.models.module.load_model``).
+
+    ``source`` names the factory (``path/to/file.py:make_model`` or ``package.module:make``)
+    and ``kwargs`` its keyword arguments (``--config JSON``): any process can rebuild the
+    module from these two. The rest is what the module showed on the meta device. Plain
+    data: hashable, picklable, printable.
+    """
+
+    source: str
+    kwargs: tuple[tuple[str, Any], ...] = ()
+    name: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    max_seq_len: int
+    params: tuple[ParamInfo, ...]
+    marker_specs: tuple[MarkerSpec, ...]
+    tp_rules: tuple[tuple[str, str], ...] = ()
+    tie_embeddings: bool = False
+    config_only: bool = False
+    user_markers: bool = False  # the module places its own ``layers.{i}.input`` markers
+
+    def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {p.name: p.shape for p in self.params}
+
+    def _param(self, name: str) -> ParamInfo:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise ModelSpecError(f"model {self.name} has no parameter {name!r}")
+
+    def param_kind(self, name: str) -> TPKind:
+        return self._param(name).kind
+
+    def param_layer(self, name: str) -> int:
+        return self._param(name).layer
+
+    def markers(self) -> tuple[MarkerSpec, ...]:
+        return self.marker_specs
+
+    def tp_sizes(self, first_layer: int, last_layer: int) -> dict[str, int]:
+        """The split dim of every column, row and vocab parameter of those layers."""
+        return {
+            f"{p.name} dim {int(p.kind == 'row')}": p.shape[int(p.kind == "row")]
+            for p in self.params
+            if p.kind != "replicate" and first_layer <= p.layer <= last_layer
+        }
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.source}, {self.num_layers} layers)"

@@ -1,0 +1,210 @@
+"""Any nn.Module as a model (issue 12): metadata read from the module, errors that name the
+user's code, and training equal to the plain module on one process."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hspmd.cli import main
+from hspmd.deduce import NoRuleError
+from hspmd.errors import StrategyError
+from hspmd.models.module import load_model
+from hspmd.models.spec import ModelSpecError
+from hspmd.plan.params import parameter_annotations
+from hspmd.plan.strategy import StrategyOptions, check_strategy, parse_strategy
+from hspmd.specialize.executable import build_executable
+from hspmd.train.config import TrainConfig
+from hspmd.train.reference import run_reference
+from hspmd.train.trainer import train
+
+GPT2, CONV = "hspmd.models.examples:gpt2", "hspmd.models.examples:convnet"
+
+
+def test_gpt2_metadata_comes_from_the_module() -> None:
+    model = load_model(GPT2, {"num_layers": 2, "hidden": 32})
+    assert (model.num_layers, model.hidden_size, model.vocab_size) == (2, 32, 256)
+    assert model.tie_embeddings and "head.weight" not in model.parameter_shapes()
+    assert model.param_kind("layers.1.attn.o.weight") == "row"
+    assert model.param_kind("layers.1.attn.o.bias") == "replicate"
+    assert model.param_kind("layers.0.fc.bias") == "column"
+    assert model.param_layer("wpe.weight") == 0 and model.param_layer("ln_f.bias") == 1
+    names = [m.name for m in model.markers()]
+    assert names.index("layers.0.input") < names.index("layers.0.attn.o.tp_out")
+    assert "layers.1.proj.tp_out" in names and "layers.1.fc.tp_in" in names
+
+
+def test_untied_gpt2_puts_the_head_on_the_last_stage() -> None:
+    model = load_model(GPT2, {"num_layers": 2, "tie": False})
+    specs = parameter_annotations(parse_strategy("1x1: R0-1:L0 R2:L1"), model)
+    assert str(specs["head.weight"].annotation) == "[2]{}"
+    assert str(specs["wte.weight"].annotation) == "[0,1]{0:2}"
+    assert str(specs["layers.0.attn.o.weight"].annotation) == "[0,1]{1:2}"
+
+
+def test_a_model_without_tp_rules_refuses_tp() -> None:
+    model = load_model(CONV, {"num_layers": 2})
+    assert {model.param_kind(n) for n in model.parameter_shapes()} == {"replicate"}
+    with pytest.raises(StrategyError, match="splits none of the parameters"):
+        check_strategy(parse_strategy("1x1: R0-1:L0-1"), model)
+
+
+def test_tied_weights_across_stages_are_refused() -> None:
+    model = load_model(GPT2, {"num_layers": 2})
+    with pytest.raises(StrategyError, match="untie"):
+        check_strategy(parse_strategy("1x1: R0:L0 R1:L1"), model)
+
+
+def test_executables_of_a_tp_stage_reduce_where_megatron_does() -> None:
+    model = load_model(GPT2, {"num_layers": 1})
+    exe = build_executable(model, parse_strategy("1x1: R0-1:L0"), StrategyOptions(), 1,
+                           seq_len=8, seed=0)  # fmt: skip
+    comm = "\n".join(exe.comm)
+    assert "layers.0.attn.o.tp_out: forward all-reduce, backward identity" in comm
+    assert "layers.0.attn.q.tp_in: forward identity, backward all-reduce" in comm
+    assert "vocab-parallel cross-entropy" in comm
+
+
+def _write(tmp_path: Path, body: str, name: str = "user_model") -> str:
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(body))
+    return f"{path}:make"
+
+
+def test_errors_name_the_users_code(tmp_path: Path) -> None:
+    with pytest.raises(ModelSpecError, match="no callable 'nope'"):
+        load_model(_write(tmp_path, "def make(): pass\n").replace(":make", ":nope"))
+    with pytest.raises(ModelSpecError, match="not an nn.Module"):
+        load_model(_write(tmp_path, "def make(): return 3\n", "three"))
+    with pytest.raises(ModelSpecError, match="no nn.ModuleList"):
+        load_model(_write(tmp_path, """
+            import torch
+            class M(torch.nn.Module):
+                def forward(self, tokens, targets):
+                    return tokens.float().mean()
+            def make(): return M()
+        """, "no_blocks"))  # fmt: skip
+
+
+CUMSUM = """
+    import torch
+    import torch.nn.functional as F
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            return x + torch.cumsum(self.up(x), dim=1)
+
+    class M(torch.nn.Module):
+        tp_rules = {"layers.*.up.weight": "KIND"}
+
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(256, 16)
+            self.layers = torch.nn.ModuleList([Block(), Block()])
+            self.head = torch.nn.Linear(16, 256)
+
+        def forward(self, tokens, targets):
+            x = self.embed(tokens)
+            for block in self.layers:
+                x = block(x)
+            return F.cross_entropy(self.head(x).flatten(0, 1), targets.flatten())
+
+    def make():
+        return M()
+"""
+
+
+def test_an_op_without_a_rule_names_its_line(tmp_path: Path) -> None:
+    source = _write(tmp_path, CUMSUM.replace("KIND", "replicate"))
+    with pytest.raises(NoRuleError, match=r"cumsum.*user_model\.py:11"):
+        build_executable(load_model(source), parse_strategy("1x1: R0:L0-1"), StrategyOptions(),
+                         0, seq_len=8, seed=0)  # fmt: skip
+
+
+def test_a_bad_tp_rule_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ModelSpecError, match="choose one of column, row, vocab, replicate"):
+        load_model(_write(tmp_path, CUMSUM.replace("KIND", "colum"), "bad_rule"))
+
+
+def _equal(model: str, strategy: str, kwargs: dict[str, object], batch: int) -> None:
+    config = TrainConfig(model=model, model_overrides=tuple(kwargs.items()), strategy=strategy,
+                         global_batch=batch, seq_len=16, steps=2)  # fmt: skip
+    got, want = train(config).losses, run_reference(config).losses
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5, (got, want)
+
+
+@pytest.mark.multiproc
+def test_gpt2_tied_trains_under_tp_and_dp_equal_to_one_device() -> None:
+    _equal(GPT2, "2x1: R0-1:L0-1; 2x1: R2:L0-1", {"num_layers": 2}, 4)
+
+
+@pytest.mark.multiproc
+def test_gpt2_untied_trains_under_a_heterogeneous_strategy() -> None:
+    _equal(GPT2, "2x1: R0-1:L0 R2:L1; 4x1: R3:L0-1", {"num_layers": 2, "tie": False}, 6)
+
+
+@pytest.mark.multiproc
+def test_convnet_trains_under_dp_and_uneven_pp() -> None:
+    _equal(CONV, "2x1: R0:L0 R1:L1-2; 2x1: R2:L0-2", {"num_layers": 3}, 4)
+
+
+INLINE = """
+    import torch
+    import torch.nn.functional as F
+
+    class Block(torch.nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(width)
+            self.up = torch.nn.Linear(width, 4 * width)
+            self.down = torch.nn.Linear(4 * width, width)
+
+        def forward(self, x):
+            return x + self.down(torch.relu(self.up(self.norm(x))))
+
+    class TokenMLP(torch.nn.Module):
+        tp_rules = {"layers.*.up.*": "column", "layers.*.down.weight": "row"}
+
+        def __init__(self, width, depth):
+            super().__init__()
+            self.embed = torch.nn.Embedding(256, width)
+            self.layers = torch.nn.ModuleList(Block(width) for _ in range(depth))
+            self.head = torch.nn.Linear(width, 256)
+
+        def forward(self, tokens, targets):
+            x = self.embed(tokens)
+            for block in self.layers:
+                x = block(x)
+            return F.cross_entropy(self.head(x).flatten(0, 1), targets.flatten())
+
+    def make(width=16, depth=2):
+        return TokenMLP(width, depth)
+"""
+
+
+@pytest.mark.multiproc
+def test_a_model_the_test_defines_trains_through_the_cli(tmp_path: Path, capsys) -> None:
+    argv = ["train", "--model", _write(tmp_path, INLINE), "--config", '{"depth": 3}',
+            "--strategy", "2x1: R0-1:L0-1 R2:L2; 2x1: R3:L0-2", "--seq-len", "16",
+            "--steps", "2", "--json", "--quiet"]  # fmt: skip
+    assert main(argv) == 0
+    got = [json.loads(line)["loss"] for line in capsys.readouterr().out.splitlines()]
+    assert main([*argv, "--reference"]) == 0
+    want = [json.loads(line)["loss"] for line in capsys.readouterr().out.splitlines()]
+    assert len(got) == 2 and max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5
+
+
+def test_cli_names_a_bad_model(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--model", str(tmp_path / "none.py") + ":make"])
+    assert exit_.value.code == 2 and "no file" in capsys.readouterr().err
+    source = _write(tmp_path, "def make(): return 3\n", "cli_three")
+    assert main(["train", "--model", source, "--strategy", "1x1: R0:L0"]) == 2
+    assert "not an nn.Module" in capsys.readouterr().err
