@@ -10,7 +10,7 @@ tests/test_layering.py.
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "reshard"]
+__all__ = ["__version__", "fit", "reshard"]
 
 
 def __getattr__(name: str) -> object:
@@ -19,4 +19,8 @@ def __getattr__(name: str) -> object:
         from hspmd.markers import reshard
 
         return reshard
+    if name == "fit":  # hspmd.train is the package; fit is its one-call API
+        from hspmd.train.api import fit
+
+        return fit
     raise AttributeError(f"module 'hspmd' has no attribute {name!r}")

@@ -208,3 +208,79 @@ def test_cli_names_a_bad_model(tmp_path: Path, capsys) -> None:
     source = _write(tmp_path, "def make(): return 3\n", "cli_three")
     assert main(["train", "--model", source, "--strategy", "1x1: R0:L0"]) == 2
     assert "not an nn.Module" in capsys.readouterr().err
+
+
+@pytest.mark.multiproc
+def test_a_user_model_takes_zero1_and_a_live_switch() -> None:
+    config = TrainConfig(model=GPT2, model_overrides=(("num_layers", 2), ("tie", False)),
+                         strategy="2x1: R0-1:L0 R2:L1; 2x1: R3:L0-1", global_batch=4,
+                         seq_len=16, steps=3, zero1=True,
+                         switches=((3, "1x2: R0:L0 R1-2:L1; 1x2: R3:L0-1"),))  # fmt: skip
+    got, want = train(config).losses, run_reference(config).losses
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5, (got, want)
+
+
+def test_the_python_api_names_factories_for_the_workers() -> None:
+    from hspmd.models.examples import gpt2
+    from hspmd.train.api import model_source
+
+    assert model_source(gpt2) == GPT2 and model_source("llama-tiny") == "llama-tiny"
+    with pytest.raises(Exception, match="module-level function"):
+        model_source(lambda: None)
+
+
+@pytest.mark.multiproc
+def test_hspmd_fit_is_the_api_the_cli_wraps() -> None:
+    import hspmd
+    from hspmd.models.examples import convnet
+
+    kwargs = {"strategy": "2x1: R0:L0 R1:L1", "global_batch": 2, "seq_len": 8, "steps": 2}
+    got = hspmd.fit(convnet, model_kwargs={"num_layers": 2}, **kwargs).losses
+    want = hspmd.fit(convnet, model_kwargs={"num_layers": 2}, reference=True, **kwargs).losses
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5
+
+
+UNTIED = '{"num_layers": 2, "tie": false}'
+PLAN_STRATEGY = "2x1: R0-1:L0 R2:L1; 2x1: R3:L0-1"
+
+
+def _saved_plan(tmp_path: Path, capsys) -> dict:
+    path = tmp_path / "plan.json"
+    assert main(["train", "--model", GPT2, "--config", UNTIED, "--strategy", PLAN_STRATEGY,
+                 "--seq-len", "16", "--save-plan", str(path)]) == 0  # fmt: skip
+    assert "wrote" in capsys.readouterr().out
+    return json.loads(path.read_text())
+
+
+def _replicate_mlp_of_layer_0(plan: dict) -> None:
+    """Edit a plan as a user would: layer 0's MLP whole on both TP ranks of its stage."""
+    for section in ("parameters", "optimizer_states"):
+        for name in ("layers.0.fc.weight", "layers.0.fc.bias", "layers.0.proj.weight"):
+            plan[section][name]["annotation"] = "hD: [0,1]{D:2} [3]{}"
+    del plan["reshards"]["layers.0.fc.tp_in"], plan["reshards"]["layers.0.proj.tp_out"]
+
+
+def test_a_plan_must_be_what_it_trains(tmp_path: Path, capsys) -> None:
+    plan = _saved_plan(tmp_path, capsys)
+    plan["parameters"]["layers.0.fc.weight"]["annotation"] = "hD: [0,1]{D:2} [3]{}"
+    plan["optimizer_states"]["layers.0.fc.weight"]["annotation"] = "hD: [0,1]{D:2} [3]{}"
+    (tmp_path / "edited.json").write_text(json.dumps(plan))
+    argv = ["train", "--model", GPT2, "--config", UNTIED, "--plan", str(tmp_path / "edited.json")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "layers.0.fc.bias" in err or "layers.0.fc.tp_in" in err, err
+    assert main([*argv, "--strategy", PLAN_STRATEGY]) == 2
+    assert "drop --strategy" in capsys.readouterr().err
+
+
+@pytest.mark.multiproc
+def test_per_parameter_annotations_of_a_plan_drive_training(tmp_path: Path, capsys) -> None:
+    plan = _saved_plan(tmp_path, capsys)
+    _replicate_mlp_of_layer_0(plan)
+    (tmp_path / "edited.json").write_text(json.dumps(plan))
+    argv = ["train", "--model", GPT2, "--config", UNTIED, "--steps", "2", "--json", "--quiet"]
+    assert main([*argv, "--plan", str(tmp_path / "edited.json")]) == 0
+    got = [json.loads(line)["loss"] for line in capsys.readouterr().out.splitlines()]
+    assert main([*argv, "--strategy", PLAN_STRATEGY, "--seq-len", "16", "--reference"]) == 0
+    want = [json.loads(line)["loss"] for line in capsys.readouterr().out.splitlines()]
+    assert len(got) == 2 and max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5

@@ -62,6 +62,7 @@ from hspmd.train.config import (
     TrainError,
 )
 from hspmd.train.faults import parse_injections
+from hspmd.train.planfile import check_plan, config_from_plan, read_plan, write_plan
 from hspmd.train.reference import TrainResult, run_reference
 from hspmd.train.trainer import check_config, num_processes, train, train_elastic
 
@@ -416,11 +417,24 @@ def warnings_of(args: argparse.Namespace, config: TrainConfig) -> list[str]:
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "train",
-        help="train a Llama preset under a strategy on local processes",
+        help="train a model (a preset or any nn.Module) under a strategy on local processes",
         description=__doc__,
         formatter_class=HelpFormatter,
     )
     add_config_arguments(parser, strategy=None)
+    parser.add_argument(
+        "--plan",
+        default=None,
+        metavar="FILE.json",
+        help="train this annotation plan (docs/plan-schema.md): its strategy, options, "
+        "sequence length and per-parameter splits; instead of --strategy",
+    )
+    parser.add_argument(
+        "--save-plan",
+        default=None,
+        metavar="FILE.json",
+        help="write the run's annotation plan (of its first strategy) and exit",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per step")
     parser.add_argument(
         "--reference", action="store_true", help="plain model on one process, no hspmd"
@@ -629,8 +643,28 @@ def event_text(event: dict[str, Any]) -> str:
     return json.dumps(event)
 
 
+def planned_config(args: argparse.Namespace) -> TrainConfig:
+    """``config_from_args``, or with ``--plan`` the plan's run (checked against it)."""
+    if getattr(args, "plan", None) is None:
+        return config_from_args(args)
+    if args.strategy is not None:
+        raise TrainError("--plan carries the strategy: drop --strategy (or drop --plan)")
+    plan = read_plan(args.plan)
+    args.strategy = plan.strategy
+    config = config_from_plan(plan, config_from_args(args))
+    check_plan(plan, config)
+    return config
+
+
 def run(args: argparse.Namespace) -> int:
-    config = config_from_args(args)
+    config = planned_config(args)
+    if getattr(args, "save_plan", None):
+        data = write_plan(config, args.save_plan)
+        print(
+            f"wrote {args.save_plan}: {len(data['parameters'])} parameters, "
+            f"{len(data['reshards'])} reshards, strategy {config.strategy}"
+        )
+        return 0
     for warning in warnings_of(args, config):
         print(f"hspmd {args.command}: warning: {warning}", file=sys.stderr)
     if not args.reference and (done := resumed_step(config)) >= config.steps:

@@ -193,7 +193,7 @@ def _insert_tp_markers(gm: torch.fx.GraphModule, kinds: Mapping[str, str], sourc
 
 
 def _check_tp_use(param: torch.fx.Node, user: torch.fx.Node, kind: str, source: str) -> None:
-    allowed = (F.linear, F.embedding) if kind == "vocab" else (F.linear,)
+    allowed = (F.linear,) if kind == "row" else (F.linear, F.embedding)
     if user.target in allowed:
         return
     where = source_line(user) or source
@@ -255,12 +255,16 @@ def _rules(module: nn.Module, source: str) -> tuple[tuple[str, str], ...]:
     rules = getattr(module, "tp_rules", None) or {}
     if not isinstance(rules, Mapping):
         raise ModelSpecError(f"{source}: tp_rules must be a dict of pattern -> kind, not {rules!r}")
-    for pattern, kind in rules.items():
+    return _checked(tuple((str(p), str(k)) for p, k in rules.items()), source)
+
+
+def _checked(rules: tuple[tuple[str, str], ...], source: str) -> tuple[tuple[str, str], ...]:
+    for pattern, kind in rules:
         if kind not in TP_KINDS:
             raise ModelSpecError(
                 f"{source}: tp_rules[{pattern!r}] = {kind!r}: choose one of {', '.join(TP_KINDS)}"
             )
-    return tuple((str(p), str(k)) for p, k in rules.items())
+    return rules
 
 
 def _shapes(gm: torch.fx.GraphModule, batch: int, length: int) -> dict[str, tuple[int, ...]]:
@@ -304,21 +308,31 @@ def _param_layers(
     return layers
 
 
-def load_model(source: str, kwargs: Mapping[str, Any] | None = None) -> ModuleModel:
-    """Read the model ``source`` names (module docstring) into a ``ModuleModel``."""
+def load_model(
+    source: str,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    tp_rules: tuple[tuple[str, str], ...] | None = None,
+) -> ModuleModel:
+    """Read the model ``source`` names (module docstring) into a ``ModuleModel``;
+    ``tp_rules`` go before the module's own (a plan's per-parameter annotations)."""
     kwargs = dict(kwargs or {})
-    return _load(source, tuple(sorted(kwargs.items())))
+    return _load(source, tuple(sorted(kwargs.items())), tp_rules)
 
 
 @functools.lru_cache(maxsize=16)
-def _load(source: str, kwargs: tuple[tuple[str, Any], ...]) -> ModuleModel:
+def _load(
+    source: str, kwargs: tuple[tuple[str, Any], ...], override: tuple[tuple[str, str], ...] | None
+) -> ModuleModel:
     with torch.device("meta"):
         module = build_module(source, dict(kwargs))
     path, blocks = _blocks(module, source)
     rules = _rules(module, source)
+    if override is not None:
+        rules = _checked(override, source) + rules
     names = [n for n, _ in module.named_parameters()]
     kinds = {n: kind_by_rules(n, rules) for n in names}
-    gm, own = _capture(source, kwargs)
+    gm, own = _capture(source, kwargs, rules)
     num_layers = len(blocks)
     max_len = getattr(module, "max_seq_len", None)
     max_len = max_len if isinstance(max_len, int) else NO_LIMIT
@@ -390,10 +404,11 @@ def _vocab_size(module: nn.Module, gm: torch.fx.GraphModule) -> int:
 
 
 @functools.lru_cache(maxsize=16)
-def _capture(source: str, kwargs: tuple[tuple[str, Any], ...]) -> tuple[torch.fx.GraphModule, bool]:
+def _capture(
+    source: str, kwargs: tuple[tuple[str, Any], ...], rules: tuple[tuple[str, str], ...]
+) -> tuple[torch.fx.GraphModule, bool]:
     with torch.device("meta"):
         module = build_module(source, dict(kwargs))
-    rules = _rules(module, source)
     kinds = {n: kind_by_rules(n, rules) for n, _ in module.named_parameters()}
     return capture_model(module, kinds, source)
 
@@ -401,7 +416,7 @@ def _capture(source: str, kwargs: tuple[tuple[str, Any], ...]) -> tuple[torch.fx
 def model_graph(model: ModuleModel) -> torch.fx.GraphModule:
     """The captured graph of ``model`` on the meta device, with its markers (shared: read
     only, docs/decisions.md "Shared caches")."""
-    return _capture(model.source, model.kwargs)[0]
+    return _capture(model.source, model.kwargs, model.tp_rules)[0]
 
 
 @functools.lru_cache(maxsize=4)

@@ -50,6 +50,9 @@ class TrainConfig:
     model: str = "llama-tiny"
     # preset fields to override, or the factory's keyword arguments: (("num_layers", 2),)
     model_overrides: tuple[tuple[str, Any], ...] = ()
+    # a user module's TP kinds by name pattern, ahead of its own tp_rules (a plan file's
+    # per-parameter annotations: hspmd.train.planfile); None: the module's only
+    tp_rules: tuple[tuple[str, str], ...] | None = None
     strategy: str | None = None  # e.g. "2x2: R0-1:L0-1 R2:L2-3; 4x1: R3:L0-3"
     global_batch: int = 8
     seq_len: int = 64
@@ -234,7 +237,7 @@ class TrainConfig:
         if ":" in self.model:
             from hspmd.models.module import load_model
 
-            return load_model(self.model, dict(self.model_overrides))
+            return load_model(self.model, dict(self.model_overrides), tp_rules=self.tp_rules)
         return get_config(self.model, **dict(self.model_overrides))
 
     @property
