@@ -168,7 +168,7 @@ def _batches(
         rows = stream[: count * global_batch * window].reshape(count, global_batch, window)
         for batch in rows:
             tensor = torch.from_numpy(batch.astype(np.int64))
-            yield tensor[:, :-1], tensor[:, 1:]
+            yield tensor[:, :-1].contiguous(), tensor[:, 1:].contiguous()
         epoch += 1
 
 

@@ -284,3 +284,51 @@ def test_per_parameter_annotations_of_a_plan_drive_training(tmp_path: Path, caps
     assert main([*argv, "--strategy", PLAN_STRATEGY, "--seq-len", "16", "--reference"]) == 0
     want = [json.loads(line)["loss"] for line in capsys.readouterr().out.splitlines()]
     assert len(got) == 2 and max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5
+
+
+# nanoGPT's layout, as a user would bring it: blocks in a ModuleDict's ModuleList, an MLP
+# as nn.Sequential, a causal mask buffer with masked_fill, dropout 0, RMSNorm, own names
+NANO = """
+import math, torch, torch.nn as nn, torch.nn.functional as F
+class Attn(nn.Module):
+    def __init__(s, C, H, T):
+        super().__init__(); s.c_q=nn.Linear(C,C); s.c_k=nn.Linear(C,C); s.c_v=nn.Linear(C,C); s.c_proj=nn.Linear(C,C); s.H=H
+        s.drop=nn.Dropout(0.0)
+        s.register_buffer("mask", torch.tril(torch.ones(T,T)).view(1,1,T,T))
+    def forward(s, x):
+        B,T,C = x.size()
+        q=s.c_q(x).view(B,T,s.H,C//s.H).transpose(1,2); k=s.c_k(x).view(B,T,s.H,C//s.H).transpose(1,2); v=s.c_v(x).view(B,T,s.H,C//s.H).transpose(1,2)
+        att=(q @ k.transpose(-2,-1)) * (1.0/math.sqrt(k.size(-1)))
+        att=att.masked_fill(s.mask.narrow(2,0,T).narrow(3,0,T)==0, float('-inf'))
+        att=s.drop(F.softmax(att, dim=-1))
+        y=(att @ v).transpose(1,2).contiguous().view(B,T,C)
+        return s.c_proj(y)
+class Block(nn.Module):
+    def __init__(s,C,H,T):
+        super().__init__(); s.ln1=nn.RMSNorm(C); s.attn=Attn(C,H,T); s.ln2=nn.LayerNorm(C); s.mlp=nn.Sequential(nn.Linear(C,4*C), nn.GELU(), nn.Linear(4*C,C), nn.Dropout(0.0))
+    def forward(s,x):
+        x = x + s.attn(s.ln1(x)); return x + s.mlp(s.ln2(x))
+class GPT(nn.Module):
+    tp_rules={"*.c_q.*":"column","*.c_k.*":"column","*.c_v.*":"column","*.c_proj.weight":"row","*.mlp.0.*":"column","*.mlp.2.weight":"row"}
+    def __init__(s, C=32, H=4, T=32, L=3):
+        super().__init__(); s.max_seq_len=T
+        s.transformer=nn.ModuleDict(dict(wte=nn.Embedding(256,C), wpe=nn.Embedding(T,C), h=nn.ModuleList([Block(C,H,T) for _ in range(L)]), ln_f=nn.LayerNorm(C)))
+        s.lm_head=nn.Linear(C,256,bias=False)
+    def forward(s, idx, targets):
+        b,t = idx.size()
+        pos=torch.arange(0,t,dtype=torch.long,device=idx.device)
+        x=s.transformer.wte(idx)+s.transformer.wpe(pos)
+        for blk in s.transformer.h: x=blk(x)
+        logits=s.lm_head(s.transformer.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+def make(**kw): return GPT(**kw)
+"""
+
+
+@pytest.mark.multiproc
+def test_a_nanogpt_style_model_trains_under_tp_and_pp(tmp_path: Path) -> None:
+    source = _write(tmp_path, NANO, "nano")
+    model = load_model(source)
+    assert model.param_layer("transformer.h.2.mlp.2.weight") == 2
+    assert model.param_kind("transformer.h.0.attn.c_proj.weight") == "row"
+    _equal(source, "2x1: R0-1:L0-1 R2:L2; 2x1: R3:L0-2", {}, 4)

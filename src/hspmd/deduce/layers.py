@@ -1,4 +1,5 @@
-"""Rules for layers of common user models: layer_norm, convolutions, pad.
+"""Rules for layers of common user models: layer_norm, rms_norm, convolutions, pad,
+dropout, masked_fill.
 
 ``layer_norm(x, normalized_shape, weight, bias)`` normalizes over the last
 ``len(normalized_shape)`` dims, so on one axis::
@@ -15,6 +16,11 @@ duplicate); channels and spatial dims are not (a halo exchange is not a reshard)
     S(0)    D       S(0)
     D       D       D
 
+``rms_norm`` is ``layer_norm`` without the bias. ``dropout`` with ``p=0`` (or not
+training) is the identity; with ``p > 0`` each rank would draw its own mask, so it is
+refused. ``masked_fill(x, mask, value)``: a pointwise op in x (partial refused), the mask
+broadcast like any input.
+
 ``pad(x, pad)``: a split or partial dim passes when it is not padded (zero padding is
 linear, so a partial input stays partial).
 """
@@ -24,10 +30,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from hspmd.deduce.pointwise import broadcast_split
 from hspmd.deduce.rules import DUP, PARTIAL, OpCall, RuleError, placements_text, register
 
 
-@register(F.layer_norm, torch.layer_norm)
+def _pointwise_split(call: OpCall, placements: tuple[int, ...]) -> int:
+    split = broadcast_split(call, placements)
+    return DUP if split is None else split
+
+
+@register(F.layer_norm, torch.layer_norm, F.rms_norm, torch.rms_norm)
 def layer_norm(call: OpCall, placements: tuple[int, ...]) -> int:
     x, *affine = placements
     normalized = call.arg(1, "normalized_shape")
@@ -74,3 +86,24 @@ def pad(call: OpCall, placements: tuple[int, ...]) -> int:
             "reshard the input to duplicate first",
         )
     return x
+
+
+@register(F.dropout, torch.dropout, "dropout")
+def dropout(call: OpCall, placements: tuple[int, ...]) -> int:
+    if call.arg(1, "p", 0.5) and call.arg(2, "training", True):
+        raise RuleError(
+            f"dropout with p={call.arg(1, 'p', 0.5)} while training: each rank would drop "
+            "other elements than one device does",
+            "set the dropout probability to 0 (nn.Dropout(0.0))",
+        )
+    return placements[0]
+
+
+@register("masked_fill", torch.masked_fill)
+def masked_fill(call: OpCall, placements: tuple[int, ...]) -> int:
+    if PARTIAL in placements:
+        raise RuleError(
+            f"masked_fill of {placements_text(placements)}: a partial sum cannot be filled",
+            "reshard the input to duplicate (all-reduce) first",
+        )
+    return _pointwise_split(call, placements)

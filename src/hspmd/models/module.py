@@ -221,6 +221,20 @@ def _mark_output(graph: torch.fx.Graph, user: torch.fx.Node, name: str) -> None:
     user.replace_all_uses_with(last, delete_user_cb=lambda n: n is not marked)
 
 
+def _name_inputs(graph: torch.fx.Graph, source: str) -> None:
+    """forward's two inputs are hspmd's ``tokens`` and ``targets``, whatever their names."""
+    inputs = [n for n in graph.nodes if n.op == "placeholder"]
+    if len(inputs) != 2:
+        raise ModelSpecError(
+            f"{source}: forward takes {[str(n.target) for n in inputs]}; it must take "
+            "(tokens, targets) and return the loss"
+        )
+    for node, name in zip(inputs, ("tokens", "targets"), strict=True):
+        if node.target != name:
+            node.target = name
+            node._rename(name)
+
+
 def capture_model(
     module: nn.Module, kinds: Mapping[str, str], source: str
 ) -> tuple[torch.fx.GraphModule, bool]:
@@ -233,9 +247,13 @@ def capture_model(
     except ModelSpecError:
         raise
     except Exception as error:
+        hint = (
+            "slice a tensor by a traced size with torch.narrow(t, dim, 0, T), not t[:T]"
+            if "slice indices" in str(error)
+            else "keep data-dependent control flow and asserts on sizes out of forward"
+        )
         raise CaptureError(
-            f"torch.fx cannot trace {source} ({type(module).__name__}.forward): {error}. "
-            "Keep data-dependent control flow out of forward (branch on shapes or config only)"
+            f"torch.fx cannot trace {source} ({type(module).__name__}.forward): {error}: {hint}"
         ) from error
     names = [str(n.args[1]) for n in graph.nodes if is_reshard_node(n)]
     if len(names) != len(set(names)):  # the module's own layers.{i}.input and ours
@@ -243,6 +261,7 @@ def capture_model(
         plain = InliningTracer()
         plain.record_stack_traces = True
         graph = plain.trace(module)
+    _name_inputs(graph, source)
     gm = torch.fx.GraphModule(module, graph, class_name=type(module).__name__)
     _insert_tp_markers(gm, kinds, source)
     return gm, own

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -316,10 +317,39 @@ class _Builder:
         source, *sizes = node.args
         packed = len(sizes) == 1 and isinstance(sizes[0], list | tuple)
         flat = list(sizes[0]) if packed else sizes  # type: ignore[arg-type]
-        local = local_view_sizes(flat, self.ag.shape(node.name), self.local_shape(node))
-        new_sizes = (tuple(local),) if packed else local
-        args = torch.fx.node.map_arg((source, *new_sizes), self.env.__getitem__)
+        full, here = self.ag.shape(node.name), self.local_shape(node)
+        mapped = torch.fx.node.map_arg(
+            list(local_view_sizes(flat, full, here)), self.env.__getitem__
+        )
+        local: list[Any] = list(mapped)
+        for dim, size in enumerate(flat):
+            if isinstance(size, torch.fx.Node) and full[dim] != here[dim] and self._whole(size):
+                # a size read from a tensor that is whole on this rank: the global size
+                local[dim] = self.graph.call_function(
+                    operator.floordiv, (self.env[size], full[dim] // here[dim])
+                )
+        new_sizes = (tuple(local),) if packed else tuple(local)
+        args = (self.env[source], *new_sizes)  # type: ignore[index]
         self.env[node] = self.graph.call_method(str(node.target), args, {})
+
+    def _whole(self, size: torch.fx.Node) -> bool:
+        """True if ``size`` reads a dim of a tensor that is whole on this rank (``x.size()[i]``,
+        ``x.size(i)``, ``x.shape[i]``): its runtime value is then the global size."""
+        source: Any = None
+        dim: Any = None
+        if size.target is operator.getitem and isinstance(size.args[1], int):
+            parent = size.args[0]
+            if isinstance(parent, torch.fx.Node) and (
+                (parent.op == "call_method" and parent.target == "size" and len(parent.args) == 1)
+                or (parent.target is getattr and parent.args[1] == "shape")
+            ):
+                source, dim = parent.args[0], size.args[1]
+        elif size.op == "call_method" and size.target == "size" and len(size.args) == 2:
+            source, dim = size.args[0], size.args[1]
+        if not isinstance(source, torch.fx.Node) or not isinstance(dim, int):
+            return False
+        shape = self.ag.shape(source.name)
+        return self.local_shape(source)[dim] == shape[dim]
 
     def embedding(self, node: torch.fx.Node) -> None:
         tokens, weight = node.args[0], node.args[1]
