@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from hspmd.models.config import get_config
@@ -19,10 +21,11 @@ from hspmd.planner.lengths import (
     choose,
     dispatch,
     fixed_dispatcher,
+    load_plans,
     plan_lengths,
     plan_strategies,
     plans_json,
-    read_plans,
+    switch_matrix,
 )
 from hspmd.switch.cluster import load_cluster
 
@@ -121,10 +124,19 @@ def test_plan_strategies_on_the_paper_cluster_round_trip() -> None:
     plans = plan_strategies(config, cost, hist, step_tokens=200_000, options=[options])
     assert [p.max_len for p in plans] == sorted({p.max_len for p in plans})
     assert plans[-1].max_len == 16384 and all(p.gpus <= 32 for p in plans)
+    switch = switch_matrix(plans, config, cost)
+    assert all(switch[i][i] == 0 for i in range(len(plans)))
     data = plans_json(plans, hist, model="llama-32b", cluster="h20x32", step_tokens=200_000,
-                      options=options)  # fmt: skip
-    back = read_plans(data, "plans.json")
-    assert [(m, str(s)) for m, s, _ in back] == [(p.max_len, str(p.strategy)) for p in plans]
+                      switch=switch)  # fmt: skip
+    back, back_switch = load_plans(json.loads(json.dumps(data)), "plans.json")
+    assert [(p.max_len, str(p.strategy)) for p in back] == [
+        (p.max_len, str(p.strategy)) for p in plans
+    ]
+    assert back_switch == switch
+    step = [300] * 300 + [2000] * 20 + [12000]
+    assert choose(step, back, current=None, switch=lambda a, b: 0.0) == choose(
+        step, plans, current=None, switch=lambda a, b: 0.0
+    )
     assert parse_strategy(str(plans[-1].strategy)).ranks[-1] < 32
     with pytest.raises(LengthPlanError, match="version 1"):
-        read_plans({**data, "version": 2}, "plans.json")
+        load_plans({**data, "version": 2}, "plans.json")

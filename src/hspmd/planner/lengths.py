@@ -42,7 +42,7 @@ One GPU kind (mixed kinds: ``planner.search``). No torch here.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +71,9 @@ __all__ = [
     "plan_lengths",
     "plan_strategies",
     "switch_seconds",
+    "load_plans",
+    "plans_json",
+    "switch_matrix",
 ]
 
 
@@ -277,8 +280,10 @@ class PipeSpec:
 
     def to_json(self) -> dict[str, Any]:
         c = self.model.config
+        m = self.model
         return {"tp": c.tp, "pp": c.pp, "max_len": self.row_len,
-                "micro_batches": self.micro_batches}  # fmt: skip
+                "micro_batches": self.micro_batches,
+                "cost": {"o": m.o, "a": m.a, "q": m.q, "send_o": m.send_o, "send_a": m.send_a}}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -658,33 +663,67 @@ def fixed_dispatcher(plan: LengthStrategy) -> Callable[..., Assignment]:
 
 def plans_json(
     plans: Sequence[LengthStrategy], hist: Histogram, *, model: str, cluster: str,
-    step_tokens: int, options: StrategyOptions,
+    step_tokens: int, switch: Sequence[Sequence[float]],
 ) -> dict[str, Any]:  # fmt: skip
-    """The ``hspmd plan --data`` file (docs/mixed-length.md, "Plans file")."""
+    """The ``hspmd plan --data`` file (docs/mixed-length.md, "The plans file");
+    ``switch[i][j]``: the predicted seconds of the switch from strategy ``i`` to ``j``."""
     return {
         "format": "hspmd.length-plans", "version": 1, "model": model, "cluster": cluster,
-        "tokens_per_step": step_tokens, "max_len": hist.max_len, "options": str(options),
-        "recompute": options.recompute, "sequence_parallel": options.sequence_parallel,
+        "tokens_per_step": step_tokens, "max_len": hist.max_len,
         "histogram": hist.to_json(), "strategies": [p.to_json() for p in plans],
+        "switch_s": [[float(x) for x in row] for row in switch],
     }  # fmt: skip
 
 
-def read_plans(data: Mapping[str, Any], where: str) -> list[tuple[int, Strategy, list[int]]]:
-    """``(max_len, strategy, row length per pipeline)`` of each strategy of a plans file."""
+def switch_matrix(
+    plans: Sequence[LengthStrategy], config: LlamaConfig, cost: CostModel
+) -> list[list[float]]:
+    """``switch_seconds`` between every pair of ``plans`` (0 on the diagonal)."""
+    return [
+        [0.0 if i == j else switch_seconds(a.strategy, b.strategy, config, cost)
+         for j, b in enumerate(plans)]
+        for i, a in enumerate(plans)
+    ]  # fmt: skip
+
+
+def load_plans(data: Any, where: str) -> tuple[list[LengthStrategy], list[list[float]]]:
+    """The strategies of a plans file (``plans_json``) and its switch matrix."""
     from hspmd.plan.strategy import StrategyError, parse_strategy
 
-    if data.get("format") != "hspmd.length-plans" or data.get("version") != 1:
+    if not isinstance(data, dict) or data.get("format") != "hspmd.length-plans":
         raise LengthPlanError(
-            f"{where}: not a plans file of version 1 (format hspmd.length-plans): write it "
-            "with `hspmd plan --data ... --out`"
+            f"{where}: not a plans file (format hspmd.length-plans): write one with "
+            "`hspmd plan --data PATH --max-seq-len L --tokens-per-step N --out FILE`"
+        )
+    if data.get("version") != 1:
+        raise LengthPlanError(
+            f"{where}: plans file version {data.get('version')!r}, this hspmd reads version 1: "
+            "write it again with this hspmd's `hspmd plan --data`"
         )
     out = []
     try:
         for entry in data["strategies"]:
-            caps = [int(p["max_len"]) for p in entry["pipelines"]]
-            out.append((int(entry["max_len"]), parse_strategy(entry["strategy"]), caps))
+            strategy = parse_strategy(entry["strategy"])
+            pipes, intervals = [], []
+            for pipe in entry["pipelines"]:
+                c = pipe["cost"]
+                model = PipeModel(PipeConfig(int(pipe["tp"]), int(pipe["pp"])), float(c["o"]),
+                                  float(c["a"]), float(c["q"]), float(c["send_o"]),
+                                  float(c["send_a"]), int(pipe["max_len"]))  # fmt: skip
+                pipes.append(PipeSpec(model, int(pipe["max_len"]), int(pipe["micro_batches"])))
+                lo, hi = pipe["lengths"]
+                intervals.append((int(lo), int(hi)))
+            options = StrategyOptions(recompute=bool(entry.get("recompute", False)))
+            out.append(LengthStrategy(int(entry["max_len"]), tuple(pipes), tuple(intervals),
+                                      float(entry["predicted_step_s"]), float(entry["sync_s"]),
+                                      strategy, options))  # fmt: skip
+            if len(strategy.pipelines) != len(pipes):
+                raise ValueError(f"strategy {entry['strategy']!r} has not {len(pipes)} pipelines")
+        switch = [[float(x) for x in row] for row in data["switch_s"]]
     except (KeyError, TypeError, ValueError, StrategyError) as error:
-        raise LengthPlanError(f"{where}: bad strategies entry ({error})") from None
+        raise LengthPlanError(f"{where}: bad plans file ({error})") from None
     if not out:
         raise LengthPlanError(f"{where}: no strategies")
-    return out
+    if len(switch) != len(out) or any(len(row) != len(out) for row in switch):
+        raise LengthPlanError(f"{where}: switch_s is not {len(out)} x {len(out)}")
+    return out, switch
