@@ -6,9 +6,10 @@ sequence parallelism, about 200K tokens per step, contexts 16K and 32K. Document
 (tokens) are drawn, seeded, from two long-tailed distributions standing in for the paper's
 corpora (its exact histograms are not published as numbers):
 
-- ``commoncrawl``: lognormal, median 700 tokens, sigma 1.2 (about 98% under 8K);
-- ``github``: lognormal, median 900 tokens, sigma 1.7 (a heavier tail: about 92% under
-  8K, 2% over 16K).
+- ``commoncrawl``: lognormal, median 700 tokens, sigma 1.2 (98% under 8K, as the paper's
+  "97% under 8K"; 0.4% over 16K);
+- ``github``: lognormal, median 900 tokens, sigma 1.7 (a heavier tail: 90% under 8K, 4%
+  over 16K).
 
 A document over the context is truncated to it. Each step takes documents until the next
 would pass the step's tokens. Every method below is costed by the same model

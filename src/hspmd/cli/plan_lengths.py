@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from hspmd.data import DEFAULT_MAX_BYTES, load_documents, split_documents
 from hspmd.models.config import get_config
@@ -24,12 +26,15 @@ from hspmd.planner.cost import CostModel
 from hspmd.planner.lengths import (
     Histogram,
     LengthPlanError,
+    load_plans,
     plan_strategies,
     plans_json,
     switch_matrix,
 )
 from hspmd.planner.local import local_cost
 from hspmd.switch.cluster import load_cluster
+from hspmd.train.config import TrainConfig
+from hspmd.train.packing import length_plans, plan_schedule
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -90,3 +95,31 @@ def run(args: argparse.Namespace) -> int:
                            for s, (lo, hi) in zip(p.pipes, p.intervals, strict=True))  # fmt: skip
         print(f"max {p.max_len}: {p.strategy}  [{ranges}]  predicted {p.predicted_s:.4g} s")
     return 0
+
+
+def read_plans_file(path: str) -> tuple[str, dict[str, Any]]:
+    """``hspmd train --plans FILE``: the file's text and its JSON (errors: one line)."""
+    try:
+        text = Path(path).read_text()
+        data = json.loads(text)
+    except OSError as error:
+        raise LengthPlanError(f"--plans {path}: cannot read it ({error.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise LengthPlanError(f"--plans {path}: not JSON ({error}): write it with `hspmd plan --data`") from None  # fmt: skip
+    load_plans(data, f"--plans {path}")
+    return text, data
+
+
+def apply_plans(config: TrainConfig, text: str, *, path: str) -> TrainConfig:
+    """``config`` under a plans file: the first step's chosen strategy, a switch (bf16
+    weights only) before every step whose chosen strategy differs from the one before."""
+    if config.strategy is not None or config.switches:
+        raise LengthPlanError(f"--plans {path} chooses every step's strategy: drop --strategy and --switch")  # fmt: skip
+    config = replace(config, length_plans=text, switch_mode="weights")
+    plans, _ = length_plans(config)
+    texts = [str(plans[k].strategy) for k, _, _ in plan_schedule(config)]
+    switches = tuple(
+        (step, t) for step, (t, before) in enumerate(zip(texts[1:], texts, strict=False), start=2)
+        if t != before
+    )  # fmt: skip
+    return replace(config, strategy=texts[0], switches=switches)

@@ -63,6 +63,7 @@ __all__ = [
     "PipeModel",
     "PipeSpec",
     "Rows",
+    "assignment_seconds",
     "choose",
     "dispatch",
     "fixed_dispatcher",
@@ -659,6 +660,20 @@ def fixed_dispatcher(plan: LengthStrategy) -> Callable[..., Assignment]:
         )
 
     return run
+
+
+def assignment_seconds(a: Assignment, plan: LengthStrategy) -> float:
+    """The predicted time of a step as ``a`` packs it into ``plan``'s pipelines."""
+    rows: list[dict[tuple[int, int], list[float]]] = [{} for _ in plan.pipes]
+    for (p, m, r), n in zip(a.slots, a.doc_lengths, strict=True):
+        row = rows[p].setdefault((m, r), [0.0, 0.0])
+        row[0] += n
+        row[1] += float(n) * n
+    times = [
+        spec.model.seconds([(x[0], x[1]) for x in pipe.values()])
+        for spec, pipe in zip(plan.pipes, rows, strict=True)
+    ]
+    return max(times) + plan.sync_s
 
 
 def plans_json(
