@@ -196,6 +196,10 @@ def run_case(dist: str, max_len: int, n_steps: int, seed: int) -> dict[str, Any]
         hotspa.append(total + per_bucket[current].sync_s)
 
     ours, ours_switches, chosen, here = [], 0, [], None
+    for a in plans:  # the switch estimates, before timing the choices
+        for b in plans:
+            switch(a, b)
+    t_choose = time.perf_counter()
     for step in steps:
         k, t, s = choose(step, plans, current=here,
                          switch=lambda a, b: switch(plans[a], plans[b]))  # fmt: skip
@@ -203,7 +207,9 @@ def run_case(dist: str, max_len: int, n_steps: int, seed: int) -> dict[str, Any]
         ours_switches += s > 0
         chosen.append(plans[k].max_len)
         here = k
+    choose_s = (time.perf_counter() - t_choose) / len(steps)
     ideal = [ideal_seconds(step, config, cost) for step in steps]
+    switches = [v for v in switch_cache.values() if v > 0]
     mean = statistics.mean
     return {
         "case": f"{dist} {max_len // 1024}K", "steps": n_steps,
@@ -214,7 +220,8 @@ def run_case(dist: str, max_len: int, n_steps: int, seed: int) -> dict[str, Any]
         "ours_s": mean(ours), "ideal_s": mean(ideal),
         "hotspa_switches": hotspa_switches, "ours_switches": ours_switches,
         "ours_chosen": {str(m): chosen.count(m) for m in sorted(set(chosen))},
-        "plan_s": plan_s,
+        "plan_s": plan_s, "choose_s": choose_s,
+        "switch_s": (min(switches), max(switches)) if switches else (0.0, 0.0),
         "full_window_plan": _describe(full_plan), "varlen_plan": _describe(var_plan),
         "hotspa_plans": {str(b): _describe(p) for b, p in per_bucket.items()},
         "ours_plans": {str(p.max_len): _describe(p) for p in plans},
@@ -254,7 +261,9 @@ def main() -> None:
         )
     for r in rows:
         print(f"{r['case']}: {r['docs_per_step']:.0f} docs, {r['tokens_per_step']:.0f} tokens a "
-              f"step, {r['under_8k']:.1%} of documents under 8K; planning {r['plan_s']:.2f} s")  # fmt: skip
+              f"step, {r['under_8k']:.1%} of documents under 8K; planning {r['plan_s']:.2f} s, "
+              f"choosing {r['choose_s'] * 1e3:.1f} ms a step, switches {r['switch_s'][0]:.2f}-"
+              f"{r['switch_s'][1]:.2f} s")  # fmt: skip
         print(f"  full-window {r['full_window_plan']}; varlen {r['varlen_plan']}")
         print(f"  hotspa {r['hotspa_plans']} ({r['hotspa_switches']} switches)")
         print(
