@@ -385,8 +385,8 @@ def plan_lengths(
         x = sum(per[k][1] for k in range(i - 1, j)) / n
         d = sum(per[k][0] for k in range(i - 1, j)) / n
         rows = max(1, min(math.ceil(x / row_len), math.ceil(d)))
-        for _ in range(n):
-            pipes.append(PipeSpec(models[mi], row_len, rows))
+        for _ in range(n):  # one micro-batch more than expected: room for fuller steps
+            pipes.append(PipeSpec(models[mi], row_len, rows + 1))
             intervals.append((lo, edges[j - 1]))
         j, g = i - 1, g - n * models[mi].config.gpus
     order = sorted(
