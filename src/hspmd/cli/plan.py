@@ -41,7 +41,7 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_common(parser)
-    parser.add_argument("--global-batch", type=int, required=True, help="samples per step")
+    parser.add_argument("--global-batch", type=int, default=None, help="samples per step")
     parser.add_argument(
         "--zero1", default="auto", choices=("auto", "on", "off"),
         help="ZeRO-1 (auto: on wherever there are replicas)",
@@ -63,10 +63,23 @@ def register(subparsers: Any) -> None:
     elastic.add_argument(
         "--min-replicas", type=int, default=2, help="pipelines that hold every layer (default 2)"
     )
+    from hspmd.cli.plan_lengths import add_arguments
+
+    add_arguments(parser)
+    for action in parser._actions:  # optional with --data (the length planner's defaults)
+        if action.dest in ("model", "cluster"):
+            action.required = False
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.data is not None:
+        from hspmd.cli.plan_lengths import run as run_lengths
+
+        return run_lengths(args)
+    missing = [f"--{n}" for n in ("model", "cluster", "global_batch") if getattr(args, n) is None]
+    if missing:
+        raise PlanError(f"hspmd plan needs {' and '.join(missing).replace('_', '-')} (or --data)")
     config, cost, seq_len = setup(args)
     if args.global_batch < 1:
         raise PlanError(f"--global-batch {args.global_batch}: give at least 1")

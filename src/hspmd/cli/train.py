@@ -228,6 +228,13 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | Non
         help="with --tokens-per-step: the longest packed row (default: --seq-len)",
     )
     parser.add_argument(
+        "--plans",
+        default=None,
+        metavar="FILE",
+        help="length plans of `hspmd plan --data`: per step the strategy with the least "
+        "predicted time, switching bf16 weights when it changes (docs/mixed-length.md)",
+    )
+    parser.add_argument(
         "--long-docs",
         default="truncate",
         choices=["truncate", "drop", "error"],
@@ -320,12 +327,19 @@ def model_kwargs(text: str | None) -> tuple[tuple[str, Any], ...]:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     step_tokens = getattr(args, "tokens_per_step", None)
     max_seq_len = getattr(args, "max_seq_len", None)
+    plans = None
+    if getattr(args, "plans", None):  # length plans (hspmd.cli.plan_lengths)
+        from hspmd.cli.plan_lengths import apply_plans, read_plans_file
+
+        plans, data = read_plans_file(args.plans)
+        step_tokens = step_tokens or int(data["tokens_per_step"])
+        max_seq_len = max_seq_len or int(data["max_len"])
     if max_seq_len is not None and step_tokens is None:
         raise TrainError(
             f"--max-seq-len {max_seq_len} needs --tokens-per-step N (variable-length steps); "
             "for fixed batches give --seq-len"
         )
-    return TrainConfig(
+    config = TrainConfig(
         model=args.model,
         model_overrides=model_kwargs(getattr(args, "config", None)),
         strategy=args.strategy,
@@ -359,6 +373,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         spares=getattr(args, "spares", 0),
         grow=parse_grow(getattr(args, "grow", [])),
     )
+    return config if plans is None else apply_plans(config, plans, path=args.plans)
 
 
 def parse_grow(values: list[str]) -> tuple[tuple[int, int], ...]:

@@ -94,6 +94,9 @@ class TrainConfig:
     # tokens per step, packed into the micro-batches; ``seq_len`` is then the maximum length
     step_tokens: int | None = None
     long_docs: str = "truncate"  # a document over seq_len tokens: truncate, drop or error
+    # a plans file's text (``hspmd plan --data``): per step the strategy with the least
+    # predicted time is chosen (hspmd.train.packing.planned_steps); ``switches`` follow it
+    length_plans: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("global_batch", "seq_len", "steps", "save_every", "bucket_bytes"):
@@ -220,7 +223,7 @@ class TrainConfig:
                 f"--tokens-per-step {self.step_tokens} is below --max-seq-len {self.seq_len}: "
                 "a step must hold a document of the maximum length; raise it"
             )
-        if self.switches:
+        if self.switches and self.length_plans is None:
             raise TrainError(
                 "--switch with --tokens-per-step is not supported yet: train variable-length "
                 "steps under one strategy"
@@ -294,6 +297,8 @@ class StepRecord:
     pipeline_tokens: tuple[int, ...] | None = None
     truncated: int | None = None
     dropped: int | None = None
+    plan: int | None = None  # with --plans: the strategy chosen for this step
+    predicted_seconds: float | None = None  # and its predicted step time
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -310,4 +315,6 @@ class StepRecord:
             out["sequences"] = list(self.sequences)
             out["pipeline_tokens"] = list(self.pipeline_tokens or ())
             out["truncated"], out["dropped"] = self.truncated, self.dropped
+        if self.plan is not None:
+            out["plan"], out["predicted_seconds"] = self.plan, self.predicted_seconds
         return out

@@ -61,7 +61,7 @@ from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.faults import inject
 from hspmd.train.home import home_annotations, home_post, run_ranks, switch_weights
 from hspmd.train.layout import Layout, Role
-from hspmd.train.packing import PackedStep, packed_steps, record_fields
+from hspmd.train.packing import PackedStep, packed_steps, planned_steps, record_fields
 from hspmd.train.post import MixedPost, PlainPost, Post
 from hspmd.train.slowdown import Slowdown, slowdown_of
 from hspmd.train.sync import SyncItem, grad_sync_plan
@@ -409,7 +409,13 @@ def run_rank(
     switches = dict(config.switches)
     # every rank reads the stream: a rank idle now may train after a switch
     data: Iterator[Batch] = islice(
-        packed_steps(config, active.layout.strategy) if config.packed else step_batches(config),
+        (
+            planned_steps(config)
+            if config.length_plans
+            else packed_steps(config, active.layout.strategy)
+        )
+        if config.packed
+        else step_batches(config),
         first - 1,
         None,
     )

@@ -26,6 +26,7 @@ compute the same packing from the same data and strategy.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,11 +36,15 @@ from typing import Any
 import torch
 
 from hspmd.data import DEFAULT_MAX_BYTES, DocumentStep, document_steps
-from hspmd.plan.dispatch import Assignment, Dispatcher, balanced
+from hspmd.plan.dispatch import Assignment, Dispatcher, DispatchError, balanced
 from hspmd.plan.strategy import Strategy
+from hspmd.planner.lengths import LengthStrategy, assignment_seconds, fixed_dispatcher, load_plans
 from hspmd.train.config import TrainConfig
 
-__all__ = ["MicroBatch", "PackedStep", "length_multiple", "pack", "packed_steps", "record_fields"]
+__all__ = [
+    "MicroBatch", "PackedStep", "length_multiple", "length_plans", "pack", "packed_steps",
+    "plan_schedule", "planned_steps", "record_fields",
+]  # fmt: skip
 
 IGNORE = -100
 """The target of padding: ``F.cross_entropy``'s default ``ignore_index``."""
@@ -63,6 +68,8 @@ class PackedStep:
     assignment: Assignment
     truncated: int = 0
     dropped: int = 0
+    plan: int | None = None  # with length plans: the strategy chosen for this step
+    predicted: float | None = None  # its predicted step seconds (without the switch)
 
     @property
     def tokens(self) -> int:
@@ -81,7 +88,10 @@ def length_multiple(strategy: Strategy, *, sequence_parallel: bool) -> int:
     return math.lcm(*(stage.tp for _, _, stage in strategy.stages()))
 
 
-def pack(step: DocumentStep, assignment: Assignment) -> PackedStep:
+def pack(
+    step: DocumentStep, assignment: Assignment, *, plan: int | None = None,
+    predicted: float | None = None,
+) -> PackedStep:  # fmt: skip
     """The micro-batches of ``step`` as ``assignment`` places its documents."""
     rows: dict[tuple[int, int, int], list[torch.Tensor]] = {}
     for doc, slot in zip(step.documents, assignment.slots, strict=True):
@@ -106,7 +116,7 @@ def pack(step: DocumentStep, assignment: Assignment) -> PackedStep:
                 real += at
             micro.append(MicroBatch(tokens, targets, segments, real))
         pipelines.append(tuple(micro))
-    return PackedStep(tuple(pipelines), assignment, step.truncated, step.dropped)
+    return PackedStep(tuple(pipelines), assignment, step.truncated, step.dropped, plan, predicted)
 
 
 def packed_steps(
@@ -133,12 +143,72 @@ def packed_steps(
         yield pack(step, assignment)
 
 
+def length_plans(config: TrainConfig) -> tuple[list[LengthStrategy], list[list[float]]]:
+    """The strategies and switch times of ``config.length_plans`` (a plans file's text)."""
+    assert config.length_plans is not None
+    return load_plans(json.loads(config.length_plans), "--plans")
+
+
+def plan_schedule(config: TrainConfig) -> list[tuple[int, float, float]]:
+    """Per step ``(plan, predicted seconds, predicted switch seconds)``: see
+    ``planned_steps``."""
+    return [(s.plan or 0, s.predicted or 0.0, sw) for s, sw in _planned(config)]
+
+
+def planned_steps(config: TrainConfig) -> Iterator[PackedStep]:
+    """The packed steps of a run under length plans (``hspmd train --plans``): per step the
+    strategy with the least predicted time plus switch from the one before
+    (``planner.lengths.choose``, each strategy's micro-batches fixed, dispatched by
+    ``fixed_dispatcher``; a strategy whose micro-batches the step cannot fill, or whose
+    rows cannot hold it, is passed over), packed as that strategy's pipelines take them."""
+    for step, _ in _planned(config):
+        yield step
+
+
+def _planned(config: TrainConfig) -> Iterator[tuple[PackedStep, float]]:
+    assert config.step_tokens is not None
+    plans, switch = length_plans(config)
+    strategies = [p.strategy for p in plans]
+    multiples = [length_multiple(s, sequence_parallel=config.sequence_parallel) for s in strategies]
+    stream = document_steps(
+        config.step_tokens, config.seed, max_len=config.seq_len, long_docs=config.long_docs,
+        min_documents=min(sum(p.num_micro_batches for p in s.pipelines) for s in strategies),
+        path=config.data, max_bytes=config.data_max_bytes or DEFAULT_MAX_BYTES,
+    )  # fmt: skip
+    current: int | None = None
+    for step in islice(stream, config.steps):
+        best: tuple[float, int, Assignment, float, float] | None = None
+        for k, (plan, strategy) in enumerate(zip(plans, strategies, strict=True)):
+            slots = [(p.num_micro_batches, p.micro_batch_size) for p in strategy.pipelines]
+            try:
+                a = fixed_dispatcher(plan)(step.lengths, slots=slots, max_len=config.seq_len,
+                                           multiple=multiples[k])  # fmt: skip
+            except DispatchError:
+                continue
+            t = assignment_seconds(a, plan)
+            s = switch[current][k] if current is not None and current != k else 0.0
+            if best is None or t + s < best[0]:
+                best = (t + s, k, a, t, s)
+        if best is None:
+            raise DispatchError(
+                f"a step of {len(step.lengths)} documents ({sum(step.lengths)} tokens, longest "
+                f"{max(step.lengths)}) fits no strategy of --plans: plan again with these "
+                "--tokens-per-step and --max-seq-len"
+            )
+        _, k, a, t, s = best
+        current = k
+        yield pack(step, a, plan=k, predicted=t), s
+
+
 def record_fields(step: PackedStep) -> dict[str, Any]:
     """A packed step's ``StepRecord`` fields: real tokens, documents and tokens per
     pipeline, long documents truncated and dropped."""
     a = step.assignment
-    return {
+    out = {
         "tokens": step.tokens, "sequences": a.sequences_per_pipeline,
         "pipeline_tokens": a.tokens_per_pipeline, "truncated": step.truncated,
         "dropped": step.dropped,
     }  # fmt: skip
+    if step.plan is not None:
+        out |= {"plan": step.plan, "predicted_seconds": step.predicted}
+    return out

@@ -28,7 +28,7 @@ from hspmd.models.build import plain_model
 from hspmd.plan.strategy import parse_strategy
 from hspmd.train.batches import step_batches
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
-from hspmd.train.packing import PackedStep, packed_steps, record_fields
+from hspmd.train.packing import PackedStep, packed_steps, planned_steps, record_fields
 
 __all__ = ["TrainResult", "run_reference"]
 
@@ -101,6 +101,8 @@ def _batches(config: TrainConfig) -> Iterator[tuple[torch.Tensor, torch.Tensor] 
             "--tokens-per-step packs documents as a strategy's pipelines and micro-batches "
             "take them: give --strategy, also with --reference"
         )
+    if config.length_plans is not None:
+        return planned_steps(config)
     return packed_steps(config, parse_strategy(config.strategy))
 
 

@@ -29,7 +29,7 @@ from hspmd.runtime.world import World
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.elastic import run_rank_elastic
 from hspmd.train.loop import options_of, run_rank
-from hspmd.train.packing import packed_steps
+from hspmd.train.packing import packed_steps, plan_schedule
 from hspmd.train.reference import TrainResult
 
 __all__ = [
@@ -51,7 +51,8 @@ def check_config(config: TrainConfig) -> Strategy:
             check_strategy(
                 strategy,
                 config.model_config(),
-                global_batch=config.global_batch,
+                # packed steps: rows are documents, not a global batch of samples
+                global_batch=strategy.global_batch if config.packed else config.global_batch,
                 options=options_of(config),
                 seq_len=config.seq_len,
             )
@@ -74,7 +75,9 @@ def check_config(config: TrainConfig) -> Strategy:
             f"0..{len(used) - 1}): drop them or pick ranks of the strategy"
         )
     _check_elastic(config, strategy, used)
-    if config.packed:  # the data and the first step's dispatch, before any process starts
+    if config.length_plans is not None:  # the data and every step's choice, up front
+        plan_schedule(config)
+    elif config.packed:  # the data and the first step's dispatch, before any process starts
         rows = sum(p.batch_size for p in strategy.pipelines)
         if (config.step_tokens or 0) > rows * config.seq_len:
             raise TrainError(

@@ -1,0 +1,125 @@
+"""`hspmd plan --data`: length-aware strategies for a corpus (docs/mixed-length.md).
+
+    hspmd plan --data corpus.jsonl --max-seq-len 256 --tokens-per-step 1024 --out plans.json
+    hspmd plan --data corpus.jsonl --max-seq-len 32768 --tokens-per-step 200000 \\
+        --model llama-32b --cluster h20x32 --zero1 on --out plans.json
+
+Reads the documents (as ``hspmd train --data`` splits them), makes their length histogram,
+runs the DP per maximum length (``hspmd.planner.lengths``) and writes the strategies with
+their length ranges, the cost lines the dispatch needs and the predicted switch times.
+Without ``--cluster`` it plans for ``--nproc`` local processes (``planner.local``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from hspmd.data import DEFAULT_MAX_BYTES, load_documents, split_documents
+from hspmd.models.config import get_config
+from hspmd.plan.strategy import StrategyOptions
+from hspmd.planner.cost import CostModel
+from hspmd.planner.lengths import (
+    Histogram,
+    LengthPlanError,
+    load_plans,
+    plan_strategies,
+    plans_json,
+    switch_matrix,
+)
+from hspmd.planner.local import local_cost
+from hspmd.switch.cluster import load_cluster
+from hspmd.train.config import TrainConfig
+from hspmd.train.packing import length_plans, plan_schedule
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("mixed-length data (docs/mixed-length.md)")
+    group.add_argument(
+        "--data", default=None, help="plan for this corpus's lengths (text or JSONL)"
+    )
+    group.add_argument("--max-seq-len", type=int, default=None, help="with --data: the longest row")
+    group.add_argument(
+        "--tokens-per-step", type=int, default=None, help="with --data: tokens a step"
+    )
+    group.add_argument(
+        "--nproc", type=int, default=4, help="with --data, no --cluster: local ranks"
+    )
+    group.add_argument("--strategies", type=int, default=4, help="with --data: maximum lengths planned")  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.max_seq_len is None or args.tokens_per_step is None:
+        raise LengthPlanError("--data needs --max-seq-len L and --tokens-per-step N")
+    if args.max_seq_len < 1 or args.tokens_per_step < args.max_seq_len:
+        raise LengthPlanError(
+            f"--max-seq-len {args.max_seq_len}, --tokens-per-step {args.tokens_per_step}: give "
+            "a positive maximum and at least that many tokens a step"
+        )
+    model = args.model or "llama-tiny"
+    config = get_config(model)
+    if args.cluster:
+        cost = CostModel.of(load_cluster(args.cluster), dtype=args.dtype)
+        cluster = args.cluster
+    else:
+        cost, cluster = local_cost(args.nproc, dtype=args.dtype), f"local-{args.nproc}"
+    docs = split_documents(load_documents(args.data, max_bytes=DEFAULT_MAX_BYTES))
+    hist = Histogram.of([len(d) for d in docs], max_len=args.max_seq_len,
+                        smallest=max(1, args.max_seq_len >> (args.strategies + 2)))  # fmt: skip
+    zero1 = {"on": [True], "off": [False], "auto": [False, True]}[args.zero1]
+    options = [
+        StrategyOptions(zero1=z, sequence_parallel=True, recompute=r, dtype=args.dtype)
+        for z in zero1 for r in (False, True)
+    ]  # fmt: skip
+    plans = plan_strategies(config, cost, hist, step_tokens=args.tokens_per_step,
+                            options=options, count=args.strategies)  # fmt: skip
+    data = plans_json(plans, hist, model=model, cluster=cluster, step_tokens=args.tokens_per_step,
+                      switch=switch_matrix(plans, config, cost))  # fmt: skip
+    if args.out:
+        try:
+            Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
+        except OSError as error:
+            raise LengthPlanError(f"cannot write --out {args.out}: {error.strerror}") from None
+        print(f"wrote {args.out}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(data))
+        return 0
+    print(f"{model} on {cluster} ({cost.num_ranks} ranks), {len(docs)} documents, "
+          f"{args.tokens_per_step} tokens a step, lengths up to {args.max_seq_len}")  # fmt: skip
+    for p in plans:
+        ranges = ", ".join(f"TP{s.model.config.tp}xPP{s.model.config.pp} {lo}-{hi}"
+                           for s, (lo, hi) in zip(p.pipes, p.intervals, strict=True))  # fmt: skip
+        print(f"max {p.max_len}: {p.strategy}  [{ranges}]  predicted {p.predicted_s:.4g} s")
+    return 0
+
+
+def read_plans_file(path: str) -> tuple[str, dict[str, Any]]:
+    """``hspmd train --plans FILE``: the file's text and its JSON (errors: one line)."""
+    try:
+        text = Path(path).read_text()
+        data = json.loads(text)
+    except OSError as error:
+        raise LengthPlanError(f"--plans {path}: cannot read it ({error.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise LengthPlanError(f"--plans {path}: not JSON ({error}): write it with `hspmd plan --data`") from None  # fmt: skip
+    load_plans(data, f"--plans {path}")
+    return text, data
+
+
+def apply_plans(config: TrainConfig, text: str, *, path: str) -> TrainConfig:
+    """``config`` under a plans file: the first step's chosen strategy, a switch (bf16
+    weights only) before every step whose chosen strategy differs from the one before."""
+    if config.strategy is not None or config.switches:
+        raise LengthPlanError(f"--plans {path} chooses every step's strategy: drop --strategy and --switch")  # fmt: skip
+    config = replace(config, length_plans=text, switch_mode="weights")
+    plans, _ = length_plans(config)
+    texts = [str(plans[k].strategy) for k, _, _ in plan_schedule(config)]
+    switches = tuple(
+        (step, t) for step, (t, before) in enumerate(zip(texts[1:], texts, strict=False), start=2)
+        if t != before
+    )  # fmt: skip
+    return replace(config, strategy=texts[0], switches=switches)

@@ -1,0 +1,52 @@
+"""`hspmd plan --data`: a plans file of several strategies for a corpus; bad input exits 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hspmd.cli import main
+from hspmd.planner.lengths import load_plans
+
+
+def corpus(tmp_path: Path) -> Path:
+    path = tmp_path / "docs.jsonl"
+    lengths = [20] * 40 + [60] * 10 + [200] * 2
+    path.write_text("".join(json.dumps({"text": "x" * n}) + "\n" for n in lengths))
+    return path
+
+
+def test_plan_data_writes_versioned_plans(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "plans.json"
+    argv = ["plan", "--data", str(corpus(tmp_path)), "--max-seq-len", "256",
+            "--tokens-per-step", "1024", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "llama-tiny on local-4" in text and "max 256:" in text
+    data = json.loads(out.read_text())
+    assert data["version"] == 1 and data["max_len"] == 256
+    plans, switch = load_plans(data, str(out))
+    assert plans[-1].max_len == 256 and len(switch) == len(plans)
+    for p in plans:
+        assert all(hi <= p.max_len for _, hi in p.intervals)
+        assert max(p.strategy.ranks) < 4
+
+
+def test_plan_data_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    base = ["plan", "--max-seq-len", "64", "--tokens-per-step", "256"]
+    cases = [
+        ([*base, "--data", str(empty)], "the data is empty"),
+        ([*base, "--data", str(tmp_path / "missing.txt")], "does not exist"),
+        (["plan", "--data", str(empty)], "needs --max-seq-len"),
+        (base, "needs --model and --cluster and --global-batch (or --data)"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err
