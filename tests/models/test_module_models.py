@@ -332,3 +332,11 @@ def test_a_nanogpt_style_model_trains_under_tp_and_pp(tmp_path: Path) -> None:
     assert model.param_layer("transformer.h.2.mlp.2.weight") == 2
     assert model.param_kind("transformer.h.0.attn.c_proj.weight") == "row"
     _equal(source, "2x1: R0-1:L0-1 R2:L2; 2x1: R3:L0-2", {}, 4)
+
+
+def test_switch_cost_takes_a_user_model(capsys) -> None:
+    argv = ["switch-cost", "--model", GPT2, "--config", UNTIED, "--cluster", "h20x32",
+            "--from", "1x1: R0-1:L0 R2-3:L1", "--to", "1x1: R0:L0-1; 1x1: R1:L0-1", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    cost = json.loads(capsys.readouterr().out)
+    assert cost["tensors"] == 37 and cost["model"] == GPT2

@@ -33,7 +33,12 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", required=True, help="model preset, e.g. llama-32b")
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="model preset, e.g. llama-32b, or an nn.Module's FILE.py:FUNCTION (docs/models.md)",
+    )
+    parser.add_argument("--config", default=None, help="JSON: the factory's keyword arguments")
     parser.add_argument("--from", dest="source", required=True, help="old strategy string")
     parser.add_argument("--to", dest="target", required=True, help="new strategy string")
     parser.add_argument("--cluster", required=True, help="cluster file or shipped name")
@@ -50,6 +55,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hspmd.cli.train import model_kwargs
+
     if args.picture:
         check_picture_path(args.picture)
     cluster = load_cluster(args.cluster)
@@ -63,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         states=args.states,
         failed=failed,
         zero1=args.zero1,
+        model_kwargs=model_kwargs(args.config),
     )
     if args.json:
         print(json.dumps(cost.to_json()))
@@ -76,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _picture(args: argparse.Namespace, cluster: Cluster, failed: tuple[int, ...]) -> None:
+    from hspmd.cli.train import model_kwargs
     from hspmd.switch.pairs import switch_pairs
     from hspmd.viz.switch import draw_switch
 
@@ -83,6 +92,7 @@ def _picture(args: argparse.Namespace, cluster: Cluster, failed: tuple[int, ...]
     traffics = switch_pairs(
         model=args.model, source=args.source, target=args.target, cluster=cluster,
         algos=algos, states=args.states, failed=failed, zero1=args.zero1,
+        model_kwargs=model_kwargs(args.config),
     )  # fmt: skip
     title = f"{args.model} on {cluster.name}, states {args.states}" + (
         f", failed {args.failed}" if failed else ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hspmd.models.config import PRESETS, LlamaConfig, ModelConfigError, get_config, parameter_shapes
+from hspmd.models.spec import ModelSpec
 
 if TYPE_CHECKING:
     from hspmd.models.llama import Llama, init_parameter, init_weights
@@ -19,12 +20,23 @@ __all__ = [
     "LlamaConfig",
     "ModelConfigError",
     "get_config",
+    "get_model",
     "init_parameter",
     "init_weights",
     "parameter_shapes",
 ]
 
 _TORCH_NAMES = ("Llama", "init_parameter", "init_weights")
+
+
+def get_model(name: str, **kwargs: object) -> ModelSpec:
+    """A preset (``kwargs`` override its fields) or any nn.Module's factory,
+    ``FILE.py:FUNCTION`` / ``package.module:FUNCTION`` (``kwargs`` are its arguments)."""
+    if ":" in name:
+        from hspmd.models.module import load_model
+
+        return load_model(name, kwargs)
+    return get_config(name, **kwargs)
 
 
 def __getattr__(name: str) -> object:

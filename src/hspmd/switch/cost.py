@@ -40,7 +40,7 @@ from hspmd.comm.slices import holders_table
 from hspmd.comm.topology import Topology
 from hspmd.comm.traffic import Estimate, estimate
 from hspmd.errors import HspmdError
-from hspmd.models import get_config
+from hspmd.models import get_model
 from hspmd.plan.params import ParamSpec, parameter_annotations, state_annotations
 from hspmd.plan.strategy import Strategy, parse_strategy
 from hspmd.switch.cluster import Cluster
@@ -170,13 +170,14 @@ def switch_cost(
     states: str = "fp32-adam",
     failed: Collection[int] = (),
     zero1: bool = False,
+    model_kwargs: tuple[tuple[str, object], ...] = (),
 ) -> SwitchCost:
     """Plan the switch ``source -> target`` of ``model`` on ``cluster`` and estimate it."""
     if algo not in ALGOS:
         raise SwitchError(f"unknown switch algorithm {algo!r}: use one of {', '.join(ALGOS)}")
     old, new, tables = plan_tables(
         model=model, source=source, target=target, cluster=cluster, states=states,
-        failed=failed, zero1=zero1,
+        failed=failed, zero1=zero1, model_kwargs=model_kwargs,
     )  # fmt: skip
     topology = cluster.topology()
     stages = scheme_stages(tables, algo, topology=topology, failed=failed)
@@ -203,11 +204,12 @@ def plan_tables(
     states: str = "fp32-adam",
     failed: Collection[int] = (),
     zero1: bool = False,
+    model_kwargs: tuple[tuple[str, object], ...] = (),
 ) -> tuple[Strategy, Strategy, list[BsrTable]]:
     """The parsed strategies and every moved tensor's BSR table, checked against ``cluster``."""
     if states not in STATES:
         raise SwitchError(f"unknown states {states!r}: use one of {', '.join(STATES)}")
-    config = get_config(model)
+    config = get_model(model, **dict(model_kwargs))
     old, new = parse_strategy(source), parse_strategy(target)
     cluster.check_ranks(old.ranks, what="the old strategy")
     cluster.check_ranks(new.ranks, what="the new strategy")

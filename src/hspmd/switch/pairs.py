@@ -80,6 +80,7 @@ def switch_pairs(
     states: str = "fp32-adam",
     failed: Collection[int] = (),
     zero1: bool = False,
+    model_kwargs: tuple[tuple[str, object], ...] = (),
 ) -> tuple[PairTraffic, ...]:
     """The traffic of each of ``algos`` for the switch ``source -> target`` (tables planned once)."""
     unknown = [a for a in algos if a not in ALGOS]
@@ -87,7 +88,7 @@ def switch_pairs(
         raise SwitchError(f"unknown switch algorithm {unknown[0]!r}: use one of {', '.join(ALGOS)}")
     _, _, tables = plan_tables(
         model=model, source=source, target=target, cluster=cluster, states=states,
-        failed=failed, zero1=zero1,
+        failed=failed, zero1=zero1, model_kwargs=model_kwargs,
     )  # fmt: skip
     topology = cluster.topology()
     itemsizes = {t.tensor: t.itemsize for t in tables}
