@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from hspmd.errors import PartitionError
+from hspmd.partition import native
 
 IntArray = np.ndarray
 FloatArray = np.ndarray
@@ -225,15 +226,22 @@ def longest_paths(
     """
     order = graph.edges_by_src_rank
     src, dst = graph.src[order], graph.dst[order]
-    src_l, dst_l = graph.edge_tuples
     weights = np.where(alive, node_w, 0.0) if alive is not None else node_w
     forward = edge_w[order] + weights[dst]
     backward = edge_w[order] + weights[src]
-    if alive is not None:
-        live = alive[src] & alive[dst]
+    live = alive[src] & alive[dst] if alive is not None else None
+    if live is not None:
+        forward, backward = forward[live], backward[live]
+    if native.ENABLED:  # the same two passes, compiled
+        if live is not None:
+            src, dst = src[live], dst[live]
+        w64 = np.ascontiguousarray(weights, dtype=np.float64)
+        finish_a, bottom_a = native.longest_paths_kernel(src, dst, forward, backward, w64)
+        return finish_a - weights, bottom_a
+    src_l, dst_l = graph.edge_tuples
+    if live is not None:
         keep = live.tolist()
         src_l, dst_l = tuple(compress(src_l, keep)), tuple(compress(dst_l, keep))
-        forward, backward = forward[live], backward[live]
     # forward: finish[t] = max(finish[t], finish[s] + edge + w[t]), s in topological order
     finish = weights.tolist()
     for s, t, c in zip(src_l, dst_l, forward.tolist(), strict=True):
