@@ -463,3 +463,80 @@ def walk_kernel(
         sizes[p] = m - begin
         p += 1
     return members[:m], sizes[:p]
+
+
+@_jit
+def relieve_round_kernel(
+    order: np.ndarray,
+    members: np.ndarray,
+    ptr: np.ndarray,
+    place: np.ndarray,
+    group_free: np.ndarray,
+    work: np.ndarray,
+    load: np.ndarray,
+    cl: np.ndarray,
+    bptr: np.ndarray,
+    bother: np.ndarray,
+    bcost: np.ndarray,
+    in_side: np.ndarray,
+    top: np.ndarray,
+    bottom: np.ndarray,
+    w: np.ndarray,
+    limit: float,
+) -> int:
+    """One round of ``refine.relieve_busiest`` (``place`` and ``load`` updated in place);
+    returns the number of clusters moved."""
+    k = len(load)
+    frozen = np.zeros(len(ptr) - 1, dtype=np.bool_)
+    targets = np.empty(k, dtype=np.int64)
+    moved = 0
+    for c in order:
+        h = place[members[ptr[c]]]
+        if frozen[c]:
+            continue
+        skip = False
+        for j in range(ptr[c], ptr[c + 1]):
+            v = members[j]
+            if place[v] != h or not group_free[v]:
+                skip = True
+                break
+        if skip:
+            continue
+        nt = 0  # the other devices by load, ties by index (a stable insertion sort)
+        for d in range(k):
+            if d == h:
+                continue
+            i = nt
+            while i > 0 and load[targets[i - 1]] > load[d]:
+                targets[i] = targets[i - 1]
+                i -= 1
+            targets[i] = d
+            nt += 1
+        wc = work[c]
+        for j in range(nt):
+            t = targets[j]
+            if max(load[h] - wc, load[t] + wc) >= max(load[h], load[t]):
+                break
+            enter, leave = 0.0, 0.0
+            for i in range(bptr[c], bptr[c + 1]):
+                u = bother[i]
+                cost = bcost[i] if place[u] != t else 0.0
+                if in_side[i]:
+                    x = top[u] + w[u] + cost
+                    if x > enter:
+                        enter = x
+                else:
+                    x = cost + bottom[u]
+                    if x > leave:
+                        leave = x
+            if enter + wc + leave > max(limit, max(load[h] - wc, load[t] + wc)):
+                continue
+            for i in range(ptr[c], ptr[c + 1]):
+                place[members[i]] = t
+            load[h] -= wc
+            load[t] += wc
+            for i in range(bptr[c], bptr[c + 1]):
+                frozen[cl[bother[i]]] = True
+            moved += 1
+            break
+    return moved

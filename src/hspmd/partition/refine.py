@@ -286,10 +286,28 @@ def relieve_busiest(
     group_free = (graph.group_of == np.arange(graph.num_nodes)).tolist()
     # clusters 1.. by decreasing work, ties by index (a stable sort, as sorted() was)
     order = (np.argsort(-np.asarray(work[1:]), kind="stable") + 1).tolist()
+    arrays: tuple[np.ndarray, ...] | None = None
     for _ in range(rounds):
         crossing = np.where(place[graph.src] != place[graph.dst], edge_us, 0.0)
         top, bottom = longest_paths(graph, node_w=w, edge_w=crossing)
         limit = float((top + bottom).max(initial=0.0)) + 1e-9
+        if native.ENABLED:  # the same round, compiled
+            load_a = np.bincount(place, weights=w, minlength=num_devices)
+            if arrays is None:
+                arrays = (
+                    np.asarray(order, dtype=np.int64), slicing.members.astype(np.int64),
+                    slicing.ptr.astype(np.int64), np.asarray(group_free, dtype=bool),
+                    np.asarray(work), slicing.cluster_of.astype(np.int64), np.asarray(bptr),
+                    np.asarray(bother), np.asarray(bcost), np.asarray(in_side, dtype=bool),
+                )  # fmt: skip
+            o, m, p, g, wk, cl_a, b_ptr, b_other, b_cost, side = arrays
+            moved = native.relieve_round_kernel(
+                o, m, p, place, g, wk, load_a, cl_a, b_ptr, b_other, b_cost, side,
+                top, bottom, w, limit,
+            )  # fmt: skip
+            if not moved:
+                break
+            continue
         load = np.bincount(place, weights=w, minlength=num_devices).tolist()
         place_l, top_l, bot_l = place.tolist(), top.tolist(), bottom.tolist()
         frozen = [False] * slicing.num_clusters
