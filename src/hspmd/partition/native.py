@@ -540,3 +540,27 @@ def relieve_round_kernel(
             moved += 1
             break
     return moved
+
+
+@_jit
+def kahn_kernel(out_ptr: np.ndarray, dst: np.ndarray, in_degree: np.ndarray) -> np.ndarray:
+    """``graph._kahn``: FIFO Kahn order, sources by index, children in edge order."""
+    num = len(in_degree)
+    remaining = in_degree.copy()
+    order = np.empty(num, dtype=np.int64)
+    tail = 0
+    for v in range(num):
+        if remaining[v] == 0:
+            order[tail] = v
+            tail += 1
+    head = 0
+    while head < tail:
+        v = order[head]
+        head += 1
+        for e in range(out_ptr[v], out_ptr[v + 1]):
+            u = dst[e]
+            remaining[u] -= 1
+            if remaining[u] == 0:
+                order[tail] = u
+                tail += 1
+    return order[:tail]
