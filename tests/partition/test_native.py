@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from hspmd.partition.eft import eft_placement
 from hspmd.partition.emulate import CommModel, schedule
 from hspmd.partition.generate import layered_graph
 from hspmd.partition.graph import longest_paths
+from hspmd.partition.io import load_graph
 from hspmd.partition.pardnn import partition
 
 # partition(layered_graph(3000, seed=1), num_devices=K) at commit 37131c0 (pure Python):
@@ -71,3 +73,19 @@ def test_kernels_equal_the_python_loops(graph, monkeypatch: pytest.MonkeyPatch) 
         ):
             assert a.dtype == b.dtype
             np.testing.assert_array_equal(a, b)
+
+
+DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "pardnn"
+
+
+@pytest.mark.skipif(not (DATA / "widedeep.json").exists(), reason=f"no shared graphs at {DATA}")
+def test_authors_graph_same_placement_and_makespan(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = load_graph(DATA / "widedeep.json")  # colocation groups, 3480 ops
+
+    def run():  # type: ignore[no-untyped-def]
+        r = partition(g, num_devices=4)
+        return r.placement, r.emulation.makespan_us
+
+    (place, makespan), (ref_place, ref_makespan) = _both(monkeypatch, run)
+    np.testing.assert_array_equal(place, ref_place)
+    assert makespan == ref_makespan
