@@ -10,7 +10,7 @@ import pytest
 
 from hspmd.partition import native
 from hspmd.partition.eft import eft_placement
-from hspmd.partition.emulate import CommModel, schedule
+from hspmd.partition.emulate import CommModel, emulation_of, schedule
 from hspmd.partition.generate import layered_graph
 from hspmd.partition.graph import longest_paths
 from hspmd.partition.io import load_graph
@@ -84,6 +84,26 @@ def test_authors_graph_same_placement_and_makespan(monkeypatch: pytest.MonkeyPat
 
     def run():  # type: ignore[no-untyped-def]
         r = partition(g, num_devices=4)
+        return r.placement, r.emulation.makespan_us
+
+    (place, makespan), (ref_place, ref_makespan) = _both(monkeypatch, run)
+    np.testing.assert_array_equal(place, ref_place)
+    assert makespan == ref_makespan
+
+
+@pytest.mark.skipif(not (DATA / "vgg.json").exists(), reason=f"no shared graphs at {DATA}")
+def test_capped_authors_graph_same_placement(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = load_graph(DATA / "vgg.json")  # memory repair: schedules and level passes
+    single = schedule(g, np.zeros(g.num_nodes, dtype=np.int64))
+    cap = int(
+        0.8
+        * emulation_of(
+            g, np.zeros(g.num_nodes, np.int64), start=single[0], finish=single[1]
+        ).peak_bytes.max()
+    )
+
+    def run():  # type: ignore[no-untyped-def]
+        r = partition(g, num_devices=2, memory_bytes=cap)
         return r.placement, r.emulation.makespan_us
 
     (place, makespan), (ref_place, ref_makespan) = _both(monkeypatch, run)
