@@ -39,3 +39,14 @@ def test_caps_benchmark_prints_capped_next_to_uncapped() -> None:
     assert set(summary["capped_over_uncapped"]) == {"trn-wide_11L", "trn-narrow_24L"}
     assert all(summary["caps_met"].values())
     assert all(r < 1.05 for r in summary["capped_over_uncapped"].values())
+
+
+def test_speed_benchmark_compares_kernels_with_python() -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "partition_speed.py"), "--sizes", "800"]
+    done = subprocess.run(
+        [*cmd, "--repeats", "1"], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = json.loads(done.stdout.strip().splitlines()[-1])["graphs"]["layered_800"]
+    assert "python" in row and row["python"]["partition"] > 0
+    assert row.get("same_placement", True)  # absent without numba: one mode only

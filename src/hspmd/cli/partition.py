@@ -138,6 +138,8 @@ def _summary(
 ) -> dict[str, Any]:
     import numpy as np
 
+    from hspmd.partition import native
+
     k = len(result.emulation.peak_bytes)
     ops = np.bincount(result.placement, minlength=k)
     work = np.bincount(result.placement, weights=graph.time_us, minlength=k)
@@ -157,6 +159,7 @@ def _summary(
         "comm_model": {"latency_us": comm.latency_us, "bytes_per_us": comm.bytes_per_us},
         "seconds": result.seconds,
         "phase_seconds": result.phase_seconds,
+        "compiled_kernels": native.ENABLED,  # numba installed (partition/native.py)
         "placement_file": out,
     }
 

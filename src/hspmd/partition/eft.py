@@ -28,6 +28,7 @@ from math import inf
 
 import numpy as np
 
+from hspmd.partition import native
 from hspmd.partition.emulate import CommModel
 from hspmd.partition.graph import OpGraph
 
@@ -50,6 +51,15 @@ def eft_placement(
     residual bytes plus the outputs it holds (a running estimate: each output stays
     until its last consumer is placed) would pass its cap is skipped when another fits.
     """
+    rank_a = graph.topo_rank if priority is None else priority
+    if native.ENABLED and caps is None:  # the same loop, compiled
+        return native.eft_kernel(
+            num_devices,
+            np.full(graph.num_nodes, -1, np.int64) if pinned is None else pinned.astype(np.int64),
+            graph.group_of, graph.out_ptr, graph.dst, graph.in_ptr, graph.preds,
+            graph.time_us, comm.cost_us(graph.out_bytes).astype(np.float64),
+            np.ascontiguousarray(rank_a, dtype=np.float64), graph.in_degree,
+        )  # fmt: skip
     num = graph.num_nodes
     pin = [-1] * num if pinned is None else pinned.tolist()
     group = graph.group_of.tolist()

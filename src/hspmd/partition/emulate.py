@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hspmd.errors import PartitionError
+from hspmd.partition import native
 from hspmd.partition.graph import OpGraph
 
 
@@ -129,6 +130,13 @@ def schedule(
     times, so every op whose ready time is ``<= t`` is known when a device picks at
     ``t``) and one ready heap per device keyed by (ready time, topological index).
     """
+    if native.ENABLED:  # the same event loop, compiled
+        k = int(place.max()) + 1 if place.size else 1
+        return native.schedule_kernel(
+            np.ascontiguousarray(place, dtype=np.int64), graph.time_us,
+            comm.cost_us(graph.out_bytes).astype(np.float64), graph.topo_rank,
+            graph.out_ptr, graph.dst, graph.in_degree, k,
+        )  # fmt: skip
     num = graph.num_nodes
     dev = place.tolist()
     dur = graph.time_us.tolist()

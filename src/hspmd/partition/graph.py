@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from hspmd.errors import PartitionError
+from hspmd.partition import native
 
 IntArray = np.ndarray
 FloatArray = np.ndarray
@@ -144,7 +145,7 @@ class OpGraph:
     @cached_property
     def topo_order(self) -> IntArray:
         """Kahn's order: a FIFO queue seeded with the sources in index order."""
-        order = _kahn(self.num_nodes, self.out_ptr.tolist(), self.dst.tolist(), self.in_degree)
+        order = _kahn_order(self)
         assert len(order) == self.num_nodes, "checked acyclic at build"
         return np.asarray(order, dtype=np.int64)
 
@@ -196,7 +197,7 @@ class OpGraph:
         return top.astype(np.int64)
 
     def _check_acyclic(self) -> None:
-        order = _kahn(self.num_nodes, self.out_ptr.tolist(), self.dst.tolist(), self.in_degree)
+        order = _kahn_order(self)
         if len(order) < self.num_nodes:
             seen = np.zeros(self.num_nodes, dtype=bool)
             seen[order] = True
@@ -225,15 +226,22 @@ def longest_paths(
     """
     order = graph.edges_by_src_rank
     src, dst = graph.src[order], graph.dst[order]
-    src_l, dst_l = graph.edge_tuples
     weights = np.where(alive, node_w, 0.0) if alive is not None else node_w
     forward = edge_w[order] + weights[dst]
     backward = edge_w[order] + weights[src]
-    if alive is not None:
-        live = alive[src] & alive[dst]
+    live = alive[src] & alive[dst] if alive is not None else None
+    if live is not None:
+        forward, backward = forward[live], backward[live]
+    if native.ENABLED:  # the same two passes, compiled
+        if live is not None:
+            src, dst = src[live], dst[live]
+        w64 = np.ascontiguousarray(weights, dtype=np.float64)
+        finish_a, bottom_a = native.longest_paths_kernel(src, dst, forward, backward, w64)
+        return finish_a - weights, bottom_a
+    src_l, dst_l = graph.edge_tuples
+    if live is not None:
         keep = live.tolist()
         src_l, dst_l = tuple(compress(src_l, keep)), tuple(compress(dst_l, keep))
-        forward, backward = forward[live], backward[live]
     # forward: finish[t] = max(finish[t], finish[s] + edge + w[t]), s in topological order
     finish = weights.tolist()
     for s, t, c in zip(src_l, dst_l, forward.tolist(), strict=True):
@@ -248,6 +256,13 @@ def longest_paths(
         if x > bottom[s]:
             bottom[s] = x
     return np.asarray(finish) - weights, np.asarray(bottom)
+
+
+def _kahn_order(graph: OpGraph) -> list[int] | IntArray:
+    if native.ENABLED:  # the same queue, compiled
+        in_degree = graph.in_degree.astype(np.int64)
+        return native.kahn_kernel(graph.out_ptr, graph.dst, in_degree)
+    return _kahn(graph.num_nodes, graph.out_ptr.tolist(), graph.dst.tolist(), graph.in_degree)
 
 
 def _kahn(num: int, out_ptr: list[int], dst: list[int], in_degree: IntArray) -> list[int]:
@@ -283,8 +298,22 @@ def _vector(values: Any, dtype: type, label: str, num: int) -> np.ndarray:
     return arr
 
 
+def _named_pairs(edges: Any) -> bool:
+    """True if every edge is a pair of names (str), as the JSON and dot readers give."""
+    return all(
+        isinstance(e, (tuple, list)) and len(e) == 2 and type(e[0]) is str and type(e[1]) is str
+        for e in edges
+    )
+
+
 def _edge_arrays(name: str, names: tuple[str, ...], edges: Any) -> tuple[IntArray, IntArray]:
     num = len(names)
+    if len(edges) and not isinstance(edges, np.ndarray) and _named_pairs(edges):
+        index = {n: i for i, n in enumerate(names)}  # names -> ids without a string array
+        try:
+            edges = [(index[str(a)], index[str(b)]) for a, b in edges]
+        except KeyError as missing:
+            raise PartitionError(f"graph {name!r}: edge endpoint {missing} is not a node") from None
     raw = np.asarray(edges) if len(edges) else np.zeros((0, 2), dtype=np.int64)
     if raw.ndim != 2 or raw.shape[1] != 2:
         raise PartitionError(f"graph {name!r}: edges must be pairs, got shape {raw.shape}")

@@ -19,6 +19,7 @@ from operator import neg
 
 import numpy as np
 
+from hspmd.partition import native
 from hspmd.partition.graph import OpGraph
 from hspmd.partition.slicing import Slicing
 
@@ -164,6 +165,20 @@ def map_clusters(
     bptr, bother, bcost = boundary or boundary_lists(graph, slicing, edge_us=edge_us)
     comm_total = np.add.reduceat(np.asarray(bcost + [0.0]), np.asarray(bptr[:-1]))
     comm_total[np.diff(bptr) == 0] = 0.0
+    if native.ENABLED:  # the same two loops, compiled
+        b_ptr, b_other, b_cost = np.asarray(bptr), np.asarray(bother), np.asarray(bcost)
+        members = slicing.members.astype(np.int64)
+        cptr = slicing.ptr.astype(np.int64)
+        merged = native.initial_merge_kernel(
+            slicing.num_primary, members, cptr, place, b_ptr, b_other, b_cost,
+            comm_total > potential, num_devices,
+        )  # fmt: skip
+        merged = merged[np.argsort(-cluster_work[merged], kind="stable")]
+        trees = native.fenwick_trees(w[order_by_time], place[order_by_time], num_devices)
+        native.lalb_kernel(
+            merged, members, cptr, place, trees, b_ptr, b_other, b_cost, lo, hi, pos, w
+        )
+        return place
     place_l = place.tolist()
     deferred = _initial_merge(
         slicing, place_l, bptr, bother, bcost, hide=(comm_total > potential).tolist(), k=num_devices

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hspmd.partition import native
 from hspmd.partition.emulate import CommModel, schedule
 from hspmd.partition.graph import OpGraph, longest_paths
 from hspmd.partition.mapping import Boundary, DeviceWork, boundary_lists, cluster_spans
@@ -54,13 +55,24 @@ def remap_clusters(
     pos[order_by_time] = np.arange(graph.num_nodes)
     lo = np.searchsorted(sorted_top, start, side="left").tolist()
     hi = np.searchsorted(sorted_top, end, side="left").tolist()
-    trees = DeviceWork(w[order_by_time], place[order_by_time], k=num_devices)
     bptr, bother, bcost = boundary or boundary_lists(graph, slicing, edge_us=edge_us)
+    work = np.bincount(slicing.cluster_of, weights=w, minlength=slicing.num_clusters)
+    order = np.argsort(-work[slicing.num_primary :], kind="stable") + slicing.num_primary
+    if native.ENABLED:  # the same loop, compiled
+        out = place.astype(np.int64)  # a copy
+        native.remap_kernel(
+            order.astype(np.int64), slicing.members.astype(np.int64),
+            slicing.ptr.astype(np.int64), out, graph.group_of == np.arange(graph.num_nodes),
+            work, native.fenwick_trees(w[order_by_time], out[order_by_time], num_devices),
+            np.asarray(bptr), np.asarray(bother), np.asarray(bcost),
+            np.asarray(lo), np.asarray(hi), pos, w,
+        )  # fmt: skip
+        return out
+    trees = DeviceWork(w[order_by_time], place[order_by_time], k=num_devices)
     members, ptr = slicing.members.tolist(), slicing.ptr.tolist()
     place_l, pos_l, w_l = place.tolist(), pos.tolist(), w.tolist()
     group_free = (graph.group_of == np.arange(graph.num_nodes)).tolist()
-    work = np.bincount(slicing.cluster_of, weights=w, minlength=slicing.num_clusters)
-    for c in np.argsort(-work[slicing.num_primary :], kind="stable") + slicing.num_primary:
+    for c in order:
         nodes = members[ptr[c] : ptr[c + 1]]
         here = place_l[nodes[0]]
         if any(place_l[v] != here or not group_free[v] for v in nodes):
@@ -274,10 +286,28 @@ def relieve_busiest(
     group_free = (graph.group_of == np.arange(graph.num_nodes)).tolist()
     # clusters 1.. by decreasing work, ties by index (a stable sort, as sorted() was)
     order = (np.argsort(-np.asarray(work[1:]), kind="stable") + 1).tolist()
+    arrays: tuple[np.ndarray, ...] | None = None
     for _ in range(rounds):
         crossing = np.where(place[graph.src] != place[graph.dst], edge_us, 0.0)
         top, bottom = longest_paths(graph, node_w=w, edge_w=crossing)
         limit = float((top + bottom).max(initial=0.0)) + 1e-9
+        if native.ENABLED:  # the same round, compiled
+            load_a = np.bincount(place, weights=w, minlength=num_devices)
+            if arrays is None:
+                arrays = (
+                    np.asarray(order, dtype=np.int64), slicing.members.astype(np.int64),
+                    slicing.ptr.astype(np.int64), np.asarray(group_free, dtype=bool),
+                    np.asarray(work), slicing.cluster_of.astype(np.int64), np.asarray(bptr),
+                    np.asarray(bother), np.asarray(bcost), np.asarray(in_side, dtype=bool),
+                )  # fmt: skip
+            o, m, p, g, wk, cl_a, b_ptr, b_other, b_cost, side = arrays
+            moved = native.relieve_round_kernel(
+                o, m, p, place, g, wk, load_a, cl_a, b_ptr, b_other, b_cost, side,
+                top, bottom, w, limit,
+            )  # fmt: skip
+            if not moved:
+                break
+            continue
         load = np.bincount(place, weights=w, minlength=num_devices).tolist()
         place_l, top_l, bot_l = place.tolist(), top.tolist(), bottom.tolist()
         frozen = [False] * slicing.num_clusters

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hspmd.partition import native
 from hspmd.partition.graph import OpGraph, longest_paths
 
 
@@ -60,8 +61,8 @@ def slice_graph(graph: OpGraph, *, num_devices: int, edge_us: np.ndarray) -> Sli
     """Cut ``graph`` into ``num_devices`` primary paths and secondary paths."""
     num = graph.num_nodes
     alive = np.ones(num, dtype=bool)
-    out_ptr = graph.out_ptr.tolist()
-    dst = graph.dst.tolist()
+    out_ptr: list[int] = [] if native.ENABLED else graph.out_ptr.tolist()
+    dst: list[int] = [] if native.ENABLED else graph.dst.tolist()
     paths: list[list[int]] = []
     top, bottom = longest_paths(graph, node_w=graph.time_us, edge_w=edge_us)
     first_top, first_bottom = top, bottom
@@ -72,11 +73,28 @@ def slice_graph(graph: OpGraph, *, num_devices: int, edge_us: np.ndarray) -> Sli
         # a heaviest path starts at a source of what is left: the heaviest, then earliest
         candidates = np.flatnonzero(alive & (_alive_in_degree(graph, alive) == 0))
         best = candidates[np.lexsort((candidates, -wlvl[candidates]))[0]]
-        path = _walk(int(best), out_ptr, dst, alive.tolist(), wlvl.tolist())
+        if native.ENABLED:
+            walked, _ = native.walk_kernel(
+                np.array([best], dtype=np.int64), graph.out_ptr, graph.dst, alive.copy(), wlvl
+            )
+            path = walked.tolist()
+        else:
+            path = _walk(int(best), out_ptr, dst, alive.tolist(), wlvl.tolist())
         alive[path] = False
         paths.append(path)
         top, bottom = longest_paths(graph, node_w=graph.time_us, edge_w=edge_us, alive=alive)
     num_primary = len(paths)
+    if native.ENABLED:  # the same walks, compiled
+        wlvl = _rounded(top + bottom)
+        left = np.flatnonzero(alive)
+        order = left[np.lexsort((top[left], -wlvl[left]))]
+        rest, rest_sizes = native.walk_kernel(
+            order, graph.out_ptr, graph.dst, alive.copy(), np.ascontiguousarray(wlvl)
+        )
+        primary = np.fromiter((v for p in paths for v in p), dtype=np.int64)
+        sizes = np.concatenate(([len(p) for p in paths], rest_sizes)).astype(np.int64)
+        members = np.concatenate((primary, rest))
+        return _slicing_of(members, sizes, num, num_primary, first_top, first_bottom)
     paths += _secondary_paths(alive, _rounded(top + bottom), top, out_ptr, dst)
     return _as_slicing(paths, num, num_primary, first_top, first_bottom)
 
@@ -130,11 +148,22 @@ def _as_slicing(
     paths: list[list[int]], num: int, num_primary: int, top: np.ndarray, bottom: np.ndarray
 ) -> Slicing:
     sizes = np.fromiter((len(p) for p in paths), dtype=np.int64, count=len(paths))
-    ptr = np.zeros(len(paths) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=ptr[1:])
     members = np.fromiter((v for p in paths for v in p), dtype=np.int64, count=num)
+    return _slicing_of(members, sizes, num, num_primary, top, bottom)
+
+
+def _slicing_of(
+    members: np.ndarray,
+    sizes: np.ndarray,
+    num: int,
+    num_primary: int,
+    top: np.ndarray,
+    bottom: np.ndarray,
+) -> Slicing:
+    ptr = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=ptr[1:])
     cluster_of = np.empty(num, dtype=np.int64)
-    cluster_of[members] = np.repeat(np.arange(len(paths), dtype=np.int64), sizes)
+    cluster_of[members] = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
     return Slicing(
         cluster_of=cluster_of,
         members=members,
