@@ -25,8 +25,6 @@ _RUN = ["train", "--strategy", "2x1: R0:L0-3; 2x1: R1:L0-3", "--seq-len", "16", 
         (["--reference", "--trace", "t.json"], "--reference runs the plain model on this process"),
         (["--timeline", "t.png", "--predict", "--predict-profile", "none.json"],
          "--predict-profile 'none.json': no such file"),
-        (["--nnodes", "2", "--master-addr", "127.0.0.1", "--trace", "t.json"],
-         "--trace/--timeline with --nnodes > 1 is not supported yet"),
     ],
 )  # fmt: skip
 def test_bad_flags_are_refused_before_any_work(

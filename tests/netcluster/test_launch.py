@@ -7,6 +7,7 @@ started by hspmd's launcher (one per node) and by multi-node torchrun (c10d rend
 
 from __future__ import annotations
 
+import json
 import pickle
 import re
 import shutil
@@ -90,3 +91,22 @@ def test_multi_node_torchrun_c10d_equals_the_reference(network, tmp_path) -> Non
     config = config_of(STRATEGY)
     comparison = compare(assemble(outcomes, config), run_reference(config))
     assert comparison.ok, comparison
+
+
+def test_cli_trace_across_nodes(network, tmp_path) -> None:
+    """``hspmd train --nnodes 2 --trace``: every node's launcher traces (the clock sync and
+    the gathering are collectives of all ranks; node 1 once skipped them and node 0 hung)."""
+    trace = tmp_path / "run.json"
+    cli = [sys.executable, "-m", "hspmd", "train", "--strategy", STRATEGY, "--global-batch", "4",
+           "--seq-len", "32", "--steps", "2", "--quiet", "--nnodes", "2", "--master-port",
+           "29523", "--trace", str(trace)]  # fmt: skip
+    _run_nodes([cli, cli])  # node rank and master address from `netcluster exec`'s environment
+    data = json.loads(trace.read_text())
+    spans = [e for e in data["traceEvents"] if e["ph"] == "X"]
+    assert {e["pid"] for e in spans} == {0, 1, 2, 3}  # both nodes' ranks, on node 0
+    for rank in range(4):
+        mine = [e for e in spans if e["pid"] == rank]
+        assert sum(e["cat"] == "forward" for e in mine) == 8  # 4 micro-batches x 2 steps
+        other_node = {2, 3} if rank < 2 else {0, 1}  # the stages' p2p cross the veth
+        assert any(other_node & set(e["args"].get("peers", ())) for e in mine if e["cat"] == "comm")
+    assert sorted(data["otherData"]["clocks"]) == ["0", "1", "2", "3"]

@@ -83,7 +83,7 @@ def test_relay_executor_rounds_and_pieces() -> None:
         rounds = [r for r in plan.relay.rounds if any(rank in (t.src, t.dst) for t in r)]
         want = [sorted({t.dst for t in r if t.src == rank and t.dst != rank}) for r in rounds]
         assert batches == want, f"rank {rank}"
-    assert plan.relay.messages()[1] == dict.fromkeys([(0, 2), (0, 3), (1, 2), (1, 3)], 1)
+    assert plan.relay.messages()[1] == dict.fromkeys([(0, 2), (1, 3)], 1)  # NIC k to NIC k
 
 
 @pytest.fixture(scope="module")

@@ -90,13 +90,6 @@ def check_trace_flags(args: argparse.Namespace) -> bool:
         raise TrainError(
             f"--predict-profile {profile!r}: no such file; write one with hspmd profile"
         )
-    if (trace or timeline) and getattr(args, "nnodes", 1) > 1:
-        # train(trace=True, node=...) gathers every rank's events on node 0, but through
-        # this command the run hangs (not understood yet): refused rather than hung
-        raise TrainError(
-            "--trace/--timeline with --nnodes > 1 is not supported yet: trace a run on one "
-            "node, or call hspmd.train.train(config, trace=True, node=...) from Python"
-        )
     if (trace or timeline) and args.reference:
         raise TrainError(
             "--reference runs the plain model on this process, which is not traced: drop "

@@ -599,7 +599,9 @@ def run_config(
             return run_reference(config, on_step=on_step)
     check_config(config)  # before any process starts
     if node is not None and node.node_rank > 0:  # node 0 shows the steps
-        return train(config, node=node)
+        # traced on every node: the clock sync and the gathering of the events are
+        # collectives of all ranks (a node that skips them leaves node 0's ranks waiting)
+        return train(config, node=node, trace=trace)
     title = f"{num_processes(config)} ranks"
     if node is not None:
         title += f" on {node.num_nodes} nodes"

@@ -8,8 +8,9 @@ node and moves it in three fused BSR *rounds*, run one after the other::
     round 1   i-th rank -> i-th rank of needer's node  (the i-th NIC pair) relay -> relay
     round 2   i-th rank of needer's node -> needer     (fast intra link)   relay -> piece
 
-Chunk 0 goes owner -> needer directly in round 1 (piece -> piece); every transfer that is
-not relayed (local copies, same-node, several owners) also runs in round 1. Intermediate
+The owner's own chunk skips round 0 and the needer's skips round 2 (the owner and the needer
+are each the i-th rank of their node for some i); every transfer that is not relayed (local
+copies, same-node, several owners, or fewer than two NIC pairs) runs in round 1 as is. Intermediate
 chunks live in *relay buffers* on the relaying ranks, keyed by ``(tensor, region)``, for the
 duration of the switch. The cost model (``hspmd.comm.traffic.estimate``) takes the rounds
 as its stages (``RelayPlan.stages``), so the estimate and the executor
@@ -126,10 +127,12 @@ def plan_relay(
         if not crosses or not _single_owner(t, entries[t.tensor]):
             rounds[1].append(RelayTransfer(t.src, t.dst, t.region, t.tensor))
             continue
-        senders = _node_ranks(topology, t.src, exclude)
-        receivers = _node_ranks(topology, t.dst, exclude)
-        chunks = _chunks(t.region, min(len(senders), len(receivers)))
-        for chunk, hop_src, hop_dst in zip(chunks, senders, receivers, strict=False):
+        pairs = _rail_pairs(topology, t.src, t.dst, exclude)
+        if len(pairs) < 2:  # one NIC pair at most: relaying only adds intra hops
+            rounds[1].append(RelayTransfer(t.src, t.dst, t.region, t.tensor))
+            continue
+        chunks = _chunks(t.region, len(pairs))
+        for chunk, (hop_src, hop_dst) in zip(chunks, pairs, strict=False):
             relayed_src, relayed_dst = hop_src != t.src, hop_dst != t.dst
             if relayed_src:
                 rounds[0].append(RelayTransfer(t.src, hop_src, chunk, t.tensor, to_relay=True))
@@ -146,10 +149,23 @@ def _single_owner(t: Transfer, entries: Sequence[BsrEntry]) -> bool:
     return all(e.owners == (t.src,) for e in entries if contains(t.region, e.region))
 
 
-def _node_ranks(topology: Topology, rank: int, exclude: Collection[int]) -> list[int]:
-    """The ranks of ``rank``'s node that may relay, ``rank`` first."""
-    node = topology.nodes[topology.node_of(rank)].ranks
-    return [rank] + [r for r in node if r != rank and r not in exclude]
+def _rail_pairs(
+    topology: Topology, src: int, dst: int, exclude: Collection[int]
+) -> list[tuple[int, int]]:
+    """The middle round's (sender, receiver) pairs of a transfer ``src -> dst``: the ranks of
+    equal local index on the two nodes (NIC ``k`` of one node to NIC ``k`` of the other,
+    as rail-optimised clusters wire them), both able to relay; the pair holding ``src`` or
+    ``dst`` first. A pair of unequal indices would cross rails: on the emulated network
+    (docs/netcluster.md) its connection runs over the NICs of the lower index, so two
+    crossed pairs share one NIC, and on a rail-optimised fabric it crosses the spine."""
+    here = topology.nodes[topology.node_of(src)].ranks
+    there = topology.nodes[topology.node_of(dst)].ranks
+    pairs = [
+        (a, b)
+        for a, b in zip(here, there, strict=False)
+        if (a == src or a not in exclude) and (b == dst or b not in exclude)
+    ]
+    return sorted(pairs, key=lambda p: (p[0] != src, p[1] != dst))
 
 
 def _chunks(region: Region, count: int) -> list[Region]:

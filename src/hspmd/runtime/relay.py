@@ -1,5 +1,10 @@
-"""Run a relay plan (``hspmd.comm.relay``): its rounds one after the other, each one
-``batch_isend_irecv`` with one packed buffer per pair of ranks (``Exchange``).
+"""Run a relay plan (``hspmd.comm.relay``): its rounds in order, each one
+``batch_isend_irecv`` with one packed buffer per pair of ranks (``Exchange``). A rank waits
+only where it must: before a round in which it forwards a relayed chunk, for the receives
+of the earlier rounds; every other round is issued at once, so the owner's direct chunk
+crosses the slow link while round 0 is still handing the others to its node's ranks, and a
+needer's node forwards one chunk while the next still arrives. Messages between one pair
+in different rounds are matched in the order both issue them (round order).
 
 A transfer reads from the sender's source piece or from one of its relay buffers, and
 writes into the receiver's destination piece or into a relay buffer it allocates, keyed by
@@ -14,7 +19,8 @@ Every tensor of one call has the same dtype (one buffer per pair).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -89,15 +95,41 @@ def run_relay(
     """
     rank = world.rank
     ends = _Ends(tensors, local, world, dtype)
+    pending: list[tuple[list[Any], Callable[[], None]]] = []  # receives still in flight
+    in_flight: list[Any] = []  # every operation issued, waited for at the end
     for round_ in plan.rounds:
+        mine = [t for t in round_ if rank in (t.src, t.dst)]
+        if any(t.from_relay and t.src == rank for t in mine):
+            # this round forwards relayed chunks: they must have arrived (earlier rounds'
+            # receives); everything else overlaps the earlier rounds still in flight
+            with comm_span(world, "relay-round"):
+                world.wait([w for works, _ in pending for w in works])
+            for _, unpack in pending:
+                unpack()
+            pending = []
         exchange = Exchange(world)
-        for t in round_:
+        for t in mine:
             if t.src == t.dst == rank:
                 ends.write(t).copy_(ends.read(t))
             elif t.src == rank:
                 exchange.send(t.dst, [ends.read(t)])
-            elif t.dst == rank:
+            else:
                 exchange.recv(t.src, [ends.write(t)])
         with comm_span(world, "relay-round"):
-            exchange.run()
+            sends, recvs, unpack = _start(exchange)
+        in_flight += sends
+        pending.append((recvs, unpack))
+    with comm_span(world, "relay-round"):
+        world.wait(in_flight + [w for works, _ in pending for w in works])
+    for _, unpack in pending:
+        unpack()
     return ends.out
+
+
+def _start(exchange: Exchange) -> tuple[list[Any], list[Any], Callable[[], None]]:
+    """Issue ``exchange``: (its sends, its receives, the unpacking once they are done)."""
+    works, unpack = exchange.start()
+    num_sends = len(exchange.sends)  # issued first, one per peer (``Exchange.start``)
+    if len(works) != num_sends + len(exchange.recvs):  # coalesced (nccl): one for all
+        return [], works, unpack
+    return works[:num_sends], works[num_sends:], unpack
