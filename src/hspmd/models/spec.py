@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, get_args
 
 from hspmd.errors import HspmdError
@@ -165,15 +165,21 @@ class ModuleModel:
     tie_embeddings: bool = False
     config_only: bool = False
     user_markers: bool = False  # the module places its own ``layers.{i}.input`` markers
+    _by_name: dict[str, ParamInfo] = field(
+        default_factory=dict, init=False, compare=False, hash=False, repr=False
+    )
+
+    def __post_init__(self) -> None:
+        self._by_name.update((p.name, p) for p in self.params)
 
     def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
         return {p.name: p.shape for p in self.params}
 
     def _param(self, name: str) -> ParamInfo:
-        for p in self.params:
-            if p.name == name:
-                return p
-        raise ModelSpecError(f"model {self.name} has no parameter {name!r}")
+        found = self._by_name.get(name)
+        if found is None:
+            raise ModelSpecError(f"model {self.name} has no parameter {name!r}")
+        return found
 
     def param_kind(self, name: str) -> TPKind:
         return self._param(name).kind
