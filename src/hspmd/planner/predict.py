@@ -142,7 +142,8 @@ def _pipeline_tasks(
                 deps = (f"p{p}s{s + 1}gB{i}",) if s < count - 1 else ()
                 duration = work.backward_s
             tasks.append(Task(tid, leader, "compute", duration, category=action.kind,
-                              deps=deps, label=str(action), ranks=ranks if len(ranks) > 1 else ()))  # fmt: skip
+                              deps=deps, label=str(action), ranks=ranks if len(ranks) > 1 else (),
+                              share=cost.share_of(leader)))  # fmt: skip
             nxt = s + 1 if action.kind == "F" else s - 1
             if 0 <= nxt < count:
                 peer = pipeline.stages[nxt]
@@ -198,7 +199,8 @@ def _sync_tasks(
         seconds = cost.device_of(stage.ranks[0]).seconds("optimizer", 4 * n / z)
         deps = tuple(synced.get(stage.ranks[0], [])) or (last_b[(p, s)],)
         tasks.append(Task(f"adam p{p}s{s}", stage.ranks[0], "compute", seconds, category="optimizer",
-                          deps=deps, ranks=stage.ranks if stage.tp > 1 else (), label="Adam"))  # fmt: skip
+                          deps=deps, ranks=stage.ranks if stage.tp > 1 else (), label="Adam",
+                          share=cost.share_of(stage.ranks[0])))  # fmt: skip
     for seg, ranks, ring, tmin in gathers:
         seconds = cost.collective("all-gather", seg.params / tmin * weight_elt, ring)
         deps = tuple(f"adam p{p}s{s}" for p, s in seg.holders)
@@ -243,7 +245,7 @@ def predict(
 ) -> Prediction:  # fmt: skip
     """Simulate one step of ``strategy`` and check every rank's memory against its cap."""
     tasks, works = step_tasks(strategy, config, cost, seq_len=seq_len, options=options)
-    result = simulate(tasks)
+    result = simulate(tasks, pools=cost.pools())
     memory = strategy_memory(strategy, config, seq_len=seq_len, options=options)
     over = {}
     for rank, mem in memory.items():
