@@ -353,7 +353,7 @@ def _profile(*, quick: bool, nproc: int, dtype: str, threads: int) -> Profile:
     )
     collectives = [s for group in by_group.values() for s in group]
     sharing = () if cuda else measure_core_sharing(
-        max(nproc, 2), threads=threads, loops=150 if quick else 400
+        max(nproc, 2), threads=threads, loops=100 if quick else 400
     )  # fmt: skip
     compute = {op: fit_linear(_points(samples, op), relative=True) for op in COMPUTE_OPS}
     links = (
