@@ -177,7 +177,8 @@ def _measure(configs: list[Any], repeats: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
-def local_part(repeats: int = REPEATS) -> dict[str, Any]:
+def local_part(repeats: int = REPEATS, keep: str | None = None) -> dict[str, Any]:
+    """``keep``: also write the profile taken to this file."""
     from hspmd.planner.measure import profile_machine
     from hspmd.train.config import TrainConfig
 
@@ -185,6 +186,8 @@ def local_part(repeats: int = REPEATS) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         profile = Path(tmp) / "profile.json"
         profile.write_text(profile_machine(quick=True, nproc=NPROC, dtype="fp32").to_json())
+        if keep:
+            Path(keep).write_text(profile.read_text())
         plain = CostModel.of(
             load_cluster(local_cluster(Path(tmp) / "cpu4.json", profile, 1)), dtype="fp32"
         )
@@ -240,13 +243,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=("all", "paper", "local"), default="all")
     parser.add_argument("--repeats", type=int, default=REPEATS, help="launches per strategy")
+    parser.add_argument("--keep-profile", default=None, help="write the local profile here too")
     args = parser.parse_args()
     result: dict[str, Any] = {"benchmark": "planner"}
     if args.part in ("all", "paper"):
         result["paper"] = paper_part()
         result["4096"] = big_part()
     if args.part in ("all", "local"):
-        result["local"] = local_part(args.repeats)
+        result["local"] = local_part(args.repeats, args.keep_profile)
     print(json.dumps(result))
 
 

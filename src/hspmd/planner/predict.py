@@ -137,13 +137,20 @@ def _pipeline_tasks(
             i, tid = action.micro_batch, f"p{p}s{s}{action}"
             if action.kind == "F":
                 deps = (f"p{p}s{s - 1}aF{i}",) if s > 0 else ()
-                duration = work.forward_s
+                duration, comm = work.forward_s, work.forward_comm_s
             else:
                 deps = (f"p{p}s{s + 1}gB{i}",) if s < count - 1 else ()
-                duration = work.backward_s
+                duration, comm = work.backward_s, work.backward_comm_s
+            group, share = ranks if len(ranks) > 1 else (), cost.share_of(leader)
+            if share and comm > 0:
+                # shared cores slow the compute; the TP collectives' fits were measured with
+                # every rank communicating, so they are not slowed again
+                tasks.append(Task(f"{tid}:compute", leader, "compute", duration - comm,
+                                  category=action.kind, deps=deps, label=str(action),
+                                  ranks=group, share=share))  # fmt: skip
+                duration, deps, share = comm, (f"{tid}:compute",), ""
             tasks.append(Task(tid, leader, "compute", duration, category=action.kind,
-                              deps=deps, label=str(action), ranks=ranks if len(ranks) > 1 else (),
-                              share=cost.share_of(leader)))  # fmt: skip
+                              deps=deps, label=str(action), ranks=group, share=share))  # fmt: skip
             nxt = s + 1 if action.kind == "F" else s - 1
             if 0 <= nxt < count:
                 peer = pipeline.stages[nxt]
