@@ -14,10 +14,11 @@ strategies (DP, TP, PP, uneven PP, different TP per pipeline, different micro-ba
 counts), and on a fake cluster whose ranks 2 and 3 run 3x slower (``--slowdown``), the
 planner's plan against the best homogeneous plan, measured.
 
-The local cluster file says what a rank is: one of 4 processes sharing this machine's 2
-cores, so compute runs ``slowdown`` times the profile's single-process time, where
-``slowdown`` is measured in the same run (a matmul loop run by k processes at once against
-one alone, k = the strategy's busy ranks), and every link is the measured "loopback".
+The local cluster file names the profile taken in the same run (one-thread compute, as
+each of the 4 ranks gets on this machine, and its ``core_sharing``: k one-thread processes
+computing at once against one alone); the simulator slows each compute task by the factor
+of the number of ranks computing at that moment, and every link is the measured
+"loopback". Each strategy is measured over ``--repeats`` launches (median step time).
 
     .venv/bin/python benchmarks/planner.py                 # both parts
     .venv/bin/python benchmarks/planner.py --part paper    # simulation only
@@ -143,60 +144,41 @@ LOCAL = {  # llama-small, 4 local processes
     "TP2 | PP2": "4x1: R0-1:L0-7; 4x1: R2:L0-3 R3:L4-7",
     "6 + 2 micro-batches": "6x1: R0-1:L0-7; 2x1: R2-3:L0-7",
 }
-NPROC, SEQ, BATCH, STEPS = 4, 128, 8, 5
+NPROC, SEQ, BATCH, STEPS, REPEATS = 4, 128, 8, 5, 3
 
 
-_SPIN = (
-    "import time, torch; torch.set_num_threads(1); a = torch.randn(256, 768); "
-    "b = torch.randn(768, 768); [a @ b for _ in range(50)]; t = time.perf_counter(); "
-    "[a @ b for _ in range(600)]; print(time.perf_counter() - t)"
-)
-
-
-def concurrency_slowdowns(most: int) -> dict[int, float]:
-    """Measured: how much slower a one-thread matmul loop runs when ``k`` run at once."""
-    import subprocess
-    import sys
-
-    def run(k: int) -> float:
-        procs = [subprocess.Popen([sys.executable, "-c", _SPIN], stdout=subprocess.PIPE, text=True)
-                 for _ in range(k)]  # fmt: skip
-        return statistics.median(float(p.communicate()[0]) for p in procs)
-
-    alone = run(1)
-    return {k: max(1.0, run(k) / alone) for k in range(1, most + 1)}
-
-
-SHARE: dict[int, float] = {}  # busy processes -> slowdown, filled by local_part
-
-
-def local_cluster(path: Path, profile: Path, slowed: float, active: int = NPROC) -> Path:
-    """4 local ranks; ``active`` busy ones each run ``SHARE[active]`` times slower than the
-    profile (measured by ``concurrency_slowdowns``; ``active / cores`` if not measured)."""
-    share = SHARE.get(active, max(1.0, active / (os.cpu_count() or 1)))
+def local_cluster(path: Path, profile: Path, slowed: float) -> Path:
+    """4 local ranks of the profiled kind (its ``core_sharing`` says how the processes
+    slow each other down on this machine's cores); with ``slowed``, ranks 2 and 3 that much
+    slower (a second kind on a second fake node)."""
     kind = {"memory_mb": 4000, "bf16_tflops": 1, "profile": str(profile),
-            "intra_link": {"name": "loopback", "GBps": 1}, "slowdown": share}  # fmt: skip
+            "intra_link": {"name": "loopback", "GBps": 1}}  # fmt: skip
     kinds = {"cpu": kind}
     nodes = [{"kind": "cpu", "count": 1, "gpus_per_node": 4}]
     if slowed > 1:
-        kinds["slow"] = dict(kind, slowdown=share * slowed)
+        kinds["slow"] = dict(kind, slowdown=slowed)
         nodes = [{"kind": "cpu", "count": 1, "gpus_per_node": 2},
                  {"kind": "slow", "count": 1, "gpus_per_node": 2}]  # fmt: skip
     data = {"format": "hspmd.cluster/1", "name": path.stem, "gpu_kinds": kinds,
             "inter_link": {"name": "loopback", "GBps": 1}, "nodes": nodes,
-            "assumed": {"slowdown": f"{active} busy processes on {os.cpu_count()} cores, measured"}}  # fmt: skip
+            "assumed": {"profile": f"hspmd profile of this machine ({os.cpu_count()} cores)"}}  # fmt: skip
     path.write_text(json.dumps(data))
     return path
 
 
-def _measure(configs: list[Any]) -> list[float]:
+def _measure(configs: list[Any], repeats: int) -> list[float]:
+    """Each config's median step time over ``repeats`` launches (steps 2.. of each)."""
     from hspmd.train.trainer import train_many
 
-    results = train_many(configs)
-    return [statistics.median(r.seconds for r in res.records[1:]) for res in results]
+    times: list[list[float]] = [[] for _ in configs]
+    for _ in range(repeats):
+        for i, res in enumerate(train_many(configs)):
+            times[i] += [r.seconds for r in res.records[1:]]
+    return [statistics.median(t) for t in times]
 
 
-def local_part() -> dict[str, Any]:
+def local_part(repeats: int = REPEATS, keep: str | None = None) -> dict[str, Any]:
+    """``keep``: also write the profile taken to this file."""
     from hspmd.planner.measure import profile_machine
     from hspmd.train.config import TrainConfig
 
@@ -204,12 +186,15 @@ def local_part() -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         profile = Path(tmp) / "profile.json"
         profile.write_text(profile_machine(quick=True, nproc=NPROC, dtype="fp32").to_json())
+        if keep:
+            Path(keep).write_text(profile.read_text())
         plain = CostModel.of(
             load_cluster(local_cluster(Path(tmp) / "cpu4.json", profile, 1)), dtype="fp32"
         )
         slow = CostModel.of(
             load_cluster(local_cluster(Path(tmp) / "slow.json", profile, 3)), dtype="fp32"
         )
+    out: dict[str, Any] = {"strategies": {}, "repeats": repeats}
     opts = StrategyOptions(dtype="fp32")
     texts = dict(LOCAL)
     predicted = {n: predict(parse_strategy(s), config, plain, seq_len=SEQ, options=opts).step_time_s
@@ -227,10 +212,12 @@ def local_part() -> dict[str, Any]:
             steps=STEPS, sequence_parallel=o.sequence_parallel, recompute=o.recompute,
             slowdown=tuple(r for r in slow_ranks if r[0] in p.strategy.ranks),
         ))  # fmt: skip
-    measured = _measure(configs)
-    out: dict[str, Any] = {"strategies": {}}
+    load = os.getloadavg()[0]
+    measured = _measure(configs, repeats)
+    out["load_before_after"] = [load, os.getloadavg()[0]]
     print(f"\nllama-small on {NPROC} local processes, batch {BATCH}, seq {SEQ}, fp32: "
-          "predicted vs measured step time (median of steps 2-5)")  # fmt: skip
+          f"predicted vs measured step time (median of steps 2-{STEPS} over {repeats} launches; "
+          f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after)")  # fmt: skip
     print(f"{'strategy':<22}{'predicted s':>12}{'measured s':>12}{'pred/meas':>10}")
     for (name, text), seconds in zip(texts.items(), measured, strict=False):
         ratio = predicted[name] / seconds
@@ -255,13 +242,15 @@ def local_part() -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=("all", "paper", "local"), default="all")
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="launches per strategy")
+    parser.add_argument("--keep-profile", default=None, help="write the local profile here too")
     args = parser.parse_args()
     result: dict[str, Any] = {"benchmark": "planner"}
     if args.part in ("all", "paper"):
         result["paper"] = paper_part()
         result["4096"] = big_part()
     if args.part in ("all", "local"):
-        result["local"] = local_part()
+        result["local"] = local_part(args.repeats, args.keep_profile)
     print(json.dumps(result))
 
 

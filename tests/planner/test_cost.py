@@ -54,3 +54,47 @@ def test_paper_testbed_figures_are_marked_assumed() -> None:
     h800, h20 = cost.device("H800"), cost.device("H20")
     ratio = h20.seconds("matmul", 1e15) / h800.seconds("matmul", 1e15)
     assert ratio == pytest.approx(495 / 74, rel=1e-4)  # plus one launch overhead
+
+
+def _profiled_cluster(tmp_path: Path, *, kind: str, sharing: tuple[float, ...]) -> Path:
+    """Four ranks on one node of a kind profiled on a ``kind`` ("cpu" / "cuda") host."""
+    import json
+
+    from hspmd.planner.profile import COLLECTIVE_OPS, COMPUTE_OPS, Fit, LinkFit, Profile
+
+    groups = ((2, Fit(0.0, 1e-3, 1.0)),)
+    profile = Profile(
+        kind=kind, device=kind, dtype="float32", threads=1, created="-", host={},
+        compute={op: Fit(1e-10, 0.0, 1.0) for op in COMPUTE_OPS},
+        links={"loopback": {op: LinkFit(Fit(0.0, 4e-3, 1.0), 4, groups) for op in COLLECTIVE_OPS}},
+        core_sharing=sharing,
+    )  # fmt: skip
+    (tmp_path / "p.json").write_text(profile.to_json())
+    gpu = {"memory_mb": 1000, "bf16_tflops": 1, "profile": "p.json",
+           "intra_link": {"name": "loopback", "GBps": 1}}  # fmt: skip
+    data = {"format": "hspmd.cluster/1", "name": "c", "gpu_kinds": {"k": gpu},
+            "inter_link": {"name": "loopback", "GBps": 1},
+            "nodes": [{"kind": "k", "count": 1, "gpus_per_node": 4}]}  # fmt: skip
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_cpu_profile_shares_cores_per_node_and_gpus_do_not(
+    tmp_path: Path, fake_cluster: Path
+) -> None:
+    cpu = CostModel.of(load_cluster(_profiled_cluster(tmp_path, kind="cpu", sharing=(1.0, 1.5))))
+    assert {cpu.share_of(r) for r in range(4)} == {"cores:node0"}
+    assert cpu.pools()["cores:node0"].factor(2) == 1.5
+    assert "sharing cores" in cpu.describe()
+    # the same factors in a CUDA profile, or a kind without a profile: no pool
+    cuda = CostModel.of(load_cluster(_profiled_cluster(tmp_path, kind="cuda", sharing=(1.0, 1.5))))
+    gpus = CostModel.of(load_cluster(fake_cluster))
+    assert cuda.pools() == {} == gpus.pools() and gpus.share_of(0) == cuda.share_of(0) == ""
+
+
+def test_link_seconds_use_the_fit_of_the_nearest_group_size(tmp_path: Path) -> None:
+    cost = CostModel.of(load_cluster(_profiled_cluster(tmp_path, kind="cpu", sharing=())))
+    assert cost.collective("all-reduce", 1e6, (0, 1)) == pytest.approx(1e-3)
+    assert cost.collective("all-reduce", 1e6, (0, 1, 2, 3)) == pytest.approx(4e-3)
+    assert "groups of 2, 4" in cost.describe()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,7 @@ def test_matmul_fit_is_a_line_with_a_positive_slope() -> None:
     # can bend one measurement, so the best of three measurements must be a line.
     fits = []
     for _ in range(3):
-        samples = measure_matmul((128, 256, 384, 512), reps=3)
+        samples = measure_matmul((128, 256, 384, 512), reps=3)[:8]  # the squares
         fits.append(fit_linear([(s.units, s.seconds) for s in samples]))
         if fits[-1].r2 > 0.8:
             break
@@ -62,7 +63,7 @@ def test_rms_norm_matches_its_formula() -> None:
 
 @pytest.mark.multiproc
 def test_collectives_on_two_processes() -> None:
-    samples = measure_collectives((64 << 10, 1 << 20), reps=2, nproc=2)
+    samples = measure_collectives((64 << 10, 1 << 20), reps=2, nproc=2)[2]
     assert [s.op for s in samples] == [op for op in COLLECTIVE_OPS for _ in range(2)]
     assert samples[0].units == bus_bytes("all-reduce", 64 << 10, 2)
     assert all(s.seconds > 0 for s in samples)
@@ -92,7 +93,9 @@ def test_quick_profile_round_trips_through_json(
     assert all(f.per_unit_s >= 0 for f in profile.compute.values())
     assert profile.compute["matmul"].per_unit_s > 0
     assert all(lf.group_size == 2 for lf in profile.links["loopback"].values())
-    assert profile.kind in ("cpu", "cuda") and profile.threads == torch.get_num_threads()
+    # compute timed with a local rank's threads (cores // nproc); CPU hosts: core sharing
+    assert profile.threads == max(1, (os.cpu_count() or 1) // 2)
+    assert profile.kind == "cuda" or len(profile.core_sharing) == 2
     assert profile.host["torch"] == torch.__version__
     path = tmp_path / "profile.json"
     path.write_text(profile.to_json())

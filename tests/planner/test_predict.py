@@ -84,3 +84,42 @@ def test_prediction_reports_over_memory(tmp_path: Path) -> None:
     assert not p.fits and set(p.over) == {0, 1}
     peak, cap = p.over[0]
     assert peak > cap == 1e6
+
+
+def test_shared_cores_slow_the_ranks_that_compute_at_once(tmp_path: Path) -> None:
+    """DP4 on a host where 4 processes at once compute 2x slower: every task twice as long;
+    a 4-stage pipeline, mostly one stage at a time, much less."""
+    from tests.planner.test_cost import _profiled_cluster
+
+    config = get_config("llama-tiny")
+    opts = StrategyOptions(dtype="fp32")
+    alone = CostModel.of(
+        load_cluster(_profiled_cluster(tmp_path, kind="cpu", sharing=())), dtype="fp32"
+    )
+    shared = CostModel.of(
+        load_cluster(_profiled_cluster(tmp_path, kind="cpu", sharing=(1.0, 1.0, 1.5, 2.0))),
+        dtype="fp32",
+    )
+    dp = parse_strategy("1x1: R0:L0-3; 1x1: R1:L0-3; 1x1: R2:L0-3; 1x1: R3:L0-3")
+    a, s = (predict(dp, config, c, seq_len=16, options=opts) for c in (alone, shared))
+    f = a.result.span("p0s0F0")
+    assert s.result.span("p0s0F0").duration == pytest.approx(2 * f.duration)
+    # two 2-stage pipelines: at most 4 compute at once, only in the steady state
+    pp = parse_strategy("4x1: R0:L0-1 R1:L2-3; 4x1: R2:L0-1 R3:L2-3")
+    a2, s2 = (predict(pp, config, c, seq_len=16, options=opts) for c in (alone, shared))
+    assert a2.step_time_s < s2.step_time_s < 2 * a2.step_time_s
+
+
+def test_shared_cores_slow_tp_compute_but_not_its_collectives(tmp_path: Path) -> None:
+    from tests.planner.test_cost import _profiled_cluster
+
+    config = get_config("llama-tiny")
+    opts = StrategyOptions(dtype="fp32")
+    path = _profiled_cluster(tmp_path, kind="cpu", sharing=(1.0, 3.0))
+    cost = CostModel.of(load_cluster(path), dtype="fp32")
+    p = predict(parse_strategy("1x1: R0-1:L0-3"), config, cost, seq_len=16, options=opts)
+    work = p.work[(0, 0)]
+    compute, comm = p.result.span("p0s0F0:compute"), p.result.span("p0s0F0")
+    # the 2-rank compute task weighs 2: x3; its collectives (1 ms per 2-rank call) are not
+    assert compute.duration == pytest.approx(3 * (work.forward_s - work.forward_comm_s))
+    assert comm.duration == pytest.approx(work.forward_comm_s) and work.forward_comm_s > 0

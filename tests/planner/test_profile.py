@@ -91,7 +91,43 @@ def test_measure_matmul_and_elementwise_tiny_sizes() -> None:
     from hspmd.planner.measure import measure_elementwise, measure_matmul
 
     samples = measure_matmul([8, 16], reps=2) + measure_elementwise([64, 128], reps=2)
-    assert [s.op for s in samples] == ["matmul"] * 4 + ["elementwise"] * 4
+    # squares 8, 16; skinny (32, 8) x (8, 16), (64, 16) x (16, 16), (4, 8) x (8, 24), (8, 16) x (16, 48)
+    assert [s.op for s in samples] == ["matmul"] * 12 + ["elementwise"] * 4
     assert samples[1].units == 2 * samples[0].units == 2 * 2 * 8**3
+    assert samples[4].units == 2 * 32 * 8 * 16 and samples[8].units == 2 * 4 * 8 * 24
     assert all(s.seconds > 0 for s in samples)
     fit_linear([(s.units, s.seconds) for s in samples[:4]])
+
+
+def test_fit_linear_relative_weighs_small_samples_as_much_as_big_ones() -> None:
+    # three small samples on one line, and a big one 30% above it
+    samples = [(1.0, 2.0), (2.0, 3.0), (3.0, 4.0), (1000.0, 1300.0)]
+    absolute, relative = fit_linear(samples), fit_linear(samples, relative=True)
+    assert absolute.seconds(1.0) / 2.0 < 0.87  # the big sample pulls the small ones off
+    assert relative.seconds(1.0) / 2.0 > 0.93
+    with pytest.raises(ProfileError, match="seconds > 0"):
+        fit_linear([(1.0, 0.0), (2.0, 1.0)], relative=True)
+
+
+def test_core_sharing_and_group_fits_round_trip() -> None:
+    groups = ((2, Fit(1e-9, 1e-3, 0.9)),)
+    link = LinkFit(Fit(3e-10, 5e-3, 0.98), 4, groups)
+    base = _profile()
+    profile = Profile(**{**base.__dict__, "links": {"loopback": {"all-reduce": link}},
+                         "core_sharing": (1.0, 1.02, 1.5, 2.0)})  # fmt: skip
+    again = Profile.from_json(profile.to_json())
+    assert again == profile
+    assert again.core_sharing == (1.0, 1.02, 1.5, 2.0)
+    assert "core_sharing" not in base.to_dict()  # absent where not measured (CUDA)
+    bad = {**profile.to_dict(), "core_sharing": [1.0, 0.5]}
+    with pytest.raises(ProfileError, match=r"core_sharing \[1.0, 0.5\]"):
+        Profile.from_json(json.dumps(bad))
+
+
+def test_link_fit_for_size_picks_the_nearest_measured_group() -> None:
+    four, two = Fit(0.0, 4e-3, 1.0), Fit(0.0, 1e-3, 1.0)
+    link = LinkFit(four, 4, ((2, two),))
+    assert link.for_size(2) is two
+    assert link.for_size(3) is four  # tie: the larger group
+    assert link.for_size(8) is four
+    assert LinkFit(four, 4).for_size(2) is four

@@ -328,3 +328,35 @@ def test_docs_worked_example() -> None:
     )
     assert r.critical_path() == ["f0", "s0", "s1", "g", "ar"]
     assert r.to_json()["time_by_category"] == {"comm": 3.5, "compute": 3.5}
+
+
+def test_pool_shares_processors_among_the_tasks_running_at_once() -> None:
+    from hspmd.sim import Pool
+
+    # up to 2 tasks at once run alone-speed; 3 at once 1.5x slower each
+    pools = {"cores": Pool((1.0, 1.0, 1.5))}
+
+    def task(id: str, rank: int, duration: float, *deps: str) -> Task:
+        return Task(id, rank, "compute", duration, category="F", deps=deps, share="cores")
+
+    tasks = [task("a", 0, 1.0), task("b", 1, 2.0), task("c", 2, 1.0), task("d", 3, 1.0, "a")]
+    r = simulate(tasks, pools=pools)
+    # a, b, c at 1/1.5 until a and c finish at 1.5; then b (1.0 left) and d run alone-speed
+    assert _times(r) == {"a": (0.0, 1.5), "b": (0.0, 2.5), "c": (0.0, 1.5), "d": (1.5, 2.5)}
+    assert r.busy[1] == pytest.approx(2.5)  # the time it really took
+    # a collective weighs its participants: a 2-rank task plus one more is 3 at once
+    pair = Task("tp", 0, "compute", 1.0, category="F", ranks=(0, 1), share="cores")
+    alone = Task("x", 2, "compute", 1.0, category="F", share="cores")
+    assert simulate([pair, alone], pools=pools).makespan == pytest.approx(1.5)
+    # without pools= naming it, a shared task is refused
+    with pytest.raises(SimError, match="'cores'"):
+        simulate(tasks)
+
+
+def test_pool_factors_are_checked_and_extrapolated() -> None:
+    from hspmd.sim import Pool
+
+    assert Pool((1.0, 2.0)).factor(4) == pytest.approx(4.0)
+    assert Pool((1.0, 1.2)).factor(1) == 1.0
+    with pytest.raises(SimError, match="factors >= 1"):
+        Pool((0.5,))

@@ -80,6 +80,12 @@ def fits_text(profile: Profile) -> str:
             fit = link.fit
             family = f"{op} (n={link.group_size})"
             lines.append(_row(family, name, fit.per_unit_s, "s/bus-byte", fit.overhead_s, fit.r2))
+            for n, g in link.groups:
+                lines.append(_row(f"{op} (n={n})", name, g.per_unit_s, "s/bus-byte",
+                                  g.overhead_s, g.r2))  # fmt: skip
+    if profile.core_sharing:
+        shown = ", ".join(f"{f:.2f}" for f in profile.core_sharing)
+        lines.append(f"core sharing: x{shown} for 1..{len(profile.core_sharing)} processes at once")
     return "\n".join(lines)
 
 

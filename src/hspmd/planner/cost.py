@@ -15,6 +15,14 @@ A link class without a profile runs at its file bandwidth with ``LINK_OVERHEAD_S
 ``slowdown`` in a kind multiplies its compute times (not its links). ``source`` on each
 line says which rule made it, and ``CostModel.describe()`` prints them all.
 
+Core sharing is a property of the profiled host, not of the strategy: a kind whose profile
+was measured on a CPU (``kind == "cpu"``) with ``core_sharing`` factors runs its ranks as
+processes sharing the cores of their node. ``CostModel.pools()`` gives one
+``hspmd.sim.Pool`` per such node and ``share_of(rank)`` its name; the simulator slows each
+compute task by the factor of how many ranks of the node compute at once. GPU kinds
+(``achieved_tflops``, assumed figures, or a CUDA profile) have none: their ranks never
+slow each other down.
+
 >>> from hspmd.switch.cluster import load_cluster
 >>> model = CostModel.of(load_cluster("hetu-h800-h20"))
 >>> round(model.device("H800").seconds("matmul", 1e15), 3)  # 1 PFLOP at 495 TFLOPS
@@ -35,11 +43,13 @@ from hspmd.planner.profile import (
     COLLECTIVE_OPS,
     COMPUTE_OPS,
     Fit,
+    LinkFit,
     Profile,
     ProfileError,
     bus_bytes,
     load_profile,
 )
+from hspmd.sim.engine import Pool
 from hspmd.switch.cluster import Cluster, GpuKind
 
 __all__ = [
@@ -75,6 +85,7 @@ class DeviceCost:
     fits: Mapping[str, Fit]
     slowdown: float = 1.0
     source: str = ""
+    core_sharing: tuple[float, ...] = ()  # CPU hosts: slowdown per k ranks computing at once
 
     def seconds(self, op: str, units: float) -> float:
         if op not in self.fits:
@@ -91,13 +102,17 @@ class LinkCost:
     name: str
     fits: Mapping[str, Fit]
     source: str = ""
+    by_size: Mapping[str, LinkFit] = field(default_factory=dict)  # measured group sizes
 
     def seconds(self, op: str, nbytes: float, group_size: int) -> float:
+        """``op`` on ``nbytes`` over ``group_size`` ranks: the fit measured over the nearest
+        group size where the profile has several, else the one line."""
         if group_size <= 1 or nbytes <= 0:
             return 0.0
         if op not in self.fits:
             raise CostError(f"no cost line for {op!r} on link {self.name}")
-        return self.fits[op].seconds(bus_bytes(op, nbytes, group_size))
+        fit = self.by_size[op].for_size(group_size) if op in self.by_size else self.fits[op]
+        return fit.seconds(bus_bytes(op, nbytes, group_size))
 
 
 @dataclass(frozen=True)
@@ -119,10 +134,10 @@ class CostModel:
         devices = {k.name: _device(k, profiles.get(k.name)) for k in cluster.kinds}
         link_classes = {k.intra_link.name: k.intra_link for k in cluster.kinds}
         link_classes[cluster.inter_link.name] = cluster.inter_link
-        measured: dict[str, tuple[str, Mapping[str, Fit]]] = {}
+        measured: dict[str, tuple[str, Mapping[str, LinkFit]]] = {}
         for name, profile in profiles.items():
             for link, fits in profile.links.items():
-                measured[link] = (name, {op: f.fit for op, f in fits.items()})
+                measured[link] = (name, fits)
         links = {n: _link(c, measured.get(n)) for n, c in link_classes.items()}
         kinds = tuple(cluster.kind_of(r).name for r in range(cluster.num_ranks))
         topology = cluster.topology()
@@ -173,6 +188,22 @@ class CostModel:
     def send(self, nbytes: float, src: int, dst: int) -> float:
         return self.link_between(src, dst).seconds("send-recv", nbytes, 2)
 
+    def share_of(self, rank: int) -> str:
+        """The processor pool of ``rank``'s compute (``"cores:node3"``), or ``""`` when its
+        kind does not share cores (module docstring)."""
+        if not self.device_of(rank).core_sharing:
+            return ""
+        return f"cores:node{self._nodes[rank]}"
+
+    def pools(self) -> dict[str, Pool]:
+        """The simulator's pools: one per node whose ranks share CPU cores."""
+        out: dict[str, Pool] = {}
+        for rank in range(self.num_ranks):
+            name = self.share_of(rank)
+            if name and name not in out:
+                out[name] = Pool(self.device_of(rank).core_sharing)
+        return out
+
     def describe(self) -> str:
         """One line per device kind and link class: where its figures come from."""
         lines = [f"{d.kind}: {d.source}" for d in self.devices.values()]
@@ -202,7 +233,11 @@ def _device(kind: GpuKind, profile: Profile | None) -> DeviceCost:
             )
         fits = {op: profile.compute[op] for op in COMPUTE_OPS}
         source = f"profile {kind.profile} ({profile.device}, {profile.dtype})"
-        return DeviceCost(kind.name, memory, fits, kind.slowdown, source)
+        sharing = profile.core_sharing if profile.kind == "cpu" else ()
+        if sharing:
+            shown = ", ".join(f"{f:.2f}" for f in sharing)
+            source += f", {profile.threads}-thread ranks sharing cores: x{shown} for k = 1.."
+        return DeviceCost(kind.name, memory, fits, kind.slowdown, source, sharing)
     if kind.achieved_tflops is not None:
         tflops, source = kind.achieved_tflops, f"achieved_tflops {kind.achieved_tflops:g}"
     else:
@@ -224,8 +259,11 @@ def _device(kind: GpuKind, profile: Profile | None) -> DeviceCost:
     return DeviceCost(kind.name, memory, fits, kind.slowdown, source)
 
 
-def _link(cls: LinkClass, measured: tuple[str, Mapping[str, Fit]] | None) -> LinkCost:
+def _link(cls: LinkClass, measured: tuple[str, Mapping[str, LinkFit]] | None) -> LinkCost:
     if measured is not None and all(op in measured[1] for op in COLLECTIVE_OPS):
-        return LinkCost(cls.name, dict(measured[1]), f"profile of {measured[0]}")
+        fits = {op: f.fit for op, f in measured[1].items()}
+        sizes = sorted({g for f in measured[1].values() for g in (f.group_size, *dict(f.groups))})
+        source = f"profile of {measured[0]}, groups of {', '.join(map(str, sizes))}"
+        return LinkCost(cls.name, fits, source, dict(measured[1]))
     fits = {op: Fit(1.0 / cls.bandwidth, LINK_OVERHEAD_S, 1.0) for op in COLLECTIVE_OPS}
     return LinkCost(cls.name, fits, f"{cls.bandwidth / 1e9:g} GB/s + {LINK_OVERHEAD_S * 1e6:g} us")

@@ -10,6 +10,13 @@ Each sample is the median of several timed repetitions after one warm-up;
     elementwise  silu(a) * b, a + b                       input bytes
     optimizer    torch.optim.Adam step, fp32 params       parameter bytes
     collectives  gloo over nproc local processes          bus bytes (profile.bus_bytes)
+    core sharing k processes' matmul loops at once (CPU)  slowdown against one alone
+
+Compute runs with ``threads`` torch threads, the count each local rank gets (``cores //
+nproc``, at least 1), so that a rank's compute is what was measured. The matmul family
+also times the skinny ``(tokens, hidden) x (hidden, width)`` shapes a transformer layer
+runs, and every line is fitted to relative error (``fit_linear(relative=True)``), so small
+calls weigh as much as big ones.
 
 Collectives run on ``nproc`` local gloo processes (``hspmd.runtime.launch``); a sample is
 the slowest rank's median, each repetition starting after a barrier.
@@ -67,12 +74,17 @@ def _nothing() -> None:
 def measure_matmul(
     sizes: Sequence[int], reps: int, dtype: torch.dtype = torch.float32, *, device: str = "cpu"
 ) -> list[Sample]:
-    """F.linear forward (``2*M*N*K`` FLOPs) and backward (twice that) on square sizes."""
+    """F.linear forward (``2*M*N*K`` FLOPs) and backward (twice that) on square sizes
+    ``n``, and on skinny ``(4n, n) x (n, n/4)`` and ``(n/2, n) x (n, 3n)`` for the smaller
+    half of them (activations times a projection, as a transformer layer runs)."""
     out, sync = [], device != "cpu"
-    for n in sizes:
-        x = torch.randn(n, n, dtype=dtype, device=device, requires_grad=True)
-        w = torch.randn(n, n, dtype=dtype, device=device, requires_grad=True)
-        flops = 2.0 * n * n * n
+    shapes = [(n, n, n) for n in sizes]
+    shapes += [(4 * n, n, max(n // 4, 16)) for n in sizes[: len(sizes) // 2 + 1]]
+    shapes += [(n // 2, n, 3 * n) for n in sizes[: len(sizes) // 2 + 1]]
+    for m, k, n in shapes:
+        x = torch.randn(m, k, dtype=dtype, device=device, requires_grad=True)
+        w = torch.randn(n, k, dtype=dtype, device=device, requires_grad=True)
+        flops = 2.0 * m * n * k
         forward = partial(F.linear, x, w)
         out.append(Sample("matmul", flops, median_seconds(forward, reps, sync=sync)))
         y = F.linear(x, w)
@@ -162,20 +174,23 @@ def measure_optimizer(sizes: Sequence[int], reps: int, *, device: str = "cpu") -
     return out
 
 
-def _collective(op: str, nbytes: int, world: Any) -> Callable[[], object]:
-    """One call of ``op`` on ``nbytes`` (of the full tensor) over the whole world, fp32."""
-    n, rank = world.world_size, world.rank
+def _collective(op: str, nbytes: int, world: Any, n: int, group: Any) -> Callable[[], object]:
+    """One call of ``op`` on ``nbytes`` (of the full tensor) over ranks ``0..n-1``, fp32
+    (``group``: their process group, None for the whole world); other ranks do nothing."""
+    rank = world.rank
+    if rank >= n:
+        return _nothing
     numel = max(n, nbytes // 4 // n * n)  # divisible by the group size
     full = torch.ones(numel)
     part = torch.ones(numel // n)
     if op == "all-reduce":
-        return partial(dist.all_reduce, full)
+        return partial(dist.all_reduce, full, group=group)
     if op == "all-gather":
-        return partial(dist.all_gather_single, full, part)
+        return partial(dist.all_gather_single, full, part, group=group)
     if op == "reduce-scatter":
-        return partial(dist.reduce_scatter_single, part, full)
+        return partial(dist.reduce_scatter_single, part, full, group=group)
     if op == "all-to-all":
-        return partial(dist.all_to_all_single, torch.empty_like(full), full)
+        return partial(dist.all_to_all_single, torch.empty_like(full), full, group=group)
     assert op == "send-recv", op
     peer = rank + 1 if rank % 2 == 0 else rank - 1  # pairs (0, 1), (2, 3)...
     if peer >= n:
@@ -184,34 +199,77 @@ def _collective(op: str, nbytes: int, world: Any) -> Callable[[], object]:
 
 
 def _collective_worker(
-    world: Any, ops: Sequence[str], sizes: Sequence[int], reps: int
-) -> list[tuple[str, int, float]]:
-    """On every rank: (op, nbytes, the slowest rank's median seconds) per op and size."""
+    world: Any, ops: Sequence[str], sizes: Sequence[int], reps: int, groups: Sequence[int]
+) -> list[tuple[str, int, int, float]]:
+    """On every rank: (op, group size, nbytes, the slowest rank's median seconds) per op,
+    group size (ranks ``0..n-1``; the others wait) and size."""
     out = []
-    for op in ops:
-        for nbytes in sizes:
-            call = _collective(op, nbytes, world)
-            call()  # warm-up
-            times = []
-            for _ in range(reps):
-                dist.barrier()  # every repetition starts together (the barrier is not timed)
-                start = time.perf_counter()
-                call()
-                times.append(time.perf_counter() - start)
-            seconds = torch.tensor([statistics.median(times)], dtype=torch.float64)
-            dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-            out.append((op, nbytes, float(seconds)))
+    for n in groups:
+        group = None if n == world.world_size else dist.new_group(list(range(n)))
+        for op in ops:
+            for nbytes in sizes:
+                call = _collective(op, nbytes, world, n, group)
+                call()  # warm-up
+                times = []
+                for _ in range(reps):
+                    dist.barrier()  # every repetition starts together (the barrier is not timed)
+                    start = time.perf_counter()
+                    call()
+                    times.append(time.perf_counter() - start)
+                seconds = torch.tensor([statistics.median(times)], dtype=torch.float64)
+                dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+                out.append((op, n, nbytes, float(seconds)))
     return out
 
 
 def measure_collectives(
-    sizes: Sequence[int], reps: int, *, nproc: int, ops: Sequence[str] = COLLECTIVE_OPS
-) -> list[Sample]:
-    """Every collective of ``ops`` over ``nproc`` local gloo processes, per bus byte."""
+    sizes: Sequence[int], reps: int, *, nproc: int, ops: Sequence[str] = COLLECTIVE_OPS,
+    groups: Sequence[int] = (),
+) -> dict[int, list[Sample]]:  # fmt: skip
+    """Every collective of ``ops`` over ``nproc`` local gloo processes, and over the first
+    ``n`` of them for each ``n`` of ``groups``, per bus byte: samples per group size."""
     if nproc < 2:
         raise ProfileError(f"nproc={nproc}: collectives need at least 2 processes")
-    results = launch(_collective_worker, nproc, args=(tuple(ops), tuple(sizes), reps))
-    return [Sample(op, bus_bytes(op, nbytes, nproc), s) for op, nbytes, s in results[0]]
+    sizes_n = sorted({nproc, *(g for g in groups if 2 <= g < nproc)}, reverse=True)
+    results = launch(_collective_worker, nproc, args=(tuple(ops), tuple(sizes), reps, sizes_n))
+    out: dict[int, list[Sample]] = {n: [] for n in sizes_n}
+    for op, n, nbytes, s in results[0]:
+        out[n].append(Sample(op, bus_bytes(op, nbytes, n), s))
+    return out
+
+
+_SPIN = """
+import sys, time, torch
+torch.set_num_threads(int(sys.argv[1]))
+a, b = torch.randn(256, 512), torch.randn(512, 512)
+for _ in range(20):
+    a @ b
+time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
+start = time.perf_counter()
+for _ in range(int(sys.argv[3])):
+    a @ b
+print(time.perf_counter() - start)
+"""
+
+
+def measure_core_sharing(most: int, *, threads: int = 1, loops: int = 400) -> tuple[float, ...]:
+    """How many times longer a ``threads``-thread matmul loop takes while ``k`` processes
+    run it at once, ``k = 1..most`` (the median over the ``k`` processes, the lower of two
+    tries, never below the factor of ``k - 1``; the first is 1)."""
+    import subprocess
+    import sys
+
+    def run(k: int) -> float:
+        at = time.time() + 1.0 + 0.2 * k  # all start together, after their imports
+        args = [sys.executable, "-c", _SPIN, str(threads), str(at), str(loops)]
+        procs = [subprocess.Popen(args, stdout=subprocess.PIPE, text=True) for _ in range(k)]
+        return statistics.median(float(p.communicate()[0]) for p in procs)
+
+    alone = min(run(1) for _ in range(2))
+    factors = [1.0]
+    for k in range(2, most + 1):  # the lower of two tries: other load only adds time
+        factors.append(max(factors[-1], min(run(k) for _ in range(2)) / alone))
+    return tuple(factors)
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,11 +304,29 @@ SIZES = {
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def profile_machine(*, quick: bool, nproc: int = 2, dtype: str = "fp32") -> Profile:
+def profile_machine(
+    *, quick: bool, nproc: int = 2, dtype: str = "fp32", threads: int | None = None
+) -> Profile:
     """Measure every family on this machine (the CUDA device when there is one) and
-    ``nproc`` local gloo processes ("loopback"), and fit each family's line."""
+    ``nproc`` local gloo processes ("loopback"), and fit each family's line.
+
+    ``threads``: torch threads while timing compute (default: a local rank's, ``cores //
+    nproc``, at least 1). On a CPU host also the core sharing of ``nproc`` processes."""
     if dtype not in DTYPES:
         raise ProfileError(f"dtype {dtype!r}: choose {' or '.join(DTYPES)}")
+    cpus = os.cpu_count() or 1
+    threads = threads or max(1, cpus // max(nproc, 1))
+    if threads < 1:
+        raise ProfileError(f"threads={threads}: give at least 1")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _profile(quick=quick, nproc=nproc, dtype=dtype, threads=threads)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _profile(*, quick: bool, nproc: int, dtype: str, threads: int) -> Profile:
     sizes = SIZES[dtype, quick]
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
@@ -272,15 +348,24 @@ def profile_machine(*, quick: bool, nproc: int = 2, dtype: str = "fp32") -> Prof
         *measure_elementwise(sizes.elementwise, reps, torch_dtype, device=device),
         *measure_optimizer(sizes.optimizer, reps, device=device),
     ]
-    collectives = measure_collectives(sizes.collective, reps, nproc=nproc) if nproc > 1 else []
-    compute = {op: fit_linear(_points(samples, op)) for op in COMPUTE_OPS}
-    links = {"loopback": {op: LinkFit(fit_linear(_points(collectives, op)), nproc)
-                          for op in COLLECTIVE_OPS}} if collectives else {}  # fmt: skip
+    by_group = (
+        measure_collectives(sizes.collective, reps, nproc=nproc, groups=(2,)) if nproc > 1 else {}
+    )
+    collectives = [s for group in by_group.values() for s in group]
+    sharing = () if cuda else measure_core_sharing(
+        max(nproc, 2), threads=threads, loops=100 if quick else 400
+    )  # fmt: skip
+    compute = {op: fit_linear(_points(samples, op), relative=True) for op in COMPUTE_OPS}
+    links = (
+        {"loopback": {op: _link_fit(by_group, op, nproc) for op in COLLECTIVE_OPS}}
+        if by_group
+        else {}
+    )
     return Profile(
         kind="cuda" if cuda else "cpu",
         device=torch.cuda.get_device_name() if cuda else "cpu",
         dtype={"fp32": "float32", "bf16": "bfloat16"}[dtype],
-        threads=torch.get_num_threads(),
+        threads=threads,
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         host={
             "platform": platform.platform(),
@@ -295,7 +380,14 @@ def profile_machine(*, quick: bool, nproc: int = 2, dtype: str = "fp32") -> Prof
         compute=compute,
         links=links,
         samples=(*samples, *collectives),
+        core_sharing=sharing,
     )
+
+
+def _link_fit(by_group: dict[int, list[Sample]], op: str, nproc: int) -> LinkFit:
+    """``op``'s fit over ``nproc`` ranks, with the smaller groups' fits beside it."""
+    fits = {n: fit_linear(_points(s, op), relative=True) for n, s in by_group.items()}
+    return LinkFit(fits[nproc], nproc, tuple((n, f) for n, f in fits.items() if n != nproc))
 
 
 def _points(samples: Sequence[Sample], op: str) -> list[tuple[float, float]]:

@@ -137,12 +137,20 @@ def _pipeline_tasks(
             i, tid = action.micro_batch, f"p{p}s{s}{action}"
             if action.kind == "F":
                 deps = (f"p{p}s{s - 1}aF{i}",) if s > 0 else ()
-                duration = work.forward_s
+                duration, comm = work.forward_s, work.forward_comm_s
             else:
                 deps = (f"p{p}s{s + 1}gB{i}",) if s < count - 1 else ()
-                duration = work.backward_s
+                duration, comm = work.backward_s, work.backward_comm_s
+            group, share = ranks if len(ranks) > 1 else (), cost.share_of(leader)
+            if share and comm > 0:
+                # shared cores slow the compute; the TP collectives' fits were measured with
+                # every rank communicating, so they are not slowed again
+                tasks.append(Task(f"{tid}:compute", leader, "compute", duration - comm,
+                                  category=action.kind, deps=deps, label=str(action),
+                                  ranks=group, share=share))  # fmt: skip
+                duration, deps, share = comm, (f"{tid}:compute",), ""
             tasks.append(Task(tid, leader, "compute", duration, category=action.kind,
-                              deps=deps, label=str(action), ranks=ranks if len(ranks) > 1 else ()))  # fmt: skip
+                              deps=deps, label=str(action), ranks=group, share=share))  # fmt: skip
             nxt = s + 1 if action.kind == "F" else s - 1
             if 0 <= nxt < count:
                 peer = pipeline.stages[nxt]
@@ -198,7 +206,8 @@ def _sync_tasks(
         seconds = cost.device_of(stage.ranks[0]).seconds("optimizer", 4 * n / z)
         deps = tuple(synced.get(stage.ranks[0], [])) or (last_b[(p, s)],)
         tasks.append(Task(f"adam p{p}s{s}", stage.ranks[0], "compute", seconds, category="optimizer",
-                          deps=deps, ranks=stage.ranks if stage.tp > 1 else (), label="Adam"))  # fmt: skip
+                          deps=deps, ranks=stage.ranks if stage.tp > 1 else (), label="Adam",
+                          share=cost.share_of(stage.ranks[0])))  # fmt: skip
     for seg, ranks, ring, tmin in gathers:
         seconds = cost.collective("all-gather", seg.params / tmin * weight_elt, ring)
         deps = tuple(f"adam p{p}s{s}" for p, s in seg.holders)
@@ -243,7 +252,7 @@ def predict(
 ) -> Prediction:  # fmt: skip
     """Simulate one step of ``strategy`` and check every rank's memory against its cap."""
     tasks, works = step_tasks(strategy, config, cost, seq_len=seq_len, options=options)
-    result = simulate(tasks)
+    result = simulate(tasks, pools=cost.pools())
     memory = strategy_memory(strategy, config, seq_len=seq_len, options=options)
     over = {}
     for rank, mem in memory.items():

@@ -10,7 +10,11 @@ repetitions (``hspmd.planner.measure`` takes them). Units:
   mask); the backward counts twice that;
 - norm, elementwise, optimizer: bytes (input bytes; optimizer: bytes of parameters);
 - collectives: ring "bus bytes" of a tensor of ``nbytes`` over ``n`` ranks, see
-  :func:`bus_bytes`.
+  :func:`bus_bytes`;
+- ``core_sharing`` (CPU hosts only): ``[f_1, f_2, ...]``, how many times longer one
+  process's compute takes while ``k`` processes of ``threads`` threads compute at once on
+  this host's cores (``f_1 = 1``). Local ranks share the cores; GPUs do not, and a CUDA
+  profile has none. The simulator applies it per host (``hspmd.sim.Pool``).
 
 No torch here: the planner imports this module without it.
 """
@@ -79,12 +83,18 @@ class Fit:
         return self.overhead_s + self.per_unit_s * units
 
 
-def fit_linear(samples: list[tuple[float, float]]) -> Fit:
+def fit_linear(samples: list[tuple[float, float]], *, relative: bool = False) -> Fit:
     """Least-squares line through ``(units, seconds)`` samples, slope and intercept clamped >= 0.
 
+    ``relative``: minimise the residuals divided by the seconds (each sample weighs the
+    same whatever its size: a fit over 1e6..1e10 FLOPs then holds for small calls too).
     When the unconstrained fit has a negative coefficient, that coefficient is set to 0 and
     the other refitted alone. ``r2`` and ``rel_residual`` (residual norm / seconds norm)
     describe the clamped fit.
+
+    >>> f = fit_linear([(1.0, 1.1), (10.0, 2.0), (100.0, 11.0)], relative=True)
+    >>> round(f.per_unit_s, 3), round(f.overhead_s, 3)
+    (0.1, 1.0)
     """
     if len(samples) < 2:
         raise ProfileError(f"fit_linear needs at least 2 samples, got {len(samples)}")
@@ -92,15 +102,19 @@ def fit_linear(samples: list[tuple[float, float]]) -> Fit:
     y = np.array([float(s) for _, s in samples])
     if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
         raise ProfileError("fit_linear samples must be finite numbers")
-    a_mat = np.stack([x, np.ones_like(x)], axis=1)
-    (slope, intercept), *_ = np.linalg.lstsq(a_mat, y, rcond=None)
+    if relative and np.any(y <= 0):
+        raise ProfileError("fit_linear(relative=True) needs seconds > 0 in every sample")
+    w = 1.0 / y if relative else np.ones_like(y)
+    xw, yw = x * w, y * w
+    a_mat = np.stack([xw, w], axis=1)
+    (slope, intercept), *_ = np.linalg.lstsq(a_mat, yw, rcond=None)
     if intercept < 0:
         intercept = 0.0
-        denom = float(x @ x)
-        slope = float(x @ y) / denom if denom > 0 else 0.0
+        denom = float(xw @ xw)
+        slope = float(xw @ yw) / denom if denom > 0 else 0.0
     if slope < 0:
         slope = 0.0
-        intercept = max(float(np.mean(y)), 0.0)
+        intercept = max(float((w @ yw) / (w @ w)), 0.0)
     pred = intercept + slope * x
     res = y - pred
     ss_res = float(res @ res)
@@ -113,10 +127,18 @@ def fit_linear(samples: list[tuple[float, float]]) -> Fit:
 
 @dataclass(frozen=True)
 class LinkFit:
-    """One collective's fit on one link class, per bus byte."""
+    """One collective's fit on one link class, per bus byte, measured over ``group_size``
+    ranks; ``groups``: fits of the same collective over other group sizes (smaller groups
+    of the same processes; on shared cores their per-call overhead differs)."""
 
     fit: Fit
     group_size: int
+    groups: tuple[tuple[int, Fit], ...] = ()
+
+    def for_size(self, n: int) -> Fit:
+        """The fit measured over the group size nearest ``n`` (ties: the larger)."""
+        fits = [(self.group_size, self.fit), *self.groups]
+        return min(fits, key=lambda gf: (abs(gf[0] - n), -gf[0]))[1]
 
 
 @dataclass(frozen=True)
@@ -139,6 +161,7 @@ class Profile:
     compute: dict[str, Fit]
     links: dict[str, dict[str, LinkFit]]
     samples: tuple[Sample, ...] = ()
+    core_sharing: tuple[float, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         compute = {
@@ -152,6 +175,21 @@ class Profile:
                     "overhead_s": lf.fit.overhead_s,
                     "r2": lf.fit.r2,
                     "group_size": lf.group_size,
+                    **(
+                        {
+                            "groups": [
+                                {
+                                    "group_size": g,
+                                    "per_byte_s": f.per_unit_s,
+                                    "overhead_s": f.overhead_s,
+                                    "r2": f.r2,
+                                }
+                                for g, f in lf.groups
+                            ]
+                        }
+                        if lf.groups
+                        else {}
+                    ),
                 }
                 for op, lf in ops.items()
             }
@@ -167,6 +205,7 @@ class Profile:
             "host": dict(self.host),
             "compute": compute,
             "links": links,
+            **({"core_sharing": list(self.core_sharing)} if self.core_sharing else {}),
             "samples": [{"op": s.op, "units": s.units, "seconds": s.seconds} for s in self.samples],
         }
 
@@ -236,7 +275,17 @@ def _from_dict(data: Any, source: str) -> Profile:
                 _number(entry, "overhead_s", where),
                 _number(entry, "r2", where),
             )
-            links[name][op] = LinkFit(fit, int(_field(entry, "group_size", int, where)))
+            groups = []
+            for j, g in enumerate(entry.get("groups", [])):
+                gw = f"{where}.groups[{j}]"
+                groups.append((
+                    int(_field(g, "group_size", int, gw)),
+                    Fit(_number(g, "per_byte_s", gw), _number(g, "overhead_s", gw),
+                        _number(g, "r2", gw)),
+                ))  # fmt: skip
+            links[name][op] = LinkFit(
+                fit, int(_field(entry, "group_size", int, where)), tuple(groups)
+            )
     samples = []
     for i, entry in enumerate(data.get("samples", [])):
         where = f"{source}: samples[{i}]"
@@ -246,6 +295,15 @@ def _from_dict(data: Any, source: str) -> Profile:
                 _number(entry, "units", where),
                 _number(entry, "seconds", where),
             )
+        )
+    sharing = data.get("core_sharing", [])
+    if not isinstance(sharing, list) or not all(
+        isinstance(f, int | float) and not isinstance(f, bool) and math.isfinite(f) and f >= 1
+        for f in sharing
+    ):
+        raise ProfileError(
+            f"{source}: core_sharing {sharing!r} must be a list of factors >= 1 "
+            "(k = 1, 2, ... processes computing at once); run `hspmd profile` again"
         )
     return Profile(
         kind=_field(data, "kind", str, source),
@@ -257,6 +315,7 @@ def _from_dict(data: Any, source: str) -> Profile:
         compute=compute,
         links=links,
         samples=tuple(samples),
+        core_sharing=tuple(float(f) for f in sharing),
     )
 
 

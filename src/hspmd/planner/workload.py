@@ -65,12 +65,18 @@ def stage_params(config: LlamaConfig, num_layers: int, tp: int, *, first: bool, 
 @dataclass(frozen=True, slots=True)
 class StageWork:
     """Seconds of one micro-batch on one stage: ``forward_s`` and ``backward_s`` (both with
-    their TP collectives, ``tp_comm_s`` of them), and the activation bytes it sends on."""
+    their TP collectives, ``tp_comm_s`` of them, ``forward_comm_s`` in the forward), and the
+    activation bytes it sends on."""
 
     forward_s: float
     backward_s: float
     tp_comm_s: float
     activation_bytes: float
+    forward_comm_s: float = 0.0
+
+    @property
+    def backward_comm_s(self) -> float:
+        return self.tp_comm_s - self.forward_comm_s
 
 
 def _layer(
@@ -137,4 +143,4 @@ def stage_work(
         fwd_comm += 2 * link.seconds("all-reduce", n * 4, tp)
         bwd_comm += link.seconds("all-reduce", n * H * elt, tp)  # dX of the split head
     comm = fwd_comm + bwd_comm
-    return StageWork(fwd + fwd_comm, bwd + bwd_comm, comm, n * H * elt)
+    return StageWork(fwd + fwd_comm, bwd + bwd_comm, comm, n * H * elt, fwd_comm)

@@ -9,7 +9,11 @@ Model (docs/simulator.md has the long form):
 - ``deps`` are finish-to-start edges to tasks anywhere;
 - ``resources`` are shared capacity-1 things (a link ``"ib:node0->node1"``, a NIC
   ``"nic:3"``) held for the whole duration; waiters are served first come first served by
-  the time they became ready, ties by input order.
+  the time they became ready, ties by input order;
+- ``share`` names a processor pool (``"cores:node0"``: processes sharing a host's CPU
+  cores): ``duration`` is the task's time alone, and while tasks weighing ``k`` in total
+  (each weighs its number of participants) run in the pool, each progresses at
+  ``1 / slowdown(k)`` (``simulate(..., pools={"cores:node0": Pool(...)})``).
 
 A task starts at max(deps finished, stream predecessor on every participant finished,
 all its resources free). Worked example, unit costs, one link::
@@ -27,13 +31,13 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from hspmd.errors import HspmdError
 
-__all__ = ["COMM_CATEGORIES", "Result", "SimError", "Span", "Task", "simulate"]
+__all__ = ["COMM_CATEGORIES", "Pool", "Result", "SimError", "Span", "Task", "simulate"]
 
 #: categories counted as communication time; every other category counts as busy time.
 COMM_CATEGORIES = frozenset({"comm"})
@@ -66,6 +70,7 @@ class Task:
     resources: tuple[str, ...] = ()
     label: str = ""
     ranks: tuple[int, ...] = ()
+    share: str = ""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.duration) and self.duration >= 0):
@@ -86,6 +91,31 @@ class Task:
     def participants(self) -> tuple[int, ...]:
         """The ranks whose stream this task occupies: ``ranks``, or ``(rank,)``."""
         return self.ranks or (self.rank,)
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    """Processors shared by the tasks naming it (``Task.share``): ``slowdown[k - 1]`` is
+    how many times longer than alone a task runs while tasks weighing ``k`` run at once
+    (measured: ``hspmd profile``'s core-sharing samples). Beyond the table, the last
+    entry grows in proportion: ``slowdown[-1] * k / len(slowdown)``.
+
+    >>> Pool((1.0, 1.0, 1.6, 2.0)).factor(2), Pool((1.0, 2.0)).factor(4)
+    (1.0, 4.0)
+    """
+
+    slowdown: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.slowdown or not all(math.isfinite(f) and f >= 1.0 for f in self.slowdown):
+            raise SimError(
+                f"pool slowdown={self.slowdown!r}: give finite factors >= 1, k = 1, 2, ..."
+            )
+
+    def factor(self, k: int) -> float:
+        if k <= len(self.slowdown):
+            return self.slowdown[max(k, 1) - 1]
+        return self.slowdown[-1] * k / len(self.slowdown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,9 +205,12 @@ class _Graph:
     succs: list[list[int]]
     resources: list[tuple[int, ...]]
     num_resources: int
+    shares: list[int]  # pool index per task, -1 for none
+    weights: list[int]  # participants per task
+    pools: list[Pool]
 
 
-def _build(tasks: Sequence[Task]) -> _Graph:
+def _build(tasks: Sequence[Task], pools: Mapping[str, Pool]) -> _Graph:
     index: dict[str, int] = {}
     for i, t in enumerate(tasks):
         if index.setdefault(t.id, i) != i:
@@ -209,7 +242,19 @@ def _build(tasks: Sequence[Task]) -> _Graph:
         resources.append(
             tuple(resource_ids.setdefault(r, len(resource_ids)) for r in dict.fromkeys(t.resources))
         )
-    return _Graph([t.duration for t in tasks], pending, succs, resources, len(resource_ids))
+    unknown = sorted({t.share for t in tasks if t.share and t.share not in pools})
+    if unknown:
+        raise SimError(
+            f"tasks share pools {', '.join(map(repr, unknown))} that pools= does not define: "
+            "give a Pool for each"
+        )
+    names = list(pools)
+    shares = [names.index(t.share) if t.share else -1 for t in tasks]
+    weights = [len(t.participants) for t in tasks]
+    return _Graph(
+        [t.duration for t in tasks], pending, succs, resources, len(resource_ids),
+        shares, weights, [pools[n] for n in names],
+    )  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -222,16 +267,49 @@ class _Run:
     ready_at: list[float]
     cause: list[int]
     cause_kind: bytearray
-    events: list[tuple[float, int]] = field(default_factory=list)
+    events: list[tuple[float, int, int]] = field(default_factory=list)  # (end, task, version)
     holder: list[int] = field(default_factory=list)
     last_holder: list[int] = field(default_factory=list)
     queues: list[list[tuple[float, int]]] = field(default_factory=list)
+    version: list[int] = field(default_factory=list)
+    # per pool: running task -> work left (seconds alone), when last updated, its factor
+    running: list[dict[int, float]] = field(default_factory=list)
+    updated: list[float] = field(default_factory=list)
+    factor: list[float] = field(default_factory=list)
 
     def start(self, i: int, t: float) -> None:
         self.starts[i] = t
-        end = t + self.graph.durations[i]
-        self.ends[i] = end
-        heapq.heappush(self.events, (end, i))
+        pool = self.graph.shares[i]
+        if pool < 0:
+            end = t + self.graph.durations[i]
+            self.ends[i] = end
+            heapq.heappush(self.events, (end, i, 0))
+            return
+        self._advance(pool, t)
+        self.running[pool][i] = self.graph.durations[i]
+        self._reschedule(pool)
+
+    def _advance(self, pool: int, t: float) -> None:
+        """Charge the pool's running tasks for the time since its last change."""
+        elapsed = (t - self.updated[pool]) / self.factor[pool]
+        left = self.running[pool]
+        for j in left:
+            left[j] = max(0.0, left[j] - elapsed)
+        self.updated[pool] = t
+
+    def _reschedule(self, pool: int) -> None:
+        left, t = self.running[pool], self.updated[pool]
+        load = sum(self.graph.weights[j] for j in left)
+        factor = self.graph.pools[pool].factor(load)
+        self.factor[pool] = factor
+        for j, work in left.items():
+            self.version[j] += 1
+            self.ends[j] = t + work * factor
+            heapq.heappush(self.events, (self.ends[j], j, self.version[j]))
+
+    def current(self, event: tuple[float, int, int]) -> bool:
+        """False for an end event a pool change has superseded."""
+        return event[2] == self.version[event[1]]
 
     def ready(self, i: int, t: float, dirty: set[int]) -> None:
         self.ready_at[i] = t
@@ -260,6 +338,12 @@ class _Run:
                 self.start(i, t)
 
     def finish(self, i: int, t: float, dirty: set[int]) -> None:
+        self.ends[i] = t
+        pool = self.graph.shares[i]
+        if pool >= 0:
+            self._advance(pool, t)
+            del self.running[pool][i]
+            self._reschedule(pool)
         for r in self.graph.resources[i]:
             self.holder[r] = -1
             self.last_holder[r] = i
@@ -280,6 +364,9 @@ def _execute(graph: _Graph) -> _Run:
     run = _Run(graph, [nan] * n, [nan] * n, [nan] * n, [-1] * n, bytearray(n))
     run.holder, run.last_holder = [-1] * m, [-1] * m
     run.queues = [[] for _ in range(m)]
+    run.version = [0] * n
+    k = len(graph.pools)
+    run.running, run.updated, run.factor = [{} for _ in range(k)], [0.0] * k, [1.0] * k
     dirty: set[int] = set()
     for i in range(n):
         if graph.pending[i] == 0:
@@ -289,24 +376,31 @@ def _execute(graph: _Graph) -> _Run:
     while events:
         # Finish everything ending at t before granting resources at t, so that FIFO
         # order among tasks that become ready at the same time follows input order.
+        if not run.current(events[0]):
+            heapq.heappop(events)
+            continue
         t = events[0][0]
         dirty = set()
         while events and events[0][0] == t:
-            run.finish(heapq.heappop(events)[1], t, dirty)
+            event = heapq.heappop(events)
+            if run.current(event):
+                run.finish(event[1], t, dirty)
         if dirty:
             run.grant(dirty, t)
     return run
 
 
-def simulate(tasks: Sequence[Task]) -> Result:
+def simulate(tasks: Sequence[Task], *, pools: Mapping[str, Pool] | None = None) -> Result:
     """Run ``tasks`` to completion; raise ``SimError`` on missing deps, cycles or deadlock.
+
+    ``pools``: the processor pools tasks ``share`` (module docstring).
 
     >>> r = simulate([Task("a", 0, "compute", 1.0, category="compute"),
     ...               Task("b", 1, "compute", 2.0, category="compute", deps=("a",))])
     >>> r.makespan, r.critical_path(), r.idle
     (3.0, ['a', 'b'], {0: 2.0, 1: 1.0})
     """
-    run = _execute(_build(tasks))
+    run = _execute(_build(tasks, pools or {}))
     if any(math.isnan(e) for e in run.ends):
         from hspmd.sim.stuck import stuck_error  # the failure path only; stuck imports us
 
@@ -328,7 +422,7 @@ def _result(tasks: Sequence[Task], run: _Run) -> Result:
         totals = comm if t.category in COMM_CATEGORIES else busy
         for p in t.participants:
             intervals.setdefault(p, []).append((s, e))
-            totals[p] = totals.get(p, 0.0) + t.duration
+            totals[p] = totals.get(p, 0.0) + (e - s)
     makespan = max(run.ends, default=0.0)
     ranks = sorted(intervals)
     idle = {r: makespan - _union_length(intervals[r]) for r in ranks}
