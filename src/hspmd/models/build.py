@@ -55,7 +55,7 @@ def initial_parameter(model: ModelSpec, name: str, *, seed: int) -> torch.Tensor
     return state[name].float()
 
 
-def constant(model: ModelSpec, target: str) -> torch.Tensor:
+def constant(model: ModelSpec, target: str, *, seed: int) -> torch.Tensor:
     """A buffer the graph reads (``get_attr`` of no parameter), e.g. the RoPE tables."""
     if isinstance(model, LlamaConfig):
         from hspmd.models.llama import rope_tables
@@ -67,7 +67,7 @@ def constant(model: ModelSpec, target: str) -> torch.Tensor:
     else:
         from hspmd.models.module import initial_state
 
-        state = initial_state(_module(model), 0)
+        state = initial_state(_module(model), seed)  # the module built once per seed
         if target in state:
             return state[target]
     raise ModelSpecError(

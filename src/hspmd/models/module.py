@@ -442,10 +442,7 @@ def model_graph(model: ModuleModel) -> torch.fx.GraphModule:
 def initial_state(model: ModuleModel, seed: int) -> Mapping[str, torch.Tensor]:
     """Every parameter and buffer of the module built on the CPU after
     ``torch.manual_seed(seed)``: the plan-free initial values (DESIGN decision 5)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        with torch.device("cpu"):
-            module = build_module(model.source, dict(model.kwargs))
+    module = plain_module(model, seed)
     state: dict[str, torch.Tensor] = dict(module.named_parameters())
     state |= dict(module.named_buffers())
     return {name: t.detach() for name, t in state.items()}

@@ -277,7 +277,7 @@ class _Builder:
         target = str(node.target)
         name = self.ag.params.get(node.name)
         if name is None:  # a buffer: the Llama's RoPE tables, say
-            self.root[target] = constant(self.config, target)
+            self.root[target] = constant(self.config, target, seed=self.seed)
         else:
             piece = self.ag.annotations[node.name].piece(self.rank, self.ag.shape(node.name))  # type: ignore[union-attr]
             full = initial_parameter(self.config, name, seed=self.seed)

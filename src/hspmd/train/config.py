@@ -230,6 +230,11 @@ class TrainConfig:
             )
 
     @property
+    def module_model(self) -> bool:
+        """``model`` names a user module's factory (``FILE.py:FUNCTION``), not a preset."""
+        return ":" in self.model
+
+    @property
     def packed(self) -> bool:
         """Variable-length steps of packed documents (``step_tokens``), not fixed batches."""
         return self.step_tokens is not None
@@ -237,7 +242,7 @@ class TrainConfig:
     def model_config(self) -> ModelSpec:
         """The model as metadata: a Llama preset's config, or a user module read on the
         meta device (``hspmd.models.module.load_model``)."""
-        if ":" in self.model:
+        if self.module_model:
             from hspmd.models.module import load_model
 
             return load_model(self.model, dict(self.model_overrides), tp_rules=self.tp_rules)

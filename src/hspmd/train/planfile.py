@@ -26,8 +26,9 @@ from hspmd.annotation import DUP
 from hspmd.errors import StrategyError
 from hspmd.plan.params import ParamSpec
 from hspmd.plan.schema import SECTIONS, Plan, build_plan, plan_from_json, plan_to_json
-from hspmd.plan.strategy import StrategyOptions, parse_strategy
+from hspmd.plan.strategy import parse_strategy
 from hspmd.train.config import TrainConfig, TrainError
+from hspmd.train.loop import options_of
 
 __all__ = ["check_plan", "config_from_plan", "kind_of", "read_plan", "write_plan"]
 
@@ -79,7 +80,7 @@ def config_from_plan(plan: Plan, config: TrainConfig) -> TrainConfig:
         strategy=plan.strategy,
         global_batch=strategy.global_batch,
         seq_len=tokens.shape[1],
-        tp_rules=rules if ":" in config.model else None,
+        tp_rules=rules if config.module_model else None,
         zero1=options.zero1,
         sequence_parallel=options.sequence_parallel,
         recompute=options.recompute,
@@ -88,18 +89,11 @@ def config_from_plan(plan: Plan, config: TrainConfig) -> TrainConfig:
     )
 
 
-def _options(config: TrainConfig) -> StrategyOptions:
-    return StrategyOptions(
-        zero1=config.zero1, sequence_parallel=config.sequence_parallel,
-        recompute=config.recompute, schedule=config.schedule, dtype=config.dtype,
-    )  # fmt: skip
-
-
 def derived_plan(config: TrainConfig) -> Plan:
     """The plan hspmd derives for ``config``'s starting strategy."""
     return build_plan(
         parse_strategy(config.require_strategy()), config.model_config(),
-        seq_len=config.seq_len, options=_options(config), global_batch=config.global_batch,
+        seq_len=config.seq_len, options=options_of(config), global_batch=config.global_batch,
     )  # fmt: skip
 
 
