@@ -14,6 +14,7 @@ Reshard markers (``hspmd.markers.reshard``) record themselves as ``call_function
 
 from __future__ import annotations
 
+import traceback
 from typing import Any
 
 import torch
@@ -38,6 +39,19 @@ class InliningTracer(torch.fx.Tracer):
     """
 
     _param_names: dict[int, str]
+
+    def __init__(self, *, user_lines: bool = False) -> None:
+        super().__init__()
+        self._user_lines = user_lines
+
+    def create_node(self, *args: Any, **kwargs: Any) -> torch.fx.Node:
+        """With ``user_lines``, each node keeps the Python stack that made it (for
+        ``source_line``). fx's own ``record_stack_traces`` symbolizes through torch's
+        profiler, whose first use imports torch._dynamo and torch._inductor (8-10 s)."""
+        node = super().create_node(*args, **kwargs)
+        if self._user_lines and not node.stack_trace:
+            node.stack_trace = "".join(traceback.format_stack(limit=24)[:-1])
+        return node
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return False

@@ -35,7 +35,8 @@ import hashlib
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from hspmd.graph.capture import CaptureError, InliningTracer, source_line
 from hspmd.markers import is_reshard_node, reshard
@@ -55,7 +57,14 @@ from hspmd.models.spec import (
     kind_by_rules,
 )
 
-__all__ = ["build_module", "capture_model", "load_factory", "load_model", "initial_state"]
+__all__ = [
+    "build_module",
+    "capture_model",
+    "initial_state",
+    "load_factory",
+    "load_model",
+    "on_meta",
+]
 
 NO_LIMIT = 1 << 30  # max_seq_len of a model that states none
 
@@ -103,8 +112,45 @@ def _load_file(path: Path) -> Any:
     return module
 
 
+# In-place random fills whose meta-device kernels are Python references behind
+# ``torch._disable_dynamo``: the first call imports torch._dynamo (8-13 s per process here).
+_RANDOM_FILLS = frozenset({"normal_", "exponential_", "log_normal_", "cauchy_", "geometric_"})
+
+
+class _SkipRandomFillsOnMeta(TorchFunctionMode):
+    """Return a meta tensor unchanged from an in-place random fill: on the meta device it
+    computes nothing, and its shape and dtype stay what they were."""
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") in _RANDOM_FILLS:  # torch.nn.init passes keywords
+            first = args[0] if args else kwargs.get("tensor", kwargs.get("self"))
+            if isinstance(first, torch.Tensor) and first.is_meta:
+                return first
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def on_meta() -> Iterator[None]:
+    """Build modules on the meta device, skipping the random fills of their initializers.
+
+    >>> with on_meta():
+    ...     layer = nn.Embedding(4, 2)
+    >>> layer.weight.is_meta, tuple(layer.weight.shape)
+    (True, (4, 2))
+    """
+    with torch.device("meta"), _SkipRandomFillsOnMeta():
+        yield
+
+
 def build_module(source: str, kwargs: Mapping[str, Any]) -> nn.Module:
-    """Call the factory (on the default device: wrap in ``torch.device("meta")`` for shapes)."""
+    """Call the factory (on the default device: wrap in ``on_meta()`` for shapes)."""
     factory = load_factory(source)
     try:
         module = factory(**kwargs)
@@ -149,8 +195,7 @@ class _BlockTracer(InliningTracer):
     """Inserts ``layers.{i}.input`` on the first argument of block ``i``'s call."""
 
     def __init__(self, blocks: nn.ModuleList) -> None:
-        super().__init__()
-        self.record_stack_traces = True
+        super().__init__(user_lines=True)
         self._index = {id(block): i for i, block in enumerate(blocks)}
 
     def call_module(self, m: nn.Module, forward: Any, args: Any, kwargs: Any) -> Any:
@@ -258,8 +303,7 @@ def capture_model(
     names = [str(n.args[1]) for n in graph.nodes if is_reshard_node(n)]
     if len(names) != len(set(names)):  # the module's own layers.{i}.input and ours
         own = True
-        plain = InliningTracer()
-        plain.record_stack_traces = True
+        plain = InliningTracer(user_lines=True)
         graph = plain.trace(module)
     _name_inputs(graph, source)
     gm = torch.fx.GraphModule(module, graph, class_name=type(module).__name__)
@@ -343,7 +387,7 @@ def load_model(
 def _load(
     source: str, kwargs: tuple[tuple[str, Any], ...], override: tuple[tuple[str, str], ...] | None
 ) -> ModuleModel:
-    with torch.device("meta"):
+    with on_meta():
         module = build_module(source, dict(kwargs))
     path, blocks = _blocks(module, source)
     rules = _rules(module, source)
@@ -426,7 +470,7 @@ def _vocab_size(module: nn.Module, gm: torch.fx.GraphModule) -> int:
 def _capture(
     source: str, kwargs: tuple[tuple[str, Any], ...], rules: tuple[tuple[str, str], ...]
 ) -> tuple[torch.fx.GraphModule, bool]:
-    with torch.device("meta"):
+    with on_meta():
         module = build_module(source, dict(kwargs))
     kinds = {n: kind_by_rules(n, rules) for n, _ in module.named_parameters()}
     return capture_model(module, kinds, source)
