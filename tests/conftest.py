@@ -1,8 +1,16 @@
-"""Suite-wide hooks: one summary line when the shared ParDNN graphs are absent."""
+"""Suite-wide hooks: one summary line when the shared ParDNN graphs are absent; the
+forkserver preloads torch._dynamo."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from hspmd.runtime.launch import preload
+
+# The launcher's forkserver imports torch._dynamo once for every worker of the suite's
+# in-process launches: meta-device runs of user modules import it on first use
+# (docs/runtime.md). Subprocesses (CLI tests) keep the plain preload.
+preload("torch._dynamo")
 
 SHARED_SKIP = "shared ParDNN graphs not found"
 

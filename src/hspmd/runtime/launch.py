@@ -23,6 +23,9 @@ a fork of the caller) imports torch once, and every worker is forked from it. Th
 safe as "spawn" but avoids importing torch in every worker: 8 workers start in about 0.2 s
 instead of 13-18 s with "spawn" on a loaded 2-core machine (after the first launch, which
 starts the server). Pass ``start_method="spawn"`` to get fresh interpreters.
+``preload("mod", ...)`` adds modules to what the server imports when it starts: the test
+suite preloads ``torch._dynamo``, which meta-device runs of user modules import on first
+use (2-3 s of CPU per worker; docs/runtime.md).
 
 Across machines, one launcher per node: ``launch(fn, nproc, node=NodeSpec(...))`` starts
 ranks ``node_rank * nproc ..`` of ``num_nodes * nproc`` and returns its own ranks' results;
@@ -434,6 +437,12 @@ def _worker_main(
     conn.close()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def preload(*modules: str) -> None:
+    """Have this process's forkserver import ``modules`` too, once for all its workers (read
+    when the server starts: the first forkserver launch)."""
+    _PRELOAD.extend(m for m in modules if m not in _PRELOAD)
 
 
 def _seconds(seconds: float) -> datetime.timedelta:
