@@ -33,7 +33,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--nproc", type=int, default=2, help="local processes of the collectives (1: none)"
     )
-    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument(
+        "--dtype", default="fp32", choices=["fp32", "bf16"], help="the dtype compute is measured in"
+    )
     parser.add_argument("--json", action="store_true", help="print the profile as JSON")
     parser.set_defaults(func=run)
 
