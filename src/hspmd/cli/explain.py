@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any
 
 from hspmd.cli.flags import STRATEGY_FLAGS, HelpFormatter, add_flags
 from hspmd.errors import StrategyError
@@ -28,7 +27,7 @@ from hspmd.specialize.explain import explain, render, runs_text
 from hspmd.viz.common import check_picture_path
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "explain",
         help="show pipelines, per-rank graphs, communication and schedules of a strategy",

@@ -54,13 +54,13 @@ class Flag:
     name: str
     field: str | None
     help: str
-    type: Callable[[str], Any] | None = None
-    default: Any = None
+    type: Callable[[str], object] | None = None
+    default: object = None
     choices: tuple[str, ...] | None = None
     action: str | None = None  # "store_true" or "append"
     metavar: str | None = None
 
-    def add(self, parser: argparse.ArgumentParser | Any, **changes: Any) -> argparse.Action:
+    def add(self, parser: argparse._ActionsContainer, **changes: object) -> argparse.Action:
         """Add this flag to ``parser`` (or an argument group); ``changes``: what one command
         sets otherwise (``required=True``, a command's own default)."""
         default = False if self.action == "store_true" else self.default
@@ -70,16 +70,13 @@ class Flag:
         for key in ("type", "choices", "metavar"):
             if getattr(self, key) is not None:
                 options[key] = getattr(self, key)
-        return typing.cast(argparse.Action, parser.add_argument(self.name, **options | changes))
+        options.update(changes)
+        return parser.add_argument(self.name, **options)
 
 
-def _field(name: str) -> dataclasses.Field[Any]:
-    return next(f for f in dataclasses.fields(TrainConfig) if f.name == name)
-
-
-def _default(name: str) -> Any:
+def _default(name: str) -> object:
     """``TrainConfig``'s default of field ``name``."""
-    return _field(name).default
+    return next(f.default for f in dataclasses.fields(TrainConfig) if f.name == name)
 
 
 def _choices(name: str) -> tuple[str, ...]:
@@ -207,7 +204,7 @@ NOT_FLAGS = {
 }
 
 
-def add_flags(parser: argparse.ArgumentParser, names: Iterable[str], **changes: Any) -> None:
+def add_flags(parser: argparse.ArgumentParser, names: Iterable[str], **changes: object) -> None:
     """Add the flags ``names`` of ``TRAIN_FLAGS`` to a parser of another command, as
     ``hspmd train`` has them (``changes``: as ``Flag.add``'s, for every one)."""
     for name in names:

@@ -33,7 +33,7 @@ from hspmd.planner.elastic import replan
 from hspmd.planner.search import Plan, PlanError, plan
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "plan",
         help="choose a heterogeneous strategy (and the best homogeneous one) for a cluster",

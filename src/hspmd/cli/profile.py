@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 from hspmd.planner.profile import COMPUTE_UNIT, Profile, ProfileError
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "profile",
         help="measure compute and local collectives, write the fitted profile (JSON)",

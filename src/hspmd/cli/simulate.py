@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
 from hspmd.cli.flags import STRATEGY_FLAGS, HelpFormatter, add_flags
 from hspmd.errors import StrategyError
@@ -43,7 +42,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "simulate",
         help="predict a strategy's step time, per-rank times and memory on a cluster",

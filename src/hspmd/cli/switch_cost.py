@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
 from hspmd.cli.flags import add_flags
 from hspmd.plan.strategy import parse_ranks
@@ -27,7 +26,7 @@ from hspmd.switch.cost import ALGOS, STATES, SwitchCost, switch_cost
 from hspmd.viz.common import check_picture_path
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "switch-cost",
         help="per-rank send volume and estimated time of a switch between two strategies",

@@ -313,7 +313,11 @@ def _resume(world: World, config: TrainConfig) -> tuple[Active, int, int]:
 
 
 def run_rank(
-    world: World, config: TrainConfig, *, report: Any = None, rec: Spans = NULL
+    world: World,
+    config: TrainConfig,
+    *,
+    report: Callable[[StepRecord], None] | None = None,
+    rec: Spans = NULL,
 ) -> dict[str, Any]:
     """Train ``config`` on this rank; ranks outside the strategy only join the loss sum.
 
