@@ -34,7 +34,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("--model", default="llama-tiny", choices=sorted(PRESETS))
+    parser.add_argument(
+        "--model", default="llama-tiny", choices=sorted(PRESETS),
+        help="a preset, of any size (metadata only: nothing is allocated)",
+    )  # fmt: skip
     add_flags(parser, ["--strategy"], required=True)
     parser.add_argument("--rank", type=int, default=None, help="show only this rank")
     parser.add_argument("--seq-len", type=int, default=None, help="default: the model's max")

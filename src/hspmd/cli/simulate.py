@@ -37,7 +37,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=None, help="default: the model's max")
     parser.add_argument(
         "--dtype", default="bf16", choices=("bf16", "fp32"),
-        help="compute dtype (default bf16; fp32 for CPU runs)",
+        help="compute dtype (fp32 for CPU runs)",
     )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
