@@ -91,7 +91,8 @@ def activate(
     role = layout.role(world.rank)
     if role is None:
         if config.switch_mode == "weights":  # an idle rank keeps its home shards
-            return Active(text, layout, post=home_post(world, config, layout.strategy, {}, home=home))  # fmt: skip
+            idle = home_post(world, config, layout.strategy, {}, home=home)
+            return Active(text, layout, post=idle)
         return Active(text, layout)
     sync = (
         ()
@@ -135,7 +136,8 @@ def switch_weights(
         if not rederive:
             dtype = post.dtype if post is not None else torch.float32
             target = parse_strategy(text)
-            plan = plan_weight_switch(model, active.layout.strategy, target, itemsize=dtype.itemsize)  # fmt: skip
+            source = active.layout.strategy
+            plan = plan_weight_switch(model, source, target, itemsize=dtype.itemsize)
             params = active.exe.params if active.exe is not None else {}
             moved = run_weight_switch(plan, params, world, dtype=dtype)
     del active, post  # the old executable goes before the new one is built
