@@ -134,7 +134,9 @@ def _value(config: TrainConfig, field: str) -> Any:
     return value
 
 
-@pytest.mark.parametrize("flag", [f for f in TRAIN_FLAGS if f.name not in UNSAMPLED])
+@pytest.mark.parametrize(
+    "flag", [f for f in TRAIN_FLAGS if f.name not in UNSAMPLED], ids=lambda f: f.name
+)
 def test_each_flag_sets_its_field(flag: Any) -> None:
     parser = build_parser()
     base = config_from_args(parser.parse_args(["train"]))
