@@ -44,9 +44,10 @@ from hspmd.switch.cluster import load_cluster
 from hspmd.switch.cost import ALGOS, switch_cost
 from hspmd.switch.live import plan_switch, run_switch
 from hspmd.switch.weights import plan_weight_switch, run_weight_switch
+from hspmd.train.active import activate
 from hspmd.train.config import TrainConfig
 from hspmd.train.layout import Layout
-from hspmd.train.loop import activate, load_checkpoint, prepare_all, save_checkpoint, switch_to
+from hspmd.train.loop import load_checkpoint, prepare_all, save_checkpoint, switch_to
 
 A = "1x4: R0-1:L0-{mid} R2-3:L{mid1}-{last}"  # PP 2 x TP 2
 B = "1x4: R0-3:L0-{last}"  # TP 4

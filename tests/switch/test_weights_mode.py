@@ -26,9 +26,10 @@ from hspmd.runtime.launch import launch
 from hspmd.runtime.world import World
 from hspmd.switch.live import plan_switch
 from hspmd.switch.weights import plan_weight_switch
+from hspmd.train.active import activate
 from hspmd.train.config import AdamConfig, TrainConfig, TrainError
 from hspmd.train.home import home_annotations
-from hspmd.train.loop import activate, prepare_all, run_rank, switch_to
+from hspmd.train.loop import prepare_all, run_rank, switch_to
 from hspmd.train.reference import run_reference
 
 MODEL = (("num_layers", 4), ("num_kv_heads", 4))  # TP 4 needs the KV heads to divide

@@ -17,7 +17,8 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from hspmd.cli.train import HelpFormatter, add_config_arguments, config_from_args, progress
+from hspmd.cli.flags import HelpFormatter
+from hspmd.cli.train import add_config_arguments, config_from_args, progress
 from hspmd.train.compare import compare
 from hspmd.train.config import TrainConfig
 from hspmd.train.describe import COLUMNS, describe_ranks

@@ -14,13 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any, get_args
 
+from hspmd.cli.flags import STRATEGY_FLAGS, HelpFormatter, add_flags
 from hspmd.errors import StrategyError
 from hspmd.models.config import PRESETS, get_config
 from hspmd.plan.strategy import (
-    Dtype,
-    Schedule,
     StrategyOptions,
     check_strategy,
     parse_strategy,
@@ -29,23 +27,22 @@ from hspmd.specialize.explain import explain, render, runs_text
 from hspmd.viz.common import check_picture_path
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "explain",
         help="show pipelines, per-rank graphs, communication and schedules of a strategy",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
-    parser.add_argument("--model", default="llama-tiny", choices=sorted(PRESETS))
-    parser.add_argument("--strategy", required=True, help='e.g. "4x1: R0-1:L0-1 R2-3:L2-3"')
+    parser.add_argument(
+        "--model", default="llama-tiny", choices=sorted(PRESETS),
+        help="a preset, of any size (metadata only: nothing is allocated)",
+    )  # fmt: skip
+    add_flags(parser, ["--strategy"], required=True)
     parser.add_argument("--rank", type=int, default=None, help="show only this rank")
     parser.add_argument("--seq-len", type=int, default=None, help="default: the model's max")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--zero1", action="store_true")
-    parser.add_argument("--sequence-parallel", action="store_true")
-    parser.add_argument("--recompute", action="store_true")
-    parser.add_argument("--schedule", default="1f1b", choices=get_args(Schedule))
-    parser.add_argument("--dtype", default="fp32", choices=get_args(Dtype))
+    add_flags(parser, STRATEGY_FLAGS)
     parser.add_argument("--cluster", default=None, help="cluster file or shipped name: GPU kinds")
     parser.add_argument("--picture", default=None, metavar="FILE", help="also draw FILE.png|.svg")
     parser.set_defaults(func=run)

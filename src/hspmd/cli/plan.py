@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hspmd.cli.flags import HelpFormatter
 from hspmd.cli.simulate import GIB, add_common, setup
 from hspmd.plan.strategy import format_ranks, parse_ranks, parse_strategy
 from hspmd.planner.cost import CostModel
@@ -33,12 +34,12 @@ from hspmd.planner.elastic import replan
 from hspmd.planner.search import Plan, PlanError, plan
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "plan",
         help="choose a heterogeneous strategy (and the best homogeneous one) for a cluster",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     add_common(parser)
     parser.add_argument("--global-batch", type=int, default=None, help="samples per step")
@@ -61,7 +62,7 @@ def register(subparsers: Any) -> None:
         "--current", default=None, help="the strategy running now (the warm start)"
     )
     elastic.add_argument(
-        "--min-replicas", type=int, default=2, help="pipelines that hold every layer (default 2)"
+        "--min-replicas", type=int, default=2, help="pipelines that hold every layer"
     )
     from hspmd.cli.plan_lengths import add_arguments
 

@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 from hspmd.planner.profile import COMPUTE_UNIT, Profile, ProfileError
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "profile",
         help="measure compute and local collectives, write the fitted profile (JSON)",
@@ -33,7 +32,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--nproc", type=int, default=2, help="local processes of the collectives (1: none)"
     )
-    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument(
+        "--dtype", default="fp32", choices=["fp32", "bf16"], help="the dtype compute is measured in"
+    )
     parser.add_argument("--json", action="store_true", help="print the profile as JSON")
     parser.set_defaults(func=run)
 

@@ -30,7 +30,7 @@ from hspmd.comm.simulate import scatter, simulate
 from hspmd.errors import HspmdError
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "reshard",
         help="resolve a reshard between two annotations and print the per-rank plan",

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
+from hspmd.cli.flags import STRATEGY_FLAGS, HelpFormatter, add_flags
 from hspmd.errors import StrategyError
 from hspmd.models.config import LlamaConfig, get_config
 from hspmd.plan.strategy import StrategyOptions, check_strategy, parse_strategy
@@ -37,28 +37,25 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=None, help="default: the model's max")
     parser.add_argument(
         "--dtype", default="bf16", choices=("bf16", "fp32"),
-        help="compute dtype (default bf16; fp32 for CPU runs)",
+        help="compute dtype (fp32 for CPU runs)",
     )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "simulate",
         help="predict a strategy's step time, per-rank times and memory on a cluster",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     add_common(parser)
-    parser.add_argument("--strategy", required=True, help='e.g. "4x1: R0-1:L0-1 R2-3:L2-3"')
+    add_flags(parser, ["--strategy"], required=True)
     parser.add_argument(
         "--global-batch", type=int, default=None,
         help="samples per step (default: the strategy's sum of COUNT x SIZE)",
     )  # fmt: skip
-    parser.add_argument("--zero1", action="store_true", help="ZeRO-1 over the replicas")
-    parser.add_argument("--sequence-parallel", action="store_true")
-    parser.add_argument("--recompute", action="store_true")
-    parser.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe"))
+    add_flags(parser, [f for f in STRATEGY_FLAGS if f != "--dtype"])  # its --dtype: bf16
     parser.add_argument("--timeline", default=None, help="write a Gantt chart (.png or .svg)")
     parser.add_argument("--trace", default=None, help="write a Chrome trace (.json)")
     parser.set_defaults(func=run)

@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
+from hspmd.cli.flags import add_flags
 from hspmd.plan.strategy import parse_ranks
 from hspmd.switch.cluster import Cluster, load_cluster
 from hspmd.switch.cost import ALGOS, STATES, SwitchCost, switch_cost
 from hspmd.viz.common import check_picture_path
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "switch-cost",
         help="per-rank send volume and estimated time of a switch between two strategies",
@@ -48,7 +48,7 @@ def register(subparsers: Any) -> None:
         help="fp32-adam: masters + 2 Adam states (12 B/param); bf16: compute weights (2 B)",
     )  # fmt: skip
     parser.add_argument("--failed", default="", help="ranks that died and own nothing, e.g. 31")
-    parser.add_argument("--zero1", action="store_true", help="states sharded by ZeRO-1")
+    add_flags(parser, ["--zero1"])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--picture", default=None, metavar="FILE", help="also draw FILE.png|.svg")
     parser.set_defaults(func=run)

@@ -146,7 +146,7 @@ def _predict(config: TrainConfig, *, profile: str | None) -> Prediction:
     """The simulator's step of the run's last strategy on local processes."""
     from hspmd.planner.local import local_cost
     from hspmd.planner.predict import predict
-    from hspmd.train.loop import options_of
+    from hspmd.train.active import options_of
 
     strategy = parse_strategy(config.strategy_at(config.steps))
     cost = local_cost(

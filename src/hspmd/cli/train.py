@@ -44,20 +44,18 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 from hspmd.checkpoint.store import latest, read_manifest
+from hspmd.cli.flags import FLAGS, REFERENCE_BATCH, TRAIN_FLAGS, HelpFormatter
 from hspmd.cli.progress import PlainProgress, switch_line
 from hspmd.cli.timeline import check_trace_flags, write_outputs
 from hspmd.data import DEFAULT_MAX_BYTES, data_warnings
-from hspmd.models.llama import PRESETS
-from hspmd.plan.strategy import Dtype, Schedule, parse_strategy
+from hspmd.plan.strategy import parse_strategy
 from hspmd.runtime.launch import NodeSpec
 from hspmd.train.config import (
     AdamConfig,
     StepRecord,
-    SwitchAlgo,
-    SwitchMode,
     TrainConfig,
     TrainError,
 )
@@ -66,188 +64,14 @@ from hspmd.train.planfile import check_plan, config_from_plan, read_plan, write_
 from hspmd.train.reference import TrainResult, run_reference
 from hspmd.train.trainer import check_config, num_processes, train, train_elastic
 
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The module docstring as written, and ``(default: X)`` after every option that has one."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        default = action.default
-        if action.help is None or default is None or default is False or default in ([], ""):
-            return action.help
-        return super()._get_help_string(action)
-
-
-# Without --global-batch and --strategy (the reference run): this many sequences per step.
-REFERENCE_BATCH = 8
-DEFAULT_SEQ_LEN = 64
+DEFAULT_SEQ_LEN = FLAGS["--seq-len"].default
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | None) -> None:
-    """The arguments of a training run (shared with `hspmd demo`)."""
-    trainable = [name for name, c in PRESETS.items() if not c.config_only]
-    parser.add_argument(
-        "--model",
-        default="llama-tiny",
-        type=model_argument(trainable),
-        help=f"a preset ({', '.join(trainable)}) or any nn.Module's factory: FILE.py:FUNCTION "
-        "or package.module:FUNCTION (docs/models.md)",
-    )
-    parser.add_argument(
-        "--config",
-        default=None,
-        help="JSON object (or a .json file): the factory's keyword arguments, or preset "
-        """fields to override, e.g. '{"num_layers": 2}'""",
-    )
-    parser.add_argument(
-        "--strategy",
-        default=strategy,
-        help="pipelines 'COUNTxSIZE: R<ranks>:L<first>-<last> ...' separated by ';'",
-    )
-    parser.add_argument(
-        "--global-batch",
-        type=int,
-        default=None,
-        help="sequences per step (default: the strategy's sum of COUNT x SIZE; "
-        f"{REFERENCE_BATCH} without a strategy)",
-    )
-    parser.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help="tokens per sequence")
-    parser.add_argument("--steps", type=int, default=5, help="last step (counts from the start)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of weights and data order")
-    parser.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate")
-    parser.add_argument("--data", default=None, help="text or JSONL file (default: stdlib)")
-    parser.add_argument(
-        "--data-max-bytes", type=int, default=None, help="read at most this much text"
-    )
-    parser.add_argument(
-        "--schedule", default="1f1b", choices=get_args(Schedule), help="pipeline schedule"
-    )
-    parser.add_argument(
-        "--dtype", default="fp32", choices=get_args(Dtype), help="compute dtype (masters fp32)"
-    )
-    parser.add_argument(
-        "--zero1", action="store_true", help="shard fp32 masters and Adam states over pipelines"
-    )
-    parser.add_argument(
-        "--sequence-parallel", action="store_true", help="split the sequence inside each stage"
-    )
-    parser.add_argument("--recompute", action="store_true", help="recompute each layer in backward")
-    parser.add_argument(
-        "--no-overlap",
-        action="store_true",
-        help="sync gradients after the last backward instead of during it (debugging)",
-    )
-    parser.add_argument(
-        "--switch",
-        action="append",
-        default=[],
-        metavar='STEP="STRATEGY"',
-        help="switch to STRATEGY in memory before step STEP (repeatable)",
-    )
-    parser.add_argument(
-        "--switch-mode",
-        default="states",
-        choices=get_args(SwitchMode),
-        help="what a switch moves: fp32 masters and Adam states (states, for unstable "
-        "devices) or only the compute weights, states kept sharded over all ranks (weights, "
-        "for mixed-length data)",
-    )
-    parser.add_argument(
-        "--switch-algo",
-        default="fused",
-        choices=get_args(SwitchAlgo),
-        help="how a switch moves the states: one fused BSR, or relayed over every NIC of "
-        "the nodes (needs --cluster or --ranks-per-node)",
-    )
-    parser.add_argument(
-        "--cluster", default=None, metavar="FILE_OR_NAME", help="the nodes switches plan on"
-    )
-    parser.add_argument(
-        "--ranks-per-node",
-        type=int,
-        default=None,
-        metavar="N",
-        help="fake nodes of N local processes each, for switches (instead of --cluster)",
-    )
-    parser.add_argument("--save", default=None, metavar="DIR", help="checkpoint directory")
-    parser.add_argument(
-        "--save-every",
-        type=int,
-        default=None,
-        metavar="N",
-        help="with --save: save after every N-th step (default: 1)",
-    )
-    parser.add_argument("--resume", default=None, metavar="DIR", help="continue from DIR")
-    parser.add_argument(
-        "--elastic",
-        action="store_true",
-        help="survive dead and hung ranks in-process: re-plan over the survivors, move the "
-        "states from surviving replicas, redo the interrupted step (docs/elastic.md)",
-    )
-    parser.add_argument(
-        "--hang-timeout",
-        type=float,
-        default=60.0,
-        metavar="S",
-        help="with --elastic: a rank without progress for S seconds counts as hung",
-    )
-    parser.add_argument(
-        "--inject-failure",
-        action="append",
-        default=[],
-        metavar="RANK@STEP[:PHASE[:kill|hang]]",
-        help="fault injection for tests: RANK fails in PHASE (forward, backward, sync, "
-        "optimizer, switch, save; default forward) of STEP by SIGKILL or a hang (repeatable)",
-    )
-    parser.add_argument(
-        "--spares",
-        type=int,
-        default=0,
-        metavar="N",
-        help="with --elastic: start N more local processes, held back until --grow",
-    )
-    parser.add_argument(
-        "--grow",
-        action="append",
-        default=[],
-        metavar="STEP=N",
-        help="with --spares: N spare ranks join before STEP (re-plan, states move to them)",
-    )
-    parser.add_argument(
-        "--tokens-per-step",
-        type=int,
-        default=None,
-        metavar="N",
-        help="variable-length steps: whole documents of at most N tokens per step, packed "
-        "into the strategy's micro-batches (docs/mixed-length.md)",
-    )
-    parser.add_argument(
-        "--max-seq-len",
-        type=int,
-        default=None,
-        metavar="L",
-        help="with --tokens-per-step: the longest packed row (default: --seq-len)",
-    )
-    parser.add_argument(
-        "--plans",
-        default=None,
-        metavar="FILE",
-        help="length plans of `hspmd plan --data`: per step the strategy with the least "
-        "predicted time, switching bf16 weights when it changes (docs/mixed-length.md)",
-    )
-    parser.add_argument(
-        "--long-docs",
-        default="truncate",
-        choices=["truncate", "drop", "error"],
-        help="with --tokens-per-step: a document over --max-seq-len tokens is cut to it, "
-        "left out, or refused (counted in the step records)",
-    )
-    parser.add_argument(
-        "--slowdown",
-        default="",
-        metavar="RANK=FACTOR,...",
-        help="emulate slower devices: each listed rank sleeps (FACTOR-1) x the time of each "
-        "forward, backward and optimizer step it runs, e.g. 2=3,5=3; losses are unchanged",
-    )
+    """The arguments of a training run (shared with `hspmd demo`): every flag of
+    ``hspmd.cli.flags.TRAIN_FLAGS``, ``--strategy`` defaulting to ``strategy``."""
+    for flag in TRAIN_FLAGS:
+        flag.add(parser, **({"default": strategy} if flag.name == "--strategy" else {}))
 
 
 def parse_switches(values: list[str]) -> tuple[tuple[int, str], ...]:
@@ -275,29 +99,6 @@ def parse_slowdown(text: str) -> tuple[tuple[int, float], ...]:
                 f"--slowdown {text!r}: {item!r} is not RANK=FACTOR; write e.g. 2=3,5=3"
             ) from None
     return tuple(sorted(out))
-
-
-def model_argument(presets: list[str]) -> Callable[[str], str]:
-    """``--model``'s type: a preset name, or a factory with a file made absolute (every
-    process, on any node, loads the same file)."""
-
-    def parse(text: str) -> str:
-        if text in presets:
-            return text
-        where, sep, name = text.rpartition(":")
-        if not sep or not where or not name.isidentifier():
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is neither a preset ({', '.join(presets)}) nor FILE.py:FUNCTION / "
-                "package.module:FUNCTION"
-            )
-        if where.endswith(".py"):
-            path = Path(where).expanduser()
-            if not path.is_file():
-                raise argparse.ArgumentTypeError(f"no file {where} (from {text!r})")
-            return f"{path.resolve()}:{name}"
-        return text
-
-    return parse
 
 
 def model_kwargs(text: str | None) -> tuple[tuple[str, Any], ...]:

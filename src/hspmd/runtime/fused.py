@@ -28,7 +28,7 @@ from hspmd.runtime.p2p import Exchange
 from hspmd.runtime.trace import comm_span
 from hspmd.runtime.world import World
 
-__all__ = ["FusedInputError", "FusedTensor", "run_fused_bsr"]
+__all__ = ["FusedInputError", "FusedTensor", "RankEnds", "rank_ends", "run_fused_bsr"]
 
 
 class FusedInputError(HspmdError, ValueError):
@@ -47,6 +47,54 @@ class FusedTensor:
         return f"{list(self.shape)} {self.src} -> {self.dst}"
 
 
+@dataclass(frozen=True, slots=True)
+class RankEnds:
+    """One rank's two ends of a move, by tensor index: its source pieces (``old``, whose
+    values the caller passed), its destination pieces (``new``) and the empty tensors of
+    those it fills (``out``, returned at the end)."""
+
+    old: dict[int, Piece]
+    new: dict[int, Piece]
+    out: dict[int, torch.Tensor]
+
+
+def rank_ends(
+    tensors: Sequence[FusedTensor],
+    local: Mapping[int, torch.Tensor],
+    rank: int,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> RankEnds:
+    """``rank``'s pieces before and after moving ``tensors`` (the fused and relay executors'
+    setup); ``FusedInputError`` when it holds a source piece that ``local`` lacks.
+
+    >>> from hspmd.annotation import parse_annotation as A
+    >>> t = FusedTensor((4, 2), A("[0]{}"), A("[0,1]{0:2}"))
+    >>> cpu = torch.device("cpu")
+    >>> ends = rank_ends([t], {0: torch.zeros(4, 2)}, 0, dtype=torch.float32, device=cpu)
+    >>> ends.old[0].region, ends.new[0].region, tuple(ends.out[0].shape)
+    (((0, 4), (0, 2)), ((0, 2), (0, 2)), (2, 2))
+    >>> rank_ends([t], {}, 0, dtype=torch.float32, device=cpu)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    hspmd.runtime.fused.FusedInputError: rank 0 holds a piece of tensor 0 (...) but passed none: ...
+    """
+    ends = RankEnds({}, {}, {})
+    for index, t in enumerate(tensors):
+        if rank in t.dst.ranks:
+            ends.new[index] = t.dst.piece(rank, t.shape)
+            ends.out[index] = torch.empty(ends.new[index].shape, dtype=dtype, device=device)
+        if rank in t.src.ranks:
+            ends.old[index] = t.src.piece(rank, t.shape)
+            if index not in local:
+                raise FusedInputError(
+                    f"rank {rank} holds a piece of tensor {index} ({t}) but passed none: "
+                    f"pass local[{index}], this rank's piece under {t.src}"
+                )
+    return ends
+
+
 def run_fused_bsr(
     transfers: Sequence[Transfer],
     tensors: Sequence[FusedTensor],
@@ -61,20 +109,8 @@ def run_fused_bsr(
     piece. One message per (sender, receiver) pair, whatever the number of tensors.
     """
     rank = world.rank
-    old: dict[int, Piece] = {}
-    new: dict[int, Piece] = {}
-    out: dict[int, torch.Tensor] = {}
-    for index, t in enumerate(tensors):
-        if rank in t.dst.ranks:
-            new[index] = t.dst.piece(rank, t.shape)
-            out[index] = torch.empty(new[index].shape, dtype=dtype, device=world.device)
-        if rank in t.src.ranks:
-            old[index] = t.src.piece(rank, t.shape)
-            if index not in local:
-                raise FusedInputError(
-                    f"rank {rank} holds a piece of tensor {index} ({t}) but passed none: "
-                    f"pass local[{index}], this rank's piece under {t.src}"
-                )
+    ends = rank_ends(tensors, local, rank, dtype=dtype, device=world.device)
+    old, new, out = ends.old, ends.new, ends.out
     exchange = Exchange(world)
     for tr in transfers:
         i = tr.tensor

@@ -1,6 +1,7 @@
 """Start N local worker processes with a process group each; collect their results.
 
-The embedded default: gloo on CPU, one thread per rank, a TCPStore rendezvous on 127.0.0.1
+The embedded default: gloo on CPU, `cpu_count // nproc` torch threads per rank (at least one;
+``threads=`` sets it), a TCPStore rendezvous on 127.0.0.1
 at a free port, hosted by the launcher itself (not by rank 0, so any rank may die)::
 
     def work(world, scale):             # a module-level function (it is pickled)

@@ -24,10 +24,9 @@ from typing import Any
 
 import torch
 
-from hspmd.annotation import Piece
 from hspmd.comm.plan import local_box
 from hspmd.comm.relay import BufferKey, RelayPlan, RelayTransfer
-from hspmd.runtime.fused import FusedInputError, FusedTensor
+from hspmd.runtime.fused import FusedTensor, rank_ends
 from hspmd.runtime.p2p import Exchange
 from hspmd.runtime.trace import comm_span
 from hspmd.runtime.world import World
@@ -45,25 +44,10 @@ class _Ends:
         world: World,
         dtype: torch.dtype,
     ) -> None:
-        rank = world.rank
         self.local, self.dtype, self.device = local, dtype, world.device
-        self.old: dict[int, Piece] = {}
-        self.new: dict[int, Piece] = {}
-        self.out: dict[int, torch.Tensor] = {}
+        ends = rank_ends(tensors, local, world.rank, dtype=dtype, device=world.device)
+        self.old, self.new, self.out = ends.old, ends.new, ends.out
         self.buffers: dict[BufferKey, torch.Tensor] = {}
-        for index, t in enumerate(tensors):
-            if rank in t.dst.ranks:
-                self.new[index] = t.dst.piece(rank, t.shape)
-                self.out[index] = torch.empty(
-                    self.new[index].shape, dtype=dtype, device=self.device
-                )
-            if rank in t.src.ranks:
-                self.old[index] = t.src.piece(rank, t.shape)
-                if index not in local:
-                    raise FusedInputError(
-                        f"rank {rank} holds a piece of tensor {index} ({t}) but passed none: "
-                        f"pass local[{index}], this rank's piece under {t.src}"
-                    )
 
     def read(self, t: RelayTransfer) -> torch.Tensor:
         if t.from_relay:

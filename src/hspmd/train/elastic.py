@@ -52,19 +52,12 @@ from hspmd.runtime.watch import POLL_S, PeerFailure, Watch, regroup
 from hspmd.runtime.world import World
 from hspmd.switch.live import run_switch
 from hspmd.switch.survivors import lost_states, plan_survivor_switch, renumber_strategy
+from hspmd.train.active import Active, activate, options_of
 from hspmd.train.batches import step_batches
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.faults import inject
 from hspmd.train.layout import Layout
-from hspmd.train.loop import (
-    _Active,
-    activate,
-    load_checkpoint,
-    options_of,
-    prepare_strategies,
-    run_step,
-    save_checkpoint,
-)
+from hspmd.train.loop import load_checkpoint, prepare_strategies, run_step, save_checkpoint
 from hspmd.train.post import SplitPost
 from hspmd.train.slowdown import slowdown_of
 
@@ -78,7 +71,7 @@ class _Run:
     config: TrainConfig
     world: World
     watch: Watch
-    active: _Active
+    active: Active
     members: tuple[int, ...]  # member of each rank of the strategy's generation
     gen: int  # the generation the strategy (and the step's commit counter) belongs to
     step: int = 1
@@ -98,12 +91,12 @@ class _Run:
             self.world.notify((kind, payload))
 
 
-def _reporters(active: _Active) -> list[int]:
+def _reporters(active: Active) -> list[int]:
     """The ranks whose loss sum is a pipeline's (its last stage's first rank)."""
     return [p.stages[-1].ranks[0] for p in active.layout.strategy.pipelines]
 
 
-def _build(world: World, config: TrainConfig, text: str, watch: Watch) -> _Active:
+def _build(world: World, config: TrainConfig, text: str, watch: Watch) -> Active:
     """The executables of ``text`` on this rank (its groups first: ``new_group`` is a
     collective of the whole generation, so it is watched like any wait)."""
     watch.run(partial(prepare_strategies, world, config, [text]))
@@ -182,7 +175,7 @@ def _spare(world: World, config: TrainConfig, watch: Watch) -> tuple[_Run, Any, 
     model = config.model_config()
     layout = Layout.from_text(request["strategy"], num_layers=model.num_layers)
     run = _Run(
-        config, world, watch, _Active(request["strategy"], layout), tuple(request["members"]),
+        config, world, watch, Active(request["strategy"], layout), tuple(request["members"]),
         gen=request["gen"], step=request["step"], adam_steps=request["adam_steps"],
         grown=list(request["grown"]),
     )  # fmt: skip
@@ -200,15 +193,15 @@ def _step(run: _Run, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
         inject(config.inject, member=member, step=step, phase=name, watch=watch)
 
     phase("forward")
-    role, post = active.role, active.post
-    if role is not None and post is not None and active.plans is not None:
+    role, exe, plans, post = active.role, active.exe, active.plans, active.post
+    if role is not None and exe is not None and plans is not None and post is not None:
         post.zero_grad()
         value = run_step(
-            active.exe, role, active.plans, config, world, batch, post=post,
+            exe, role, plans, config, world, batch, post=post,
             slow=slowdown_of(config.slowdown, member), on_action=phase,
         )  # fmt: skip
         phase("sync")
-        sync_grads(active.exe, world)
+        sync_grads(exe, world)
         cast(SplitPost, post).finish_sync()
         if world.rank in _reporters(active):
             run.store(lambda s: s.set(key("loss", run.gen, step, world.rank), repr(value)))
@@ -268,7 +261,7 @@ def _save_due(run: _Run) -> bool:
 class _Moved:
     """A new generation's state, built and loaded, adopted once every member has it."""
 
-    active: _Active
+    active: Active
     members: tuple[int, ...]
     gen: int
     moved_bytes: float | None  # None: loaded from a checkpoint

@@ -18,7 +18,7 @@ Post under strategy S, on every rank of the run (idle ones too: they hold home s
             parameter annotations (the Pre reshard of the paper, done at the end of Post)
 
 The compute weights (bf16 or fp32) are then kept across steps, so a switch moves only them
-(``hspmd.switch.weights``) and the states stay put.
+(``hspmd.switch.weights``, ``hspmd.train.active.switch_weights``) and the states stay put.
 
 >>> from hspmd.models.llama import get_config
 >>> homes = home_annotations(get_config("llama-tiny", num_layers=1), num_ranks=3)
@@ -29,10 +29,9 @@ The compute weights (bf16 or fp32) are then kept across steps, so a switch moves
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
 
 import torch
 
@@ -45,20 +44,18 @@ from hspmd.models.build import initial_parameter
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import ParamSpec, parameter_annotations
 from hspmd.plan.strategy import Strategy, parse_strategy
-from hspmd.runtime.counting import count_comm
 from hspmd.runtime.execute import run_plan
 from hspmd.runtime.fused import FusedTensor, run_fused_bsr
 from hspmd.runtime.world import World
 from hspmd.specialize.localize import local_slice
 from hspmd.switch.live import TrainState
-from hspmd.switch.weights import plan_weight_switch, run_weight_switch
 from hspmd.train.config import AdamConfig, TrainConfig
 from hspmd.train.optim import Adam
 from hspmd.train.sync import SyncItem, grad_of, grad_sync_plan
 
 __all__ = [
     "HomePlan", "HomePost", "HomeState", "home_annotations", "home_plan", "home_post",
-    "run_ranks", "switch_weights",
+    "run_ranks",
 ]  # fmt: skip
 
 
@@ -253,38 +250,6 @@ def home_post(
         )  # fmt: skip
     plan = home_plan(strategy, model, num_ranks=num_ranks, itemsize=_size(dtype))
     return HomePost(home, params, plan, dtype=dtype, world=world)
-
-
-def switch_weights(
-    world: World, config: TrainConfig, active: Any, text: str, *,
-    activate: Callable[..., Any], rederive: bool = False,
-) -> tuple[Any, int]:  # fmt: skip
-    """The mixed-length switch (``hspmd.train.loop.switch_to`` under ``--switch-mode
-    weights``): one fused BSR of the compute weights from ``active``'s strategy to ``text``,
-    the new strategy built around the same home state. ``rederive``: skip the move and
-    gather the new compute weights from home instead (for comparison). Returns the new part
-    (``activate``'s) and the messages this rank sent."""
-    model = config.model_config()
-    post = active.post
-    assert post is None or isinstance(post, HomePost)
-    home = post.home if post is not None else None
-    moved: dict[str, torch.Tensor] = {}
-    with count_comm(world) as log:
-        if not rederive:
-            dtype = post.dtype if post is not None else torch.float32
-            target = parse_strategy(text)
-            plan = plan_weight_switch(model, active.layout.strategy, target, itemsize=_size(dtype))
-            params = active.exe.params if active.exe is not None else {}
-            moved = run_weight_switch(plan, params, world, dtype=dtype)
-    del active, post  # the old executable goes before the new one is built
-    new = activate(world, config, text, home=home)
-    with count_comm(world) as gather, torch.no_grad():
-        if rederive and new.post is not None:
-            new.post.refresh()
-        elif new.exe is not None:
-            for name, param in new.exe.params.items():
-                param.copy_(moved[name])
-    return new, log.counts().get("send", 0) + gather.counts().get("send", 0)
 
 
 def _size(dtype: torch.dtype) -> int:

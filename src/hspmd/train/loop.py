@@ -27,7 +27,6 @@ Sends are ``isend`` (waited at the end of the step): 1F1B deadlocks with blockin
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -46,33 +45,31 @@ from hspmd.checkpoint import (
     save_rank_state,
 )
 from hspmd.plan.params import ParamSpec, state_annotations
-from hspmd.plan.strategy import StrategyOptions
 from hspmd.runtime.boundary import Pending, recv, send
 from hspmd.runtime.counting import count_comm
-from hspmd.runtime.executable import bind_executable, sync_grads
+from hspmd.runtime.executable import sync_grads
 from hspmd.runtime.trace import NULL, Recorder, Spans
 from hspmd.runtime.world import World, plan_groups
-from hspmd.specialize.boundary import BoundaryPlans, boundary_plans, sized_boundaries
-from hspmd.specialize.executable import build_executable, executable_groups
+from hspmd.specialize.boundary import BoundaryPlans, sized_boundaries
+from hspmd.specialize.executable import executable_groups
 from hspmd.specialize.schedule import make_schedule
 from hspmd.switch.live import plan_switch, run_switch, switch_topology
+from hspmd.train.active import Active, activate, switch_weights
 from hspmd.train.batches import step_batches
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.faults import inject
-from hspmd.train.home import home_annotations, home_post, run_ranks, switch_weights
+from hspmd.train.home import home_annotations, run_ranks
 from hspmd.train.layout import Layout, Role
 from hspmd.train.packing import PackedStep, packed_steps, planned_steps, record_fields
-from hspmd.train.post import MixedPost, PlainPost, Post
+from hspmd.train.post import Post
 from hspmd.train.slowdown import Slowdown, slowdown_of
-from hspmd.train.sync import SyncItem, grad_sync_plan
-from hspmd.train.zero import ZeroItem, ZeroOne, zero1_plan
+from hspmd.train.sync import grad_sync_plan
+from hspmd.train.zero import zero1_plan
 
 __all__ = [
     "StageProgram",
-    "activate",
     "load_checkpoint",
     "save_checkpoint",
-    "options_of",
     "prepare_all",
     "prepare_strategies",
     "run_rank",
@@ -106,16 +103,6 @@ def _micro_batch(batch: Batch, role: Role, config: TrainConfig, m: int) -> Micro
     size = role.micro_batch_size
     rows = slice(role.row_offset + m * size, role.row_offset + (m + 1) * size)
     return tokens[rows], targets[rows], None, size / config.global_batch
-
-
-def options_of(config: TrainConfig) -> StrategyOptions:
-    return StrategyOptions(
-        zero1=config.zero1,
-        sequence_parallel=config.sequence_parallel,
-        recompute=config.recompute,
-        schedule=config.schedule,
-        dtype=config.dtype,
-    )
 
 
 @dataclass(slots=True)
@@ -198,31 +185,6 @@ def run_step(
     return live.loss
 
 
-def _post(
-    config: TrainConfig, params: dict[str, torch.Tensor], sync: tuple[SyncItem, ...],
-    zero: dict[str, ZeroItem], world: World, *, deferred: frozenset[str],
-) -> Post:  # fmt: skip
-    if zero:
-        model = config.model_config()
-        return ZeroOne(zero, params, config=model, seed=config.seed, adam=config.adam,
-                       world=world, deferred=deferred)  # fmt: skip
-    if config.dtype == "bf16":
-        return MixedPost(params, sync, adam=config.adam, world=world, deferred=deferred)
-    return PlainPost(params, sync, adam=config.adam, world=world, deferred=deferred)
-
-
-@dataclass(slots=True)
-class _Active:
-    """This rank's part in the strategy now running (all None on an idle rank)."""
-
-    text: str
-    layout: Layout
-    role: Role | None = None
-    exe: Any = None
-    plans: BoundaryPlans | None = None
-    post: Post | None = None
-
-
 def prepare_all(world: World, config: TrainConfig) -> None:
     """Create the process groups of every strategy of the run, on every rank, at once
     (one deterministic order: DESIGN decision 8)."""
@@ -246,52 +208,15 @@ def prepare_strategies(world: World, config: TrainConfig, texts: Sequence[str]) 
     world.prepare_groups([*plan_groups(plans), *groups])
 
 
-def activate(world: World, config: TrainConfig, text: str, *, home: Any = None) -> _Active:
-    """Build this rank's executable graph, boundary plans and Post under strategy ``text``
-    (``home``: the mixed-length mode's optimizer state to keep, ``hspmd.train.home``)."""
-    model = config.model_config()
-    layout = Layout.from_text(text, num_layers=model.num_layers)
-    active = _Active(text, layout, layout.role(world.rank))
-    role = active.role
-    if role is None:
-        if config.switch_mode == "weights":  # an idle rank keeps its home shards
-            active.post = home_post(world, config, layout.strategy, {}, home=home)
-        return active
-    sync = (
-        ()
-        if config.zero1
-        else grad_sync_plan(layout.strategy, model, bucket_bytes=config.bucket_bytes)
-    )
-    zero = zero1_plan(layout.strategy, model) if config.zero1 else {}
-    # ZeRO-1 and bf16 change only Pre/Post: the executable graph is the fp32 one
-    # (sequence parallel and per-layer recompute are the executable's)
-    options = dataclasses.replace(options_of(config), zero1=False, dtype="fp32")
-    exe = bind_executable(build_executable(
-        model, layout.strategy, options, world.rank, seq_len=config.seq_len, seed=config.seed,
-    ), world)  # fmt: skip
-    shape = (role.micro_batch_size, config.seq_len, model.hidden_size)
-    active.plans = boundary_plans(layout.strategy, model, world.rank, shape, options=options)
-    if config.dtype == "bf16":
-        exe.graph_module.to(torch.bfloat16)  # compute copy; Post keeps fp32 masters
-    active.exe = exe
-    if config.switch_mode == "weights":
-        active.post = home_post(world, config, layout.strategy, exe.params, home=home)
-        return active
-    # gradients still partial inside the stage after B (sequence parallel norm weights)
-    deferred = frozenset(name for item in exe.grad_sync for name in item.names)
-    active.post = _post(config, exe.params, sync, zero, world, deferred=deferred)
-    return active
-
-
 def switch_to(
-    world: World, config: TrainConfig, active: _Active, text: str, *, steps: int
-) -> tuple[_Active, int]:
+    world: World, config: TrainConfig, active: Active, text: str, *, steps: int
+) -> tuple[Active, int]:
     """Move the training state from ``active``'s strategy to ``text`` in memory (one fused
     BSR, ``hspmd.switch.live``) and continue under it; ``steps``: Adam's step count.
     Returns the new part and the messages this rank sent. Under ``switch_mode="weights"``
     only the compute weights move (``hspmd.train.home.switch_weights``)."""
     if config.switch_mode == "weights":
-        return switch_weights(world, config, active, text, activate=activate)
+        return switch_weights(world, config, active, text)
     model = config.model_config()
     target = Layout.from_text(text, num_layers=model.num_layers)
     nodes = switch_topology(
@@ -312,8 +237,8 @@ def switch_to(
 
 
 def _timed_switch(
-    world: World, config: TrainConfig, active: _Active, text: str, *, steps: int
-) -> tuple[_Active, float, int]:
+    world: World, config: TrainConfig, active: Active, text: str, *, steps: int
+) -> tuple[Active, float, int]:
     """``switch_to`` on every rank; the slowest rank's seconds and the messages sent."""
     begin = time.perf_counter()
     active, sent = switch_to(world, config, active, text, steps=steps)
@@ -324,7 +249,7 @@ def _timed_switch(
     return active, float(took), int(messages)
 
 
-def _state_specs(config: TrainConfig, active: _Active) -> dict[str, ParamSpec]:
+def _state_specs(config: TrainConfig, active: Active) -> dict[str, ParamSpec]:
     """Where the fp32 masters and Adam moments live: the strategy's state annotations, or
     under ``switch_mode="weights"`` the run's home layout (it depends on the run's number
     of ranks, not on the strategy), e.g. ``[0,1,2,3]{0:4}`` for a [64, 64] weight."""
@@ -335,7 +260,7 @@ def _state_specs(config: TrainConfig, active: _Active) -> dict[str, ParamSpec]:
 
 
 def save_checkpoint(
-    world: World, config: TrainConfig, active: _Active, *, directory: str, step: int, steps: int
+    world: World, config: TrainConfig, active: Active, *, directory: str, step: int, steps: int
 ) -> None:
     """Write a checkpoint of step ``step`` on every rank (docs/switching.md, "the trainer's
     calls"); masters and moments are saved with their state annotation (their home
@@ -359,7 +284,7 @@ def save_checkpoint(
 
 
 def load_checkpoint(
-    world: World, config: TrainConfig, active: _Active, *, directory: str
+    world: World, config: TrainConfig, active: Active, *, directory: str
 ) -> RankState:
     """Load the newest checkpoint in ``directory`` into ``active`` (any strategy: resharded
     on load); returns what was loaded (step, Adam step, data position). Under
@@ -373,7 +298,7 @@ def load_checkpoint(
     return state
 
 
-def _resume(world: World, config: TrainConfig) -> tuple[_Active, int, int]:
+def _resume(world: World, config: TrainConfig) -> tuple[Active, int, int]:
     """The active strategy loaded from ``config.resume``, the first step and Adam's steps."""
     assert config.resume is not None
     first = read_manifest(latest(config.resume)).step + 1
@@ -388,7 +313,11 @@ def _resume(world: World, config: TrainConfig) -> tuple[_Active, int, int]:
 
 
 def run_rank(
-    world: World, config: TrainConfig, *, report: Any = None, rec: Spans = NULL
+    world: World,
+    config: TrainConfig,
+    *,
+    report: Callable[[StepRecord], None] | None = None,
+    rec: Spans = NULL,
 ) -> dict[str, Any]:
     """Train ``config`` on this rank; ranks outside the strategy only join the loss sum.
 
@@ -434,16 +363,15 @@ def run_rank(
         inject(config.inject, member=world.rank, step=step, phase="forward")  # ends the run
         start = time.perf_counter()
         loss = torch.zeros(1, dtype=torch.float64)
-        role, post = active.role, active.post
-        if role is not None and post is not None and active.plans is not None:
+        role, exe, plans, post = active.role, active.exe, active.plans, active.post
+        if role is not None and exe is not None and plans is not None and post is not None:
             post.zero_grad()
             value = run_step(
-                active.exe, role, active.plans, config, world, batch, post=post, slow=slow,
-                rec=rec,
+                exe, role, plans, config, world, batch, post=post, slow=slow, rec=rec
             )  # fmt: skip
-            executables.add(id(active.exe))
+            executables.add(id(exe))
             end_post = rec.begin("Post", cat="post")
-            sync_grads(active.exe, world)  # partial grads inside the stage (SP norm weights)
+            sync_grads(exe, world)  # partial grads inside the stage (SP norm weights)
             if role.is_last and role.rank == role.tp_ranks[0]:  # one reporter per pipeline
                 loss += value
             with slow:

@@ -27,8 +27,8 @@ from hspmd.errors import StrategyError
 from hspmd.plan.params import ParamSpec
 from hspmd.plan.schema import SECTIONS, Plan, build_plan, plan_from_json, plan_to_json
 from hspmd.plan.strategy import parse_strategy
+from hspmd.train.active import options_of
 from hspmd.train.config import TrainConfig, TrainError
-from hspmd.train.loop import options_of
 
 __all__ = ["check_plan", "config_from_plan", "kind_of", "read_plan", "write_plan"]
 

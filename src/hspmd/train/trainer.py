@@ -26,9 +26,10 @@ from hspmd.plan.strategy import Strategy, check_strategy, parse_strategy
 from hspmd.runtime.launch import ElasticLaunch, NodeSpec, launch
 from hspmd.runtime.trace import NULL, Recorder, chrome_trace, gather_parts
 from hspmd.runtime.world import World
+from hspmd.train.active import options_of
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.elastic import run_rank_elastic
-from hspmd.train.loop import options_of, run_rank
+from hspmd.train.loop import run_rank
 from hspmd.train.packing import packed_steps, plan_schedule
 from hspmd.train.reference import TrainResult
 

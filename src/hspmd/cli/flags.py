@@ -1,0 +1,211 @@
+"""The flags of a training run, stated once: name, the ``TrainConfig`` field it sets, type,
+default, choices and help.
+
+``hspmd train`` and ``hspmd demo`` add every flag of ``TRAIN_FLAGS``
+(``hspmd.cli.train.add_config_arguments``); ``hspmd explain`` and ``hspmd simulate`` add
+the strategy options' flags by name (``add_flags``), so the same flag has the same help,
+default and choices everywhere. Defaults and choices come from ``TrainConfig`` (its field
+defaults and ``Literal`` types) where the flag sets the field as given; a flag whose
+default means something else (``--global-batch``: the strategy's sum) says so in its help.
+``tests/cli/test_flags.py`` checks that every field of ``TrainConfig`` has exactly one flag
+here (or is named in ``NOT_FLAGS`` with the reason) and that the parsers use these.
+
+>>> FLAGS["--schedule"].choices, FLAGS["--schedule"].default
+(('1f1b', 'gpipe'), '1f1b')
+>>> FLAGS["--no-overlap"].field, FLAGS["--lr"].default
+('overlap', 0.0001)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hspmd.data import LONG_DOCS
+from hspmd.models.llama import PRESETS
+from hspmd.train.config import AdamConfig, TrainConfig
+
+__all__ = [
+    "FLAGS", "NOT_FLAGS", "STRATEGY_FLAGS", "TRAIN_FLAGS", "Flag", "HelpFormatter", "add_flags",
+    "model_argument",
+]  # fmt: skip
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and ``(default: X)`` after every option that has one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        default = action.default
+        if action.help is None or default is None or default is False or default in ([], ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """One command-line flag of a training run. ``field``: the ``TrainConfig`` field it sets
+    (``adam.lr``: ``AdamConfig``'s; None: it shapes another flag's field)."""
+
+    name: str
+    field: str | None
+    help: str
+    type: Callable[[str], object] | None = None
+    default: object = None
+    choices: tuple[str, ...] | None = None
+    action: str | None = None  # "store_true" or "append"
+    metavar: str | None = None
+
+    def add(self, parser: argparse._ActionsContainer, **changes: object) -> argparse.Action:
+        """Add this flag to ``parser`` (or an argument group); ``changes``: what one command
+        sets otherwise (``required=True``, a command's own default)."""
+        default = False if self.action == "store_true" else self.default
+        options: dict[str, Any] = {"help": self.help, "default": default}
+        if self.action is not None:
+            options["action"] = self.action
+        for key in ("type", "choices", "metavar"):
+            if getattr(self, key) is not None:
+                options[key] = getattr(self, key)
+        options.update(changes)
+        return parser.add_argument(self.name, **options)
+
+
+def _default(name: str) -> object:
+    """``TrainConfig``'s default of field ``name``."""
+    return next(f.default for f in dataclasses.fields(TrainConfig) if f.name == name)
+
+
+def _choices(name: str) -> tuple[str, ...]:
+    """The values of field ``name``'s ``Literal`` type."""
+    return typing.get_args(typing.get_type_hints(TrainConfig)[name])
+
+
+def model_argument(presets: list[str]) -> Callable[[str], str]:
+    """``--model``'s type: a preset name, or a factory with a file made absolute (every
+    process, on any node, loads the same file)."""
+
+    def parse(text: str) -> str:
+        if text in presets:
+            return text
+        where, sep, name = text.rpartition(":")
+        if not sep or not where or not name.isidentifier():
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is neither a preset ({', '.join(presets)}) nor FILE.py:FUNCTION / "
+                "package.module:FUNCTION"
+            )
+        if where.endswith(".py"):
+            path = Path(where).expanduser()
+            if not path.is_file():
+                raise argparse.ArgumentTypeError(f"no file {where} (from {text!r})")
+            return f"{path.resolve()}:{name}"
+        return text
+
+    return parse
+
+
+# Without --global-batch and --strategy (the reference run): this many sequences per step.
+REFERENCE_BATCH = 8
+_TRAINABLE = [name for name, c in PRESETS.items() if not c.config_only]
+
+# In `hspmd train --help` order.
+TRAIN_FLAGS: tuple[Flag, ...] = (
+    Flag("--model", "model", type=model_argument(_TRAINABLE), default=_default("model"),
+         help=f"a preset ({', '.join(_TRAINABLE)}) or any nn.Module's factory: FILE.py:FUNCTION "
+         "or package.module:FUNCTION (docs/models.md)"),
+    Flag("--config", "model_overrides",
+         help="JSON object (or a .json file): the factory's keyword arguments, or preset "
+         """fields to override, e.g. '{"num_layers": 2}'"""),
+    Flag("--strategy", "strategy",
+         help="pipelines 'COUNTxSIZE: R<ranks>:L<first>-<last> ...' separated by ';'"),
+    Flag("--global-batch", "global_batch", type=int,
+         help="sequences per step (default: the strategy's sum of COUNT x SIZE; "
+         f"{REFERENCE_BATCH} without a strategy)"),
+    Flag("--seq-len", "seq_len", type=int, default=_default("seq_len"),
+         help="tokens per sequence"),
+    Flag("--steps", "steps", type=int, default=_default("steps"),
+         help="last step (counts from the start)"),
+    Flag("--seed", "seed", type=int, default=_default("seed"),
+         help="seed of weights and data order"),
+    Flag("--lr", "adam.lr", type=float, default=AdamConfig().lr, help="Adam learning rate"),
+    Flag("--data", "data", help="text or JSONL file (default: stdlib)"),
+    Flag("--data-max-bytes", "data_max_bytes", type=int, help="read at most this much text"),
+    Flag("--schedule", "schedule", default=_default("schedule"), choices=_choices("schedule"),
+         help="pipeline schedule"),
+    Flag("--dtype", "dtype", default=_default("dtype"), choices=_choices("dtype"),
+         help="compute dtype (masters fp32)"),
+    Flag("--zero1", "zero1", action="store_true",
+         help="shard fp32 masters and Adam states over pipelines"),
+    Flag("--sequence-parallel", "sequence_parallel", action="store_true",
+         help="split the sequence inside each stage"),
+    Flag("--recompute", "recompute", action="store_true",
+         help="recompute each layer in backward"),
+    Flag("--no-overlap", "overlap", action="store_true",
+         help="sync gradients after the last backward instead of during it (debugging)"),
+    Flag("--switch", "switches", action="append", default=[], metavar='STEP="STRATEGY"',
+         help="switch to STRATEGY in memory before step STEP (repeatable)"),
+    Flag("--switch-mode", "switch_mode", default=_default("switch_mode"),
+         choices=_choices("switch_mode"),
+         help="what a switch moves: fp32 masters and Adam states (states, for unstable "
+         "devices) or only the compute weights, states kept sharded over all ranks (weights, "
+         "for mixed-length data)"),
+    Flag("--switch-algo", "switch_algo", default=_default("switch_algo"),
+         choices=_choices("switch_algo"),
+         help="how a switch moves the states: one fused BSR, or relayed over every NIC of "
+         "the nodes (needs --cluster or --ranks-per-node)"),
+    Flag("--cluster", "cluster", metavar="FILE_OR_NAME", help="the nodes switches plan on"),
+    Flag("--ranks-per-node", "ranks_per_node", type=int, metavar="N",
+         help="fake nodes of N local processes each, for switches (instead of --cluster)"),
+    Flag("--save", "save", metavar="DIR", help="checkpoint directory"),
+    Flag("--save-every", "save_every", type=int, metavar="N",
+         help=f"with --save: save after every N-th step (default: {_default('save_every')})"),
+    Flag("--resume", "resume", metavar="DIR", help="continue from DIR"),
+    Flag("--elastic", "elastic", action="store_true",
+         help="survive dead and hung ranks in-process: re-plan over the survivors, move the "
+         "states from surviving replicas, redo the interrupted step (docs/elastic.md)"),
+    Flag("--hang-timeout", "hang_timeout", type=float, default=_default("hang_timeout"),
+         metavar="S", help="with --elastic: a rank without progress for S seconds counts as hung"),
+    Flag("--inject-failure", "inject", action="append", default=[],
+         metavar="RANK@STEP[:PHASE[:kill|hang]]",
+         help="fault injection for tests: RANK fails in PHASE (forward, backward, sync, "
+         "optimizer, switch, save; default forward) of STEP by SIGKILL or a hang (repeatable)"),
+    Flag("--spares", "spares", type=int, default=_default("spares"), metavar="N",
+         help="with --elastic: start N more local processes, held back until --grow"),
+    Flag("--grow", "grow", action="append", default=[], metavar="STEP=N",
+         help="with --spares: N spare ranks join before STEP (re-plan, states move to them)"),
+    Flag("--tokens-per-step", "step_tokens", type=int, metavar="N",
+         help="variable-length steps: whole documents of at most N tokens per step, packed "
+         "into the strategy's micro-batches (docs/mixed-length.md)"),
+    # under --tokens-per-step it takes --seq-len's place (one of the two sets seq_len)
+    Flag("--max-seq-len", None, type=int, metavar="L",
+         help="with --tokens-per-step: the longest packed row (default: --seq-len)"),
+    Flag("--plans", "length_plans", metavar="FILE",
+         help="length plans of `hspmd plan --data`: per step the strategy with the least "
+         "predicted time, switching bf16 weights when it changes (docs/mixed-length.md)"),
+    Flag("--long-docs", "long_docs", default=_default("long_docs"), choices=LONG_DOCS,
+         help="with --tokens-per-step: a document over --max-seq-len tokens is cut to it, "
+         "left out, or refused (counted in the step records)"),
+    Flag("--slowdown", "slowdown", default="", metavar="RANK=FACTOR,...",
+         help="emulate slower devices: each listed rank sleeps (FACTOR-1) x the time of each "
+         "forward, backward and optimizer step it runs, e.g. 2=3,5=3; losses are unchanged"),
+)  # fmt: skip
+FLAGS = {flag.name: flag for flag in TRAIN_FLAGS}
+
+# The strategy options' flags (hspmd.plan.strategy.StrategyOptions): explain, simulate.
+STRATEGY_FLAGS = ("--zero1", "--sequence-parallel", "--recompute", "--schedule", "--dtype")
+
+# TrainConfig fields without a flag of their own, and why.
+NOT_FLAGS = {
+    "tp_rules": "a user module's TP kinds come from a plan file: --plan (hspmd.train.planfile)",
+    "bucket_bytes": "a tuning knob of the library API (TrainConfig.bucket_bytes), no flag",
+}
+
+
+def add_flags(parser: argparse.ArgumentParser, names: Iterable[str], **changes: object) -> None:
+    """Add the flags ``names`` of ``TRAIN_FLAGS`` to a parser of another command, as
+    ``hspmd train`` has them (``changes``: as ``Flag.add``'s, for every one)."""
+    for name in names:
+        FLAGS[name].add(parser, **changes)

@@ -1,0 +1,151 @@
+"""The active strategy: this rank's part in the strategy now running, and how it is built.
+
+``activate(world, config, text)`` builds, for strategy ``text`` on this rank, what the
+training loop (``hspmd.train.loop``) and the elastic loop (``hspmd.train.elastic``) run::
+
+    layout  the strategy with its pipelines' roles (hspmd.train.layout)
+    role    this rank's stage, micro-batch rows and TP group (None: idle under it)
+    exe     its executable graph, bound to the world (hspmd.specialize.executable)
+    plans   the boundary plans of its stage (hspmd.specialize.boundary)
+    post    its Post: gradient sync and Adam (PlainPost, MixedPost or ZeroOne;
+            HomePost under ``switch_mode="weights"``, on idle ranks too)
+
+A switch builds a new ``Active`` (``hspmd.train.loop.switch_to``); ``switch_weights`` is the
+mixed-length mode's switch: only the compute weights move, the home state stays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from hspmd.plan.strategy import StrategyOptions, parse_strategy
+from hspmd.runtime.counting import count_comm
+from hspmd.runtime.executable import bind_executable
+from hspmd.runtime.world import World
+from hspmd.specialize.boundary import BoundaryPlans, boundary_plans
+from hspmd.specialize.executable import Executable, build_executable
+from hspmd.switch.weights import plan_weight_switch, run_weight_switch
+from hspmd.train.config import TrainConfig
+from hspmd.train.home import HomePost, HomeState, home_post
+from hspmd.train.layout import Layout, Role
+from hspmd.train.post import MixedPost, PlainPost, Post
+from hspmd.train.sync import SyncItem, grad_sync_plan
+from hspmd.train.zero import ZeroItem, ZeroOne, zero1_plan
+
+__all__ = ["Active", "activate", "options_of", "switch_weights"]
+
+
+@dataclass(frozen=True, slots=True)
+class Active:
+    """This rank's part in the strategy now running (role, exe and plans None on an idle
+    rank; post None there too, except for the home shards of ``switch_mode="weights"``)."""
+
+    text: str
+    layout: Layout
+    role: Role | None = None
+    exe: Executable | None = None
+    plans: BoundaryPlans | None = None
+    post: Post | None = None
+
+    @property
+    def home(self) -> HomeState | None:
+        """The mixed-length mode's optimizer state this rank holds (None in the states mode
+        and outside the run)."""
+        return self.post.home if isinstance(self.post, HomePost) else None
+
+
+def options_of(config: TrainConfig) -> StrategyOptions:
+    """The strategy options of a run (what ``check_strategy`` and the planner take)."""
+    return StrategyOptions(
+        zero1=config.zero1,
+        sequence_parallel=config.sequence_parallel,
+        recompute=config.recompute,
+        schedule=config.schedule,
+        dtype=config.dtype,
+    )
+
+
+def _post(
+    config: TrainConfig, params: dict[str, torch.Tensor], sync: tuple[SyncItem, ...],
+    zero: dict[str, ZeroItem], world: World, *, deferred: frozenset[str],
+) -> Post:  # fmt: skip
+    if zero:
+        model = config.model_config()
+        return ZeroOne(zero, params, config=model, seed=config.seed, adam=config.adam,
+                       world=world, deferred=deferred)  # fmt: skip
+    if config.dtype == "bf16":
+        return MixedPost(params, sync, adam=config.adam, world=world, deferred=deferred)
+    return PlainPost(params, sync, adam=config.adam, world=world, deferred=deferred)
+
+
+def activate(
+    world: World, config: TrainConfig, text: str, *, home: HomeState | None = None
+) -> Active:
+    """Build this rank's executable graph, boundary plans and Post under strategy ``text``
+    (``home``: the mixed-length mode's optimizer state to keep, ``hspmd.train.home``)."""
+    model = config.model_config()
+    layout = Layout.from_text(text, num_layers=model.num_layers)
+    role = layout.role(world.rank)
+    if role is None:
+        if config.switch_mode == "weights":  # an idle rank keeps its home shards
+            idle = home_post(world, config, layout.strategy, {}, home=home)
+            return Active(text, layout, post=idle)
+        return Active(text, layout)
+    sync = (
+        ()
+        if config.zero1
+        else grad_sync_plan(layout.strategy, model, bucket_bytes=config.bucket_bytes)
+    )
+    zero = zero1_plan(layout.strategy, model) if config.zero1 else {}
+    # ZeRO-1 and bf16 change only Pre/Post: the executable graph is the fp32 one
+    # (sequence parallel and per-layer recompute are the executable's)
+    options = dataclasses.replace(options_of(config), zero1=False, dtype="fp32")
+    exe = bind_executable(build_executable(
+        model, layout.strategy, options, world.rank, seq_len=config.seq_len, seed=config.seed,
+    ), world)  # fmt: skip
+    shape = (role.micro_batch_size, config.seq_len, model.hidden_size)
+    plans = boundary_plans(layout.strategy, model, world.rank, shape, options=options)
+    if config.dtype == "bf16":
+        exe.graph_module.to(torch.bfloat16)  # compute copy; Post keeps fp32 masters
+    post: Post | None
+    if config.switch_mode == "weights":
+        post = home_post(world, config, layout.strategy, exe.params, home=home)
+    else:
+        # gradients still partial inside the stage after B (sequence parallel norm weights)
+        deferred = frozenset(name for item in exe.grad_sync for name in item.names)
+        post = _post(config, exe.params, sync, zero, world, deferred=deferred)
+    return Active(text, layout, role, exe, plans, post)
+
+
+def switch_weights(
+    world: World, config: TrainConfig, active: Active, text: str, *, rederive: bool = False
+) -> tuple[Active, int]:
+    """The mixed-length switch (``hspmd.train.loop.switch_to`` under ``--switch-mode
+    weights``): one fused BSR of the compute weights from ``active``'s strategy to ``text``,
+    the new strategy built around the same home state. ``rederive``: skip the move and
+    gather the new compute weights from home instead (for comparison). Returns the new
+    part and the messages this rank sent."""
+    model = config.model_config()
+    post = active.post if isinstance(active.post, HomePost) else None
+    home = active.home
+    moved: dict[str, torch.Tensor] = {}
+    with count_comm(world) as log:
+        if not rederive:
+            dtype = post.dtype if post is not None else torch.float32
+            target = parse_strategy(text)
+            source = active.layout.strategy
+            plan = plan_weight_switch(model, source, target, itemsize=dtype.itemsize)
+            params = active.exe.params if active.exe is not None else {}
+            moved = run_weight_switch(plan, params, world, dtype=dtype)
+    del active, post  # the old executable goes before the new one is built
+    new = activate(world, config, text, home=home)
+    with count_comm(world) as gather, torch.no_grad():
+        if rederive and isinstance(new.post, HomePost):
+            new.post.refresh()
+        elif new.exe is not None:
+            for name, param in new.exe.params.items():
+                param.copy_(moved[name])
+    return new, log.counts().get("send", 0) + gather.counts().get("send", 0)
