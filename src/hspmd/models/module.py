@@ -47,6 +47,7 @@ from torch import nn
 from hspmd.graph.capture import CaptureError, InliningTracer, source_line
 from hspmd.markers import is_reshard_node, reshard
 from hspmd.models.spec import (
+    NO_LIMIT,
     TP_KINDS,
     MarkerSpec,
     ModelSpecError,
@@ -56,8 +57,6 @@ from hspmd.models.spec import (
 )
 
 __all__ = ["build_module", "capture_model", "load_factory", "load_model", "initial_state"]
-
-NO_LIMIT = 1 << 30  # max_seq_len of a model that states none
 
 
 def load_factory(source: str) -> Callable[..., nn.Module]:

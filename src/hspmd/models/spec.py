@@ -43,6 +43,7 @@ from typing import Any, Literal, Protocol, get_args
 from hspmd.errors import HspmdError
 
 __all__ = [
+    "NO_LIMIT",
     "MarkerSpec",
     "ModelSpec",
     "ModelSpecError",
@@ -53,6 +54,7 @@ __all__ = [
     "kind_by_rules",
 ]
 
+NO_LIMIT = 1 << 30  # max_seq_len of a model that states none
 TPKind = Literal["column", "row", "vocab", "replicate"]
 TP_KINDS: tuple[str, ...] = get_args(TPKind)
 Placement = Literal["residual", "dup"] | int
