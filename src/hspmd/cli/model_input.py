@@ -87,7 +87,6 @@ def add_model_arguments(
         "--model",
         default=default,
         required=default is None,
-        type=model_argument(presets),
         help=f"a preset ({', '.join(presets)}) or any nn.Module's factory: FILE.py:FUNCTION "
         "or package.module:FUNCTION (docs/models.md)",
     )

@@ -392,6 +392,7 @@ def _load(
         tp_rules=rules,
         tie_embeddings=shared,
         user_markers=own,
+        blocks=path,
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from typing import Literal
 
-from hspmd.models.config import LlamaConfig
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
 from hspmd.planner.closed_form import (
     MICRO_BATCH_SIZES,
@@ -48,7 +48,7 @@ def megatron_strategy(
 
 
 def homogeneous_plan(
-    config: LlamaConfig, cost: CostModel, *, global_batch: int, seq_len: int,
+    config: ModelSpec, cost: CostModel, *, global_batch: int, seq_len: int,
     zero1: Zero1 = "auto", dtype: Literal["bf16", "fp32"] = "bf16", keep: int = 2,
 ) -> Prediction | None:  # fmt: skip
     """The best Megatron-style plan over every rank, or None when none fits."""

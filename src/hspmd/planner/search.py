@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from hspmd.errors import HspmdError
-from hspmd.models.config import LlamaConfig
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
 from hspmd.planner.closed_form import (
     MICRO_BATCH_SIZES,
@@ -185,7 +185,7 @@ def _split_balanced(
 
 class _Search:
     def __init__(
-        self, config: LlamaConfig, cost: CostModel, global_batch: int, seq_len: int,
+        self, config: ModelSpec, cost: CostModel, global_batch: int, seq_len: int,
         zero1: Zero1, dtype: Literal["bf16", "fp32"], time_limit: float | None,
         ranks: Collection[int] | None = None, min_pipelines: int = 1,
     ) -> None:  # fmt: skip
@@ -409,7 +409,7 @@ class _Search:
 
 
 def plan(
-    config: LlamaConfig, cost: CostModel, *, global_batch: int, seq_len: int,
+    config: ModelSpec, cost: CostModel, *, global_batch: int, seq_len: int,
     zero1: Zero1 = "auto", dtype: Literal["bf16", "fp32"] = "bf16",
     time_limit: float | None = None, homogeneous: bool = True, keep: int = KEEP,
     ranks: Collection[int] | None = None, min_pipelines: int = 1, seeds: Sequence[Layout] = (),
