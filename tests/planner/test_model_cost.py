@@ -148,6 +148,7 @@ def test_plan_respects_tp_sizes(user_model: str, tmp_path: Path) -> None:
     chosen = plan(model, cost, global_batch=8, seq_len=32, time_limit=10)
     assert {stage.tp for _, _, stage in chosen.strategy.stages()} <= {1, 2}  # 24, 96, 30
     check_strategy(chosen.strategy, model, seq_len=32)
+    assert not chosen.options.sequence_parallel  # a user model's run refuses it
     got = predict(chosen.strategy, model, cost, seq_len=32, options=chosen.options)
     assert got.step_time_s > 0 and got.fits
 

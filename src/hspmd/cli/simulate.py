@@ -30,7 +30,7 @@ from typing import Any
 
 from hspmd.cli.model_input import add_model_arguments, read_model, read_run, seq_len_of
 from hspmd.models.config import PRESETS, LlamaConfig
-from hspmd.models.spec import ModelSpec, ModuleModel
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import StrategyOptions, check_strategy, parse_strategy
 from hspmd.planner.cost import CostModel
 from hspmd.planner.predict import Prediction, predict
@@ -85,13 +85,12 @@ def setup(
 
 def costed_model(model: ModelSpec) -> ModelSpec:
     """A Llama preset as it is (its formulas); any other model with its cost figures
-    measured on the meta device (``hspmd.specialize.costs.costed``)."""
+    measured on the meta device (``hspmd.specialize.costs.planning_model``)."""
     if isinstance(model, LlamaConfig):
-        return model
-    assert isinstance(model, ModuleModel)
-    from hspmd.specialize.costs import costed
+        return model  # no torch import
+    from hspmd.specialize.costs import planning_model
 
-    return costed(model)
+    return planning_model(model)
 
 
 def run(args: argparse.Namespace) -> int:

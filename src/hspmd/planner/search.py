@@ -55,6 +55,7 @@ from hspmd.planner.cost import CostModel
 from hspmd.planner.homogeneous import homogeneous_plan, megatron_strategy
 from hspmd.planner.ilp import layers_per_stage, micro_batches_per_pipeline
 from hspmd.planner.predict import Predicted, Prediction, predict
+from hspmd.planner.workload import trains_sequence_parallel
 
 __all__ = [
     "Layout",
@@ -200,6 +201,7 @@ class _Search:
             if any(r in alive for r in node)
         ]
         self.costs = StageCosts(cost, config, seq_len)
+        self.sp_ok = trains_sequence_parallel(config)
         self.shortfall = _Shortfall()
         self.count = 0
         self._shapes: dict[Any, float | None] = {}
@@ -207,7 +209,7 @@ class _Search:
 
     def options(self, d: int, tps: Sequence[int], recompute: bool) -> StrategyOptions:
         zero = self.zero1 == "on" or (self.zero1 == "auto" and d > 1)
-        sp = max(tps) > 1 and all(self.seq_len % t == 0 for t in tps)
+        sp = max(tps) > 1 and all(self.seq_len % t == 0 for t in tps) and self.sp_ok
         return StrategyOptions(
             zero1=zero, sequence_parallel=sp, recompute=recompute, schedule="1f1b",
             dtype=self.dtype,

@@ -48,7 +48,15 @@ __all__ = [
     "layer_params",
     "stage_params",
     "stage_work",
+    "trains_sequence_parallel",
 ]
+
+
+def trains_sequence_parallel(config: ModelSpec) -> bool:
+    """Whether the planner may choose sequence parallelism: for the Llama presets only, as
+    a user model's run refuses it (``TrainConfig``: the markers hspmd inserts keep the
+    stream whole)."""
+    return isinstance(config, LlamaConfig)
 
 
 def figures(config: ModelSpec) -> ModelCost:

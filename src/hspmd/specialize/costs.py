@@ -57,6 +57,7 @@ from hspmd.annotation import DUP, Annotation
 from hspmd.errors import HspmdError
 from hspmd.markers import is_reshard_node
 from hspmd.models.build import model_graph
+from hspmd.models.config import LlamaConfig
 from hspmd.models.spec import (
     Amount,
     CommItem,
@@ -69,7 +70,7 @@ from hspmd.models.spec import (
 )
 from hspmd.plan.strategy import StrategyOptions, parse_strategy
 
-__all__ = ["costed", "model_cost", "tp_probe"]
+__all__ = ["costed", "model_cost", "planning_model", "tp_probe"]
 
 NORMS = (F.layer_norm, F.group_norm, F.batch_norm, F.instance_norm) + (
     (F.rms_norm,) if hasattr(F, "rms_norm") else ()
@@ -84,6 +85,16 @@ def costed(model: ModuleModel) -> ModuleModel:
     if model.cost is not None:
         return model
     return dataclasses.replace(model, cost=model_cost(model))
+
+
+def planning_model(model: ModelSpec) -> ModelSpec:
+    """The model as the planner and the simulator take it: a Llama preset as it is (its
+    formulas), any other model with its measured figures (``costed``)."""
+    if isinstance(model, LlamaConfig):
+        return model
+    if not isinstance(model, ModuleModel):
+        raise ModelSpecError(f"unknown kind of model: {type(model).__name__}")
+    return costed(model)
 
 
 def tp_probe(model: ModelSpec) -> int:
@@ -373,7 +384,7 @@ def _collectives(
 
 
 def _attention_kind(target: Any) -> str | None:
-    """"causal" for hspmd's causal attention, "sdpa" for F.scaled_dot_product_attention."""
+    """ "causal" for hspmd's causal attention, "sdpa" for F.scaled_dot_product_attention."""
     if target is F.scaled_dot_product_attention:
         return "sdpa"
     if (getattr(target, "__module__", None), getattr(target, "__name__", None)) == CAUSAL:
