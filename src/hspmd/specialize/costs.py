@@ -116,54 +116,52 @@ def model_cost(model: ModelSpec) -> ModelCost:
     probe = tp_probe(model)
     lengths = _lengths(model, probe)
     gm = model_graph(model)
-    parts = _parts(gm, model)
+    group = {name: _group(part) for name, part in _parts(gm, model).items()}
     split = {sp: _split_nodes(model, probe, lengths[0], sp) for sp in (False, True)}
-    runs = [_measure(gm, model, s) for s in lengths]
-    work: dict[tuple[int, str, bool, bool], list[tuple[float, float]]] = defaultdict(list)
-    saved: dict[tuple[int, bool, bool], list[float]] = defaultdict(list)
-    for run_index, (ops, kept) in enumerate(runs):
-        for node_name, line, calls, units in ops:
-            part = parts[node_name]
-            key = (part, line, node_name in split[False][0], node_name in split[True][0])
-            bucket = work[key]
-            while len(bucket) <= run_index:
-                bucket.append((0.0, 0.0))
-            c, u = bucket[run_index]
-            bucket[run_index] = (c + calls, u + units)
+    runs = len(lengths)
+    # (group, line, split, split under SP) -> per length [calls, units]; "saved" for memory
+    sums: dict[tuple[int, str, bool, bool], list[list[float]]] = defaultdict(
+        lambda: [[0.0, 0.0] for _ in range(runs)]
+    )
+    for i, s in enumerate(lengths):
+        ops, kept = _measure(gm, model, s)
+        for node, line, calls, units in ops:
+            key = (group[node], line, node in split[False][0], node in split[True][0])
+            sums[key][i][0] += calls
+            sums[key][i][1] += units
         for consumer, producer, elements in kept:
-            skey = (parts[consumer], producer in split[False][0], producer in split[True][0])
-            values = saved[skey]
-            while len(values) <= run_index:
-                values.append(0.0)
-            values[run_index] += elements
-    blocks = model.num_layers
+            key = (group[consumer], "saved", producer in split[False][0], producer in split[True][0])  # fmt: skip
+            sums[key][i][1] += elements
     out: dict[int, PartCost] = {}
     for part in (PRE, 0, POST):
-        share = 1 / blocks if part == 0 else 1.0
-        chosen = [k for k in work if (k[0] >= 0) == (part == 0) and (part == 0 or k[0] == part)]
-        items = tuple(
-            WorkItem(line, a, b, work[k][0][0] * share, _fit(work[k], lengths, share))
-            for k in chosen
-            for _, line, a, b in [k]
-        )
-        keys = [k for k in saved if (k[0] >= 0) == (part == 0) and (part == 0 or k[0] == part)]
-        kept_items = tuple(
-            WorkItem("saved", a, b, 0.0, _fit([(0.0, v) for v in saved[k]], lengths, share))
-            for k in keys
-            for _, a, b in [k]
-        )
-        comm = tuple(
+        share = 1 / model.num_layers if part == 0 else 1.0  # the mean block
+        items = [
+            WorkItem(line, a, b, values[0][0] * share, _fit([u for _, u in values], lengths, share))
+            for (g, line, a, b), values in sorted(sums.items())
+            if g == part
+        ]
+        comm = [
             dataclasses.replace(c, calls=c.calls * share, elements=_scaled(c.elements, share))
             for sp in (False, True)
             for p, c in split[sp][1]
-            if (p >= 0) == (part == 0) and (part == 0 or p == part)
+            if _group(p) == part
+        ]
+        out[part] = PartCost(
+            work=tuple(w for w in items if w.line != "saved"),
+            comm=_merged_comm(comm),
+            saved=tuple(w for w in items if w.line == "saved"),
+            params_split=_params(model, part)[0],
+            params_dup=_params(model, part)[1],
         )
-        params = _params(model, part)
-        out[part] = PartCost(_merged(items), _merged_comm(comm), _merged(kept_items), *params)
     return ModelCost(
         pre=out[PRE], layer=out[0], post=out[POST], vocab_split=split[False][2], probe=probe,
         lengths=lengths,
     )  # fmt: skip
+
+
+def _group(part: int) -> int:
+    """PRE, POST, or 0 for every block (the planner takes the mean block)."""
+    return part if part < 0 else 0
 
 
 def _lengths(model: ModelSpec, probe: int) -> tuple[int, ...]:
@@ -180,10 +178,9 @@ def _lengths(model: ModelSpec, probe: int) -> tuple[int, ...]:
     return (s1, s2) if s1 >= probe else (s2,)
 
 
-def _fit(values: list[tuple[float, float]], lengths: tuple[int, ...], share: float) -> Amount:
+def _fit(units: list[float], lengths: tuple[int, ...], share: float) -> Amount:
     """``Amount`` through the units measured at ``lengths`` (batch 1), times ``share``."""
-    per = [u / s for (_, u), s in zip(values, lengths, strict=False)]
-    per += [0.0] * (len(lengths) - len(per))
+    per = [u / s for u, s in zip(units, lengths, strict=True)]
     if len(lengths) == 1:
         return Amount(per[0] * share)
     square = (per[1] - per[0]) / (lengths[1] - lengths[0])
@@ -194,20 +191,6 @@ def _fit(values: list[tuple[float, float]], lengths: tuple[int, ...], share: flo
 
 def _scaled(amount: Amount, share: float) -> Amount:
     return Amount(amount.per_token * share, amount.per_square * share)
-
-
-def _merged(items: Iterable[WorkItem]) -> tuple[WorkItem, ...]:
-    merged: dict[tuple[str, bool, bool], WorkItem] = {}
-    for w in items:
-        key = (w.line, w.split, w.split_sp)
-        if key in merged:
-            m = merged[key]
-            units = Amount(
-                m.units.per_token + w.units.per_token, m.units.per_square + w.units.per_square
-            )
-            w = WorkItem(w.line, w.split, w.split_sp, m.calls + w.calls, units)
-        merged[key] = w
-    return tuple(merged[k] for k in sorted(merged))
 
 
 def _merged_comm(items: Iterable[CommItem]) -> tuple[CommItem, ...]:
