@@ -163,3 +163,20 @@ def test_uncosted_model_is_one_line(user_model: str, tmp_path: Path) -> None:
 def test_model_too_short_to_cost(user_model: str) -> None:
     with pytest.raises(ModelSpecError, match="max_seq_len=1 is below its TP"):
         model_cost(load_model(user_model, {"max_seq_len": 1}))
+
+
+@pytest.mark.parametrize(
+    ("source", "kwargs", "probe"),
+    [
+        ("hspmd.models.examples:gpt2", {"num_layers": 1}, 2),  # tied: one block, pre = post
+        ("hspmd.models.examples:gpt2", {"num_layers": 3, "tie": False}, 2),
+        ("hspmd.models.examples:convnet", {"num_layers": 2}, 1),  # no TP rules
+    ],
+)
+def test_examples_count_every_parameter_once(source: str, kwargs: dict, probe: int) -> None:
+    model = load_model(source, kwargs)
+    cost = model_cost(model)
+    parts = (cost.pre, cost.post, *[cost.layer] * model.num_layers)
+    counted = sum(p.params_split + p.params_dup for p in parts)
+    assert counted == sum(math.prod(s) for s in model.parameter_shapes().values())
+    assert cost.probe == probe and (probe > 1) == any(p.comm for p in parts)
