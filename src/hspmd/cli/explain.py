@@ -1,10 +1,17 @@
 """`hspmd explain`: what every rank would run under a strategy, without running anything.
 
     hspmd explain --model llama-32b --strategy "33x1: R0-3:L0-14 ...; 31x1: ..." [--rank 5]
+    hspmd explain --model my_model.py:make_model --config '{"num_layers": 4}' \\
+        --strategy "4x1: R0-1:L0-1 R2-3:L2-3"
+    hspmd explain --model my_model.py:make_model --plan plan.json
+
 
 prints the pipelines found from the plan's communication, each rank's executable graph
 summary (ops, held parameters, communication by kind) and its schedule; ``--json`` prints
-one JSON object instead. ``--cluster NAME|FILE`` adds each rank's GPU kind (checking that the
+one JSON object instead. ``--model`` is a preset or any nn.Module's factory (docs/models.md):
+a preset's sites come by formula, a user model's by deducing each pipeline's graph on the
+meta device. ``--plan`` reads the strategy, options, sequence length and splits from an
+annotation plan (docs/plan-schema.md) instead of ``--strategy`` and the option flags. ``--cluster NAME|FILE`` adds each rank's GPU kind (checking that the
 cluster has the strategy's ranks); ``--picture FILE.png|.svg`` also draws the plan: ranks x
 layers, one colour per pipeline, TP groups as blocks, the gradient sync per layer range.
 """
@@ -16,8 +23,9 @@ import json
 import time
 
 from hspmd.cli.flags import STRATEGY_FLAGS, HelpFormatter, add_flags
+from hspmd.cli.model_input import add_model_arguments, read_run, seq_len_of
 from hspmd.errors import StrategyError
-from hspmd.models.config import PRESETS, get_config
+from hspmd.models.config import PRESETS
 from hspmd.plan.strategy import (
     StrategyOptions,
     check_strategy,
@@ -34,11 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=HelpFormatter,
     )
-    parser.add_argument(
-        "--model", default="llama-tiny", choices=sorted(PRESETS),
-        help="a preset, of any size (metadata only: nothing is allocated)",
-    )  # fmt: skip
-    add_flags(parser, ["--strategy"], required=True)
+    add_model_arguments(parser, presets=sorted(PRESETS), default="llama-tiny", plan=True)
+    add_flags(parser, ["--strategy"])
     parser.add_argument("--rank", type=int, default=None, help="show only this rank")
     parser.add_argument("--seq-len", type=int, default=None, help="default: the model's max")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -52,16 +57,19 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if args.picture:
         check_picture_path(args.picture)
-    config = get_config(args.model)
-    seq_len = args.seq_len or config.max_seq_len
-    options = StrategyOptions(
-        zero1=args.zero1,
-        sequence_parallel=args.sequence_parallel,
-        recompute=args.recompute,
-        schedule=args.schedule,
-        dtype=args.dtype,
+    run_of = read_run(
+        args,
+        StrategyOptions(
+            zero1=args.zero1,
+            sequence_parallel=args.sequence_parallel,
+            recompute=args.recompute,
+            schedule=args.schedule,
+            dtype=args.dtype,
+        ),
     )
-    strategy = parse_strategy(args.strategy)
+    config, options = run_of.model, run_of.options
+    seq_len = seq_len_of(config, run_of.seq_len)
+    strategy = parse_strategy(run_of.strategy)
     check_strategy(strategy, config, options=options, seq_len=seq_len)
     kinds = _gpu_kinds(args.cluster, strategy.ranks) if args.cluster else None
     if args.rank is not None and args.rank not in strategy.ranks:
@@ -77,13 +85,13 @@ def run(args: argparse.Namespace) -> int:
                 r["gpu_kind"] = kinds[r["rank"]]
         print(json.dumps(data))
     else:
-        print(f"model: {args.model}")
+        print(f"model: {config.name}")
         print(render(explanation, rank=args.rank, kinds=kinds))
         print(f"\n(explained in {time.perf_counter() - start:.2f} s, nothing allocated)")
     if args.picture:
         from hspmd.viz.plan import draw_plan
 
-        title = f"{args.model}, {strategy}"
+        title = f"{config.name}, {strategy}"
         draw_plan(explanation, args.picture, kinds=kinds, title=title)
         if not args.json:
             print(f"picture: {args.picture}")

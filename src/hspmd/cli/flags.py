@@ -23,16 +23,15 @@ import dataclasses
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from hspmd.cli.model_input import model_argument
 from hspmd.data import LONG_DOCS
 from hspmd.models.llama import PRESETS
 from hspmd.train.config import AdamConfig, TrainConfig
 
 __all__ = [
     "FLAGS", "NOT_FLAGS", "STRATEGY_FLAGS", "TRAIN_FLAGS", "Flag", "HelpFormatter", "add_flags",
-    "model_argument",
 ]  # fmt: skip
 
 
@@ -82,29 +81,6 @@ def _default(name: str) -> object:
 def _choices(name: str) -> tuple[str, ...]:
     """The values of field ``name``'s ``Literal`` type."""
     return typing.get_args(typing.get_type_hints(TrainConfig)[name])
-
-
-def model_argument(presets: list[str]) -> Callable[[str], str]:
-    """``--model``'s type: a preset name, or a factory with a file made absolute (every
-    process, on any node, loads the same file)."""
-
-    def parse(text: str) -> str:
-        if text in presets:
-            return text
-        where, sep, name = text.rpartition(":")
-        if not sep or not where or not name.isidentifier():
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is neither a preset ({', '.join(presets)}) nor FILE.py:FUNCTION / "
-                "package.module:FUNCTION"
-            )
-        if where.endswith(".py"):
-            path = Path(where).expanduser()
-            if not path.is_file():
-                raise argparse.ArgumentTypeError(f"no file {where} (from {text!r})")
-            return f"{path.resolve()}:{name}"
-        return text
-
-    return parse
 
 
 # Without --global-batch and --strategy (the reference run): this many sequences per step.

@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data))
     else:
-        print(plan_text(chosen, cost, model=args.model, seq_len=seq_len))
+        print(plan_text(chosen, cost, model=config.name, seq_len=seq_len))
     return 0
 
 
@@ -131,7 +131,7 @@ def _run_elastic(
     )  # fmt: skip
     idle = f"R{format_ranks(chosen.unused_ranks)}" if chosen.unused_ranks else "none"
     print("\n".join([
-        f"{args.model} on {cost.cluster.name}: {len(chosen.alive)} alive ranks "
+        f"{config.name} on {cost.cluster.name}: {len(chosen.alive)} alive ranks "
         f"(R{format_ranks(chosen.alive)}), global batch {args.global_batch}, seq_len {seq_len}",
         f"strategy: {chosen.strategy}",
         f"options: {_flags(chosen)}  ({len(chosen.strategy.pipelines)} replicas)",

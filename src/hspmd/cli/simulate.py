@@ -5,6 +5,9 @@
     hspmd simulate ... --json                  # one JSON object
     hspmd simulate ... --timeline step.png     # Gantt chart per rank (or .svg)
     hspmd simulate ... --trace step.json       # Chrome / Perfetto trace
+    hspmd simulate --model my_model.py:make_model --config '{"num_layers": 8}' \\
+        --cluster h20x32 --seq-len 1024 --strategy "8x2: R0-7:L0-3 R8-15:L4-7"
+    hspmd simulate --model my_model.py:make_model --cluster h20x32 --plan plan.json
 
 Runs the schedules the runtime would run (1F1B or GPipe per stage, sends, the gradient
 sync, Adam) on the discrete-event simulator with the cluster's cost model
@@ -12,6 +15,11 @@ sync, Adam) on the discrete-event simulator with the cluster's cost model
 the step time, per stage its forward and backward time, busy / communication / idle time
 and peak memory against the cap, and the critical path. Exit status 1 when a rank's peak
 exceeds its memory (the line names the rank, the peak and the cap).
+
+``--model`` is a preset or any nn.Module's factory (docs/models.md): a preset is costed by
+formula, any other model from its graph measured on the meta device
+(``hspmd.specialize.costs``; docs/planner.md, "Any model"). ``--plan plan.json`` gives the
+strategy, options and sequence length in place of ``--strategy`` and the option flags.
 """
 
 from __future__ import annotations
@@ -20,8 +28,9 @@ import argparse
 import json
 
 from hspmd.cli.flags import STRATEGY_FLAGS, HelpFormatter, add_flags
-from hspmd.errors import StrategyError
-from hspmd.models.config import LlamaConfig, get_config
+from hspmd.cli.model_input import add_model_arguments, read_model, read_run, seq_len_of
+from hspmd.models.config import PRESETS, LlamaConfig
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import StrategyOptions, check_strategy, parse_strategy
 from hspmd.planner.cost import CostModel
 from hspmd.planner.predict import Prediction, predict
@@ -30,9 +39,9 @@ from hspmd.switch.cluster import load_cluster
 GIB = 2**30
 
 
-def add_common(parser: argparse.ArgumentParser) -> None:
-    """Arguments `simulate` and `plan` share."""
-    parser.add_argument("--model", required=True, help="model preset, e.g. llama-32b")
+def add_common(parser: argparse.ArgumentParser, *, plan: bool = False) -> None:
+    """Arguments `simulate` and `plan` share (``plan``: ``--plan``, simulate's)."""
+    add_model_arguments(parser, presets=sorted(PRESETS), default=None, plan=plan)
     parser.add_argument("--cluster", required=True, help="cluster file or shipped name")
     parser.add_argument("--seq-len", type=int, default=None, help="default: the model's max")
     parser.add_argument(
@@ -49,8 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=HelpFormatter,
     )
-    add_common(parser)
-    add_flags(parser, ["--strategy"], required=True)
+    add_common(parser, plan=True)
+    add_flags(parser, ["--strategy"])
     parser.add_argument(
         "--global-batch", type=int, default=None,
         help="samples per step (default: the strategy's sum of COUNT x SIZE)",
@@ -61,14 +70,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def setup(args: argparse.Namespace) -> tuple[LlamaConfig, CostModel, int]:
-    """The model, the cluster's cost model and the sequence length (errors: one line)."""
-    config = get_config(args.model)
+def setup(
+    args: argparse.Namespace, model: ModelSpec | None = None, seq_len: int | None = None
+) -> tuple[ModelSpec, CostModel, int]:
+    """The model (with its measured cost figures unless a Llama preset), the cluster's cost
+    model and the sequence length (errors: one line)."""
+    config = costed_model(model if model is not None else read_model(args))
     cost = CostModel.of(load_cluster(args.cluster), dtype=args.dtype)
-    seq_len = args.seq_len if args.seq_len is not None else config.max_seq_len
-    if seq_len < 1:
-        raise StrategyError(f"--seq-len {seq_len}: give a positive sequence length")
-    return config, cost, seq_len
+    return config, cost, seq_len_of(config, seq_len if seq_len is not None else args.seq_len)
+
+
+def costed_model(model: ModelSpec) -> ModelSpec:
+    """A Llama preset as it is (its formulas); any other model with its cost figures
+    measured on the meta device (``hspmd.specialize.costs.planning_model``)."""
+    if isinstance(model, LlamaConfig):
+        return model  # no torch import
+    from hspmd.specialize.costs import planning_model
+
+    return planning_model(model)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,12 +95,18 @@ def run(args: argparse.Namespace) -> int:
         from hspmd.viz.common import check_picture_path
 
         check_picture_path(args.timeline, flag="--timeline")  # before the work
-    config, cost, seq_len = setup(args)
-    strategy = parse_strategy(args.strategy)
-    options = StrategyOptions(
-        zero1=args.zero1, sequence_parallel=args.sequence_parallel, recompute=args.recompute,
-        schedule=args.schedule, dtype=args.dtype,
+    planned = read_run(
+        args,
+        StrategyOptions(
+            zero1=args.zero1, sequence_parallel=args.sequence_parallel,
+            recompute=args.recompute, schedule=args.schedule, dtype=args.dtype,
+        ),
     )  # fmt: skip
+    if planned.options.dtype != args.dtype:  # the plan's dtype prices the run
+        args.dtype = planned.options.dtype
+    config, cost, seq_len = setup(args, planned.model, planned.seq_len)
+    strategy = parse_strategy(planned.strategy)
+    options = planned.options
     check_strategy(
         strategy, config, global_batch=args.global_batch, options=options, seq_len=seq_len,
         world_size=cost.num_ranks,
@@ -90,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     if args.timeline:  # the picture of `hspmd train --timeline`, from predicted times
         from hspmd.viz.timeline import bars_from_result, draw_timeline
 
-        title = f"{args.model}: {strategy}\npredicted step {prediction.step_time_s:.4g} s"
+        title = f"{config.name}: {strategy}\npredicted step {prediction.step_time_s:.4g} s"
         draw_timeline(bars_from_result(prediction.result), args.timeline, title=title)
     if args.trace:
         from hspmd.sim.trace import write_trace
@@ -99,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(prediction.to_json(cost)))
     else:
-        print(prediction_text(prediction, cost, model=args.model, seq_len=seq_len))
+        print(prediction_text(prediction, cost, model=config.name, seq_len=seq_len))
     return 0 if prediction.fits else 1
 
 

@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hspmd.cli.train import model_kwargs
+    from hspmd.cli.model_input import model_kwargs
 
     if args.picture:
         check_picture_path(args.picture)
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _picture(args: argparse.Namespace, cluster: Cluster, failed: tuple[int, ...]) -> None:
-    from hspmd.cli.train import model_kwargs
+    from hspmd.cli.model_input import model_kwargs
     from hspmd.switch.pairs import switch_pairs
     from hspmd.viz.switch import draw_switch
 

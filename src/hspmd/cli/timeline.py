@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hspmd.models.config import require_llama
 from hspmd.plan.strategy import parse_strategy
 from hspmd.train.config import TrainConfig, TrainError
 from hspmd.train.reference import TrainResult
@@ -146,6 +145,7 @@ def _predict(config: TrainConfig, *, profile: str | None) -> Prediction:
     """The simulator's step of the run's last strategy on local processes."""
     from hspmd.planner.local import local_cost
     from hspmd.planner.predict import predict
+    from hspmd.specialize.costs import planning_model
     from hspmd.train.active import options_of
 
     strategy = parse_strategy(config.strategy_at(config.steps))
@@ -155,7 +155,7 @@ def _predict(config: TrainConfig, *, profile: str | None) -> Prediction:
     )  # fmt: skip
     return predict(
         strategy,
-        require_llama(config.model_config(), "--predict"),
+        planning_model(config.model_config()),
         cost,
         seq_len=config.seq_len,
         options=options_of(config),

@@ -43,11 +43,11 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from hspmd.checkpoint.store import latest, read_manifest
 from hspmd.cli.flags import FLAGS, REFERENCE_BATCH, TRAIN_FLAGS, HelpFormatter
+from hspmd.cli.model_input import model_kwargs
 from hspmd.cli.progress import PlainProgress, switch_line
 from hspmd.cli.timeline import check_trace_flags, write_outputs
 from hspmd.data import DEFAULT_MAX_BYTES, data_warnings
@@ -99,30 +99,6 @@ def parse_slowdown(text: str) -> tuple[tuple[int, float], ...]:
                 f"--slowdown {text!r}: {item!r} is not RANK=FACTOR; write e.g. 2=3,5=3"
             ) from None
     return tuple(sorted(out))
-
-
-def model_kwargs(text: str | None) -> tuple[tuple[str, Any], ...]:
-    """``--config``: a JSON object, inline or in a file, as sorted hashable items."""
-    if text is None:
-        return ()
-    source = Path(text).read_text() if text.endswith(".json") and Path(text).is_file() else text
-    try:
-        data = json.loads(source)
-    except json.JSONDecodeError as error:
-        raise TrainError(
-            f"--config {text!r} is not JSON ({error}): give e.g. '{{\"num_layers\": 2}}'"
-        ) from None
-    if not isinstance(data, dict):
-        raise TrainError(f"--config {text!r}: give a JSON object of keyword arguments")
-
-    def frozen(value: Any) -> Any:
-        if isinstance(value, list):
-            return tuple(frozen(v) for v in value)
-        if isinstance(value, dict):
-            return tuple(sorted((k, frozen(v)) for k, v in value.items()))
-        return value
-
-    return tuple(sorted((str(k), frozen(v)) for k, v in data.items()))
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

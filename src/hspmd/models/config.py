@@ -13,13 +13,12 @@ import dataclasses
 from dataclasses import dataclass
 
 from hspmd.errors import HspmdError
-from hspmd.models.spec import MarkerSpec, ModelSpec, TPKind, kind_by_rules
+from hspmd.models.spec import MarkerSpec, TPKind, kind_by_rules
 
 __all__ = [
     "PRESETS",
     "TP_RULES",
     "LlamaConfig",
-    "require_llama",
     "ModelConfigError",
     "get_config",
     "parameter_shapes",
@@ -136,17 +135,6 @@ PRESETS: dict[str, LlamaConfig] = {
         num_heads=64, num_kv_heads=8, norm_eps=1e-5, max_seq_len=4096, config_only=True,
     ),
 }  # fmt: skip
-
-
-def require_llama(model: ModelSpec, what: str) -> LlamaConfig:
-    """``model`` as a Llama config, or ModelConfigError naming ``what`` needs one (the
-    cost model, the planners and the simulator know Llama-shaped models only, for now)."""
-    if isinstance(model, LlamaConfig):
-        return model
-    raise ModelConfigError(
-        f"{what} knows Llama-shaped models only (their FLOPs and bytes by formula), not "
-        f"{model.name}: use a llama preset there, or give --strategy by hand"
-    )
 
 
 def get_config(name: str, **overrides: object) -> LlamaConfig:

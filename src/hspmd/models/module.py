@@ -49,6 +49,7 @@ from torch.overrides import TorchFunctionMode
 from hspmd.graph.capture import CaptureError, InliningTracer, source_line
 from hspmd.markers import is_reshard_node, reshard
 from hspmd.models.spec import (
+    NO_LIMIT,
     TP_KINDS,
     MarkerSpec,
     ModelSpecError,
@@ -65,8 +66,6 @@ __all__ = [
     "load_model",
     "on_meta",
 ]
-
-NO_LIMIT = 1 << 30  # max_seq_len of a model that states none
 
 
 def load_factory(source: str) -> Callable[..., nn.Module]:
@@ -437,6 +436,7 @@ def _load(
         tp_rules=rules,
         tie_embeddings=shared,
         user_markers=own,
+        blocks=path,
     )
 
 

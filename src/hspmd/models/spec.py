@@ -43,6 +43,12 @@ from typing import Any, Literal, Protocol, get_args
 from hspmd.errors import HspmdError
 
 __all__ = [
+    "NO_LIMIT",
+    "Amount",
+    "CommItem",
+    "ModelCost",
+    "PartCost",
+    "WorkItem",
     "MarkerSpec",
     "ModelSpec",
     "ModelSpecError",
@@ -53,6 +59,7 @@ __all__ = [
     "kind_by_rules",
 ]
 
+NO_LIMIT = 1 << 30  # max_seq_len of a model that states none
 TPKind = Literal["column", "row", "vocab", "replicate"]
 TP_KINDS: tuple[str, ...] = get_args(TPKind)
 Placement = Literal["residual", "dup"] | int
@@ -142,6 +149,79 @@ class ParamInfo:
     layer: int
 
 
+# -- what a model costs, as plain data (hspmd.specialize.costs derives it; the planner reads it)
+
+
+@dataclass(frozen=True, slots=True)
+class Amount:
+    """A figure of one micro-batch of ``b`` sequences of ``s`` tokens:
+    ``b * s * (per_token + per_square * s)`` (attention scales with ``s`` squared).
+
+    >>> Amount(10.0, 0.5).at(2, 4)
+    96.0
+    """
+
+    per_token: float = 0.0
+    per_square: float = 0.0
+
+    def at(self, b: int, s: int) -> float:
+        return b * s * (self.per_token + self.per_square * s)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkItem:
+    """Ops of one cost line (``matmul``, ``attention``: FLOPs; ``norm``, ``elementwise``:
+    elements written; ``saved``: elements autograd keeps for the backward) in one part of
+    the model: ``calls`` ops in all, ``split`` if they run on tensors split (or partial)
+    under TP, so each rank does ``1/t``; ``split_sp`` the same under sequence parallelism."""
+
+    line: str
+    split: bool
+    split_sp: bool
+    calls: float
+    units: Amount
+
+
+@dataclass(frozen=True, slots=True)
+class CommItem:
+    """TP collectives of one part: ``calls`` of ``kind`` moving ``elements`` in all (the
+    whole tensor, as ``LinkCost.seconds`` takes it), in the backward or the forward, with
+    or without sequence parallelism; ``fp32`` where they move fp32 whatever the dtype."""
+
+    kind: str
+    backward: bool
+    sequence_parallel: bool
+    calls: float
+    elements: Amount
+    fp32: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PartCost:
+    """One part of a model: the pre part (before block 0), one block (the mean of the
+    blocks), or the post part (after the last block, the loss included)."""
+
+    work: tuple[WorkItem, ...] = ()
+    comm: tuple[CommItem, ...] = ()
+    saved: tuple[WorkItem, ...] = ()
+    params_split: float = 0.0  # parameters TP splits (column, row, vocab)
+    params_dup: float = 0.0  # parameters every TP rank holds whole
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCost:
+    """What a model costs per micro-batch, part by part (docs/planner.md, "Any model"):
+    measured from its graph on the meta device at ``lengths``, split by deducing it at
+    TP ``probe`` (1: nothing splits). ``vocab_split``: the loss reads vocab-split logits."""
+
+    pre: PartCost
+    layer: PartCost
+    post: PartCost
+    vocab_split: bool
+    probe: int
+    lengths: tuple[int, ...]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModuleModel:
     """A user ``nn.Module``, as metadata read from it (``hspmd.models.module.load_model``).
@@ -165,6 +245,8 @@ class ModuleModel:
     tie_embeddings: bool = False
     config_only: bool = False
     user_markers: bool = False  # the module places its own ``layers.{i}.input`` markers
+    blocks: str = "layers"  # the path of the blocks' ModuleList
+    cost: ModelCost | None = None  # filled by hspmd.specialize.costs.costed (the planner's)
     _by_name: dict[str, ParamInfo] = field(
         default_factory=dict, init=False, compare=False, hash=False, repr=False
     )

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from hspmd.models.config import LlamaConfig
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import StrategyOptions
 from hspmd.planner.cost import CostModel
 from hspmd.planner.memory import in_flight, rank_memory
@@ -63,9 +63,13 @@ def node_ranks(cost: CostModel) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
-def tp_degrees(config: LlamaConfig, node_sizes: Sequence[int]) -> list[int]:
-    """TP degrees that divide every node size given and the model's split dimensions."""
-    sizes = (config.num_heads, config.num_kv_heads, config.intermediate_size, config.vocab_size)
+def tp_degrees(config: ModelSpec, node_sizes: Sequence[int]) -> list[int]:
+    """TP degrees that divide every node size given and the model's split dimensions
+    (``tp_sizes`` of all its layers: a Llama's heads, KV heads, FFN width and vocabulary);
+    1 only for a model that splits nothing."""
+    sizes = tuple(config.tp_sizes(0, config.num_layers - 1).values())
+    if not sizes:
+        return [1]
     top = min(node_sizes)
     return [
         t for t in range(1, top + 1)
@@ -87,7 +91,7 @@ def units_of(cost: CostModel, kind: str, tp: int) -> list[Unit]:
 class StageCosts:
     """Cached per-stage cost lines: seconds and bytes as ``slope * layers + constant``."""
 
-    def __init__(self, cost: CostModel, config: LlamaConfig, seq_len: int) -> None:
+    def __init__(self, cost: CostModel, config: ModelSpec, seq_len: int) -> None:
         self.cost, self.config, self.seq_len = cost, config, seq_len
         self.work = lru_cache(maxsize=None)(self._work)
         self.memory = lru_cache(maxsize=None)(self._memory)

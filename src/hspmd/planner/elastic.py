@@ -39,7 +39,7 @@ from fractions import Fraction
 from typing import Any, Literal
 
 from hspmd.comm.bsr import BsrTable
-from hspmd.models.config import LlamaConfig
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import state_annotations
 from hspmd.plan.strategy import Strategy, format_ranks
 from hspmd.planner.closed_form import PLAN_HEADROOM, Unit, tp_degrees
@@ -126,7 +126,7 @@ class ElasticPlan(Predicted):
 
 
 def replan(
-    config: LlamaConfig, cost: CostModel, *, alive: Iterable[int], current: Strategy | None,
+    config: ModelSpec, cost: CostModel, *, alive: Iterable[int], current: Strategy | None,
     global_batch: int, seq_len: int, dtype: Literal["bf16", "fp32"] = "bf16",
     min_replicas: int = 2, time_limit: float | None = None, margin: float = MARGIN,
 ) -> ElasticPlan:  # fmt: skip
@@ -209,7 +209,7 @@ def _check_alive(alive: Iterable[int], cost: CostModel) -> tuple[int, ...]:
 
 
 def repair(
-    current: Strategy, alive: Collection[int], cost: CostModel, config: LlamaConfig
+    current: Strategy, alive: Collection[int], cost: CostModel, config: ModelSpec
 ) -> Layout | None:
     """``current`` without the ranks not in ``alive``, as planner units: a stage keeps its
     alive ranks as TP groups of the largest valid degrees (4 ranks left of 8 at TP 8: one
@@ -263,7 +263,7 @@ def _dead(current: Strategy, new: Strategy, dead: Collection[int] | None) -> set
 
 
 def _tables(
-    current: Strategy, new: Strategy, config: LlamaConfig, failed: set[int]
+    current: Strategy, new: Strategy, config: ModelSpec, failed: set[int]
 ) -> list[BsrTable]:
     return switch_tables(
         state_annotations(current, config),
@@ -274,7 +274,7 @@ def _tables(
 
 
 def moved_bytes(
-    current: Strategy, new: Strategy, config: LlamaConfig, *, dead: Collection[int] | None = None
+    current: Strategy, new: Strategy, config: ModelSpec, *, dead: Collection[int] | None = None
 ) -> float:
     """Bytes of masters and Adam moments that must cross a link in ``current -> new``: every
     finest slice once per rank that needs it and does not own it (whatever the scheme). The
@@ -290,7 +290,7 @@ def moved_bytes(
 
 
 def switch_estimate(
-    current: Strategy, new: Strategy, config: LlamaConfig, cost: CostModel, *,
+    current: Strategy, new: Strategy, config: ModelSpec, cost: CostModel, *,
     dead: Collection[int] | None = None,
 ) -> SwitchEstimate:  # fmt: skip
     """Bytes and seconds of the fused BSR of masters and Adam moments ``current -> new``
@@ -302,7 +302,7 @@ def switch_estimate(
 
 
 def _too_few(
-    config: LlamaConfig, cost: CostModel, ranks: Sequence[int], dead: Sequence[int],
+    config: ModelSpec, cost: CostModel, ranks: Sequence[int], dead: Sequence[int],
     min_replicas: int, dtype: str,
 ) -> str:  # fmt: skip
     """The alive count, the dead ranks and a lower bound on the ranks that would fit."""

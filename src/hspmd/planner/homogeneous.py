@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from typing import Literal
 
-from hspmd.models.config import LlamaConfig
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
 from hspmd.planner.closed_form import (
     MICRO_BATCH_SIZES,
@@ -24,6 +24,7 @@ from hspmd.planner.closed_form import (
 )
 from hspmd.planner.cost import CostModel
 from hspmd.planner.predict import Prediction, predict
+from hspmd.planner.workload import trains_sequence_parallel
 
 __all__ = ["homogeneous_plan", "megatron_strategy"]
 
@@ -48,13 +49,14 @@ def megatron_strategy(
 
 
 def homogeneous_plan(
-    config: LlamaConfig, cost: CostModel, *, global_batch: int, seq_len: int,
+    config: ModelSpec, cost: CostModel, *, global_batch: int, seq_len: int,
     zero1: Zero1 = "auto", dtype: Literal["bf16", "fp32"] = "bf16", keep: int = 2,
 ) -> Prediction | None:  # fmt: skip
     """The best Megatron-style plan over every rank, or None when none fits."""
     n = cost.num_ranks
     node_sizes = [g.gpus_per_node for g in cost.cluster.groups]
     costs = StageCosts(cost, config, seq_len)
+    sp_ok = trains_sequence_parallel(config)
     scored: list[tuple[float, int, Strategy, StrategyOptions]] = []
     serial = itertools.count()
     for tp in tp_degrees(config, node_sizes):
@@ -69,7 +71,8 @@ def homogeneous_plan(
                 for recompute in (False, True):
                     options = StrategyOptions(
                         zero1=zero1 == "on" or (zero1 == "auto" and dp > 1),
-                        sequence_parallel=tp > 1 and seq_len % tp == 0, recompute=recompute,
+                        sequence_parallel=tp > 1 and seq_len % tp == 0 and sp_ok,
+                        recompute=recompute,
                         dtype=dtype,
                     )  # fmt: skip
                     for major in (False, True):

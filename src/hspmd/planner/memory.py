@@ -22,6 +22,12 @@ layer's full set during its backward. Micro-batches in flight on stage ``i`` of 
 ``min(S - i, m)`` under 1F1B, ``m`` under GPipe. The last stage adds fp32 logits and their
 gradient for one micro-batch, ``8*b*s*V/t``. Every rank adds ``OVERHEAD_BYTES`` (CUDA
 context, NCCL buffers, allocator fragmentation), an assumption.
+
+Any other model: a layer keeps what autograd saved in one of its blocks on the meta
+device (``hspmd.models.spec.ModelCost``, the ``saved`` lines: divided by ``t`` where
+deduction split them), in the compute dtype; with recompute its input, ``b*s*H``
+elements (``/t`` under sequence parallelism); the logits term is ``8*b*s*V``, divided by
+``t`` where the loss reads vocab-split logits.
 """
 
 from __future__ import annotations
@@ -29,8 +35,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hspmd.models.config import LlamaConfig
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Strategy, StrategyOptions
-from hspmd.planner.workload import stage_params
+from hspmd.planner.workload import figures, stage_params
 
 __all__ = [
     "OVERHEAD_BYTES",
@@ -72,10 +79,19 @@ def in_flight(schedule: str, num_stages: int, stage: int, num_micro_batches: int
 
 
 def activation_bytes_per_layer(
-    config: LlamaConfig, micro_batch_size: int, seq_len: int, tp: int, *, elt: int,
+    config: ModelSpec, micro_batch_size: int, seq_len: int, tp: int, *, elt: int,
     sequence_parallel: bool, recompute: bool,
 ) -> tuple[float, float]:  # fmt: skip
     """(kept per layer per micro-batch, one layer's full set) in bytes."""
+    if not isinstance(config, LlamaConfig):
+        sp = sequence_parallel and tp > 1
+        full = elt * sum(
+            w.units.at(micro_batch_size, seq_len) / (tp if (w.split_sp if sp else w.split) else 1)
+            for w in figures(config).layer.saved
+        )
+        if not recompute:
+            return full, 0.0
+        return micro_batch_size * seq_len * config.hidden_size * elt / (tp if sp else 1), full
     sbh = seq_len * micro_batch_size * config.hidden_size * elt / 2
     full = sbh * 34 / tp if sequence_parallel and tp > 1 else sbh * (10 + 24 / tp)
     if not recompute:
@@ -85,7 +101,7 @@ def activation_bytes_per_layer(
 
 
 def rank_memory(
-    config: LlamaConfig, *, rank: int, tp: int, num_layers: int, first: bool, last: bool,
+    config: ModelSpec, *, rank: int, tp: int, num_layers: int, first: bool, last: bool,
     in_flight_micro_batches: int, micro_batch_size: int, seq_len: int, replicas: int,
     options: StrategyOptions,
 ) -> RankMemory:  # fmt: skip
@@ -101,7 +117,8 @@ def rank_memory(
         sequence_parallel=options.sequence_parallel, recompute=options.recompute,
     )  # fmt: skip
     activations = num_layers * in_flight_micro_batches * kept + (full if num_layers else 0)
-    logits = 8 * micro_batch_size * seq_len * config.vocab_size / tp if last else 0.0
+    vocab_tp = tp if isinstance(config, LlamaConfig) or figures(config).vocab_split else 1
+    logits = 8 * micro_batch_size * seq_len * config.vocab_size / vocab_tp if last else 0.0
     return RankMemory(rank, weights, 4 * p, optimizer, activations, logits)
 
 
@@ -115,7 +132,7 @@ def layer_holders(strategy: Strategy, num_layers: int) -> list[int]:
 
 
 def strategy_memory(
-    strategy: Strategy, config: LlamaConfig, *, seq_len: int, options: StrategyOptions,
+    strategy: Strategy, config: ModelSpec, *, seq_len: int, options: StrategyOptions,
 ) -> dict[int, RankMemory]:  # fmt: skip
     """Every rank's memory under ``strategy``."""
     holders = layer_holders(strategy, config.num_layers)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hspmd.models.config import LlamaConfig
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
 from hspmd.planner.cost import CostModel
 from hspmd.planner.memory import RankMemory, layer_holders, strategy_memory
@@ -52,7 +52,7 @@ class Segment:
     params: int
 
 
-def segments(strategy: Strategy, config: LlamaConfig) -> list[Segment]:
+def segments(strategy: Strategy, config: ModelSpec) -> list[Segment]:
     """The gradient-sync segments of ``strategy`` in layer order."""
     cuts = {0, config.num_layers}
     for _, _, stage in strategy.stages():
@@ -165,7 +165,7 @@ def _pipeline_tasks(
 
 
 def _sync_tasks(
-    strategy: Strategy, config: LlamaConfig, cost: CostModel, options: StrategyOptions,
+    strategy: Strategy, config: ModelSpec, cost: CostModel, options: StrategyOptions,
 ) -> list[Task]:  # fmt: skip
     """Gradient sync per segment, the optimizer, and (ZeRO-1) the weight all-gather."""
     tasks: list[Task] = []
@@ -217,7 +217,7 @@ def _sync_tasks(
 
 
 def stage_works(
-    strategy: Strategy, config: LlamaConfig, cost: CostModel, *, seq_len: int,
+    strategy: Strategy, config: ModelSpec, cost: CostModel, *, seq_len: int,
     options: StrategyOptions,
 ) -> dict[tuple[int, int], StageWork]:  # fmt: skip
     """The per-micro-batch work of every ``(pipeline, stage)``."""
@@ -233,7 +233,7 @@ def stage_works(
 
 
 def step_tasks(
-    strategy: Strategy, config: LlamaConfig, cost: CostModel, *, seq_len: int,
+    strategy: Strategy, config: ModelSpec, cost: CostModel, *, seq_len: int,
     options: StrategyOptions,
 ) -> tuple[list[Task], dict[tuple[int, int], StageWork]]:  # fmt: skip
     """The simulator tasks of one step, and the stage works they were built from."""
@@ -247,7 +247,7 @@ def step_tasks(
 
 
 def predict(
-    strategy: Strategy, config: LlamaConfig, cost: CostModel, *, seq_len: int,
+    strategy: Strategy, config: ModelSpec, cost: CostModel, *, seq_len: int,
     options: StrategyOptions,
 ) -> Prediction:  # fmt: skip
     """Simulate one step of ``strategy`` and check every rank's memory against its cap."""

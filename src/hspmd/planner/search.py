@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from hspmd.errors import HspmdError
-from hspmd.models.config import LlamaConfig
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
 from hspmd.planner.closed_form import (
     MICRO_BATCH_SIZES,
@@ -55,6 +55,7 @@ from hspmd.planner.cost import CostModel
 from hspmd.planner.homogeneous import homogeneous_plan, megatron_strategy
 from hspmd.planner.ilp import layers_per_stage, micro_batches_per_pipeline
 from hspmd.planner.predict import Predicted, Prediction, predict
+from hspmd.planner.workload import trains_sequence_parallel
 
 __all__ = [
     "Layout",
@@ -185,7 +186,7 @@ def _split_balanced(
 
 class _Search:
     def __init__(
-        self, config: LlamaConfig, cost: CostModel, global_batch: int, seq_len: int,
+        self, config: ModelSpec, cost: CostModel, global_batch: int, seq_len: int,
         zero1: Zero1, dtype: Literal["bf16", "fp32"], time_limit: float | None,
         ranks: Collection[int] | None = None, min_pipelines: int = 1,
     ) -> None:  # fmt: skip
@@ -200,6 +201,7 @@ class _Search:
             if any(r in alive for r in node)
         ]
         self.costs = StageCosts(cost, config, seq_len)
+        self.sp_ok = trains_sequence_parallel(config)
         self.shortfall = _Shortfall()
         self.count = 0
         self._shapes: dict[Any, float | None] = {}
@@ -207,7 +209,7 @@ class _Search:
 
     def options(self, d: int, tps: Sequence[int], recompute: bool) -> StrategyOptions:
         zero = self.zero1 == "on" or (self.zero1 == "auto" and d > 1)
-        sp = max(tps) > 1 and all(self.seq_len % t == 0 for t in tps)
+        sp = max(tps) > 1 and all(self.seq_len % t == 0 for t in tps) and self.sp_ok
         return StrategyOptions(
             zero1=zero, sequence_parallel=sp, recompute=recompute, schedule="1f1b",
             dtype=self.dtype,
@@ -409,7 +411,7 @@ class _Search:
 
 
 def plan(
-    config: LlamaConfig, cost: CostModel, *, global_batch: int, seq_len: int,
+    config: ModelSpec, cost: CostModel, *, global_batch: int, seq_len: int,
     zero1: Zero1 = "auto", dtype: Literal["bf16", "fp32"] = "bf16",
     time_limit: float | None = None, homogeneous: bool = True, keep: int = KEEP,
     ranks: Collection[int] | None = None, min_pipelines: int = 1, seeds: Sequence[Layout] = (),

@@ -1,4 +1,4 @@
-"""What one stage of a Llama model costs per micro-batch: operators, bytes and seconds.
+"""What one stage of a model costs per micro-batch: operators, bytes and seconds.
 
 A stage (``TP`` ranks, a run of layers, maybe the embedding or the head) runs, per
 micro-batch of ``b`` sequences of ``s`` tokens (``n = b * s``), each layer as
@@ -22,6 +22,13 @@ again inside the backward. The first stage adds the embedding gather, the last t
 norm, the head ``2*n*H*V/t`` and a vocab-parallel cross-entropy. Each call pays its cost
 line's overhead, so small models see their launch costs (``hspmd.planner.cost``).
 
+Any other model (``ModelSpec``) is costed from the figures measured on its graph
+(``hspmd.models.spec.ModelCost``, from ``hspmd.specialize.costs.costed``): per part (pre,
+one block, post) the FLOPs, elements and calls of each cost line, split by the TP degree
+where deduction found them split, backward twice the forward, and the TP collectives the
+deduced plans name (docs/planner.md, "Any model"). The Llama formulas above stay for the
+Llama presets.
+
 No torch here.
 """
 
@@ -29,31 +36,76 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hspmd.models.config import LlamaConfig
+from hspmd.models.config import LlamaConfig, ModelConfigError
+from hspmd.models.spec import ModelCost, ModelSpec, PartCost
 from hspmd.planner.cost import CostModel, DeviceCost, LinkCost
 
-__all__ = ["StageWork", "embed_params", "head_params", "layer_params", "stage_params", "stage_work"]
+__all__ = [
+    "StageWork",
+    "embed_params",
+    "figures",
+    "head_params",
+    "layer_params",
+    "stage_params",
+    "stage_work",
+    "trains_sequence_parallel",
+]
 
 
-def layer_params(config: LlamaConfig) -> int:
+def trains_sequence_parallel(config: ModelSpec) -> bool:
+    """Whether the planner may choose sequence parallelism: for the Llama presets only, as
+    a user model's run refuses it (``TrainConfig``: the markers hspmd inserts keep the
+    stream whole)."""
+    return isinstance(config, LlamaConfig)
+
+
+def figures(config: ModelSpec) -> ModelCost:
+    """The measured cost figures of a model that is not a Llama preset (one line naming
+    the fix where it has none)."""
+    found = getattr(config, "cost", None)
+    if not isinstance(found, ModelCost):
+        raise ModelConfigError(
+            f"{config.name} has no cost figures: measure them with "
+            "hspmd.specialize.costs.costed(model) first (hspmd simulate and hspmd plan do)"
+        )
+    return found
+
+
+def layer_params(config: ModelSpec) -> int:
     """Parameters of one transformer block (all TP shards together)."""
+    if not isinstance(config, LlamaConfig):
+        layer = figures(config).layer
+        return round(layer.params_split + layer.params_dup)
     H, F = config.hidden_size, config.intermediate_size
     q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
     return H * q + 2 * H * kv + q * H + 3 * H * F + 2 * H
 
 
-def embed_params(config: LlamaConfig) -> int:
+def embed_params(config: ModelSpec) -> int:
+    if not isinstance(config, LlamaConfig):
+        pre = figures(config).pre
+        return round(pre.params_split + pre.params_dup)
     return config.vocab_size * config.hidden_size
 
 
-def head_params(config: LlamaConfig) -> int:
+def head_params(config: ModelSpec) -> int:
     """Final norm plus the head (nothing but the norm when tied to the embedding)."""
+    if not isinstance(config, LlamaConfig):
+        post = figures(config).post
+        return round(post.params_split + post.params_dup)
     head = 0 if config.tie_embeddings else config.vocab_size * config.hidden_size
     return config.hidden_size + head
 
 
-def stage_params(config: LlamaConfig, num_layers: int, tp: int, *, first: bool, last: bool) -> int:
-    """Parameters one rank of a stage holds (embedding and head split over the vocabulary)."""
+def stage_params(config: ModelSpec, num_layers: int, tp: int, *, first: bool, last: bool) -> int:
+    """Parameters one rank of a stage holds (embedding and head split over the vocabulary;
+    any other model: its split parameters divided, the others whole)."""
+    if not isinstance(config, LlamaConfig):
+        cost = figures(config)
+        parts = [(cost.layer, num_layers), (cost.pre, int(first)), (cost.post, int(last))]
+        split = sum(p.params_split * k for p, k in parts)
+        whole = sum(p.params_dup * k for p, k in parts)
+        return -(-round(split) // tp) + round(whole)
     total = num_layers * layer_params(config)
     if first:
         total += embed_params(config)
@@ -108,7 +160,7 @@ def _layer(
 
 
 def stage_work(
-    cost: CostModel, config: LlamaConfig, ranks: tuple[int, ...], num_layers: int, *,
+    cost: CostModel, config: ModelSpec, ranks: tuple[int, ...], num_layers: int, *,
     micro_batch_size: int, seq_len: int, first: bool, last: bool, recompute: bool = False,
     sequence_parallel: bool = False,
 ) -> StageWork:  # fmt: skip
@@ -122,6 +174,11 @@ def stage_work(
     b, s, elt = micro_batch_size, seq_len, cost.element_bytes
     n = b * s
     sp = sequence_parallel and tp > 1
+    if not isinstance(config, LlamaConfig):
+        return _measured_work(
+            device, link, figures(config), num_layers, b=b, s=s, tp=tp, elt=elt, sp=sp,
+            first=first, last=last, recompute=recompute, hidden=config.hidden_size,
+        )  # fmt: skip
     lf, lb, lc = _layer(device, link, config, n, b, s, tp, elt, sp)
     fwd, bwd = num_layers * lf, num_layers * lb
     fwd_comm = bwd_comm = num_layers * lc
@@ -144,3 +201,50 @@ def stage_work(
         bwd_comm += link.seconds("all-reduce", n * H * elt, tp)  # dX of the split head
     comm = fwd_comm + bwd_comm
     return StageWork(fwd + fwd_comm, bwd + bwd_comm, comm, n * H * elt, fwd_comm)
+
+
+def _part(
+    device: DeviceCost, link: LinkCost, part: PartCost, *, b: int, s: int, tp: int, elt: int,
+    sp: bool,
+) -> tuple[float, float, float, float]:  # fmt: skip
+    """(forward compute, backward compute, forward comm, backward comm) of one part: each
+    cost line's calls share its units evenly (the lines are affine, so this is the sum of
+    the calls), split lines divided by ``tp``, the backward twice the forward."""
+    fwd = bwd = fwd_comm = bwd_comm = 0.0
+    for w in part.work:
+        if w.calls <= 0:
+            continue
+        units = w.units.at(b, s) / (tp if (w.split_sp if sp else w.split) else 1)
+        if w.line in ("norm", "elementwise"):
+            units *= elt  # elements -> bytes
+        fwd += w.calls * device.seconds(w.line, units / w.calls)
+        bwd += w.calls * device.seconds(w.line, 2 * units / w.calls)
+    for c in part.comm:
+        if c.sequence_parallel != sp or c.calls <= 0:
+            continue
+        nbytes = c.elements.at(b, s) * (4 if c.fp32 else elt)
+        seconds = c.calls * link.seconds(c.kind, nbytes / c.calls, tp)
+        if c.backward:
+            bwd_comm += seconds
+        else:
+            fwd_comm += seconds
+    return fwd, bwd, fwd_comm, bwd_comm
+
+
+def _measured_work(
+    device: DeviceCost, link: LinkCost, cost: ModelCost, num_layers: int, *, b: int, s: int,
+    tp: int, elt: int, sp: bool, first: bool, last: bool, recompute: bool, hidden: int,
+) -> StageWork:  # fmt: skip
+    """``stage_work`` from a model's measured figures (module docstring)."""
+    lf, lb, lfc, lbc = _part(device, link, cost.layer, b=b, s=s, tp=tp, elt=elt, sp=sp)
+    fwd, bwd = num_layers * lf, num_layers * lb
+    fwd_comm, bwd_comm = num_layers * lfc, num_layers * lbc
+    if recompute:
+        bwd += fwd
+        bwd_comm += fwd_comm
+    for part, here in ((cost.pre, first), (cost.post, last)):
+        if here:
+            pf, pb, pfc, pbc = _part(device, link, part, b=b, s=s, tp=tp, elt=elt, sp=sp)
+            fwd, bwd, fwd_comm, bwd_comm = fwd + pf, bwd + pb, fwd_comm + pfc, bwd_comm + pbc
+    comm = fwd_comm + bwd_comm
+    return StageWork(fwd + fwd_comm, bwd + bwd_comm, comm, b * s * hidden * elt, fwd_comm)

@@ -33,10 +33,11 @@ from hspmd.comm.plan import (
     volume,
 )
 from hspmd.models.config import LlamaConfig
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Strategy, StrategyOptions
 from hspmd.specialize.pipeline import PipelineLayout, check_pipelines, construct_pipelines
 from hspmd.specialize.schedule import make_schedule
-from hspmd.specialize.sites import ParamLayout, llama_params, llama_sites
+from hspmd.specialize.sites import ParamLayout, deduced_sites, llama_params, llama_sites
 
 __all__ = ["Explanation", "RankSummary", "Traffic", "explain", "steps_by_rank", "traffic"]
 
@@ -259,18 +260,26 @@ def _ops_per_part(config: LlamaConfig) -> tuple[int, int, int]:
 
 
 def explain(
-    config: LlamaConfig,
+    config: ModelSpec,
     strategy: Strategy,
     options: StrategyOptions | None = None,
     *,
     seq_len: int,
     ranks: Sequence[int] | None = None,
+    by_deduction: bool = False,
 ) -> Explanation:
     """Metadata-only specialization summary of every rank, or of ``ranks`` only (module
-    docstring)."""
+    docstring). A Llama's sites come by formula (``llama_sites``); any other model's, or
+    a Llama's with ``by_deduction=True``, by deducing each pipeline's graph on the meta
+    device (``deduced_sites``)."""
     options = options or StrategyOptions()
-    sites = llama_sites(strategy, config, options, seq_len=seq_len)
-    params = llama_params(strategy, config, options)
+    ops: dict[tuple[int, int], int] | None = None
+    if isinstance(config, LlamaConfig) and not by_deduction:
+        sites = llama_sites(strategy, config, options, seq_len=seq_len)
+        params = llama_params(strategy, config, options)
+    else:
+        found = deduced_sites(strategy, config, options, seq_len=seq_len)
+        sites, params, ops = found.sites, found.params, found.num_ops
     forward = [(s.name, s.forward_plan()) for s in sites]
     layout = construct_pipelines(forward, ranks=strategy.ranks)
     check_pipelines(layout, strategy)
@@ -283,7 +292,7 @@ def explain(
     )
     chosen = strategy.ranks if ranks is None else tuple(r for r in strategy.ranks if r in ranks)
     summaries = tuple(
-        _summary(rank, strategy, config, options, layout, params, index) for rank in chosen
+        _summary(rank, strategy, config, options, layout, params, index, ops) for rank in chosen
     )
     kinds: Counter[str] = Counter()
     for plan in post.values():
@@ -297,7 +306,7 @@ def explain(
         summaries,
         tuple(sorted(kinds.items())),
         examples,
-        _layer_sync(post, num_layers=config.num_layers),
+        _layer_sync(post, config),
     )
 
 
@@ -320,18 +329,16 @@ def _held_by_rank(params: dict[str, ParamLayout]) -> dict[int, list[str]]:
 
 
 def _layer_sync(
-    post: dict[str, CommPlan], *, num_layers: int
+    post: dict[str, CommPlan], config: ModelSpec
 ) -> tuple[tuple[int, int, tuple[str, ...]], ...]:
-    """Gradient sync kinds per layer, merged into ranges of equal kinds. The embedding counts
-    with layer 0, the final norm and the head with the last layer (where their stages are)."""
-    per_layer: list[set[str]] = [set() for _ in range(num_layers)]
+    """Gradient sync kinds per layer, merged into ranges of equal kinds. Each parameter
+    counts with its layer (``param_layer``: the embedding with layer 0, the final norm and
+    the head with the last layer, where their stages are)."""
+    per_layer: list[set[str]] = [set() for _ in range(config.num_layers)]
     for name, plan in post.items():
-        parts = name.split(".")
-        if parts[0] == "layers":
-            layer = int(parts[1])
-        else:
-            layer = 0 if name.startswith("embed") else num_layers - 1
-        per_layer[layer].update(k for k in plan.kinds if k not in NOT_COMM + ("identity",))
+        per_layer[config.param_layer(name)].update(
+            k for k in plan.kinds if k not in NOT_COMM + ("identity",)
+        )
     ranges: list[tuple[int, int, tuple[str, ...]]] = []
     for layer, found in enumerate(per_layer):
         kinds = tuple(sorted(found))
@@ -355,19 +362,24 @@ def _examples(post: dict[str, CommPlan]) -> tuple[tuple[str, str], ...]:
 def _summary(
     rank: int,
     strategy: Strategy,
-    config: LlamaConfig,
+    config: ModelSpec,
     options: StrategyOptions,
     layout: PipelineLayout,
     params: dict[str, ParamLayout],
     index: _Index,
+    ops: dict[tuple[int, int], int] | None,
 ) -> RankSummary:
     p, s = layout.locate(rank)
     pipeline = strategy.pipelines[p]
     stage = next(st for st in pipeline.stages if rank in st.ranks)
-    embed_ops, layer_ops, head_ops = _ops_per_part(config)
-    num_ops = layer_ops * len(stage.layers)
-    num_ops += embed_ops if stage.first_layer == 0 else 0
-    num_ops += head_ops if stage.last_layer == config.num_layers - 1 else 0
+    if ops is not None:
+        num_ops = ops[(p, pipeline.stages.index(stage))]
+    else:
+        assert isinstance(config, LlamaConfig)
+        embed_ops, layer_ops, head_ops = _ops_per_part(config)
+        num_ops = layer_ops * len(stage.layers)
+        num_ops += embed_ops if stage.first_layer == 0 else 0
+        num_ops += head_ops if stage.last_layer == config.num_layers - 1 else 0
     held = [params[name] for name in index.held.get(rank, ())]
     elements = sum(_numel(x.annotation.piece(rank, x.shape).shape) for x in held)
     schedule = make_schedule(options.schedule, len(pipeline.stages), s, pipeline.num_micro_batches)

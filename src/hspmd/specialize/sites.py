@@ -25,7 +25,9 @@ that layer there). Parameters are ``hD`` over the pipelines, and their gradients
 
 This is the deduction's answer for this one model, derived directly so that ``hspmd
 explain`` needs no graph; ``hspmd.deduce`` computes the same annotations for any graph
-(tests compare the two).
+(tests compare the two). ``deduced_sites`` is that path, for any model (``ModelSpec``):
+each pipeline's graph deduced on the meta device (``hspmd.specialize.cut.deduce_pipeline``),
+its reshard markers and align nodes as sites, its parameters' gradients as deduced.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ from hspmd.annotation import DUP, PARTIAL, Annotation, DeviceGroup, DistributedS
 from hspmd.comm.plan import CommPlan
 from hspmd.comm.resolve import resolve
 from hspmd.models.config import LlamaConfig
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Stage, Strategy, StrategyOptions
 
-__all__ = ["ParamLayout", "Site", "llama_params", "llama_sites"]
+__all__ = ["DeducedSites", "ParamLayout", "Site", "deduced_sites", "llama_params", "llama_sites"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,3 +175,54 @@ def llama_params(
         grad = Annotation(ann.groups, states, hdim=hdim)
         out[name] = ParamLayout(name, spec.shape, ann, grad)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class DeducedSites:
+    """What ``deduced_sites`` found: every pipeline's sites (forward order, pipeline after
+    pipeline), every parameter's layout, and the ops of each ``(pipeline, stage)``."""
+
+    sites: tuple[Site, ...]
+    params: dict[str, ParamLayout]
+    num_ops: dict[tuple[int, int], int]
+
+
+def deduced_sites(
+    strategy: Strategy, config: ModelSpec, options: StrategyOptions, *, seq_len: int
+) -> DeducedSites:
+    """The sites and parameter layouts of any model, by deduction of each pipeline's graph
+    (on the meta device). A pipeline's sites name its ranks only; a parameter's gradient
+    has the top tier partial over the pipelines holding it and, inside each stage, the
+    state deduction found (partial for a norm's weight under sequence parallelism)."""
+    from hspmd.plan.params import parameter_annotations
+    from hspmd.specialize.cut import cut, deduce_pipeline
+
+    sites: list[Site] = []
+    inner: dict[tuple[str, tuple[int, ...]], DistributedStates] = {}
+    num_ops: dict[tuple[int, int], int] = {}
+    for p, pipeline in enumerate(strategy.pipelines):
+        ag = deduce_pipeline(config, pipeline, options, seq_len=seq_len)
+        for site in ag.reshards:
+            grad_out = site.dst if site.grad_out is None else site.grad_out
+            grad_in = site.dst if site.grad_in is None else site.grad_in
+            sites.append(Site(site.name, site.shape, site.src, site.dst, grad_out, grad_in))
+        for align in ag.alignments:
+            sites.append(
+                Site(align.name, align.shape, align.annotation, align.annotation,
+                     align.grad_from, align.grad_to)
+            )  # fmt: skip
+        for name, grad in ag.param_grads.items():
+            for group, state in zip(grad.groups, grad.states, strict=True):
+                inner[(name, group.ranks)] = state
+        for s, stage in enumerate(pipeline.stages):
+            kept = cut(ag, stage, config.num_layers).keep
+            num_ops[(p, s)] = sum(1 for n in kept if n.op.startswith("call"))
+    params = {}
+    for name, spec in parameter_annotations(strategy, config).items():
+        ann = spec.annotation
+        states = tuple(
+            inner.get((name, g.ranks), st) for g, st in zip(ann.groups, ann.states, strict=True)
+        )
+        hdim = PARTIAL if ann.hsize > 1 else DUP
+        params[name] = ParamLayout(name, spec.shape, ann, Annotation(ann.groups, states, hdim=hdim))
+    return DeducedSites(tuple(sites), params, num_ops)

@@ -42,7 +42,6 @@ import torch
 
 from hspmd.checkpoint import latest, read_manifest
 from hspmd.errors import HspmdError
-from hspmd.models.config import require_llama
 from hspmd.plan.strategy import check_strategy, parse_strategy
 from hspmd.planner.elastic import replan
 from hspmd.planner.local import local_cost
@@ -50,6 +49,7 @@ from hspmd.runtime.executable import sync_grads
 from hspmd.runtime.members import key, read_death
 from hspmd.runtime.watch import POLL_S, PeerFailure, Watch, regroup
 from hspmd.runtime.world import World
+from hspmd.specialize.costs import planning_model
 from hspmd.switch.live import run_switch
 from hspmd.switch.survivors import lost_states, plan_survivor_switch, renumber_strategy
 from hspmd.train.active import Active, activate, options_of
@@ -426,7 +426,7 @@ def _plan(
         watch.unwatched()
         try:
             plan = replan(
-                require_llama(config.model_config(), "elastic re-planning"), local_cost(max(len(run.members), max(renumbered) + 1)),
+                planning_model(config.model_config()), local_cost(max(len(run.members), max(renumbered) + 1)),
                 alive=sorted(renumbered),
                 current=source, global_batch=config.global_batch, seq_len=config.seq_len,
                 dtype=config.dtype,

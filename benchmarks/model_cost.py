@@ -1,0 +1,100 @@
+"""The cost of any model, measured on its graph, against the Llama formulas (issue 12).
+
+The planner costs a Llama preset by formula (``hspmd.planner.workload``) and any other
+model by the figures ``hspmd.specialize.costs.model_cost`` measures on its graph on the
+meta device. Here both paths cost the same Llama shapes (2 layers of each preset, one
+micro-batch of 4096 tokens, or the preset's max, bf16, the ``hetu-h800-h20`` cost lines) and
+the table prints measured / formula for a middle stage (``mid``), the first (``first``)
+and the last (``last``): forward and backward seconds, TP communication seconds, kept
+activation bytes per layer, and parameters per rank.
+
+    .venv/bin/python benchmarks/model_cost.py        # the table, then one JSON line
+
+Ratios above 1 in seconds come from the measured path charging every op of the eager
+graph (RMSNorm as 6 ops, RoPE as 8, where the formulas count one fused call each), which
+weighs more at small sizes and high TP; the first stage's communication also counts the
+vocab-parallel embedding's all-reduce, which the formulas leave out.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from hspmd.models.config import LlamaConfig, get_config
+from hspmd.models.spec import ModelCost
+from hspmd.planner.cost import CostModel
+from hspmd.planner.memory import activation_bytes_per_layer
+from hspmd.planner.workload import stage_params, stage_work
+from hspmd.specialize.costs import model_cost
+from hspmd.switch.cluster import load_cluster
+
+
+class Measured:
+    """A Llama config that the planner costs by its measured figures, not its formulas."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        self._config = config
+        self.cost: ModelCost = model_cost(config)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._config, name)
+
+    def __hash__(self) -> int:
+        return hash(("measured", self._config))
+
+
+def main() -> None:
+    cost = CostModel.of(load_cluster("hetu-h800-h20"), dtype="bf16")
+    rows: list[dict[str, Any]] = []
+    print(f"{'model':<12}{'tp':>3}{'sp':>3}  {'F mid':>6}{'B mid':>6}{'F first':>8}"
+          f"{'F last':>7}{'comm mid':>9}{'comm first':>11}{'act':>6}{'params':>7}")  # fmt: skip
+    for name in ("llama-small", "llama-32b", "llama-70b"):
+        config = get_config(name, num_layers=2)
+        start = time.perf_counter()
+        measured = Measured(config)
+        seconds = time.perf_counter() - start
+        s = min(4096, config.max_seq_len)
+        for tp in (1, 2, 8):
+            for sp in (False, True):
+                ratio: dict[str, float] = {}
+                for where, first, last in (("mid", False, False), ("first", True, False),
+                                           ("last", False, True)):  # fmt: skip
+                    kw: dict[str, Any] = dict(
+                        micro_batch_size=1, seq_len=s, first=first, last=last,
+                        sequence_parallel=sp,
+                    )  # fmt: skip
+                    want = stage_work(cost, config, tuple(range(tp)), 2, **kw)
+                    got = stage_work(cost, measured, tuple(range(tp)), 2, **kw)  # type: ignore[arg-type]
+                    ratio[f"forward_{where}"] = got.forward_s / want.forward_s
+                    ratio[f"backward_{where}"] = got.backward_s / want.backward_s
+                    if tp > 1:
+                        ratio[f"comm_{where}"] = got.tp_comm_s / want.tp_comm_s
+                act = dict(elt=2, sequence_parallel=sp, recompute=False)
+                ratio["activations"] = (
+                    activation_bytes_per_layer(measured, 1, s, tp, **act)[0]  # type: ignore[arg-type]
+                    / activation_bytes_per_layer(config, 1, s, tp, **act)[0]
+                )
+                ratio["params"] = stage_params(
+                    measured,
+                    2,
+                    tp,
+                    first=True,
+                    last=True,  # type: ignore[arg-type]
+                ) / stage_params(config, 2, tp, first=True, last=True)
+                comm = f"{ratio.get('comm_mid', 0):9.3f}{ratio.get('comm_first', 0):11.3f}"
+                print(
+                    f"{name:<12}{tp:>3}{int(sp):>3}  {ratio['forward_mid']:6.3f}"
+                    f"{ratio['backward_mid']:6.3f}{ratio['forward_first']:8.3f}"
+                    f"{ratio['forward_last']:7.3f}{comm}{ratio['activations']:6.3f}"
+                    f"{ratio['params']:7.4f}"
+                )  # fmt: skip
+                rows.append({"model": name, "tp": tp, "sp": sp, "seq_len": s,
+                             "measure_s": round(seconds, 2),
+                             **{k: round(v, 4) for k, v in ratio.items()}})  # fmt: skip
+    print(json.dumps({"benchmark": "model_cost", "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
