@@ -69,5 +69,10 @@ def test_event_lines_read_well() -> None:
     failure = {"event": "failure", "rank": 2, "phase": "sync", "step": 3, "cause": "hang",
                "exit_code": -9, "detected_after_s": 3.1}  # fmt: skip
     assert event_text(failure) == "failure: rank 2 hung in sync of step 3; detected after 3.100 s"
+    node = dict(failure, cause="node", exit_code=None, detected_after_s=2.0)
+    assert event_text(node) == (
+        "failure: rank 2 was lost with its node (its launcher went silent) in sync of step 3; "
+        "detected after 2.000 s"
+    )
     replan = {"event": "replan", "strategy": "2x2: R0:L0-3; 2x2: R1:L0-3", "plan_seconds": 0.05}
     assert event_text(replan) == "replan: '2x2: R0:L0-3; 2x2: R1:L0-3' planned in 50 ms"
