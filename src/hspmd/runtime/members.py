@@ -309,7 +309,9 @@ class NodeBeat:
                 return
 
     def done(self) -> None:
-        """Mark this launcher finished, then stop beating."""
+        """Mark this launcher finished, then stop beating (once)."""
+        if self._stop.is_set():
+            return
         if self.lost is None:
             try:
                 self.store.set(key("nodedone", self.first), "1")
