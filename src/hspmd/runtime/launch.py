@@ -16,7 +16,10 @@ Elastic (``elastic=ElasticLaunch(...)``, docs/elastic.md): the launcher never ki
 survivors. A worker's death, or a heartbeat without progress for the hang timeout (the
 launcher kills that worker first), is published in the store as the next generation of
 members (``hspmd.runtime.members``); the survivors regroup in-process. A dead rank's
-result is None.
+result is None. Several elastic launchers (one per node, ``ElasticLaunch(store=(host,
+port), first_member=..., num_members=...)``) share one store, hosted by node 0's
+(``serve=True``): each beats in it, node 0's publishes the members of a launcher gone
+silent as dead, and a launcher that loses the store ends with one line.
 
 Workers are started with the "forkserver" method by default: a clean server process (never
 a fork of the caller) imports torch once, and every worker is forked from it. That is as
@@ -234,15 +237,13 @@ def launch(
                 watch_nodes=several and first == 0,
             )  # fmt: skip
             if several:
-                beat = NodeBeat(
-                    client_of(host, port, timeout_s), first, range(first, first + nproc)
-                )
+                beat = NodeBeat(_client(host, port, timeout_s), first, range(first, first + nproc))
         try:
             results = _collect(
                 procs, conns, deadline=deadline, first=first, elastic=elastic, members=members
             )
         except (LaunchError, RuntimeError) as error:
-            if beat is not None and not elastic_serves(elastic) and not _reachable(host, port):
+            if beat is not None and not _serves(elastic) and not _reachable(host, port):
                 raise _store_gone(host, port) from error
             raise
         _stop(procs, exit_s=_GRACE_S)  # every result is in: let the workers exit cleanly
@@ -250,7 +251,7 @@ def launch(
             beat.done()
         if node is not None and store is not None:
             _wait_done(store, world_size, deadline=deadline)  # the other nodes still use it
-        if members is not None and elastic_serves(elastic):  # the others still use the store
+        if members is not None and _serves(elastic):  # the others still use the store
             _wait_others(members, range(world_size), deadline=deadline)
         return results
     finally:
@@ -262,12 +263,12 @@ def launch(
         del store
 
 
-def elastic_serves(elastic: ElasticLaunch | None) -> bool:
+def _serves(elastic: ElasticLaunch | None) -> bool:
     """This launcher hosts the job's store (node 0 of several)."""
     return elastic is not None and elastic.store is not None and elastic.serve
 
 
-def client_of(host: str, port: int, timeout_s: float) -> Any:
+def _client(host: str, port: int, timeout_s: float) -> Any:
     return dist.TCPStore(host, port, None, False, timeout=_seconds(timeout_s))
 
 
