@@ -10,6 +10,7 @@ from hspmd.cli.train import event_text
 from hspmd.train.faults import Injection, InjectionError, parse_injections
 
 TWO = "2x2: R0:L0-3; 2x2: R1:L0-3"
+NODES = ["--nnodes", "2", "--master-addr", "127.0.0.1"]
 
 
 @pytest.mark.parametrize(
@@ -24,7 +25,23 @@ TWO = "2x2: R0:L0-3; 2x2: R1:L0-3"
         (["--elastic", "--inject-failure", "5@2"], "names a rank the run does not have"),
         (["--inject-failure", "1@2:sync"], "without --elastic only a kill in forward"),
         (["--elastic", "--tokens-per-step", "512"], "does not take --tokens-per-step"),
-        (["--elastic", "--trace", "run.json"], "drop --trace/--timeline and --nnodes"),
+        (["--elastic", "--trace", "run.json"], "--elastic does not take --trace/--timeline"),
+        (["--elastic", "--timeline", "run.png"], "--elastic does not take --trace/--timeline"),
+        (["--elastic", "--spares", "1", *NODES], "--spares holds processes back on one launcher"),
+        (
+            ["--elastic", "--nnodes", "3", "--master-addr", "127.0.0.1"],
+            "2 ranks do not split evenly over 3 nodes",
+        ),
+        (
+            [
+                "--elastic",
+                "--model",
+                "hspmd.models.examples:gpt2",
+                "--config",
+                '{"num_layers": 2, "tie": false}',
+            ],
+            "cannot train with --elastic",
+        ),
         (["--elastic", "--grow", "3=1"], "--grow adds 1 ranks but --spares is 0"),
     ],
 )
@@ -52,5 +69,10 @@ def test_event_lines_read_well() -> None:
     failure = {"event": "failure", "rank": 2, "phase": "sync", "step": 3, "cause": "hang",
                "exit_code": -9, "detected_after_s": 3.1}  # fmt: skip
     assert event_text(failure) == "failure: rank 2 hung in sync of step 3; detected after 3.100 s"
+    node = dict(failure, cause="node", exit_code=None, detected_after_s=2.0)
+    assert event_text(node) == (
+        "failure: rank 2 was lost with its node (its launcher went silent) in sync of step 3; "
+        "detected after 2.000 s"
+    )
     replan = {"event": "replan", "strategy": "2x2: R0:L0-3; 2x2: R1:L0-3", "plan_seconds": 0.05}
     assert event_text(replan) == "replan: '2x2: R0:L0-3; 2x2: R1:L0-3' planned in 50 ms"

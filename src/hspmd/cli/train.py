@@ -22,7 +22,9 @@ devices three times slower (the losses do not change).
 ``--elastic``: dead and hung ranks (``--hang-timeout S``) are survived in-process: the
 others re-plan, move the states from surviving replicas and redo the step (one event line
 each: failure, replan, resumed); ``--inject-failure RANK@STEP[:PHASE[:kill|hang]]`` for
-tests; ``--spares N --grow STEP=K`` hold back N processes and let K join before STEP.
+tests; ``--spares N --grow STEP=K`` hold back N processes and let K join before STEP;
+with ``--nnodes``, node 0's launcher hosts the store and a dead node's ranks are survived
+as any dead rank (docs/elastic.md).
 ``--trace run.json`` writes a Chrome / Perfetto trace of the run (every rank's F, B, Post,
 communication steps, switches, saves; docs/pictures.md), ``--timeline run.png`` the same as
 a Gantt chart; with ``--predict`` the chart is the last step, measured over predicted
@@ -53,6 +55,7 @@ from hspmd.cli.timeline import check_trace_flags, write_outputs
 from hspmd.data import DEFAULT_MAX_BYTES, data_warnings
 from hspmd.plan.strategy import parse_strategy
 from hspmd.runtime.launch import NodeSpec
+from hspmd.runtime.members import how_lost
 from hspmd.train.config import (
     AdamConfig,
     StepRecord,
@@ -62,7 +65,7 @@ from hspmd.train.config import (
 from hspmd.train.faults import parse_injections
 from hspmd.train.planfile import check_plan, config_from_plan, read_plan, write_plan
 from hspmd.train.reference import TrainResult, run_reference
-from hspmd.train.trainer import check_config, num_processes, train, train_elastic
+from hspmd.train.trainer import check_config, node_share, num_processes, train, train_elastic
 
 DEFAULT_SEQ_LEN = FLAGS["--seq-len"].default
 
@@ -375,6 +378,8 @@ def run_config(
         with progress(config, title="reference", as_json=as_json, quiet=quiet) as on_step:
             return run_reference(config, on_step=on_step)
     check_config(config)  # before any process starts
+    if config.elastic:
+        return run_elastic(config, as_json=as_json, quiet=quiet, trace=trace, node=node)
     if node is not None and node.node_rank > 0:  # node 0 shows the steps
         # traced on every node: the clock sync and the gathering of the events are
         # collectives of all ranks (a node that skips them leaves node 0's ranks waiting)
@@ -384,15 +389,38 @@ def run_config(
         title += f" on {node.num_nodes} nodes"
     done = resumed_step(config)  # the bar starts there
     with progress(config, title=title, as_json=as_json, done=done, quiet=quiet) as on_step:
-        if config.elastic:
-            if trace or node is not None:
-                raise TrainError(
-                    "--elastic runs on one launcher without tracing here: drop --trace/"
-                    "--timeline and --nnodes (several nodes: docs/elastic.md)"
-                )
-            on_event = print_event if as_json else lambda e: print(event_text(e), flush=True)
-            return train_elastic(config, on_step=on_step, on_event=on_event)
         return train(config, on_step=on_step, trace=trace, node=node)
+
+
+def run_elastic(
+    config: TrainConfig, *, as_json: bool, quiet: bool, trace: bool, node: NodeSpec | None
+) -> TrainResult:
+    """``--elastic``: one launcher, or this node's of several (node 0 hosts the store at
+    the master address); every node shows the steps and events its launcher hears of
+    (the generation's rank 0 reports: node 0's while it has a rank left)."""
+    if trace:
+        raise TrainError(
+            "--elastic does not take --trace/--timeline (a trace gathers every rank's "
+            "events at the end, and a dead rank has none): drop --trace/--timeline"
+        )
+    where, title = None, f"{num_processes(config)} ranks"
+    if node is not None:
+        if config.spares:
+            raise TrainError(
+                "--spares holds processes back on one launcher: drop --spares (or --nnodes)"
+            )
+        first, count = node_share(config, node)
+        where = ((node.master_addr, node.master_port), first, count)
+        title += (
+            f" on {node.num_nodes} nodes (node {node.node_rank}: ranks {first}-{first + count - 1})"
+        )
+    done = resumed_step(config)
+    with progress(config, title=title, as_json=as_json, done=done, quiet=quiet) as on_step:
+        on_event = print_event if as_json else lambda e: print(event_text(e), flush=True)
+        return train_elastic(
+            config, on_step=on_step, on_event=on_event, node=where,
+            serve=node is not None and node.node_rank == 0,
+        )  # fmt: skip
 
 
 def print_event(event: dict[str, Any]) -> None:
@@ -407,7 +435,7 @@ def event_text(event: dict[str, Any]) -> str:
     """
     kind = event["event"]
     if kind == "failure":
-        how = "hung" if event["cause"] == "hang" else f"died (exit code {event['exit_code']})"
+        how = how_lost(event["cause"], event["exit_code"])
         return (
             f"failure: rank {event['rank']} {how} in {event['phase']} of step {event['step']}; "
             f"detected after {event['detected_after_s']:.3f} s"

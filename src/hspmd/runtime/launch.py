@@ -17,7 +17,10 @@ Elastic (``elastic=ElasticLaunch(...)``, docs/elastic.md): the launcher never ki
 survivors. A worker's death, or a heartbeat without progress for the hang timeout (the
 launcher kills that worker first), is published in the store as the next generation of
 members (``hspmd.runtime.members``); the survivors regroup in-process. A dead rank's
-result is None.
+result is None. Several elastic launchers (one per node, ``ElasticLaunch(store=(host,
+port), first_member=..., num_members=...)``) share one store, hosted by node 0's
+(``serve=True``): each beats in it, node 0's publishes the members of a launcher gone
+silent as dead, and a launcher that loses the store ends with one line.
 
 Workers are started with the "forkserver" method by default: a clean server process (never
 a fork of the caller) imports torch once, and every worker is forked from it. That is as
@@ -45,6 +48,7 @@ import datetime
 import importlib
 import multiprocessing as mp
 import os
+import socket
 import sys
 import threading
 import time
@@ -58,7 +62,7 @@ import torch
 import torch.distributed as dist
 
 from hspmd.errors import HspmdError
-from hspmd.runtime.members import Members
+from hspmd.runtime.members import Members, NodeBeat
 from hspmd.runtime.world import World, pick_gloo_interface
 
 _PRELOAD = ["torch", "torch.distributed", "numpy", "hspmd.runtime.execute"]
@@ -134,6 +138,9 @@ class ElasticLaunch:
     store: tuple[str, int] | None = None
     first_member: int = 0
     num_members: int | None = None
+    # host that store here (node 0 of ``hspmd train --elastic --nnodes N``): the job ends
+    # with this launcher, which waits until every other launcher finished or went silent
+    serve: bool = False
 
 
 class _Closed(LaunchError):
@@ -188,9 +195,12 @@ def launch(
     if start_method == "forkserver":
         ctx.set_forkserver_preload(_PRELOAD)
     spares = elastic.spares if elastic is not None else 0
+    beat: NodeBeat | None = None
     if elastic is not None and elastic.store is not None:  # a node of an elastic job
         host, port = elastic.store
-        store: Any = dist.TCPStore(host, port, None, False, timeout=_seconds(timeout_s))
+        store: Any = dist.TCPStore(
+            host, port, None, elastic.serve, timeout=_seconds(timeout_s), wait_for_workers=False
+        )
         first, world_size = elastic.first_member, elastic.num_members or nproc
     elif node is None:
         store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
@@ -224,22 +234,82 @@ def launch(
         if elastic is not None:
             if elastic.on_start is not None:
                 elastic.on_start([proc.pid for proc in procs])
+            several = elastic.store is not None
             members = Members(
                 store, range(first, first + nproc - spares), hang_timeout_s=elastic.hang_timeout_s,
                 spares=range(nproc - spares, nproc), everyone=range(world_size) if first == 0 else None,
+                watch_nodes=several and first == 0,
             )  # fmt: skip
-        results = _collect(
-            procs, conns, deadline=deadline, first=first, elastic=elastic, members=members
-        )
+            if several:
+                beat = NodeBeat(_client(host, port, timeout_s), first, range(first, first + nproc))
+        try:
+            results = _collect(
+                procs, conns, deadline=deadline, first=first, elastic=elastic, members=members
+            )
+        except (LaunchError, RuntimeError) as error:
+            if beat is not None and not _serves(elastic) and not _reachable(host, port):
+                raise _store_gone(host, port) from error
+            raise
         _stop(procs, exit_s=_GRACE_S)  # every result is in: let the workers exit cleanly
+        if beat is not None:
+            beat.done()
         if node is not None and store is not None:
             _wait_done(store, world_size, deadline=deadline)  # the other nodes still use it
+        if members is not None and _serves(elastic):  # the others still use the store
+            _wait_others(members, range(world_size), deadline=deadline)
         return results
     finally:
+        if beat is not None:
+            beat.done()
         _stop(procs)
         for conn in conns:
             conn.close()
         del store
+
+
+def _serves(elastic: ElasticLaunch | None) -> bool:
+    """This launcher hosts the job's store (node 0 of several)."""
+    return elastic is not None and elastic.store is not None and elastic.serve
+
+
+def _client(host: str, port: int, timeout_s: float) -> Any:
+    return dist.TCPStore(host, port, None, False, timeout=_seconds(timeout_s))
+
+
+def _reachable(host: str, port: int, *, for_s: float = 1.0) -> bool:
+    """Something listens at ``host:port`` for ``for_s`` (plain connections: a store client
+    that fails logs torch's warnings). Probed again and again: a process that is dying
+    closes its connections before its listening socket."""
+    end = time.monotonic() + for_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                pass
+        except OSError:
+            return False
+        if time.monotonic() > end:
+            return True
+        time.sleep(0.05)
+
+
+def _store_gone(host: str, port: int) -> LaunchError:
+    return LaunchError(
+        f"the job's store at {host}:{port} is gone (node 0's launcher hosts it and ended): "
+        "the run cannot go on without it; start every node again (--resume DIR continues "
+        "from a checkpoint)"
+    )
+
+
+def _wait_others(members: Members, everyone: range, *, deadline: float) -> None:
+    """The store's host: wait until every other launcher finished or went silent."""
+    while not members.others_done(everyone):
+        for node, lost in members.lost_nodes():  # the others may still train: watch on
+            members.node_died(node, lost)
+        if time.monotonic() > deadline:
+            raise LaunchError(
+                "timed out: other nodes' launchers did not finish; raise timeout_s or look at them"
+            )
+        time.sleep(0.05)
 
 
 def _wait_done(store: Any, world_size: int, *, deadline: float) -> None:
@@ -312,7 +382,10 @@ def _watch_members(
     for member in members.stale():  # hung: fence it (kill), then publish
         drop(member - first)
         members.died(member, cause="hang", exitcode=procs[member - first].exitcode)
-    if not members.alive:
+    if members.watch_nodes:  # a silent launcher: its node is gone, with its members
+        for node, lost in members.lost_nodes():
+            members.node_died(node, lost)
+    if not members.alive and members.generation_empty():
         raise LaunchError("every rank died: nothing left to train on")
     members.serve_growth()
     if all(m - first in results for m in members.alive):  # done: unused spares go

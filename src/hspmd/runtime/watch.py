@@ -7,7 +7,8 @@ polls the launcher's store for a newer generation (``hspmd.runtime.members``). A
 not report gloo's point-to-point work), so the helper is left behind, blocked on the old
 group until that group's timeout; the caller gets ``PeerFailure`` and abandons the step.
 A wait that raises (a neighbour's connection closed) is a failure once the launcher
-publishes the death, which it does within milliseconds of the exit.
+publishes the death (``CONFIRM_S``): within milliseconds of a worker's exit, or after
+``NODE_TIMEOUT_S`` for a node whose launcher died with it.
 
 A heartbeat thread writes ``hb/M`` every ``BEAT_S``: the time of the rank's last progress
 (now while it waits on peers or runs, the time it stopped otherwise), its phase and step.
@@ -33,14 +34,22 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from hspmd.errors import HspmdError
-from hspmd.runtime.members import gen_key, key, latest_generation, read_generation
+from hspmd.runtime.members import (
+    NODE_TIMEOUT_S,
+    gen_key,
+    key,
+    latest_generation,
+    read_generation,
+)
 from hspmd.runtime.world import World
 
 __all__ = ["BEAT_S", "PeerFailure", "Watch", "WatchError", "regroup"]
 
 BEAT_S = 0.2  # heartbeat period
 POLL_S = 0.01  # how often a long wait looks at the store
-CONFIRM_S = 2.0  # how long a failed wait waits for the launcher's death record
+# how long a failed wait waits for a death record: a worker's exit is published within
+# milliseconds, a whole node's after its launcher was silent for NODE_TIMEOUT_S
+CONFIRM_S = NODE_TIMEOUT_S + 2.0
 _FAST_S = 0.002  # waits shorter than this never touch the store
 
 # Groups of past generations: referenced for the life of the process (module docstring).
@@ -100,7 +109,10 @@ class Watch:
 
     def _beat(self) -> None:
         while not self._stop.wait(BEAT_S):
-            self.beat()
+            try:
+                self.beat()
+            except RuntimeError:  # the store is gone: the launcher ends the run
+                return
 
     def beat(self) -> None:
         """Publish the heartbeat: waiting on peers is progress, computing is not."""

@@ -188,10 +188,13 @@ class TrainConfig:
             return
         refused = [
             ("--zero1", self.zero1, "a sharded optimizer state has one holder"),
-            ("--switch", bool(self.switches), "the run re-plans by itself"),
+            (
+                "--switch",
+                bool(self.switches),
+                "its re-plans choose the strategies; a fixed schedule may name dead ranks",
+            ),
             ("--switch-mode weights", self.switch_mode == "weights", "use states"),
             ("--switch-algo relay", self.switch_algo == "relay", "use fused"),
-            ("--resume", bool(self.resume), "resume without --elastic"),
             ("--tokens-per-step", self.step_tokens is not None, "fixed batches for now"),
         ]
         for flag, given, why in refused:

@@ -1,6 +1,7 @@
 """Elastic training on one rank: survive dead and hung peers in-process (docs/elastic.md).
 
-The loop of ``hspmd.train.loop`` with a commit point and a recovery. Every step::
+The loop of ``hspmd.train.loop`` with a commit point and a recovery (``--resume``: from the
+step after the newest checkpoint, loaded onto the first strategy). Every step::
 
     forward, backward        run_step (tensor-parallel and boundary waits are watched)
     sync                     sync_grads, post.finish_sync(); the pipeline's loss -> store
@@ -22,7 +23,7 @@ A failure anywhere (``PeerFailure`` from a wait, hspmd.runtime.watch) abandons t
 
 A failure during recovery (phase ``switch``) restarts it from the same source states (the
 move never changes them). Where a layer lost every holder: the newest checkpoint of
-``--save``, loaded onto the new plan (steps after it are redone), else a ``TrainError``
+``--save`` (else of ``--resume``), loaded onto the new plan (steps after it are redone), else a ``TrainError``
 naming the lost layers.
 
 Rank 0 of the current generation reports through ``world.notify``: ``("step", record)``
@@ -116,8 +117,10 @@ def run_rank_elastic(world: World, config: TrainConfig) -> dict[str, Any]:
     else:
         active = _build(world, config, config.strategy, watch)
         run = _Run(config, world, watch, active, tuple(range(world.world_size)), gen=0, builds=1)
-        data = step_batches(config)
-        batch = next(data)
+        if config.resume:
+            _resume(run, config.resume)
+        data = islice(step_batches(config), run.step - 1, None)
+        batch = next(data, None)  # None: a checkpoint at --steps leaves nothing to do
     try:
         while run.step <= config.steps:
             try:
@@ -139,6 +142,18 @@ def run_rank_elastic(world: World, config: TrainConfig) -> dict[str, Any]:
         for name, p in run.active.exe.params.items():
             pieces[name] = (run.active.exe.pieces[name].region, p.detach().float().numpy().copy())
     return {"pieces": pieces, "records": run.records, "builds": run.builds}
+
+
+def _resume(run: _Run, directory: str) -> None:
+    """``--resume``: the newest checkpoint in ``directory``, loaded onto the first strategy
+    (resharded as any checkpoint); the run goes on at the step after it."""
+    state = load_checkpoint(run.world, run.config, run.active, directory=directory)
+    if state.data_position != state.step:
+        raise TrainError(
+            f"checkpoint in {directory} has data position {state.data_position} at step "
+            f"{state.step}: resume from a checkpoint of hspmd train"
+        )
+    run.step, run.adam_steps, run.saved = state.step + 1, state.adam_step, state.step
 
 
 def _grow(run: _Run) -> None:
@@ -459,14 +474,15 @@ def _fallback(
     config, world = run.config, run.world
     layers = sorted({n.split(".")[1] for n in lost if n.startswith("layers.")}, key=int)
     what = f"layers {', '.join(layers)}" if layers else ", ".join(lost[:3])
-    if not config.save or not _has_checkpoint(config.save):
+    directory = next((d for d in (config.save, config.resume) if d and _has_checkpoint(d)), None)
+    if directory is None:
         raise TrainError(
             f"every replica of {what} died and there is no checkpoint to fall back to: "
             "train with --save DIR --save-every N"
         )
     active = _build(world, config, target, run.watch)
     run.builds += 1
-    state = load_checkpoint(world, config, active, directory=config.save)
+    state = load_checkpoint(world, config, active, directory=directory)
     run.step, run.adam_steps, run.applied, run.resave = state.step + 1, state.adam_step, False, 0
     run.records = [r for r in run.records if r.step <= state.step]
     run.notify(

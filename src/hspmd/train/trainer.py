@@ -34,7 +34,7 @@ from hspmd.train.packing import packed_steps, plan_schedule
 from hspmd.train.reference import TrainResult
 
 __all__ = [
-    "assemble", "check_config", "merge", "num_processes", "train", "train_elastic",
+    "assemble", "check_config", "merge", "node_share", "num_processes", "train", "train_elastic",
     "train_many",
 ]  # fmt: skip
 
@@ -265,6 +265,7 @@ def train_elastic(
     timeout_s: float = 600.0,
     threads: int | None = None,
     node: tuple[tuple[str, int], int, int] | None = None,
+    serve: bool = False,
 ) -> TrainResult:
     """Train ``config`` (``elastic=True``) on local processes that survive each other's
     death (``hspmd.train.elastic``); ``on_event`` gets the failure, replan, resumed and
@@ -273,7 +274,10 @@ def train_elastic(
     ``node=((host, port), first, count)``: this launcher is one node of a job of several:
     it starts launch ranks ``first .. first + count - 1`` against the job's store at
     ``host:port`` (docs/elastic.md, "Several machines"); the records come from the node
-    whose rank is the generation's rank 0 (the others' records are empty of events)."""
+    whose rank is the generation's rank 0 (the others' records are empty of events).
+    ``serve``: this launcher hosts that store (node 0 of ``hspmd train --nnodes``); it
+    returns once every other launcher finished or went silent. A launcher whose workers
+    all died returns no records and NaN parameters."""
     nproc = num_processes(config) + config.spares
     store, first, total = None, 0, None
     if node is not None:
@@ -300,10 +304,28 @@ def train_elastic(
 
     elastic = ElasticLaunch(
         hang_timeout_s=config.hang_timeout, on_message=on_message, on_start=on_start,
-        spares=config.spares, store=store, first_member=first, num_members=total,
+        spares=config.spares, store=store, first_member=first, num_members=total, serve=serve,
     )  # fmt: skip
     results = launch(
         run_rank_elastic, nproc, args=(config,), timeout_s=timeout_s, threads=threads,
         elastic=elastic,
     )  # fmt: skip
-    return _assemble([[r] for r in results if r is not None], [config])[0]
+    alive = [[r] for r in results if r is not None]
+    if not alive:  # this node's ranks all died; the others trained on
+        shapes = config.model_config().parameter_shapes()
+        nan = {name: torch.full(shape, float("nan")) for name, shape in shapes.items()}
+        return TrainResult(records=(), params=nan)
+    return _assemble(alive, [config])[0]
+
+
+def node_share(config: TrainConfig, node: NodeSpec) -> tuple[int, int]:
+    """The first launch rank and the rank count of ``node`` (an even share of the run's
+    processes; checked before any process starts)."""
+    total = num_processes(config)
+    if total % node.num_nodes:
+        raise TrainError(
+            f"{total} ranks do not split evenly over {node.num_nodes} nodes: use a "
+            f"strategy whose rank count is a multiple of {node.num_nodes}"
+        )
+    share = total // node.num_nodes
+    return node.node_rank * share, share
