@@ -112,3 +112,14 @@ def test_cp_only_resolves_to_all_to_alls_and_all_reduces() -> None:
     params = llama_params(strategy, TINY, options)
     assert params["layers.0.attn.wq.weight"].sync_plan().kinds == ("all-reduce",)  # over CP
     assert params["head.weight"].sync_plan().kinds == ("identity",)  # saw whole rows
+
+
+def test_tp_and_cp_resolve_to_all_to_alls_over_the_cp_groups() -> None:
+    """``{2:t,1:c} -> {2:tc}``: the resolver refines the axes and finds the all-to-all."""
+    strategy, options = parse_strategy("1x1: R0-3:L0-1:C2"), StrategyOptions()
+    sites = {s.name: s for s in llama_sites(strategy, KV4, options, seq_len=8)}
+    q = sites["layers.0.attn.q"].forward_plan()
+    assert q.kinds == ("all-to-all",) and q.steps[0].groups == ((0, 1), (2, 3))
+    assert sites["layers.0.attn.ctx"].backward_plan().kinds == ("all-to-all",)
+    assert sites["layers.0.attn_out"].forward_plan().steps[0].groups == ((0, 2), (1, 3))
+    assert sites["head_in"].forward_plan().kinds == ("all-gather",)
