@@ -111,4 +111,4 @@ def test_llama_32b_c2_metadata_only_under_a_second() -> None:
     )
     assert done - captured < 3.0  # ~0.3 s unloaded; loose for a shared 2-core machine
     assert str(ag.param_grads["layers.59.mlp.w_down.weight"]) == "hP: [12,13,14,15]{1:4} [30]{}"
-    assert len(ag.reshards) == 1 + 60 * 5 + 2  # embed, 5 per layer, head_in, logits
+    assert len(ag.reshards) == 1 + 60 * 9 + 2  # embed, 9 per layer, head_in, logits

@@ -93,7 +93,18 @@ def test_trace_shows_markers_in_order() -> None:
     expected = ["embed"]
     for i in range(2):
         expected += [
-            f"layers.{i}.{p}" for p in ("input", "attn_in", "attn_out", "mlp_in", "mlp_out")
+            f"layers.{i}.{p}"
+            for p in (
+                "input",
+                "attn_in",
+                "attn.q",
+                "attn.k",
+                "attn.v",
+                "attn.ctx",
+                "attn_out",
+                "mlp_in",
+                "mlp_out",
+            )  # fmt: skip
         ]
     assert names == [*expected, "head_in", "logits"]
     assert MARKER_TARGET in traced.code.replace("hspmd_markers_reshard", MARKER_TARGET)
@@ -147,7 +158,7 @@ def test_big_presets_are_metadata_only() -> None:
     with torch.device("meta"):
         model = Llama(get_config("llama-32b", num_layers=2))
     traced = torch.fx.symbolic_trace(model)
-    assert sum(is_reshard_node(n) for n in traced.graph.nodes) == 1 + 2 * 5 + 2
+    assert sum(is_reshard_node(n) for n in traced.graph.nodes) == 1 + 2 * 9 + 2
 
 
 def test_bad_configs() -> None:

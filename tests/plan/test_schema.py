@@ -156,7 +156,7 @@ def test_paper_scale_plan_is_fast() -> None:
     )
     plan_from_json(json.dumps(plan_to_json(plan)))
     assert time.perf_counter() - start < 10.0  # a guard against blow-ups, not a target
-    assert len(plan.reshards) == 60 * 5 + 3 and len(plan.ranks) == 48
+    assert len(plan.reshards) == 60 * 9 + 3 and len(plan.ranks) == 48
 
 
 def test_docs_example_is_what_the_code_writes() -> None:

@@ -86,8 +86,35 @@ class Axes:
             out[rank] = tuple(region)
         return out
 
+    def merged_splits(self) -> Axes:
+        """Adjacent axes splitting the same dim as one: ``(0,2),(0,3)`` is ``(0,6)`` (the
+        outer axis cuts first, so the blocks are numbered as by one axis)."""
+        entries: list[tuple[int, int]] = []
+        for dim, degree in self.entries:
+            if entries and dim >= 0 and entries[-1][0] == dim:
+                entries[-1] = (dim, entries[-1][1] * degree)
+            else:
+                entries.append((dim, degree))
+        return Axes(self.ranks, tuple(entries))
+
+    def refined(self, degrees: Sequence[int]) -> Axes:
+        """The same layout on finer axes: each entry cut into consecutive entries of the
+        same dim whose degrees multiply to it (``degrees`` must refine ``self.degrees``)."""
+        entries, queue = [], list(degrees)
+        for dim, degree in self.entries:
+            left = degree
+            while left > 1:
+                part = queue.pop(0)
+                entries.append((dim, part))
+                left //= part
+        return Axes(self.ranks, tuple(entries))
+
     def subgroup(self) -> tuple[DeviceGroup, DistributedStates]:
-        """A valid (DG, DS): several D axes merge into one, and so do several P axes."""
+        """A valid (DG, DS): adjacent axes splitting one dim merge, several D axes merge
+        into one, and so do several P axes."""
+        pairs = zip(self.entries, self.entries[1:], strict=False)
+        if any(a[0] >= 0 and a[0] == b[0] for a, b in pairs):
+            return self.merged_splits().subgroup()
         merged_kinds = [k for k in (PARTIAL, DUP) if self.dims().count(k) > 1]
         if not merged_kinds:
             return DeviceGroup(self.ranks), DistributedStates(self.entries)
@@ -118,6 +145,26 @@ def _indices(position: int, degrees: tuple[int, ...]) -> tuple[int, ...]:
         out.append(position % degree)
         position //= degree
     return tuple(reversed(out))
+
+
+def common_refinement(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...] | None:
+    """The coarsest degree list refining both ``a`` and ``b`` (each entry of either a
+    product of consecutive entries of it), or None: ``(2, 2)`` and ``(4,)`` give ``(2, 2)``;
+    ``(2, 3)`` and ``(3, 2)`` none.
+
+    >>> common_refinement((2, 2), (4,)), common_refinement((2, 3), (3, 2))
+    ((2, 2), None)
+    """
+    x, y, out = [n for n in a if n > 1], [n for n in b if n > 1], []
+    while x and y:
+        m, n = x[0], y[0]
+        step = min(m, n)
+        if max(m, n) % step:
+            return None
+        out.append(step)
+        x = [m // step, *x[1:]] if m > step else x[1:]
+        y = [n // step, *y[1:]] if n > step else y[1:]
+    return tuple(out) if not x and not y else None
 
 
 def axes_of(annotation: Annotation) -> list[Axes]:

@@ -12,7 +12,11 @@ Per subgroup (Figure 7, bottom tier):
       D           -                local (zeros)    local (slice, k free)
 
   taken reduce first, gathers and all-to-alls next, local last, so that every
-  intermediate DS is valid (a dim is split by at most one axis);
+  intermediate DS is valid (a dim is split by at most one axis, or by adjacent axes,
+  which are one split);
+- DG equal, degrees differ but refine to a common list (``{2:2,1:2} -> {2:4}`` is
+  ``(2,2),(1,2) -> (2,2),(2,2)``): the same collectives on the refined axes (here one
+  all-to-all over the second axis: context parallelism's heads split);
 - otherwise BSR: all-reduce the source partial axis first, BSR to the destination with
   its partial axis duplicated, then a local step zeroing the non-first summands.
 
@@ -26,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from hspmd.annotation import DUP, PARTIAL, Annotation, Region
-from hspmd.comm.axes import Axes, Group
+from hspmd.comm.axes import Axes, Group, common_refinement
 from hspmd.comm.bsr import BsrTable, bsr_step, schedule
 from hspmd.comm.plan import (
     AllGather,
@@ -79,12 +83,37 @@ def subgroup_moves(src: Axes, dst: Axes, *, part: Region, shape: Sequence[int]) 
         moves = collective_moves(src, dst)
         if moves is not None:
             return moves
+    elif src.ranks == dst.ranks:  # e.g. {2:2,1:2} -> {2:4}: axes (2,2),(1,2) -> (2,2),(2,2)
+        degrees = common_refinement(src.degrees, dst.degrees)
+        if degrees is not None:
+            fine_src, fine_dst = src.refined(degrees), dst.refined(degrees)
+            moves = collective_moves(fine_src, fine_dst, nested=True)
+            if moves is not None:
+                return moves
     return bsr_moves(src, dst, part=part, shape=shape)
 
 
-def _next_transition(cur: Axes, dst: Axes) -> tuple[int, int, tuple] | None:
-    """``(priority, axis, key)`` of the first applicable per-axis transition."""
-    used = set(cur.dims())
+def _free_nested(cur: Axes, axis: int, dim: int) -> bool:
+    """True if a step may split ``dim`` on ``axis`` by cutting the local tensor: no other
+    axis splits it, or only the axes right before ``axis`` (the new cut is then the
+    innermost one of that dim, and the adjacent splits merge: ``Axes.merged_splits``)."""
+    users = [a for a, d in enumerate(cur.dims()) if d == dim and a != axis]
+    return users == list(range(axis - len(users), axis))
+
+
+def _innermost(cur: Axes, axis: int, dim: int) -> bool:
+    """True if no axis after ``axis`` splits ``dim``: gathering ``dim`` over ``axis`` then
+    concatenates contiguous blocks."""
+    return all(d != dim for d in cur.dims()[axis + 1 :])
+
+
+def _next_transition(cur: Axes, dst: Axes, nested: bool) -> tuple[int, int, tuple] | None:
+    """``(priority, axis, key)`` of the first applicable per-axis transition; ``nested``:
+    a dim may be split by adjacent axes (refined layouts), else by one axis only."""
+
+    def _free(cur: Axes, axis: int, dim: int) -> bool:
+        return _free_nested(cur, axis, dim) if nested else dim not in cur.dims()
+
     best = None
     for axis, ((a, _), (b, _)) in enumerate(zip(cur.entries, dst.entries, strict=True)):
         if a == b:
@@ -92,25 +121,30 @@ def _next_transition(cur: Axes, dst: Axes) -> tuple[int, int, tuple] | None:
         key: tuple | None = None
         if a == PARTIAL and b == DUP:
             key = (0, ("all-reduce",))
-        elif a == PARTIAL and b >= 0 and b not in used:
+        elif a == PARTIAL and b >= 0 and _free(cur, axis, b):
             key = (1, ("reduce-scatter", b))
-        elif a >= 0 and b == DUP:
+        elif a >= 0 and b == DUP and _innermost(cur, axis, a):
             key = (2, ("all-gather", a))
-        elif a >= 0 and b >= 0 and b not in used:
+        elif a >= 0 and b >= 0 and _innermost(cur, axis, a) and _free(cur, axis, b):
             key = (3, ("all-to-all", b, a))
-        elif b == PARTIAL or (a == DUP and b >= 0 and b not in used):
+        elif (b == PARTIAL and (a < 0 or _innermost(cur, axis, a))) or (
+            a == DUP and b >= 0 and _free(cur, axis, b)
+        ):
             key = (4, ("local",))
         if key is not None and (best is None or key[0] < best[0]):
             best = (key[0], axis, key[1])
     return best
 
 
-def collective_moves(src: Axes, dst: Axes) -> list[Move] | None:
-    """Per-axis collectives from ``src`` to ``dst`` (same DG, same degrees), or None."""
+def collective_moves(src: Axes, dst: Axes, *, nested: bool = False) -> list[Move] | None:
+    """Per-axis collectives from ``src`` to ``dst`` (same DG, same degrees), or None.
+    ``nested``: the axes are refined (``Axes.refined``), so a dim may be split by adjacent
+    axes; a step may then cut a dim only as its innermost split, and gather one only
+    from its innermost split."""
     moves: list[Move] = []
     cur = src
     while cur != dst:
-        found = _next_transition(cur, dst)
+        found = _next_transition(cur, dst, nested)
         if found is None:
             return None
         _, axis, key = found

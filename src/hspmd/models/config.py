@@ -84,14 +84,17 @@ class LlamaConfig:
     def markers(self) -> tuple[MarkerSpec, ...]:
         """The Llama's markers (``hspmd.models.llama``), in forward order."""
         H, last = (self.hidden_size,), self.num_layers - 1
+        q, kv = (self.num_heads, self.head_dim), (self.num_kv_heads, self.head_dim)
         specs = [MarkerSpec("embed", 0, "residual", H)]
         for i in range(self.num_layers):
-            for part, placement in (("input", "residual"), ("attn_in", "dup"),
-                                    ("attn_out", "residual"), ("mlp_in", "dup"),
-                                    ("mlp_out", "residual")):  # fmt: skip
-                specs.append(MarkerSpec(f"layers.{i}.{part}", i, placement, H))  # type: ignore[arg-type]
-        specs.append(MarkerSpec("head_in", last, "dup", H))
-        specs.append(MarkerSpec("logits", last, 2, (self.vocab_size,)))
+            for part, placement, trailing in (
+                ("input", "residual", H), ("attn_in", "dup", H), ("attn.q", "heads", q),
+                ("attn.k", "heads", kv), ("attn.v", "heads", kv), ("attn.ctx", 2, q),
+                ("attn_out", "residual", H), ("mlp_in", "dup", H), ("mlp_out", "residual", H),
+            ):  # fmt: skip
+                specs.append(MarkerSpec(f"layers.{i}.{part}", i, placement, trailing))  # type: ignore[arg-type]
+        specs.append(MarkerSpec("head_in", last, "dup", H, post=True))
+        specs.append(MarkerSpec("logits", last, 2, (self.vocab_size,), post=True))
         return tuple(specs)
 
     def tp_sizes(self, first_layer: int, last_layer: int) -> dict[str, int]:

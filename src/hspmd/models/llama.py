@@ -7,7 +7,8 @@ plan may change the layout of the residual stream or of a sublayer's output::
     per layer i:
       x = reshard(x, "layers.{i}.input")                    # pipeline boundary
       h = reshard(attn_norm(x), "layers.{i}.attn_in")
-      x = x + reshard(attn(h), "layers.{i}.attn_out")
+      x = x + reshard(attn(h), "layers.{i}.attn_out")        # attn: markers attn.q, attn.k,
+                                                           # attn.v (B,T,heads,hd), attn.ctx
       h = reshard(mlp_norm(x), "layers.{i}.mlp_in")
       x = x + reshard(mlp(h), "layers.{i}.mlp_out")
     x = reshard(norm(x), "head_in")
@@ -109,8 +110,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, prefix: str = "attn") -> None:
         super().__init__()
+        self.prefix = prefix
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.head_dim = config.head_dim
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -126,16 +128,20 @@ class Attention(nn.Module):
         # whatever the local tensor holds. The head counts are constants in the traced
         # graph: under tensor parallelism each rank holds num_heads / TP heads, and
         # specialization rewrites these view sizes to the local head counts.
+        # The q/k/v and ctx markers are where context parallelism (a sequence split inside
+        # the stage) trades the sequence split for a heads split and back (Ulysses
+        # all-to-alls); without it they are the TP heads split already and vanish.
         B, T = x.shape[0], x.shape[1]
-        q = self.wq(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B,nh,T,hd)
-        k = self.wk(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B,nkv,T,hd)
-        v = self.wv(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B,nkv,T,hd)
+        p, nh, nkv, hd = self.prefix, self.num_heads, self.num_kv_heads, self.head_dim
+        q = reshard(self.wq(x).view(B, T, nh, hd), f"{p}.q").transpose(1, 2)  # (B,nh,T,hd)
+        k = reshard(self.wk(x).view(B, T, nkv, hd), f"{p}.k").transpose(1, 2)  # (B,nkv,T,hd)
+        v = reshard(self.wv(x).view(B, T, nkv, hd), f"{p}.v").transpose(1, 2)  # (B,nkv,T,hd)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         y = causal_attention(
-            q, k, v, segments, enable_gqa=self.num_kv_heads != self.num_heads
+            q, k, v, segments, enable_gqa=nkv != nh
         )  # (B, nh, T, hd); segments (B, T): packed documents attend only to themselves
-        y = y.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)  # (B, T, nh*hd)
-        return self.wo(y)  # (B, T, H), a partial sum under tensor parallelism
+        y = reshard(y.transpose(1, 2), f"{p}.ctx")  # (B, T, nh, hd)
+        return self.wo(y.reshape(B, T, nh * hd))  # (B, T, H), partial under TP
 
 
 class MLP(nn.Module):
@@ -154,7 +160,7 @@ class Block(nn.Module):
         super().__init__()
         self.prefix = f"layers.{index}"
         self.attn_norm = RMSNorm(config.hidden_size, config.norm_eps)
-        self.attn = Attention(config)
+        self.attn = Attention(config, f"{self.prefix}.attn")
         self.mlp_norm = RMSNorm(config.hidden_size, config.norm_eps)
         self.mlp = MLP(config)
 

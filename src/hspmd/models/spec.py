@@ -25,8 +25,11 @@ cut there. Every parameter has
 
 A *marker* is a reshard point of the model (``hspmd.reshard`` or inserted by hspmd) with
 the layer whose stage it is on, the layout it imposes inside the stage (``residual``: the
-stream's, duplicate or split on seq under sequence parallelism; ``dup``; or a dim split t
-ways) and its shape after (B, T).
+stream's, duplicate or split on seq under sequence parallelism; ``dup``; a dim split t
+ways; or ``heads``: a ``(B, T, heads, head_dim)`` tensor of attention, split on heads t
+ways, or TP x CP ways on a context-parallel stage), whether it is in the *post* part
+(after the last block: a context-parallel stage gathers the sequence there) and its shape
+after (B, T).
 
 >>> spec = MarkerSpec("layers.1.input", layer=1, placement="residual", trailing=(64,))
 >>> print(spec)
@@ -62,7 +65,7 @@ __all__ = [
 NO_LIMIT = 1 << 30  # max_seq_len of a model that states none
 TPKind = Literal["column", "row", "vocab", "replicate"]
 TP_KINDS: tuple[str, ...] = get_args(TPKind)
-Placement = Literal["residual", "dup"] | int
+Placement = Literal["residual", "dup", "heads"] | int
 
 
 class ModelSpecError(HspmdError, ValueError):
@@ -71,16 +74,18 @@ class ModelSpecError(HspmdError, ValueError):
 
 @dataclass(frozen=True, slots=True)
 class MarkerSpec:
-    """A reshard point: name, the layer of its stage, its layout there, its shape after (B, T)."""
+    """A reshard point: name, the layer of its stage, its layout there, its shape after (B, T),
+    and whether it is in the post part (after the last block)."""
 
     name: str
     layer: int
     placement: Placement
     trailing: tuple[int, ...]
+    post: bool = False
 
     def __str__(self) -> str:
         dims = ",".join(["B", "T", *map(str, self.trailing)])
-        return f"{self.name} L{self.layer} {self.placement} ({dims})"
+        return f"{self.name} L{self.layer} {self.placement} ({dims}){' post' if self.post else ''}"
 
 
 class ModelSpec(Protocol):

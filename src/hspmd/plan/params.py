@@ -3,6 +3,7 @@
 A parameter lives on the stage that holds its layer (``ModelSpec.param_layer``), one stage
 per pipeline. Each such stage is one subgroup; the pipelines are data-parallel replicas,
 so the top tier is duplicate (``hD:``). Inside a stage the split is the parameter's TP kind
+(duplicate over the CP groups of a context-parallel stage: ``{0:t,D:c}``, ``stage_states``)
 (``ModelSpec.param_kind``: column ``{0:t}``, row ``{1:t}``, vocab ``{0:t}``, replicate
 ``{D:t}``; hspmd.models.spec). The Llama's kinds are Megatron's::
 
@@ -41,7 +42,7 @@ from hspmd.errors import AnnotationError, StrategyError
 from hspmd.models.spec import ModelSpec, ModelSpecError
 from hspmd.plan.strategy import Stage, Strategy, check_strategy
 
-__all__ = ["ParamSpec", "parameter_annotations", "state_annotations"]
+__all__ = ["ParamSpec", "parameter_annotations", "stage_states", "state_annotations"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +72,23 @@ def _state_dim(kind: str, shape: tuple[int, ...]) -> int | None:
     return 0
 
 
+def stage_states(stage: Stage, tp_dim: int, cp_dim: int = DUP) -> DistributedStates:
+    """The DS of a tensor on ``stage``: its TP axis (outer) on ``tp_dim``, its CP axis
+    (inner: consecutive ranks, ``Stage.cp_groups``) on ``cp_dim``; split or duplicate
+    ``-1``. Equal dims merge (TP outer, CP inner is the merged order).
+
+    >>> from hspmd.plan.strategy import Stage
+    >>> stage = Stage((0, 1, 2, 3), 0, 1, cp=2)
+    >>> [str(stage_states(stage, d, c)) for d, c in ((0, DUP), (DUP, 1), (2, 2), (DUP, DUP))]
+    ['{0:2,D:2}', '{D:2,1:2}', '{2:4}', '{D:4}']
+    """
+    t, c = stage.tp, stage.cp
+    if c == 1 or t == 1 or tp_dim == cp_dim:
+        dim = cp_dim if t == 1 and c > 1 else tp_dim
+        return DistributedStates(((dim, t * c),))
+    return DistributedStates(((tp_dim, t), (cp_dim, c)))
+
+
 def _holders(strategy: Strategy, layer: int) -> tuple[Stage, ...]:
     return tuple(p.stage_of_layer(layer) for p in strategy.pipelines)
 
@@ -79,7 +97,7 @@ def _annotation(stages: tuple[Stage, ...], kind: str) -> Annotation:
     dim = _STAGE_DIM[kind]
     return Annotation(
         tuple(DeviceGroup(s.ranks) for s in stages),
-        tuple(DistributedStates(((dim, s.tp),)) for s in stages),
+        tuple(stage_states(s, dim) for s in stages),
         hdim=DUP,
     )
 

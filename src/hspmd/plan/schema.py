@@ -31,10 +31,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hspmd.annotation import DUP, Annotation, DeviceGroup, DistributedStates
+from hspmd.annotation import DUP, Annotation, DeviceGroup
 from hspmd.errors import AnnotationError, StrategyError
 from hspmd.models.spec import ModelSpec
-from hspmd.plan.params import ParamSpec, parameter_annotations, state_annotations
+from hspmd.plan.params import ParamSpec, parameter_annotations, stage_states, state_annotations
 from hspmd.plan.strategy import Strategy, StrategyOptions, check_strategy
 
 __all__ = [
@@ -134,14 +134,15 @@ def marker_names(config: ModelSpec) -> tuple[str, ...]:
     return tuple(spec.name for spec in config.markers())
 
 
-def _batch_annotation(strategy: Strategy, layer: int, dim: int) -> Annotation:
-    """Subgroups: the stage holding ``layer`` in each pipeline, DS ``{dim:t}``; top tier:
-    the batch (dim 0) split by the pipelines' micro-batch sizes."""
+def _batch_annotation(strategy: Strategy, layer: int, dim: int, cp_dim: int = DUP) -> Annotation:
+    """Subgroups: the stage holding ``layer`` in each pipeline, DS ``{dim:t}`` (``{dim:t,
+    cp_dim:c}`` on a context-parallel stage, ``stage_states``); top tier: the batch (dim 0)
+    split by the pipelines' micro-batch sizes."""
     stages = [p.stage_of_layer(layer) for p in strategy.pipelines]
     sizes = tuple(p.micro_batch_size for p in strategy.pipelines)
     return Annotation(
         tuple(DeviceGroup(s.ranks) for s in stages),
-        tuple(DistributedStates(((dim, s.tp),)) for s in stages),
+        tuple(stage_states(s, dim, cp_dim) for s in stages),
         hdim=0,
         hsizes=None if len(set(sizes)) == 1 else sizes,
     )
@@ -159,9 +160,18 @@ def activation_annotations(
         embed                       (B,T,H)    {D:t}   {1:t}                    partial {P:t}
         layers.i.input              (B,T,H)    {D:t}   {1:t}                    previous stage
         layers.i.attn_in / mlp_in   (B,T,H)    {D:t}   {D:t} (all-gather seq)   like input
+        layers.i.attn.q / k / v     (B,T,n,hd) {2:t}   {2:t}                    {2:t}
+        layers.i.attn.ctx           (B,T,nh,hd){2:t}   {2:t}                    {2:t}
         layers.i.attn_out / mlp_out (B,T,H)    {D:t}   {1:t} (reduce-scatter)   partial {P:t}
         head_in                     (B,T,H)    {D:t}   {D:t}                    like input
         logits                      (B,T,V)    {2:t}   {2:t}                    {2:t}
+
+    On a stage of context-parallel degree c (TP x CP ranks, CP varying fastest) every DS
+    gains the CP axis ``1:c`` (the sequence split), e.g. the residual ``{D:t,1:c}``,
+    except: the heads markers ``q/k/v`` split the heads over both, ``{2:tc}`` (deduction
+    finds ``{2:t,1:c}`` before them: the Ulysses all-to-all; ``ctx`` is its way back), and
+    the post markers (``head_in``, ``logits``) are duplicate on it (the sequence is
+    gathered before the head, so the loss runs on whole rows).
 
     The last column is what deduction finds before the marker on a Megatron-split layer;
     so ``attn_out`` resolves to an all-reduce (or a reduce-scatter under SP) and
@@ -175,10 +185,12 @@ def activation_annotations(
     specs = {}
     for marker in config.markers():
         placement = marker.placement
-        dim = residual if placement == "residual" else DUP if placement == "dup" else placement
+        named = {"residual": residual, "dup": DUP, "heads": 2}
+        dim = placement if isinstance(placement, int) else named[placement]
+        cp_dim = 2 if placement == "heads" else DUP if marker.post else 1
         shape = (B, seq_len, *marker.trailing)
         specs[marker.name] = ParamSpec(
-            marker.name, shape, _batch_annotation(strategy, marker.layer, dim)
+            marker.name, shape, _batch_annotation(strategy, marker.layer, dim, cp_dim)
         )
     return specs
 

@@ -16,6 +16,11 @@ last layer's. The paper's C2 on 31 ranks::
 ``str(parse_strategy(text))`` is the canonical text: ``"; "`` between pipelines, one
 space between stages, consecutive ascending ranks as ``a-b``, layers always ``a-b``.
 ``parse_strategy`` also accepts ``L5`` for one layer and any spacing.
+
+Context parallelism: a stage may end in ``:C<degree>`` (``R0-3:L0-7:C2``). Its ranks then
+form TP x CP: groups of ``degree`` consecutive ranks split the sequence (the CP groups, CP
+varying fastest), and the TP degree is the rank count over it (TP 2 x CP 2 above: CP
+groups 0,1 and 2,3; TP groups 0,2 and 1,3). ``:C1`` is the default and is not written.
 ``check_strategy`` refuses what cannot work on a model and batch, before any process
 starts, with a StrategyError that names the value and the fix.
 """
@@ -49,23 +54,42 @@ Dtype = Literal["fp32", "bf16"]
 
 @dataclass(frozen=True, slots=True)
 class Stage:
-    """One pipeline stage: its tensor-parallel ranks and its inclusive layer range."""
+    """One pipeline stage: its ranks, its inclusive layer range and its context-parallel
+    degree (the ranks are TP x CP, CP varying fastest; module docstring).
+
+    >>> stage = parse_strategy("1x1: R0-3:L0-1:C2").pipelines[0].stages[0]
+    >>> stage.tp, stage.cp, stage.cp_groups, stage.tp_groups
+    (2, 2, ((0, 1), (2, 3)), ((0, 2), (1, 3)))
+    """
 
     ranks: tuple[int, ...]
     first_layer: int
     last_layer: int
+    cp: int = 1
 
     @property
     def tp(self) -> int:
-        """The tensor-parallel degree: the number of ranks."""
-        return len(self.ranks)
+        """The tensor-parallel degree: the number of ranks over the CP degree."""
+        return len(self.ranks) // self.cp
+
+    @property
+    def cp_groups(self) -> tuple[tuple[int, ...], ...]:
+        """The ranks that split one sequence (consecutive ranks), one group per TP index."""
+        c = self.cp
+        return tuple(self.ranks[j * c : (j + 1) * c] for j in range(self.tp))
+
+    @property
+    def tp_groups(self) -> tuple[tuple[int, ...], ...]:
+        """The ranks that split the weights (every ``cp``-th rank), one group per CP index."""
+        return tuple(self.ranks[i :: self.cp] for i in range(self.cp))
 
     @property
     def layers(self) -> range:
         return range(self.first_layer, self.last_layer + 1)
 
     def __str__(self) -> str:
-        return f"R{format_ranks(self.ranks)}:L{self.first_layer}-{self.last_layer}"
+        cp = f":C{self.cp}" if self.cp > 1 else ""
+        return f"R{format_ranks(self.ranks)}:L{self.first_layer}-{self.last_layer}{cp}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +247,7 @@ def parse_ranks(text: str) -> tuple[int, ...]:
 # -- parsing ---------------------------------------------------------------------------------
 
 _HEAD = re.compile(r"\s*(\d+)\s*x\s*(\d+)\s*:")
-_STAGE = re.compile(r"R([0-9,\-]+):L(\d+)(?:-(\d+))?")
+_STAGE = re.compile(r"R([0-9,\-]+):L(\d+)(?:-(\d+))?(?::C(\d+))?")
 _EXAMPLE = "e.g. '4x2: R0-3:L0-11 R4-7:L12-23; 8x1: R8,9:L0-23'"
 
 
@@ -262,7 +286,7 @@ def _parse_pipeline(text: str, part: str, offset: int) -> Pipeline:
             raise _syntax_error(
                 text,
                 column,
-                f"bad stage {found.group()!r}, expected R<ranks>:L<first>-<last>",
+                f"bad stage {found.group()!r}, expected R<ranks>:L<first>-<last>[:C<cp>]",
                 hint=_stage_hint(found.group(), part[head.end() + found.start() :]),
             )
         try:
@@ -271,7 +295,14 @@ def _parse_pipeline(text: str, part: str, offset: int) -> Pipeline:
             raise _syntax_error(text, column, str(error)) from None
         first = int(match.group(2))
         last = first if match.group(3) is None else int(match.group(3))
-        stages.append(Stage(ranks, first, last))
+        cp = 1 if match.group(4) is None else int(match.group(4))
+        if cp < 1 or len(ranks) % cp:
+            raise _syntax_error(
+                text, column, f"stage {found.group()!r} has {len(ranks)} ranks, which CP degree "
+                f"{cp} does not divide", hint="the ranks of a stage are TP x CP: use a CP "
+                f"degree that divides {len(ranks)}, or list TP x CP ranks",
+            )  # fmt: skip
+        stages.append(Stage(ranks, first, last, cp))
     if not stages:
         raise _syntax_error(text, offset + head.end(), "pipeline without stages")
     return Pipeline(int(head.group(1)), int(head.group(2)), tuple(stages))
@@ -305,7 +336,10 @@ def check_strategy(
     0..num_layers-1 in order without gap or overlap; each stage's TP degree divides the
     heads, kv heads and FFN size, and the vocabulary on the stages holding the embedding
     or head; tied embeddings share one stage; the micro-batches add up to
-    ``global_batch``; under sequence parallelism the TP degree divides ``seq_len``.
+    ``global_batch``; under sequence parallelism the TP degree divides ``seq_len``. A stage
+    of CP degree c > 1 needs the model's attention-head markers (placement ``heads``) on
+    its layers, each head count divisible by TP x CP (the all-to-all splits heads over
+    both), c dividing ``seq_len``, and no sequence parallelism.
     """
     options = options or StrategyOptions()
     if not strategy.pipelines:
@@ -325,6 +359,8 @@ def check_strategy(
                     f"sequence parallel splits seq_len={seq_len} over the {stage.tp} ranks of "
                     f"stage {stage} (pipeline {p}), which does not divide: change seq_len or TP"
                 )
+            if stage.cp > 1:
+                _check_cp(p, stage, config, options, seq_len)
         if config.tie_embeddings and len(pipeline.stages) > 1:
             raise StrategyError(
                 f"tied embeddings need layer 0 and layer {config.num_layers - 1} on one stage, "
@@ -420,4 +456,36 @@ def _check_tp(p: int, s: int, stage: Stage, config: ModelSpec) -> None:
                 f"stage {stage} (pipeline {p}) has TP degree {stage.tp}, which does not divide "
                 f"{name}={size}: use a TP degree that divides it (up to {stage.tp}: "
                 f"{', '.join(map(str, valid))})"
+            )
+
+
+def _check_cp(
+    p: int, stage: Stage, config: ModelSpec, options: StrategyOptions, seq_len: int | None
+) -> None:
+    """A context-parallel stage (``check_strategy``)."""
+    where = f"stage {stage} (pipeline {p}) has CP degree {stage.cp}"
+    if options.sequence_parallel:
+        raise StrategyError(
+            f"{where}, which does not combine with sequence parallelism yet: drop "
+            "--sequence-parallel or the :C suffix"
+        )
+    if seq_len is not None and seq_len % stage.cp:
+        raise StrategyError(
+            f"{where}, which does not divide seq_len={seq_len}: use a length that is a "
+            f"multiple of {stage.cp}"
+        )
+    heads = [m for m in config.markers() if m.placement == "heads" and m.layer in stage.layers]
+    if not heads:
+        raise StrategyError(
+            f"{where}, but {config.name} has no attention-head markers (placement 'heads', "
+            "docs/models.md) on those layers to split the heads over: use :C1 there"
+        )
+    degree = stage.tp * stage.cp
+    for marker in heads:
+        count = marker.trailing[0]
+        if count % degree:
+            raise StrategyError(
+                f"{where}: the all-to-all splits the {count} heads of marker {marker.name} "
+                f"over TP x CP = {stage.tp}x{stage.cp} = {degree} ranks, which does not "
+                f"divide: use TP x CP dividing {count}"
             )

@@ -103,9 +103,11 @@ def activation_bytes_per_layer(
 def rank_memory(
     config: ModelSpec, *, rank: int, tp: int, num_layers: int, first: bool, last: bool,
     in_flight_micro_batches: int, micro_batch_size: int, seq_len: int, replicas: int,
-    options: StrategyOptions,
+    options: StrategyOptions, cp: int = 1,
 ) -> RankMemory:  # fmt: skip
-    """The memory of one rank of a stage (see the module docstring)."""
+    """The memory of one rank of a stage (see the module docstring); under context
+    parallelism (``cp > 1``) the layers' activations are those of ``seq_len / cp``
+    positions, the logits those of whole rows (the head runs on the gathered sequence)."""
     p = stage_params(config, num_layers, tp, first=first, last=last)
     bf16 = options.dtype == "bf16"
     z = replicas if options.zero1 else 1
@@ -113,7 +115,7 @@ def rank_memory(
     optimizer = (12 if bf16 else 8) * p / z
     elt = 2 if bf16 else 4
     kept, full = activation_bytes_per_layer(
-        config, micro_batch_size, seq_len, tp, elt=elt,
+        config, micro_batch_size, seq_len // cp, tp, elt=elt,
         sequence_parallel=options.sequence_parallel, recompute=options.recompute,
     )  # fmt: skip
     activations = num_layers * in_flight_micro_batches * kept + (full if num_layers else 0)
@@ -147,6 +149,6 @@ def strategy_memory(
                     config, rank=rank, tp=stage.tp, num_layers=len(stage.layers),
                     first=i == 0, last=i == count - 1, in_flight_micro_batches=flight,
                     micro_batch_size=pipeline.micro_batch_size, seq_len=seq_len,
-                    replicas=replicas, options=options,
+                    replicas=replicas, options=options, cp=stage.cp,
                 )  # fmt: skip
     return out

@@ -178,6 +178,17 @@ def _sync_tasks(
     }
     zero = options.zero1 and d > 1
     synced: dict[int, list[str]] = {}
+    for p, s, stage in strategy.stages():  # context parallel: grads partial over CP groups
+        if stage.cp > 1:
+            pipe = strategy.pipelines[p]
+            n = stage_params(config, len(stage.layers), stage.tp, first=s == 0,
+                             last=s == len(pipe.stages) - 1)  # fmt: skip
+            seconds = cost.collective("all-reduce", n * grad_elt, stage.cp_groups[0])
+            tid = f"cpsync p{p}s{s}"
+            tasks.append(Task(tid, stage.ranks[0], "comm", seconds, category="comm",
+                              deps=(last_b[(p, s)],), ranks=stage.ranks, label="CP grad sync"))  # fmt: skip
+            for r in stage.ranks:
+                synced.setdefault(r, []).append(tid)
     gathers: list[tuple[Segment, tuple[int, ...], tuple[int, ...], int]] = []
     for seg in segments(strategy, config) if d > 1 else []:
         stages = [strategy.pipelines[p].stages[s] for p, s in seg.holders]
@@ -206,7 +217,7 @@ def _sync_tasks(
         seconds = cost.device_of(stage.ranks[0]).seconds("optimizer", 4 * n / z)
         deps = tuple(synced.get(stage.ranks[0], [])) or (last_b[(p, s)],)
         tasks.append(Task(f"adam p{p}s{s}", stage.ranks[0], "compute", seconds, category="optimizer",
-                          deps=deps, ranks=stage.ranks if stage.tp > 1 else (), label="Adam",
+                          deps=deps, ranks=stage.ranks if len(stage.ranks) > 1 else (), label="Adam",
                           share=cost.share_of(stage.ranks[0])))  # fmt: skip
     for seg, ranks, ring, tmin in gathers:
         seconds = cost.collective("all-gather", seg.params / tmin * weight_elt, ring)
@@ -228,6 +239,7 @@ def stage_works(
             cost, config, stage.ranks, len(stage.layers), micro_batch_size=pipe.micro_batch_size,
             seq_len=seq_len, first=s == 0, last=s == len(pipe.stages) - 1,
             recompute=options.recompute, sequence_parallel=options.sequence_parallel,
+            cp=stage.cp,
         )  # fmt: skip
     return works
 

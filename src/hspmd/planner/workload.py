@@ -159,16 +159,40 @@ def _layer(
     return fwd, bwd, comm
 
 
+def _ulysses(
+    device: DeviceCost, links: tuple[LinkCost, LinkCost], config: LlamaConfig, n: int, b: int,
+    s: int, tp: int, cp: int, elt: int,
+) -> tuple[float, float, float]:  # fmt: skip
+    """(forward compute, backward compute, one direction of comm) of one layer on a stage
+    of TP ``tp`` x CP ``cp``: every per-token op on ``n / cp`` tokens, attention on whole
+    rows of ``heads / (tp cp)`` heads, the TP all-reduces on local tokens, and the four
+    all-to-alls (q, k, v, the output) over the CP group (docs/mixed-length.md)."""
+    link, cp_link = links  # of the TP groups and of the CP groups
+    lf, lb, lc = _layer(device, link, config, n // cp, b, s, tp, elt, False)
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    # _layer charged attention for b rows of s positions on heads / tp: the CP stage runs
+    # it on heads / (tp cp) of the same whole rows
+    local = 2 * b * (config.num_heads / tp) * s * s * config.head_dim
+    whole = 2 * b * (config.num_heads / (tp * cp)) * s * s * config.head_dim
+    lf += device.seconds("attention", whole) - device.seconds("attention", local)
+    lb += device.seconds("attention", 2 * whole) - device.seconds("attention", 2 * local)
+    moved = (n // cp) * (2 * q + 2 * kv) / tp * elt  # the rank's q, k, v and output
+    return lf, lb, lc + cp_link.seconds("all-to-all", moved, cp)
+
+
 def stage_work(
     cost: CostModel, config: ModelSpec, ranks: tuple[int, ...], num_layers: int, *,
     micro_batch_size: int, seq_len: int, first: bool, last: bool, recompute: bool = False,
-    sequence_parallel: bool = False,
+    sequence_parallel: bool = False, cp: int = 1,
 ) -> StageWork:  # fmt: skip
     """The work of one micro-batch on the stage of ``ranks`` holding ``num_layers`` layers.
 
-    The stage runs at the pace of its slowest rank (its TP collectives wait for it).
+    The stage runs at the pace of its slowest rank (its TP collectives wait for it). With
+    ``cp > 1`` the ranks are TP x CP (context parallelism, Ulysses-style): the layers run
+    on ``1/cp`` of the tokens plus four all-to-alls each way, the embedding, head and loss
+    on whole rows after an all-gather of the sequence.
     """
-    tp = len(ranks)
+    tp = len(ranks) // cp
     device = max((cost.device_of(r) for r in ranks), key=lambda d: d.seconds("matmul", 1e12))
     link = cost.group_link(ranks)
     b, s, elt = micro_batch_size, seq_len, cost.element_bytes
@@ -179,9 +203,18 @@ def stage_work(
             device, link, figures(config), num_layers, b=b, s=s, tp=tp, elt=elt, sp=sp,
             first=first, last=last, recompute=recompute, hidden=config.hidden_size,
         )  # fmt: skip
-    lf, lb, lc = _layer(device, link, config, n, b, s, tp, elt, sp)
+    cp_link = cost.group_link(ranks[:cp])  # the first CP group (consecutive ranks)
+    if cp > 1:
+        link = cost.group_link(ranks[::cp])  # the first TP group (every cp-th rank)
+        lf, lb, lc = _ulysses(device, (link, cp_link), config, n, b, s, tp, cp, elt)
+    else:
+        lf, lb, lc = _layer(device, link, config, n, b, s, tp, elt, sp)
     fwd, bwd = num_layers * lf, num_layers * lb
     fwd_comm = bwd_comm = num_layers * lc
+    if cp > 1 and last:  # head_in gathers the sequence; its backward is a local slice
+        fwd_comm += cp_link.seconds("all-gather", n * config.hidden_size * elt / cp, cp)
+    if cp > 1 and first:  # the embedding's gradient, gathered over the CP group
+        bwd_comm += cp_link.seconds("all-gather", n * config.hidden_size * elt / cp, cp)
     if recompute:
         bwd += fwd
         bwd_comm += fwd_comm
@@ -200,7 +233,7 @@ def stage_work(
         fwd_comm += 2 * link.seconds("all-reduce", n * 4, tp)
         bwd_comm += link.seconds("all-reduce", n * H * elt, tp)  # dX of the split head
     comm = fwd_comm + bwd_comm
-    return StageWork(fwd + fwd_comm, bwd + bwd_comm, comm, n * H * elt, fwd_comm)
+    return StageWork(fwd + fwd_comm, bwd + bwd_comm, comm, n * H * elt / cp, fwd_comm)
 
 
 def _part(

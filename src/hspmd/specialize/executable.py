@@ -23,7 +23,8 @@ rank's parameter slices. Steps:
 The sequence length is symbolic (DESIGN decision 14): deduction and resolution run once at
 ``seq_len``, the maximum; the graph reads B and T from its inputs, so one executable runs
 every length up to it that is a multiple of ``Executable.length_multiple`` (1, or the TP
-degree under sequence parallelism), its plans sized per call (``hspmd.comm.sizing``).
+degree under sequence parallelism, or the CP degree), its plans sized per call
+(``hspmd.comm.sizing``).
 
 The result is data: the ``ReshardModule`` calls hold their plans and no process group.
 ``hspmd.runtime.executable.bind_executable(exe, world)`` gives each one the runtime's
@@ -191,9 +192,15 @@ def _check_supported(config: ModelSpec, options: StrategyOptions) -> None:
 
 
 def executable_groups(strategy: Strategy) -> list[tuple[int, ...]]:
-    """Process groups executables use (every stage's TP ranks): prepare them on EVERY
-    rank of the world, idle ones included, before building: ``world.prepare_groups(...)``."""
-    return sorted({tuple(sorted(s.ranks)) for _, _, s in strategy.stages() if s.tp > 1})
+    """Process groups executables use (every stage's ranks, and on a context-parallel
+    stage its TP and CP groups): prepare them on EVERY rank of the world, idle ones
+    included, before building: ``world.prepare_groups(...)``."""
+    groups = set()
+    for _, _, s in strategy.stages():
+        for group in (s.ranks, *s.tp_groups, *s.cp_groups):
+            if len(group) > 1:
+                groups.add(tuple(sorted(group)))
+    return sorted(groups)
 
 
 # -- building the executable graph ------------------------------------------------------------

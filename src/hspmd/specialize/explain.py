@@ -177,6 +177,7 @@ class RankSummary:
     forward_traffic: tuple[Traffic, ...] = ()  # per micro-batch
     backward_traffic: tuple[Traffic, ...] = ()
     post_traffic: tuple[Traffic, ...] = ()  # per step
+    cp: int = 1  # the stage's context-parallel degree (tp_group is then TP x CP ranks)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -184,6 +185,7 @@ class RankSummary:
             "pipeline": self.pipeline,
             "stage": self.stage,
             "tp_group": list(self.tp_group),
+            "cp": self.cp,
             "layers": list(self.layers),
             "num_ops": self.num_ops,
             "num_params": self.num_params,
@@ -392,6 +394,7 @@ def _summary(
         pipeline=p,
         stage=s,
         tp_group=stage.ranks,
+        cp=stage.cp,
         layers=(stage.first_layer, stage.last_layer),
         num_ops=num_ops,
         num_params=len(held),
@@ -493,7 +496,8 @@ def render(
     for r in chosen:
         gpu = f" ({kinds[r.rank]})" if kinds else ""
         body = (
-            f"{gpu}: pipeline {r.pipeline} stage {r.stage} tp={len(r.tp_group)} "
+            f"{gpu}: pipeline {r.pipeline} stage {r.stage} tp={len(r.tp_group) // r.cp}"
+            f"{f' cp={r.cp}' if r.cp > 1 else ''} "
             f"layers {r.layers[0]}-{r.layers[1]} ops={r.num_ops} params={r.num_params} "
             f"({r.param_elements * 4 / 2**20:.1f} MiB fp32)",
             *_traffic_lines("F (per micro-batch)", r.forward_traffic),

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from hspmd.annotation import Annotation
+from hspmd.comm.axes import Axes
 from hspmd.errors import HspmdError
 
 __all__ = ["LossRunner", "VocabParallelLoss", "VocabShard", "vocab_shard"]
@@ -97,7 +98,7 @@ def vocab_shard(
             f"cross_entropy logits {list(shape)} split on the class dim: the vocab-parallel "
             "loss takes (tokens, classes); flatten the extra dims into the tokens first"
         )
-    others = {r: logits.piece(r, shape) for r in logits.ranks}
+    others = {r: logits.piece(r, shape) for r in _class_axis_group(logits, rank)}
     same_tokens = [
         r
         for r, p in others.items()
@@ -119,3 +120,16 @@ def vocab_shard(
         ignore_index=ignore_index,
         reduction=reduction,
     )
+
+
+def _class_axis_group(logits: Annotation, rank: int) -> tuple[int, ...]:
+    """The ranks of ``rank``'s subgroup that differ from it on the axis splitting the class
+    dim only: copies on other axes (the CP axis of a context-parallel stage, whose
+    sequence is gathered before the head) each run their own loss. All of the subgroup's
+    ranks where no single axis splits dim 1 (the check that follows then refuses)."""
+    sub = next(s for s, g in enumerate(logits.groups) if rank in g.ranks)
+    ranks, entries = logits.groups[sub].ranks, logits.states[sub].entries
+    axes = [a for a, (dim, _) in enumerate(entries) if dim == 1]
+    if len(axes) != 1:
+        return ranks
+    return next(g for g in Axes(ranks, entries).groups(axes[0]) if rank in g)

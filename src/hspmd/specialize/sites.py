@@ -13,11 +13,18 @@ strategy alone (Megatron's layout, t = a stage's TP degree, residual = ``{D:t}``
     embed             {P:t}             residual       residual      {D:t}
     layers.i.input    residual (prev)   residual       residual      residual (prev)
     layers.i.attn_in  residual          {D:t}          {P:t}         residual
+    layers.i.attn.q   {2:t}             {2:t}          {2:t}         {2:t}
+    (attn.k, attn.v, attn.ctx as attn.q)
     layers.i.attn_out {P:t}             residual       residual      {D:t}
     (mlp_in / mlp_out as attn_in / attn_out)
     head_in           residual          {D:t}          {P:t}         residual
     logits            {2:t}             {2:t}          {2:t}         {2:t}
     (logits_gather)   {2:t}             {D:t}          {D:t}         {2:t}
+
+On a stage of context-parallel degree c every DS gains the CP axis (``stage_states``):
+``1:c`` (the sequence split) inside the layers, ``D:c`` for the embedding's output before
+its marker and after ``head_in`` (the post part runs on whole rows); ``attn.q/k/v`` go
+from ``{2:t,1:c}`` to ``{2:tc}`` (the all-to-all) and ``attn.ctx`` back.
 
 Across pipelines every activation is ``h0(b0,b1,..)``: dim 0 (batch) cut into the
 pipelines' micro-batch sizes, one subgroup per pipeline (the ranks of the stage holding
@@ -39,6 +46,7 @@ from hspmd.comm.plan import CommPlan
 from hspmd.comm.resolve import resolve
 from hspmd.models.config import LlamaConfig
 from hspmd.models.spec import ModelSpec
+from hspmd.plan.params import stage_states
 from hspmd.plan.strategy import Stage, Strategy, StrategyOptions
 
 __all__ = ["DeducedSites", "ParamLayout", "Site", "deduced_sites", "llama_params", "llama_sites"]
@@ -80,10 +88,6 @@ def _ds(*entries: tuple[int, int]) -> DistributedStates:
     return DistributedStates(tuple(entries))
 
 
-def _residual(tp: int, sequence_parallel: bool) -> DistributedStates:
-    return _ds((1, tp)) if sequence_parallel else _ds((DUP, tp))
-
-
 def _union(
     stages: list[Stage], states: list[DistributedStates], *, hdim: int, sizes: tuple[int, ...]
 ) -> Annotation:
@@ -100,16 +104,13 @@ class _Builder:
     def stages(self, layer: int) -> list[Stage]:
         return [p.stage_of_layer(layer) for p in self.strategy.pipelines]
 
-    def act(self, layer: int, kind: str) -> Annotation:
-        """Activation annotation on the stages of ``layer``: residual, D, P or S(2)."""
+    def act(self, layer: int, kind: str, cp: int = 1) -> Annotation:
+        """Activation annotation on the stages of ``layer``: residual, D, P or S(2) on the
+        TP axis, ``cp`` (1: the sequence, DUP, or 2: the heads) on the CP axis."""
+        tp_dim = {"residual": 1 if self.sp else DUP, "D": DUP, "P": PARTIAL, "S2": 2}[kind]
         stages = self.stages(layer)
-        make = {
-            "residual": lambda t: _residual(t, self.sp),
-            "D": lambda t: _ds((DUP, t)),
-            "P": lambda t: _ds((PARTIAL, t)),
-            "S2": lambda t: _ds((2, t)),
-        }[kind]
-        return _union(stages, [make(s.tp) for s in stages], hdim=0, sizes=self.sizes)
+        states = [stage_states(s, tp_dim, cp) for s in stages]
+        return _union(stages, states, hdim=0, sizes=self.sizes)
 
 
 def llama_sites(
@@ -127,7 +128,10 @@ def llama_sites(
     b = _Builder(strategy, config, options)
     batch, H, V = sum(b.sizes), config.hidden_size, config.vocab_size
     hidden, last = (batch, seq_len, H), config.num_layers - 1
-    sites = [Site("embed", hidden, b.act(0, "P"), b.act(0, "residual"), *_grads(b, 0, "P"))]
+    first = b.act(0, "residual")
+    embed_src, embed_grad = b.act(0, "P", DUP), b.act(0, "D", DUP)
+    sites = [Site("embed", hidden, embed_src, first, first, embed_grad)]
+    nh, nkv, hd = config.num_heads, config.num_kv_heads, config.head_dim
     for i in range(config.num_layers):
         prev = b.act(max(i - 1, 0), "residual")
         here = b.act(i, "residual")
@@ -136,22 +140,24 @@ def llama_sites(
             sites.append(
                 Site(f"layers.{i}.{part}_in", hidden, here, b.act(i, "D"), b.act(i, "P"), here)
             )
+            if part == "attn":  # Ulysses all-to-alls on a CP stage; nothing without CP
+                seq, heads = b.act(i, "S2"), b.act(i, "S2", 2)
+                for name, n in (("q", nh), ("k", nkv), ("v", nkv)):
+                    shape = (batch, seq_len, n, hd)
+                    sites.append(Site(f"layers.{i}.attn.{name}", shape, seq, heads, heads, seq))
+                sites.append(Site(f"layers.{i}.attn.ctx", (batch, seq_len, nh, hd), heads, seq, seq, heads))  # fmt: skip
             sites.append(Site(f"layers.{i}.{part}_out", hidden, b.act(i, "P"), here, here, b.act(i, "D")))  # fmt: skip
     final = b.act(last, "residual")
-    sites.append(Site("head_in", hidden, final, b.act(last, "D"), b.act(last, "P"), final))
+    whole = b.act(last, "D", DUP)
+    sites.append(Site("head_in", hidden, final, whole, b.act(last, "P", DUP), final))
     # hspmd.plan.schema keeps the logits vocab-split ({2:t}, a vocab-parallel loss); the
     # training design's alternative all-gathers them ({D:t}): logits_gather=True.
-    logits_src = b.act(last, "S2")
-    logits_dst = b.act(last, "D") if logits_gather else logits_src
+    logits_src = b.act(last, "S2", DUP)
+    logits_dst = whole if logits_gather else logits_src
     sites.append(
         Site("logits", (batch, seq_len, V), logits_src, logits_dst, logits_dst, logits_src)
     )
     return tuple(sites)
-
-
-def _grads(b: _Builder, layer: int, src_kind: str) -> tuple[Annotation, Annotation]:
-    """``(grad_out, grad_in)`` of a site whose output is the residual stream."""
-    return b.act(layer, "residual"), b.act(layer, "D" if src_kind == "P" else src_kind)
 
 
 def llama_params(
@@ -161,7 +167,9 @@ def llama_params(
 
     The gradient has the parameter's groups with the top tier partial (each pipeline's
     gradient is a summand); under sequence parallelism a norm weight's gradient is also a
-    summand inside the stage.
+    summand inside the stage, and on a context-parallel stage every parameter's gradient
+    but the embedding's and the head's (which see whole rows) is a summand over the CP
+    group (``{0:t,P:c}``).
     """
     from hspmd.plan.params import parameter_annotations
 
@@ -171,6 +179,10 @@ def llama_params(
         states = ann.states
         if options.sequence_parallel and name.endswith("norm.weight"):
             states = tuple(_ds((PARTIAL, len(g))) for g in ann.groups)
+        if name not in ("embed.weight", "head.weight"):
+            layer = config.param_layer(name)
+            stages = [p.stage_of_layer(layer) for p in strategy.pipelines]
+            states = tuple(_cp_partial(ds, stage) for ds, stage in zip(states, stages, strict=True))
         hdim = PARTIAL if ann.hsize > 1 else DUP
         grad = Annotation(ann.groups, states, hdim=hdim)
         out[name] = ParamLayout(name, spec.shape, ann, grad)
@@ -226,3 +238,11 @@ def deduced_sites(
         hdim = PARTIAL if ann.hsize > 1 else DUP
         params[name] = ParamLayout(name, spec.shape, ann, Annotation(ann.groups, states, hdim=hdim))
     return DeducedSites(tuple(sites), params, num_ops)
+
+
+def _cp_partial(ds: DistributedStates, stage: Stage) -> DistributedStates:
+    """``ds`` (a parameter's TP DS on ``stage``) with its CP axis partial: ``{0:t,P:c}``."""
+    if stage.cp == 1:
+        return ds
+    tp = [(ds.entries[0][0], stage.tp)] if stage.tp > 1 else []
+    return _ds(*tp, (PARTIAL, stage.cp))

@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from hspmd.plan.strategy import parse_strategy
+from hspmd.plan.strategy import Stage, parse_strategy
 from hspmd.specialize.boundary import boundary_plans
 from hspmd.specialize.schedule import make_schedule
 from hspmd.train.config import TrainConfig
@@ -45,7 +45,7 @@ def describe_ranks(config: TrainConfig) -> list[tuple[str, ...]]:
                 str(role.pipeline),
                 f"{role.stage} of {role.num_stages}",
                 f"{role.layers[0]}-{role.layers[1]}",
-                str(len(role.tp_ranks)),
+                _degrees(strategy.pipelines[role.pipeline].stages[role.stage]),
                 f"{role.micro_batches} x {role.micro_batch_size}",
                 ", ".join(edges) or "-",
                 ", ".join(kinds) or "-",
@@ -53,3 +53,8 @@ def describe_ranks(config: TrainConfig) -> list[tuple[str, ...]]:
             )
         )
     return rows
+
+
+def _degrees(stage: Stage) -> str:
+    """``2``, or ``2 x CP2`` for a context-parallel stage of TP 2."""
+    return f"{stage.tp} x CP{stage.cp}" if stage.cp > 1 else str(stage.tp)

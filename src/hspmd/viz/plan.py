@@ -67,7 +67,7 @@ def draw_plan(
     for p, pipeline in enumerate(strategy.pipelines):
         colour = PALETTE[p % len(PALETTE)]
         for stage in pipeline.stages:
-            top, height = row_of[stage.ranks[0]], stage.tp
+            top, height = row_of[stage.ranks[0]], len(stage.ranks)  # TP x CP ranks
             width = stage.last_layer - stage.first_layer + 1
             ax.add_patch(
                 Rectangle((stage.first_layer, top), width, height, facecolor=colour,
@@ -77,7 +77,8 @@ def draw_plan(
                 ax.plot([stage.first_layer, stage.first_layer + width], [top + i] * 2,
                         color="white", linewidth=0.4, alpha=0.6)  # fmt: skip
             if width * _POINTS_ACROSS / num_layers >= 20:  # "TP4" fits
-                ax.text(stage.first_layer + width / 2, top + height / 2, f"TP{stage.tp}",
+                label = f"TP{stage.tp}" + (f"xCP{stage.cp}" if stage.cp > 1 else "")
+                ax.text(stage.first_layer + width / 2, top + height / 2, label,
                         ha="center", va="center", fontsize=8, color="white", weight="bold")  # fmt: skip
         last = row_of[pipeline.stages[-1].ranks[-1]] + 1
         if p < len(strategy.pipelines) - 1:
