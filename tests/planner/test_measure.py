@@ -107,8 +107,13 @@ def test_cli_profile_without_collectives(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _tiny(monkeypatch)
+    asked = []  # core sharing spawns torch processes: measured in the test above
+    monkeypatch.setattr(
+        measure, "measure_core_sharing", lambda most, **_: asked.append(most) or (1.0, 1.6)
+    )
     out = tmp_path / "p.json"
     assert main(["profile", "--quick", "--nproc", "1", "--out", str(out)]) == 0
+    assert asked == [2]
     table = capsys.readouterr().out
     assert "matmul" in table and "s/flop" in table and "loopback" not in table
     data = json.loads(out.read_text())
