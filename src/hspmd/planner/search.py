@@ -37,6 +37,7 @@ from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from hspmd.comm.gcpause import paused_gc
 from hspmd.errors import HspmdError
 from hspmd.models.config import LlamaConfig
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
@@ -408,6 +409,7 @@ class _Search:
         )
 
 
+@paused_gc()  # millions of objects that live on: hspmd.comm.gcpause
 def plan(
     config: LlamaConfig, cost: CostModel, *, global_batch: int, seq_len: int,
     zero1: Zero1 = "auto", dtype: Literal["bf16", "fp32"] = "bf16",

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hspmd.comm.bsr import BsrEntry, BsrTable, messages, schedule
+from hspmd.comm.gcpause import paused_gc
 from hspmd.comm.plan import Transfer
 from hspmd.comm.relay import plan_relay
 from hspmd.comm.slices import holders_table
@@ -160,6 +161,7 @@ class SwitchCost:
         }
 
 
+@paused_gc()  # millions of objects that live on: hspmd.comm.gcpause
 def switch_cost(
     *,
     model: str,
