@@ -215,7 +215,8 @@ def main() -> None:
         cells = []
         for c in args.commands:
             cells.append(
-                f"{row[c + '_s']:6.2f} /{row[c + '_wall_s']:6.2f} s /{row[c + '_peak_MB']:5.0f} MB"
+                f"{row[c + '_s']:.2f} ({row[c + '_cpu_s']:.2f} cpu) / {row[c + '_wall_s']:.1f} s"
+                f" / {row[c + '_peak_MB']:.0f} MB"
             )
         print(f"{row['ranks']:>6} {row['strategy']:>20} " + " ".join(f"{x:>34}" for x in cells))
     if "executable" in args.commands:
