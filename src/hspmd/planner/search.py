@@ -202,6 +202,7 @@ class _Search:
         ]
         self.costs = StageCosts(cost, config, seq_len)
         self.shortfall = _Shortfall()
+        self._ilps: dict[tuple[Any, ...], list[int] | None] = {}
         self.count = 0
         self._shapes: dict[Any, float | None] = {}
         self._lines: dict[Any, Any] = {}
@@ -403,10 +404,17 @@ class _Search:
     def _layers(
         self, units: tuple[Unit, ...], m: int, d: int, mbs: int, options: StrategyOptions
     ) -> list[int] | None:
+        """The layers ILP of one pipeline, solved once per distinct input: the pipelines of
+        a layout over identical nodes pose the same ILP (at 4096 ranks, 1,728 solves of 6
+        distinct ones)."""
         a, c, alpha, beta, cap = self.costs.stage_lines(units, mbs, m, d, options)
-        return layers_per_stage(
-            self.config.num_layers, m, a, c, alpha, beta, cap, time_limit=self.time_limit
-        )
+        key = (m, *map(tuple, (a, c, alpha, beta, cap)))
+        if key not in self._ilps:
+            self._ilps[key] = layers_per_stage(
+                self.config.num_layers, m, a, c, alpha, beta, cap, time_limit=self.time_limit
+            )
+        found = self._ilps[key]
+        return None if found is None else list(found)
 
 
 @paused_gc()  # millions of objects that live on: hspmd.comm.gcpause
