@@ -61,12 +61,10 @@ def initial_parameter(model: ModelSpec, name: str, *, seed: int) -> torch.Tensor
 def constant(model: ModelSpec, target: str, *, seed: int) -> torch.Tensor:
     """A buffer the graph reads (``get_attr`` of no parameter), e.g. the RoPE tables."""
     if isinstance(model, LlamaConfig):
-        from hspmd.models.llama import rope_tables
-
-        cos, sin = rope_tables(model)
+        cos, sin = _rope_tables(model)
         tables = {"rope_cos": cos, "rope_sin": sin}
         if target in tables:
-            return tables[target]
+            return tables[target].clone()  # the cached pair stays unchanged
     else:
         from hspmd.models.module import initial_state
 
@@ -77,6 +75,14 @@ def constant(model: ModelSpec, target: str, *, seed: int) -> torch.Tensor:
         f"{model.name}: the graph reads {target!r}, which is neither a parameter nor a "
         "buffer of the module: register tensors the forward reads as buffers"
     )
+
+
+@functools.lru_cache(maxsize=4)
+def _rope_tables(config: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both RoPE tables, computed once for the two buffers a graph reads."""
+    from hspmd.models.llama import rope_tables
+
+    return rope_tables(config)
 
 
 def plain_model(model: ModelSpec, *, seed: int) -> nn.Module:
