@@ -59,3 +59,22 @@ def test_llama_32b_shapes_without_allocation() -> None:
     print(f"llama-32b (4 layers) shapes: {elapsed:.3f} s")
     logits = [n for n in gm.graph.nodes if is_reshard_node(n) and n.args[1] == "logits"][0]
     assert info.specs[logits.name].shape == (2, 4096, 50304)
+
+
+def test_llama_capture_equals_the_one_traced_under_the_meta_device() -> None:
+    """Issue 12: the preset's graph is traced outside the meta device context and its code
+    generated lazily; the graph is the one traced inside the context, as before."""
+    from hspmd.graph.capture import InliningTracer
+    from hspmd.models.build import model_graph
+    from hspmd.models.config import get_config
+    from hspmd.models.llama import Llama
+
+    config = get_config("llama-tiny", num_layers=2)
+    with torch.device("meta"):
+        module = Llama(config)
+        before = torch.fx.GraphModule(module, InliningTracer().trace(module))
+    now = model_graph(config)
+    assert [(n.op, n.name, str(n.target)) for n in now.graph.nodes] == [
+        (n.op, n.name, str(n.target)) for n in before.graph.nodes
+    ]
+    assert now.code == before.code  # generated when read

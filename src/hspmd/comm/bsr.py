@@ -100,10 +100,12 @@ def schedule(
 ) -> tuple[Transfer, ...]:
     """Transfers serving every (slice, needer) of ``tables``, merged into boxes per pair.
 
-    The heuristic's rule 2 depends only on the needer's node, so each slice's fastest owners
-    are found once per needing node; rules 3 and 4 are then one ``argmin`` over their loads
-    (owners in rank order: the first minimum is the lowest rank). At 4096 ranks a slice has
-    hundreds of owners and the switch hundreds of thousands of (slice, needer) pairs.
+    The heuristic's rule 2 depends only on the slice's owners and the needer's node, so the
+    fastest owners are found once per owner set and node, whatever the slice or tensor
+    (``_Links.of``); rules 3 and 4 are then one ``argmin`` over their loads (owners in rank
+    order: the first minimum is the lowest rank). At 4096 ranks (llama-70b, 64 -> 128
+    pipelines, benchmarks/metadata_scale.py) a slice has 64 owners and the switch 740,352
+    (slice, needer) pairs; rule 2 is computed 72 times (once per slice and node: 520,768).
 
     >>> from hspmd.annotation import parse_annotation as A
     >>> t = BsrTable.between(A("[0,1]{D:2}"), A("[2,3]{0:2}"), (4,))
@@ -116,48 +118,71 @@ def schedule(
     node = functools.cache(topology.node_of)  # TopologyError for a rank on no node
     links = _Links(tables, topology) if method == "heuristic" else None
     loads = np.zeros(links.num_ranks if links else 0)
-    picked: dict[tuple[int, int, int], list[Region]] = defaultdict(list)
+    # (sender, receiver, tensor) as one int, (src * ranks + dst) * tensors + tensor: sorted
+    # as the tuples would be, several times faster (a million keys at 4096 ranks)
+    ranks = 1 + max(
+        (r for t in tables for e in t.entries for r in (*e.owners, *e.needers)), default=0
+    )
+    low = min((t.tensor for t in tables), default=0)
+    tensors = 1 + max((t.tensor for t in tables), default=0) - low
+    picked: dict[int, list[Region]] = defaultdict(list)
     for table in tables:
         if not fused:
             loads[:] = 0.0
+        tensor = table.tensor
         for entry in table.entries:
-            size = volume(entry.region) * table.itemsize
-            fastest: dict[int, np.ndarray] = {}  # needer's node -> owners on its fastest link
+            region, owners = entry.region, entry.owners
+            size = volume(region) * table.itemsize
+            owned = frozenset(owners) if len(owners) > 4 else owners
+            # needer's node -> owners on its fastest link, shared by every slice these own
+            fastest = links.of(owners) if links is not None else None
             for needer in entry.needers:
-                if needer in entry.owners:
-                    picked[(needer, needer, table.tensor)].append(entry.region)
-                    continue
-                if links is None:
-                    owner = entry.owners[0]
+                if needer in owned:
+                    owner = needer
+                elif fastest is None:
+                    owner = owners[0]
                 else:
-                    home = node(needer)
-                    if home not in fastest:
-                        fastest[home] = links.fastest(entry.owners, home)
-                    owners = fastest[home]
-                    owner = int(owners[0] if len(owners) == 1 else owners[loads[owners].argmin()])
+                    ints, array = fastest[node(needer)]
+                    owner = ints[0] if len(ints) == 1 else ints[int(loads[array].argmin())]
                     loads[owner] += size
-                picked[(owner, needer, table.tensor)].append(entry.region)
-    return tuple(
-        Transfer(src, dst, box, tensor)
-        for (src, dst, tensor), boxes in sorted(picked.items())
-        for box in merge_boxes(boxes)
-    )
+                picked[(owner * ranks + needer) * tensors + tensor - low].append(region)
+    out = []
+    for key in sorted(picked):
+        boxes = picked[key]
+        pair, tensor = divmod(key, tensors)
+        src, dst = divmod(pair, ranks)
+        for box in boxes if len(boxes) == 1 else merge_boxes(boxes):
+            out.append(Transfer(src, dst, box, tensor + low))
+    return tuple(out)
 
 
 class _Links:
-    """``Topology.bandwidth`` from any owner to a node, as arrays over the tables' ranks."""
+    """``Topology.bandwidth`` from any owner to a node, as arrays over the tables' ranks.
+
+    Rule 2's answer depends only on the owners and the needer's node, and for a node that
+    holds none of the owners only on its NIC's bandwidth: it is computed once per owner set
+    and node (``of``), at 4096 ranks a few thousand times for a million (slice, needer) pairs.
+    """
 
     def __init__(self, tables: Sequence[BsrTable], topology: Topology) -> None:
         owners = sorted({r for t in tables for e in t.entries for r in e.owners})
         self.num_ranks = 1 + max(owners, default=0)
         self.flat = not topology.nodes
         self.node = np.full(self.num_ranks, -1, dtype=np.int64)
+        self._by_owners: dict[tuple[int, ...], _Fastest] = {}
         if self.flat:
             return
         for r in owners:
             self.node[r] = topology.node_of(r)  # TopologyError for a rank on no node
         self.intra = np.array([n.intra.bandwidth for n in topology.nodes])
         self.nic = np.array([n.nic.bandwidth for n in topology.nodes])
+
+    def of(self, owners: tuple[int, ...]) -> _Fastest:
+        """``owners``' answers to rule 2, by needer's node (filled as nodes are asked)."""
+        out = self._by_owners.get(owners)
+        if out is None:
+            out = self._by_owners[owners] = _Fastest(self, owners)
+        return out
 
     def fastest(self, owners: tuple[int, ...], home: int) -> np.ndarray:
         """The owners on the fastest link to a rank of node ``home`` (rule 2), in rank
@@ -170,6 +195,36 @@ class _Links:
             nodes == home, self.intra[home], np.minimum(self.nic[nodes], self.nic[home])
         )
         return ranks[bandwidth == bandwidth.max()]
+
+
+Candidates = tuple[tuple[int, ...], np.ndarray]
+"""Owners on the fastest link, as ints (to pick from) and as an array (to index loads)."""
+
+
+class _Fastest(dict[int, Candidates]):
+    """Rule 2 for one owner set: needer's node -> its candidates (``_Links.fastest``)."""
+
+    def __init__(self, links: _Links, owners: tuple[int, ...]) -> None:
+        super().__init__()
+        self.links, self.owners = links, owners
+        self.homes = set() if links.flat else {int(n) for n in links.node[list(owners)]}
+        self.far: dict[float, Candidates] = {}  # a node holding no owner: by its NIC
+
+    def __missing__(self, home: int) -> Candidates:
+        links = self.links
+        if home in self.homes or links.flat:
+            out = self[home] = _candidates(links.fastest(self.owners, home))
+            return out
+        nic = float(links.nic[home])
+        far = self.far.get(nic)
+        if far is None:
+            far = self.far[nic] = _candidates(links.fastest(self.owners, home))
+        self[home] = far
+        return far
+
+
+def _candidates(ranks: np.ndarray) -> Candidates:
+    return tuple(int(r) for r in ranks), ranks
 
 
 def bsr_step(

@@ -13,7 +13,7 @@ Local copies cost nothing. Links of one class are not shared between ranks (one 
 full-bisection fabric), so contention inside a switch is not modelled.
 
     >>> from hspmd.comm.plan import Transfer
-    >>> from hspmd.comm.topology import Topology
+    >>> from hspmd.comm.topology import LinkClass, Topology
     >>> topo = Topology.uniform_nodes(16, ranks_per_node=8)
     >>> est = estimate([[Transfer(0, 8, ((0, 50),)), Transfer(0, 1, ((0, 900),))]], topology=topo,
     ...                itemsizes={0: 1_000_000_000})
@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hspmd.comm.plan import Transfer, volume
-from hspmd.comm.topology import Topology
+from hspmd.comm.topology import LinkClass, Topology
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,18 +57,23 @@ def estimate(
     received: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     rank_time: dict[int, float] = defaultdict(float)
     time = 0.0
+    sizes = itemsizes or {}
+    links: dict[tuple[int, int], LinkClass] = {}  # per pair: a switch has far fewer pairs
     for stage in stages:
         send_t: dict[int, float] = defaultdict(float)
         recv_t: dict[int, float] = defaultdict(float)
         for t in stage:
-            if t.src == t.dst:
+            src, dst = t.src, t.dst
+            if src == dst:
                 continue
-            size = volume(t.region) * (itemsizes or {}).get(t.tensor, 1)
-            link = topology.link(t.src, t.dst)
-            sent[t.src][link.name] += size
-            received[t.dst][link.name] += size
-            send_t[t.src] += size / link.bandwidth
-            recv_t[t.dst] += size / link.bandwidth
+            size = volume(t.region) * sizes.get(t.tensor, 1)
+            link = links.get((src, dst))
+            if link is None:
+                link = links[(src, dst)] = topology.link(src, dst)
+            sent[src][link.name] += size
+            received[dst][link.name] += size
+            send_t[src] += size / link.bandwidth
+            recv_t[dst] += size / link.bandwidth
         stage_time = 0.0
         for rank in set(send_t) | set(recv_t):
             busy = max(send_t[rank], recv_t[rank])

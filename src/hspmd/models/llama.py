@@ -209,7 +209,13 @@ class Llama(nn.Module):
         self.head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.head.weight = self.embed.weight
-        cos, sin = (t.to(torch.get_default_device()) for t in rope_tables(config))
+        if on_meta:  # shapes only: the tables' values would be dropped
+            cos, sin = (
+                torch.empty(config.max_seq_len, config.head_dim, dtype=torch.float32)
+                for _ in range(2)
+            )
+        else:
+            cos, sin = (t.to(torch.get_default_device()) for t in rope_tables(config))
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         if not on_meta:
@@ -253,6 +259,8 @@ def init_parameter(name: str, config: LlamaConfig, *, seed: int) -> torch.Tensor
     shape = parameter_shapes(config).get(name)
     if shape is None:
         raise ModelConfigError(f"no parameter {name!r} in this model: see parameter_shapes()")
+    if torch.get_default_device().type == "meta":  # metadata only: nothing to draw
+        return torch.empty(shape, dtype=torch.float32)
     if name.endswith("norm.weight"):
         return torch.ones(shape)
     std = INIT_STD

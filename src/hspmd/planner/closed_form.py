@@ -93,19 +93,35 @@ class StageCosts:
 
     def __init__(self, cost: CostModel, config: ModelSpec, seq_len: int) -> None:
         self.cost, self.config, self.seq_len = cost, config, seq_len
-        self.work = lru_cache(maxsize=None)(self._work)
         self.memory = lru_cache(maxsize=None)(self._memory)
         self._lines: dict[tuple[Any, ...], tuple[float, float]] = {}
         self._sends: dict[tuple[Any, ...], float] = {}
+        self._works: dict[tuple[Any, ...], StageWork] = {}
+        self._kinds: dict[tuple[int, ...], tuple[Any, ...]] = {}
+        self._syncs: dict[tuple[Any, ...], float] = {}
 
-    def _work(
+    def work(
         self, ranks: tuple[int, ...], layers: int, mbs: int, first: bool, last: bool,
         recompute: bool, sp: bool,
     ) -> StageWork:  # fmt: skip
-        return stage_work(
-            self.cost, self.config, ranks, layers, micro_batch_size=mbs, seq_len=self.seq_len,
-            first=first, last=last, recompute=recompute, sequence_parallel=sp,
-        )  # fmt: skip
+        """``stage_work`` of the stage of ``ranks``, cached by what of the ranks it reads:
+        their kinds in order (the slowest sets the pace) and their TP link (across nodes or
+        not). The 4096 stages of a homogeneous layout are then one computation, not 4096."""
+        kinds = self._kinds.get(ranks)
+        if kinds is None:
+            cost = self.cost
+            spans = len({cost.node_of(r) for r in ranks}) > 1
+            same = len(ranks) > 1 and ranks[0] == ranks[1]
+            kinds = self._kinds[ranks] = (tuple(cost.kind_of(r) for r in ranks), spans, same)
+        key = (kinds, layers, mbs, first, last, recompute, sp)
+        out = self._works.get(key)
+        if out is None:
+            out = self._works[key] = stage_work(
+                self.cost, self.config, ranks, layers, micro_batch_size=mbs,
+                seq_len=self.seq_len, first=first, last=last, recompute=recompute,
+                sequence_parallel=sp,
+            )  # fmt: skip
+        return out
 
     def line(
         self, unit: Unit, mbs: int, first: bool, last: bool, options: StrategyOptions,
@@ -168,7 +184,17 @@ class StageCosts:
     def sync(
         self, units: Sequence[Unit], layers: Sequence[float], d: int, options: StrategyOptions,
     ) -> float:  # fmt: skip
-        """Gradient sync (over the inter-node link) and Adam of the slowest stage."""
+        """Gradient sync (over the inter-node link) and Adam of the slowest stage (cached:
+        it reads the units' kinds and TP degrees only)."""
+        key = (tuple((u.kind, len(u.ranks)) for u in units), tuple(layers), d, options.zero1)
+        out = self._syncs.get(key)
+        if out is None:
+            out = self._syncs[key] = self._sync(units, layers, d, options)
+        return out
+
+    def _sync(
+        self, units: Sequence[Unit], layers: Sequence[float], d: int, options: StrategyOptions,
+    ) -> float:  # fmt: skip
         per_layer = layer_params(self.config)
         link = self.cost.links[self.cost.cluster.inter_link.name]
         z = d if options.zero1 else 1

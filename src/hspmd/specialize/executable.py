@@ -57,6 +57,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hspmd.annotation import Piece
+from hspmd.comm.gcpause import paused_gc
 from hspmd.comm.plan import CommPlan
 from hspmd.comm.resolve import resolve
 from hspmd.comm.sizing import length_multiple
@@ -394,6 +395,7 @@ class _Builder:
         self.env[node] = self.graph.call_module("vocab_parallel_loss", args)
 
 
+@paused_gc()  # millions of objects that live on: hspmd.comm.gcpause
 def build_executable(
     config: ModelSpec,
     strategy: Strategy,

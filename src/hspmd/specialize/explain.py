@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hspmd.comm.gcpause import paused_gc
 from hspmd.comm.plan import (
     AllGather,
     BatchedSendRecv,
@@ -261,6 +262,7 @@ def _ops_per_part(config: LlamaConfig) -> tuple[int, int, int]:
     return embed_ops, per_layer, totals[0] - per_layer - embed_ops
 
 
+@paused_gc()  # millions of objects that live on: hspmd.comm.gcpause
 def explain(
     config: ModelSpec,
     strategy: Strategy,

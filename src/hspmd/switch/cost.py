@@ -33,7 +33,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hspmd.comm.bsr import BsrEntry, BsrTable, messages, schedule
+from hspmd.comm.bsr import BsrEntry, BsrTable, schedule
+from hspmd.comm.gcpause import paused_gc
 from hspmd.comm.plan import Transfer
 from hspmd.comm.relay import plan_relay
 from hspmd.comm.slices import holders_table
@@ -115,8 +116,8 @@ def estimate_scheme(
 def _count_messages(stages: Sequence[Sequence[Transfer]], *, fused: bool) -> int:
     """Fused schemes send one message per (sender, receiver) pair and stage; unfused ones one
     per pair and tensor."""
-    if fused:
-        return sum(len(messages(stage)) for stage in stages)
+    if fused:  # len(messages(stage)) without building the messages
+        return sum(len({(t.src, t.dst) for t in stage if t.src != t.dst}) for stage in stages)
     return len({(t.src, t.dst, t.tensor) for stage in stages for t in stage if t.src != t.dst})
 
 
@@ -160,6 +161,7 @@ class SwitchCost:
         }
 
 
+@paused_gc()  # millions of objects that live on: hspmd.comm.gcpause
 def switch_cost(
     *,
     model: str,
