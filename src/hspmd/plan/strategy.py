@@ -365,7 +365,8 @@ def check_strategy(
             raise StrategyError(
                 f"tied embeddings need layer 0 and layer {config.num_layers - 1} on one stage, "
                 f"but pipeline {p} ({pipeline}) has {len(pipeline.stages)} stages: "
-                "untie them (tie_embeddings=False) or use one stage per pipeline"
+                "put each pipeline on one stage, or untie the weights in the model "
+                "(a preset: --config '{\"tie_embeddings\": false}')"
             )
     if global_batch is not None and strategy.global_batch != global_batch:
         sums = " + ".join(f"{p.num_micro_batches}x{p.micro_batch_size}" for p in strategy.pipelines)
