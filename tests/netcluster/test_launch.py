@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from hspmd.cli import main
 from hspmd.netcluster import run
 from hspmd.netcluster.spec import NetSpec
 from hspmd.train.compare import compare
@@ -110,3 +111,31 @@ def test_cli_trace_across_nodes(network, tmp_path) -> None:
         other_node = {2, 3} if rank < 2 else {0, 1}  # the stages' p2p cross the veth
         assert any(other_node & set(e["args"].get("peers", ())) for e in mine if e["cat"] == "comm")
     assert sorted(data["otherData"]["clocks"]) == ["0", "1", "2", "3"]
+
+
+def test_elastic_across_nodes_survives_a_kill_in_node_1(network, capsys) -> None:
+    """``--elastic --nnodes 2`` across the namespaces (issue 16's elastic item): rank 3, in
+    node 1's namespace, is killed at step 3; both launchers go on to the end, and the
+    losses node 0 prints equal the single-process reference's."""
+    dp4 = "1x2: R0:L0-1; 1x2: R1:L0-1; 1x2: R2:L0-1; 1x2: R3:L0-1"
+    run_args = ["--strategy", dp4, "--config", '{"num_layers": 2}', "--seq-len", "16",
+                "--global-batch", "8", "--steps", "5", "--json"]  # fmt: skip
+    cli = [sys.executable, "-m", "hspmd", "train", *run_args, "--elastic", "--hang-timeout",
+           "10", "--inject-failure", "3@3", "--nnodes", "2", "--master-port", "29524"]  # fmt: skip
+    procs = [run.spawn(i, cli, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for i in range(2)]  # fmt: skip
+    try:
+        outs = [p.communicate(timeout=400) for p in procs]
+    finally:
+        for proc in procs:
+            run.stop(proc, grace_s=0)
+    for node, (proc, (_, err)) in enumerate(zip(procs, outs, strict=True)):
+        assert proc.returncode == 0, f"node {node}: {err[-3000:]}"
+    lines = [json.loads(x) for x in outs[0][0].splitlines() if x.startswith("{")]
+    failures = [x for x in lines if x.get("event") == "failure"]
+    assert [f["rank"] for f in failures] == [3], lines
+    got = [x["loss"] for x in lines if "loss" in x and "event" not in x]
+    assert main(["train", *run_args, "--reference"]) == 0
+    ref = capsys.readouterr().out
+    want = [json.loads(x)["loss"] for x in ref.splitlines() if x.startswith("{")]
+    assert len(got) == 5 and max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5
