@@ -18,9 +18,12 @@ from torch import nn
 
 from hspmd.graph.capture import capture
 from hspmd.models.config import LlamaConfig
+from hspmd.models.module import params_before_first_block
 from hspmd.models.spec import ModelSpec, ModelSpecError, ModuleModel
 
-__all__ = ["constant", "initial_parameter", "model_graph", "plain_model"]
+__all__ = [
+    "constant", "initial_parameter", "model_graph", "params_before_first_block", "plain_model",
+]  # fmt: skip
 
 
 @functools.cache

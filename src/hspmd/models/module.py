@@ -345,11 +345,8 @@ def _shapes(gm: torch.fx.GraphModule, batch: int, length: int) -> dict[str, tupl
     return found
 
 
-def _param_layers(
-    gm: torch.fx.GraphModule, names: list[str], num_layers: int, blocks: str
-) -> dict[str, int]:
-    """Block ``i``'s parameters (``{blocks}.{i}.*``): layer i; others: layer 0 if the first block's input
-    depends on them, else the last layer."""
+def params_before_first_block(gm: torch.fx.GraphModule) -> set[str]:
+    """The ``get_attr`` targets (parameters, buffers) that block 0's input depends on."""
     first = next(n for n in gm.graph.nodes if is_reshard_node(n) and n.args[1] == "layers.0.input")
     before: set[torch.fx.Node] = set()
     stack = [first]
@@ -358,7 +355,15 @@ def _param_layers(
         if node not in before:
             before.add(node)
             stack.extend(node.all_input_nodes)
-    used_before = {str(n.target) for n in before if n.op == "get_attr"}
+    return {str(n.target) for n in before if n.op == "get_attr"}
+
+
+def _param_layers(
+    gm: torch.fx.GraphModule, names: list[str], num_layers: int, blocks: str
+) -> dict[str, int]:
+    """Block ``i``'s parameters (``{blocks}.{i}.*``): layer i; others: layer 0 if the first block's input
+    depends on them, else the last layer."""
+    used_before = params_before_first_block(gm)
     layers = {}
     depth = blocks.count(".") + 1
     for name in names:

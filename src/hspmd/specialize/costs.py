@@ -56,7 +56,7 @@ from torch.utils.flop_counter import flop_registry
 from hspmd.annotation import DUP, Annotation
 from hspmd.errors import HspmdError
 from hspmd.markers import is_reshard_node
-from hspmd.models.build import model_graph
+from hspmd.models.build import model_graph, params_before_first_block
 from hspmd.models.config import LlamaConfig
 from hspmd.models.spec import (
     Amount,
@@ -234,20 +234,7 @@ def _params(model: ModelSpec, part: int) -> tuple[float, float]:
 
 def _is_pre_param(model: ModelSpec, name: str) -> bool:
     """For a one-block model (layer 0 is also the last): does ``name`` feed the block?"""
-    gm = model_graph(model)
-    first = next(n for n in gm.graph.nodes if is_reshard_node(n) and n.args[1] == "layers.0.input")
-    return str(name) in {str(n.target) for n in _ancestors(first) if n.op == "get_attr"}
-
-
-def _ancestors(node: torch.fx.Node) -> set[torch.fx.Node]:
-    seen: set[torch.fx.Node] = set()
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if n not in seen:
-            seen.add(n)
-            stack.extend(n.all_input_nodes)
-    return seen
+    return str(name) in params_before_first_block(model_graph(model))
 
 
 # -- parts ---------------------------------------------------------------------------------------
