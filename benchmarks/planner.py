@@ -144,7 +144,7 @@ LOCAL = {  # llama-small, 4 local processes
     "TP2 | PP2": "4x1: R0-1:L0-7; 4x1: R2:L0-3 R3:L4-7",
     "6 + 2 micro-batches": "6x1: R0-1:L0-7; 2x1: R2-3:L0-7",
 }
-NPROC, SEQ, BATCH, STEPS, REPEATS = 4, 128, 8, 5, 3
+NPROC, SEQ, BATCH, STEPS, WARMUP, REPEATS = 4, 128, 8, 8, 2, 3
 
 
 def local_cluster(path: Path, profile: Path, slowed: float) -> Path:
@@ -167,13 +167,14 @@ def local_cluster(path: Path, profile: Path, slowed: float) -> Path:
 
 
 def _measure(configs: list[Any], repeats: int) -> list[float]:
-    """Each config's median step time over ``repeats`` launches (steps 2.. of each)."""
+    """Each config's median step time over ``repeats`` launches (steps ``WARMUP + 1``.. of
+    each: the first steps of a launch run slower, allocator and caches warming up)."""
     from hspmd.train.trainer import train_many
 
     times: list[list[float]] = [[] for _ in configs]
     for _ in range(repeats):
         for i, res in enumerate(train_many(configs)):
-            times[i] += [r.seconds for r in res.records[1:]]
+            times[i] += [r.seconds for r in res.records[WARMUP:]]
     return [statistics.median(t) for t in times]
 
 
@@ -216,7 +217,7 @@ def local_part(repeats: int = REPEATS, keep: str | None = None) -> dict[str, Any
     measured = _measure(configs, repeats)
     out["load_before_after"] = [load, os.getloadavg()[0]]
     print(f"\nllama-small on {NPROC} local processes, batch {BATCH}, seq {SEQ}, fp32: "
-          f"predicted vs measured step time (median of steps 2-{STEPS} over {repeats} launches; "
+          f"predicted vs measured step time (median of steps {WARMUP + 1}-{STEPS} over {repeats} launches; "
           f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after)")  # fmt: skip
     print(f"{'strategy':<22}{'predicted s':>12}{'measured s':>12}{'pred/meas':>10}")
     for (name, text), seconds in zip(texts.items(), measured, strict=False):

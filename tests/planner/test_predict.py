@@ -110,7 +110,7 @@ def test_shared_cores_slow_the_ranks_that_compute_at_once(tmp_path: Path) -> Non
     assert a2.step_time_s < s2.step_time_s < 2 * a2.step_time_s
 
 
-def test_shared_cores_slow_tp_compute_but_not_its_collectives(tmp_path: Path) -> None:
+def test_shared_cores_slow_tp_collectives_only_beyond_their_group(tmp_path: Path) -> None:
     from tests.planner.test_cost import _profiled_cluster
 
     config = get_config("llama-tiny")
@@ -120,6 +120,11 @@ def test_shared_cores_slow_tp_compute_but_not_its_collectives(tmp_path: Path) ->
     p = predict(parse_strategy("1x1: R0-1:L0-3"), config, cost, seq_len=16, options=opts)
     work = p.work[(0, 0)]
     compute, comm = p.result.span("p0s0F0:compute"), p.result.span("p0s0F0")
-    # the 2-rank compute task weighs 2: x3; its collectives (1 ms per 2-rank call) are not
+    # the 2-rank compute task weighs 2: x3; its collectives (1 ms per 2-rank call) were
+    # profiled with their 2 ranks active: as measured
     assert compute.duration == pytest.approx(3 * (work.forward_s - work.forward_comm_s))
     assert comm.duration == pytest.approx(work.forward_comm_s) and work.forward_comm_s > 0
+    # beside another TP pair (4 processes busy: 3 x 4 / 2 = 6 against 3) they take twice that
+    two = parse_strategy("1x1: R0-1:L0-3; 1x1: R2-3:L0-3")
+    q = predict(two, config, cost, seq_len=16, options=opts)
+    assert q.result.span("p0s0F0").duration == pytest.approx(2 * work.forward_comm_s)

@@ -353,6 +353,24 @@ def test_pool_shares_processors_among_the_tasks_running_at_once() -> None:
         simulate(tasks)
 
 
+def test_task_measured_under_load_is_slowed_only_beyond_it() -> None:
+    from hspmd.sim import Pool
+
+    pools = {"cores": Pool((1.0, 1.5, 2.0, 3.0))}
+    # a 2-rank collective profiled with its 2 ranks active: as measured at load 2 ...
+    ar = Task("ar", 0, "comm", 1.0, category="comm", ranks=(0, 1), share="cores", measured_at=2)
+    assert simulate([ar], pools=pools).makespan == pytest.approx(1.0)
+    # ... and 3.0 / 1.5 = 2x slower while two more ranks compute beside it (load 4)
+    other = Task("f", 2, "compute", 4.0, category="F", ranks=(2, 3), share="cores")
+    r = simulate([ar, other], pools=pools)
+    assert _times(r)["ar"] == pytest.approx((0.0, 2.0))
+    # the compute runs at 1/3 while the collective runs, then at 1/1.5 alone:
+    # 2 s do 2/3 of its 4 s alone, the 10/3 left take 5 s
+    assert _times(r)["f"] == pytest.approx((0.0, 7.0))
+    with pytest.raises(SimError, match="measured_at=0"):
+        Task("x", 0, "comm", 1.0, category="comm", measured_at=0)
+
+
 def test_pool_factors_are_checked_and_extrapolated() -> None:
     from hspmd.sim import Pool
 

@@ -9,8 +9,9 @@ Each sample is the median of several timed repetitions after one warm-up;
     norm         x * rsqrt(mean(x^2) + eps) * w fwd, bwd  input bytes, bwd twice (x and dy)
     elementwise  silu(a) * b, a + b                       input bytes
     optimizer    torch.optim.Adam step, fp32 params       parameter bytes
-    collectives  gloo over nproc local processes          bus bytes (profile.bus_bytes)
-    core sharing k processes' matmul loops at once (CPU)  slowdown against one alone
+    collectives  gloo over nproc local processes, each    bus bytes (profile.bus_bytes)
+                 call between bits of compute
+    core sharing k processes' MLP fwd+bwd+Adam at once    slowdown against one alone (CPU)
 
 Compute runs with ``threads`` torch threads, the count each local rank gets (``cores //
 nproc``, at least 1), so that a rank's compute is what was measured. The matmul family
@@ -19,15 +20,19 @@ runs, and every line is fitted to relative error (``fit_linear(relative=True)``)
 calls weigh as much as big ones.
 
 Collectives run on ``nproc`` local gloo processes (``hspmd.runtime.launch``); a sample is
-the slowest rank's median, each repetition starting after a barrier.
+the slowest rank's mean time per call over rounds of (a little compute, the call), less
+the compute: a collective as a step uses it (``_collective_worker``).
 """
 
 from __future__ import annotations
 
 import datetime
+import itertools
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -71,25 +76,50 @@ def _nothing() -> None:
     return None
 
 
+# A training step reads each weight once per micro-batch, after other work has evicted it
+# from the caches: the matmul samples cycle through operand sets totalling this much (twice
+# a large last-level cache), so each call reads cold operands. On this 2-core CPU a small
+# layer's matmul runs 1.1-1.6x slower cold than hot.
+COLD_BYTES = 64 << 20
+
+
+def _cycle(calls: Sequence[Callable[[], object]]) -> Callable[[], object]:
+    """One callable that runs ``calls`` in turn, one per call."""
+    turn = itertools.cycle(calls)
+    return lambda: next(turn)()
+
+
 def measure_matmul(
     sizes: Sequence[int], reps: int, dtype: torch.dtype = torch.float32, *, device: str = "cpu"
 ) -> list[Sample]:
     """F.linear forward (``2*M*N*K`` FLOPs) and backward (twice that) on square sizes
     ``n``, and on skinny ``(4n, n) x (n, n/4)`` and ``(n/2, n) x (n, 3n)`` for the smaller
-    half of them (activations times a projection, as a transformer layer runs)."""
+    half of them (activations times a projection, as a transformer layer runs); each call
+    on cold operands (``COLD_BYTES``)."""
     out, sync = [], device != "cpu"
     shapes = [(n, n, n) for n in sizes]
     shapes += [(4 * n, n, max(n // 4, 16)) for n in sizes[: len(sizes) // 2 + 1]]
     shapes += [(n // 2, n, 3 * n) for n in sizes[: len(sizes) // 2 + 1]]
+    itemsize = torch.empty((), dtype=dtype).element_size()
     for m, k, n in shapes:
-        x = torch.randn(m, k, dtype=dtype, device=device, requires_grad=True)
-        w = torch.randn(n, k, dtype=dtype, device=device, requires_grad=True)
+        copies = max(1, min(256, -(-COLD_BYTES // ((m + n) * k * itemsize))))
+        pairs = [
+            (
+                torch.randn(m, k, dtype=dtype, device=device, requires_grad=True),
+                torch.randn(n, k, dtype=dtype, device=device, requires_grad=True),
+            )
+            for _ in range(copies)
+        ]
         flops = 2.0 * m * n * k
-        forward = partial(F.linear, x, w)
+        forward = _cycle([partial(F.linear, x, w) for x, w in pairs])
         out.append(Sample("matmul", flops, median_seconds(forward, reps, sync=sync)))
-        y = F.linear(x, w)
-        g = torch.ones_like(y)
-        backward = partial(torch.autograd.grad, y, (x, w), g, retain_graph=True)
+        grads = []
+        for x, w in pairs:
+            y = F.linear(x, w)
+            grads.append(
+                partial(torch.autograd.grad, y, (x, w), torch.ones_like(y), retain_graph=True)
+            )
+        backward = _cycle(grads)
         out.append(Sample("matmul", 2 * flops, median_seconds(backward, reps, sync=sync)))
     return out
 
@@ -198,25 +228,47 @@ def _collective(op: str, nbytes: int, world: Any, n: int, group: Any) -> Callabl
     return partial(dist.send if rank % 2 == 0 else dist.recv, full, peer)
 
 
+def _gap_work() -> Callable[[], object]:
+    """A little compute (two 128 x 256 x 256 matmuls, about 0.4 ms on one core): what a
+    rank does between two TP collectives of a layer, so that each call is timed as used."""
+    x, w = torch.randn(128, 256), torch.randn(256, 256)
+
+    def gap() -> object:
+        return (x @ w) @ w
+
+    return gap
+
+
 def _collective_worker(
     world: Any, ops: Sequence[str], sizes: Sequence[int], reps: int, groups: Sequence[int]
 ) -> list[tuple[str, int, int, float]]:
-    """On every rank: (op, group size, nbytes, the slowest rank's median seconds) per op,
-    group size (ranks ``0..n-1``; the others wait) and size."""
+    """On every rank: (op, group size, nbytes, the slowest rank's mean seconds per call)
+    per op, group size (ranks ``0..n-1``; the others wait) and size.
+
+    Each call is timed as a training step uses it, between bits of compute: ``reps``
+    rounds of (gap compute, call) back to back, less the gap compute alone. On shared CPU
+    cores this costs 2-4x a call timed after a barrier (the peer arrives later, a blocked
+    process waits for a core to wake it), and the mean keeps the slow calls a median
+    would drop."""
     out = []
     for n in groups:
         group = None if n == world.world_size else dist.new_group(list(range(n)))
+        gap = _gap_work() if world.rank < n else _nothing
         for op in ops:
             for nbytes in sizes:
                 call = _collective(op, nbytes, world, n, group)
                 call()  # warm-up
-                times = []
+                start = time.perf_counter()
                 for _ in range(reps):
-                    dist.barrier()  # every repetition starts together (the barrier is not timed)
-                    start = time.perf_counter()
+                    gap()
+                gap_s = (time.perf_counter() - start) / reps
+                dist.barrier()  # the rounds start together (the barrier is not timed)
+                start = time.perf_counter()
+                for _ in range(reps):
+                    gap()
                     call()
-                    times.append(time.perf_counter() - start)
-                seconds = torch.tensor([statistics.median(times)], dtype=torch.float64)
+                per_call = (time.perf_counter() - start) / reps - gap_s
+                seconds = torch.tensor([max(per_call, 1e-6)], dtype=torch.float64)
                 dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
                 out.append((op, n, nbytes, float(seconds)))
     return out
@@ -231,44 +283,93 @@ def measure_collectives(
     if nproc < 2:
         raise ProfileError(f"nproc={nproc}: collectives need at least 2 processes")
     sizes_n = sorted({nproc, *(g for g in groups if 2 <= g < nproc)}, reverse=True)
-    results = launch(_collective_worker, nproc, args=(tuple(ops), tuple(sizes), reps, sizes_n))
+    rounds = max(2 * reps, 12)  # means over rounds: the slow calls are part of the cost
+    results = launch(_collective_worker, nproc, args=(tuple(ops), tuple(sizes), rounds, sizes_n))
     out: dict[int, list[Sample]] = {n: [] for n in sizes_n}
     for op, n, nbytes, s in results[0]:
         out[n].append(Sample(op, bus_bytes(op, nbytes, n), s))
     return out
 
 
+# One process of the core-sharing probe: a training step in miniature (an MLP block's
+# forward and backward, then Adam over its weights: matmuls, element-wise ops and the
+# optimizer's memory traffic, as a rank's step mixes them), looped inside a common window.
 _SPIN = """
-import sys, time, torch
+import sys, time, torch, torch.nn.functional as F
 torch.set_num_threads(int(sys.argv[1]))
-a, b = torch.randn(256, 512), torch.randn(512, 512)
-for _ in range(20):
-    a @ b
-time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
-start = time.perf_counter()
-for _ in range(int(sys.argv[3])):
-    a @ b
-print(time.perf_counter() - start)
+torch.manual_seed(0)
+x = torch.randn(256, 256, requires_grad=True)
+ws = [torch.randn(768, 256, requires_grad=True), torch.randn(768, 256, requires_grad=True),
+      torch.randn(256, 768, requires_grad=True)]
+adam = torch.optim.Adam(ws, lr=1e-6)
+def step():
+    y = F.linear(F.silu(F.linear(x, ws[0])) * F.linear(x, ws[1]), ws[2])
+    (y * y).mean().backward()
+    adam.step()
+    adam.zero_grad()
+for _ in range(3):
+    step()
+print("ready", flush=True)
+for line in sys.stdin:  # one window per line: "begin end"
+    begin, end = map(float, line.split())
+    time.sleep(max(0.0, begin - time.time()))
+    n, start = 0, time.perf_counter()
+    while time.time() < end or n == 0:
+        step()
+        n += 1
+    print((time.perf_counter() - start) / n, flush=True)
 """
 
 
-def measure_core_sharing(most: int, *, threads: int = 1, loops: int = 400) -> tuple[float, ...]:
-    """How many times longer a ``threads``-thread matmul loop takes while ``k`` processes
-    run it at once, ``k = 1..most`` (the median over the ``k`` processes, the lower of two
-    tries, never below the factor of ``k - 1``; the first is 1)."""
-    import subprocess
-    import sys
+def _sharing_windows(counts: Sequence[int], *, threads: int, window_s: float) -> list[float]:
+    """Seconds per probe step for each ``k`` of ``counts``: the mean over the first ``k``
+    of ``max(counts)`` probe processes looping through one common window (all started,
+    torch imported and warmed up before the first window)."""
+    args = [sys.executable, "-c", _SPIN, str(threads)]
+    procs = [
+        subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for _ in range(max(counts))
+    ]
+    try:
+        if any(_readline(p) != "ready" for p in procs):
+            raise ProfileError(f"the core-sharing probe did not start ({sys.executable} -c ...)")
+        out = []
+        for k in counts:
+            begin = time.time() + 0.05
+            for p in procs[:k]:  # every process gets the window before any is read
+                _tell(p, f"{begin} {begin + window_s}\n")
+            out.append(statistics.mean(float(_readline(p)) for p in procs[:k]))
+        return out
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
-    def run(k: int) -> float:
-        at = time.time() + 1.0 + 0.2 * k  # all start together, after their imports
-        args = [sys.executable, "-c", _SPIN, str(threads), str(at), str(loops)]
-        procs = [subprocess.Popen(args, stdout=subprocess.PIPE, text=True) for _ in range(k)]
-        return statistics.median(float(p.communicate()[0]) for p in procs)
 
-    alone = min(run(1) for _ in range(2))
+def _readline(proc: Any) -> str:
+    return str(proc.stdout.readline()).strip()
+
+
+def _tell(proc: Any, line: str) -> None:
+    proc.stdin.write(line)
+    proc.stdin.flush()
+
+
+def measure_core_sharing(
+    most: int, *, threads: int = 1, window_s: float = 1.0
+) -> tuple[float, ...]:
+    """How many times longer a rank's work takes while ``k`` processes of ``threads``
+    threads work at once, ``k = 1..most``: a miniature training step (forward, backward
+    and Adam of an MLP block) looped by ``k`` processes through one common window of
+    ``window_s`` seconds, the mean time per step over the processes (what their
+    throughput is) against one process alone (the lower of two tries); never below the
+    factor of ``k - 1``; the first is 1."""
+    counts = [1, 1, *range(2, most + 1)]
+    seconds = _sharing_windows(counts, threads=threads, window_s=window_s)
+    alone = min(seconds[:2])
     factors = [1.0]
-    for k in range(2, most + 1):  # the lower of two tries: other load only adds time
-        factors.append(max(factors[-1], min(run(k) for _ in range(2)) / alone))
+    for k_seconds in seconds[2:]:
+        factors.append(max(factors[-1], k_seconds / alone))
     return tuple(factors)
 
 
@@ -353,7 +454,7 @@ def _profile(*, quick: bool, nproc: int, dtype: str, threads: int) -> Profile:
     )
     collectives = [s for group in by_group.values() for s in group]
     sharing = () if cuda else measure_core_sharing(
-        max(nproc, 2), threads=threads, loops=100 if quick else 400
+        max(nproc, 2), threads=threads, window_s=0.6 if quick else 1.5
     )  # fmt: skip
     compute = {op: fit_linear(_points(samples, op), relative=True) for op in COMPUTE_OPS}
     links = (

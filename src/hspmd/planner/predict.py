@@ -142,15 +142,18 @@ def _pipeline_tasks(
                 deps = (f"p{p}s{s + 1}gB{i}",) if s < count - 1 else ()
                 duration, comm = work.backward_s, work.backward_comm_s
             group, share = ranks if len(ranks) > 1 else (), cost.share_of(leader)
+            measured_at = 1  # the compute's line is a rank's time alone
             if share and comm > 0:
-                # shared cores slow the compute; the TP collectives' fits were measured with
-                # every rank communicating, so they are not slowed again
+                # On a shared CPU host the TP collectives' fits hold with their group's
+                # processes active (the profile ran them so); more processes busy on the
+                # host slow them as they slow the compute (a wake-up waits for a core).
                 tasks.append(Task(f"{tid}:compute", leader, "compute", duration - comm,
                                   category=action.kind, deps=deps, label=str(action),
                                   ranks=group, share=share))  # fmt: skip
-                duration, deps, share = comm, (f"{tid}:compute",), ""
+                duration, deps, measured_at = comm, (f"{tid}:compute",), len(ranks)
             tasks.append(Task(tid, leader, "compute", duration, category=action.kind,
-                              deps=deps, label=str(action), ranks=group, share=share))  # fmt: skip
+                              deps=deps, label=str(action), ranks=group, share=share,
+                              measured_at=measured_at))  # fmt: skip
             nxt = s + 1 if action.kind == "F" else s - 1
             if 0 <= nxt < count:
                 peer = pipeline.stages[nxt]

@@ -13,7 +13,9 @@ Model (docs/simulator.md has the long form):
 - ``share`` names a processor pool (``"cores:node0"``: processes sharing a host's CPU
   cores): ``duration`` is the task's time alone, and while tasks weighing ``k`` in total
   (each weighs its number of participants) run in the pool, each progresses at
-  ``1 / slowdown(k)`` (``simulate(..., pools={"cores:node0": Pool(...)})``).
+  ``1 / slowdown(k)`` (``simulate(..., pools={"cores:node0": Pool(...)})``); a task whose
+  duration was measured under load ``m`` (``measured_at``: a collective timed with its
+  ranks active) at ``slowdown(m) / slowdown(k)``.
 
 A task starts at max(deps finished, stream predecessor on every participant finished,
 all its resources free). Worked example, unit costs, one link::
@@ -57,7 +59,9 @@ class Task:
 
     ``Task("F0", 0, "compute", 1.0, category="compute", label="F")``;
     ``Task("ar", 0, "comm", 2.0, category="comm", ranks=(0, 1, 2, 3))`` is one all-reduce
-    over four ranks (``rank`` must be one of ``ranks``).
+    over four ranks (``rank`` must be one of ``ranks``). ``measured_at``: the load of its
+    ``share`` pool under which ``duration`` holds (1: the task alone; a collective profiled
+    with its ``n`` ranks active: ``n``).
     """
 
     id: str
@@ -71,6 +75,7 @@ class Task:
     label: str = ""
     ranks: tuple[int, ...] = ()
     share: str = ""
+    measured_at: int = 1
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.duration) and self.duration >= 0):
@@ -80,6 +85,10 @@ class Task:
         if not self.stream or not self.category:
             raise SimError(
                 f"task {self.id!r}: stream={self.stream!r}, category={self.category!r}; both must be non-empty"
+            )
+        if self.measured_at < 1:
+            raise SimError(
+                f"task {self.id!r}: measured_at={self.measured_at}; give a pool load >= 1"
             )
         if self.ranks and (self.rank not in self.ranks or len(set(self.ranks)) != len(self.ranks)):
             raise SimError(
@@ -207,6 +216,7 @@ class _Graph:
     num_resources: int
     shares: list[int]  # pool index per task, -1 for none
     weights: list[int]  # participants per task
+    bases: list[float]  # per task: its pool's slowdown at the load it was measured at
     pools: list[Pool]
 
 
@@ -251,9 +261,10 @@ def _build(tasks: Sequence[Task], pools: Mapping[str, Pool]) -> _Graph:
     names = list(pools)
     shares = [names.index(t.share) if t.share else -1 for t in tasks]
     weights = [len(t.participants) for t in tasks]
+    bases = [pools[t.share].factor(t.measured_at) if t.share else 1.0 for t in tasks]
     return _Graph(
         [t.duration for t in tasks], pending, succs, resources, len(resource_ids),
-        shares, weights, [pools[n] for n in names],
+        shares, weights, bases, [pools[n] for n in names],
     )  # fmt: skip
 
 
@@ -292,9 +303,9 @@ class _Run:
     def _advance(self, pool: int, t: float) -> None:
         """Charge the pool's running tasks for the time since its last change."""
         elapsed = (t - self.updated[pool]) / self.factor[pool]
-        left = self.running[pool]
+        left, bases = self.running[pool], self.graph.bases
         for j in left:
-            left[j] = max(0.0, left[j] - elapsed)
+            left[j] = max(0.0, left[j] - elapsed * bases[j])
         self.updated[pool] = t
 
     def _reschedule(self, pool: int) -> None:
@@ -304,7 +315,7 @@ class _Run:
         self.factor[pool] = factor
         for j, work in left.items():
             self.version[j] += 1
-            self.ends[j] = t + work * factor
+            self.ends[j] = t + work * factor / self.graph.bases[j]
             heapq.heappush(self.events, (self.ends[j], j, self.version[j]))
 
     def current(self, event: tuple[float, int, int]) -> bool:
