@@ -150,7 +150,8 @@ NPROC, SEQ, BATCH, STEPS, WARMUP, REPEATS = 4, 128, 8, 8, 2, 3
 def local_cluster(path: Path, profile: Path, slowed: float) -> Path:
     """4 local ranks of the profiled kind (its ``core_sharing`` says how the processes
     slow each other down on this machine's cores); with ``slowed``, ranks 2 and 3 that much
-    slower (a second kind on a second fake node)."""
+    slower (a second kind on a second fake node; both nodes share this machine's cores:
+    ``one_host``)."""
     kind = {"memory_mb": 4000, "bf16_tflops": 1, "profile": str(profile),
             "intra_link": {"name": "loopback", "GBps": 1}}  # fmt: skip
     kinds = {"cpu": kind}
@@ -160,7 +161,7 @@ def local_cluster(path: Path, profile: Path, slowed: float) -> Path:
         nodes = [{"kind": "cpu", "count": 1, "gpus_per_node": 2},
                  {"kind": "slow", "count": 1, "gpus_per_node": 2}]  # fmt: skip
     data = {"format": "hspmd.cluster/1", "name": path.stem, "gpu_kinds": kinds,
-            "inter_link": {"name": "loopback", "GBps": 1}, "nodes": nodes,
+            "inter_link": {"name": "loopback", "GBps": 1}, "nodes": nodes, "one_host": True,
             "assumed": {"profile": f"hspmd profile of this machine ({os.cpu_count()} cores)"}}  # fmt: skip
     path.write_text(json.dumps(data))
     return path

@@ -98,3 +98,29 @@ def test_link_seconds_use_the_fit_of_the_nearest_group_size(tmp_path: Path) -> N
     assert cost.collective("all-reduce", 1e6, (0, 1)) == pytest.approx(1e-3)
     assert cost.collective("all-reduce", 1e6, (0, 1, 2, 3)) == pytest.approx(4e-3)
     assert "groups of 2, 4" in cost.describe()
+
+
+def test_emulated_nodes_on_one_host_share_one_pool(tmp_path: Path) -> None:
+    import json
+
+    from hspmd.switch.cluster import ClusterError
+
+    path = _profiled_cluster(tmp_path, kind="cpu", sharing=(1.0, 1.5))
+    data = json.loads(path.read_text())
+    data["nodes"] = [{"kind": "k", "count": 2, "gpus_per_node": 2}]
+    data["inter_link"] = {"name": "veth", "GBps": 0.05}
+    path.write_text(json.dumps(data))
+    apart = CostModel.of(load_cluster(path))
+    assert [apart.share_of(r) for r in range(4)] == ["cores:node0"] * 2 + ["cores:node1"] * 2
+    path.write_text(json.dumps({**data, "one_host": True}))
+    together = CostModel.of(load_cluster(path))
+    assert {together.share_of(r) for r in range(4)} == {"cores:host"}
+    assert list(together.pools()) == ["cores:host"]
+    # the veth has no profile: its bytes at its bandwidth, each call at the profiled
+    # loopback's fixed cost for that group size (4 ms over 4 ranks, 1 ms over 2)
+    seconds = together.collective("all-reduce", 1e6, (0, 2))  # across the two nodes
+    assert seconds == pytest.approx(1e-3 + 2 * 0.5 * 1e6 / 0.05e9)
+    assert "per-call overheads of k's profile" in together.describe()
+    path.write_text(json.dumps({**data, "one_host": "yes"}))
+    with pytest.raises(ClusterError, match="'one_host' is 'yes'"):
+        load_cluster(path)

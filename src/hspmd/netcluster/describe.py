@@ -64,6 +64,7 @@ def cluster_json(spec: NetSpec, measured: Measured, *, memory_mb: float) -> dict
         },
         "inter_link": {"name": "veth", "GBps": inter},
         "nodes": [{"kind": KIND, "count": spec.num_nodes, "gpus_per_node": spec.ranks_per_node}],
+        "one_host": True,  # the namespaces share this machine's cores
         "assumed": {
             f"gpu_kinds.{KIND}.bf16_tflops": "not measured: a placeholder, profile the host "
             "with `hspmd profile` for compute figures",

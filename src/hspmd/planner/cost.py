@@ -11,7 +11,9 @@ send/recv per ring bus byte on a link. Where each line comes from, per GPU kind:
    and the optimizer bound by ``"hbm_GBps"`` (``DEFAULT_HBM_GBPS`` when absent);
 3. else the documented assumption: ``DEFAULT_EFFICIENCY`` (half) of ``bf16_tflops``.
 
-A link class without a profile runs at its file bandwidth with ``LINK_OVERHEAD_S`` per call.
+A link class without a profile runs at its file bandwidth with, per call, the overhead the
+cluster's profiled link measured for that collective (the software's fixed cost), else
+``LINK_OVERHEAD_S``.
 ``slowdown`` in a kind multiplies its compute times (not its links). ``source`` on each
 line says which rule made it, and ``CostModel.describe()`` prints them all.
 
@@ -138,7 +140,8 @@ class CostModel:
         for name, profile in profiles.items():
             for link, fits in profile.links.items():
                 measured[link] = (name, fits)
-        links = {n: _link(c, measured.get(n)) for n, c in link_classes.items()}
+        calls = next(iter(measured.values()), None)  # per-call costs of the profiled software
+        links = {n: _link(c, measured.get(n), calls) for n, c in link_classes.items()}
         kinds = tuple(cluster.kind_of(r).name for r in range(cluster.num_ranks))
         topology = cluster.topology()
         nodes = tuple(topology.node_of(r) for r in range(cluster.num_ranks))
@@ -193,10 +196,13 @@ class CostModel:
         kind does not share cores (module docstring)."""
         if not self.device_of(rank).core_sharing:
             return ""
+        if self.cluster.one_host:  # emulated nodes: one machine's cores for all
+            return "cores:host"
         return f"cores:node{self._nodes[rank]}"
 
     def pools(self) -> dict[str, Pool]:
-        """The simulator's pools: one per node whose ranks share CPU cores."""
+        """The simulator's pools: one per node whose ranks share CPU cores (one for the
+        whole cluster when its nodes are emulated on one machine, ``Cluster.one_host``)."""
         out: dict[str, Pool] = {}
         for rank in range(self.num_ranks):
             name = self.share_of(rank)
@@ -259,11 +265,32 @@ def _device(kind: GpuKind, profile: Profile | None) -> DeviceCost:
     return DeviceCost(kind.name, memory, fits, kind.slowdown, source)
 
 
-def _link(cls: LinkClass, measured: tuple[str, Mapping[str, LinkFit]] | None) -> LinkCost:
+def _link(
+    cls: LinkClass,
+    measured: tuple[str, Mapping[str, LinkFit]] | None,
+    calls: tuple[str, Mapping[str, LinkFit]] | None = None,
+) -> LinkCost:
+    """The link's measured fits; else its file bandwidth, with the per-call overheads of
+    another link the same hosts profiled (``calls``: a collective's fixed cost is the
+    software's, gloo's or nccl's, whatever link then carries its bytes), or
+    ``LINK_OVERHEAD_S``."""
     if measured is not None and all(op in measured[1] for op in COLLECTIVE_OPS):
         fits = {op: f.fit for op, f in measured[1].items()}
         sizes = sorted({g for f in measured[1].values() for g in (f.group_size, *dict(f.groups))})
         source = f"profile of {measured[0]}, groups of {', '.join(map(str, sizes))}"
         return LinkCost(cls.name, fits, source, dict(measured[1]))
-    fits = {op: Fit(1.0 / cls.bandwidth, LINK_OVERHEAD_S, 1.0) for op in COLLECTIVE_OPS}
+    slope = 1.0 / cls.bandwidth
+    if calls is not None and all(op in calls[1] for op in COLLECTIVE_OPS):
+        by_size = {
+            op: LinkFit(
+                Fit(slope, f.fit.overhead_s, 1.0),
+                f.group_size,
+                tuple((n, Fit(slope, g.overhead_s, 1.0)) for n, g in f.groups),
+            )
+            for op, f in calls[1].items()
+        }
+        fits = {op: f.fit for op, f in by_size.items()}
+        source = f"{cls.bandwidth / 1e9:g} GB/s + per-call overheads of {calls[0]}'s profile"
+        return LinkCost(cls.name, fits, source, by_size)
+    fits = {op: Fit(slope, LINK_OVERHEAD_S, 1.0) for op in COLLECTIVE_OPS}
     return LinkCost(cls.name, fits, f"{cls.bandwidth / 1e9:g} GB/s + {LINK_OVERHEAD_S * 1e6:g} us")

@@ -54,6 +54,7 @@ def local_cost(
         "gpu_kinds": {"cpu": kind},
         "inter_link": {"name": "loopback", "GBps": LOOPBACK_GBPS},
         "nodes": [{"kind": "cpu", "count": num_ranks // per_node, "gpus_per_node": per_node}],
+        "one_host": True,  # fake nodes or not, the processes share this machine's cores
     }
     return CostModel.of(cluster_from_json(data, origin="local processes"), dtype=dtype)
 

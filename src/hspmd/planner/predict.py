@@ -120,6 +120,14 @@ class Prediction:
         }
 
 
+def _busy(cost: CostModel, ranks: Sequence[int]) -> float | None:
+    """The cores a stage's compute keeps busy in its host's pool: one per rank, unless its
+    kind is slowed (``slowdown`` F: an emulated slow device computes 1/F of the time and
+    sleeps the rest, ``hspmd train --slowdown``); None for the default, one per rank."""
+    factor = cost.device_of(ranks[0]).slowdown
+    return len(ranks) / factor if factor > 1 else None
+
+
 def _ports(src: Stage, dst: Stage) -> tuple[str, ...]:
     return (f"out:{src.ranks[0]}", f"in:{dst.ranks[0]}")
 
@@ -142,6 +150,7 @@ def _pipeline_tasks(
                 deps = (f"p{p}s{s + 1}gB{i}",) if s < count - 1 else ()
                 duration, comm = work.backward_s, work.backward_comm_s
             group, share = ranks if len(ranks) > 1 else (), cost.share_of(leader)
+            busy = _busy(cost, ranks)
             measured_at = 1  # the compute's line is a rank's time alone
             if share and comm > 0:
                 # On a shared CPU host the TP collectives' fits hold with their group's
@@ -149,11 +158,11 @@ def _pipeline_tasks(
                 # host slow them as they slow the compute (a wake-up waits for a core).
                 tasks.append(Task(f"{tid}:compute", leader, "compute", duration - comm,
                                   category=action.kind, deps=deps, label=str(action),
-                                  ranks=group, share=share))  # fmt: skip
-                duration, deps, measured_at = comm, (f"{tid}:compute",), len(ranks)
+                                  ranks=group, share=share, weight=busy))  # fmt: skip
+                duration, deps, measured_at, busy = comm, (f"{tid}:compute",), len(ranks), None
             tasks.append(Task(tid, leader, "compute", duration, category=action.kind,
                               deps=deps, label=str(action), ranks=group, share=share,
-                              measured_at=measured_at))  # fmt: skip
+                              measured_at=measured_at, weight=busy))  # fmt: skip
             nxt = s + 1 if action.kind == "F" else s - 1
             if 0 <= nxt < count:
                 peer = pipeline.stages[nxt]
@@ -221,7 +230,7 @@ def _sync_tasks(
         deps = tuple(synced.get(stage.ranks[0], [])) or (last_b[(p, s)],)
         tasks.append(Task(f"adam p{p}s{s}", stage.ranks[0], "compute", seconds, category="optimizer",
                           deps=deps, ranks=stage.ranks if len(stage.ranks) > 1 else (), label="Adam",
-                          share=cost.share_of(stage.ranks[0])))  # fmt: skip
+                          share=cost.share_of(stage.ranks[0]), weight=_busy(cost, stage.ranks)))  # fmt: skip
     for seg, ranks, ring, tmin in gathers:
         seconds = cost.collective("all-gather", seg.params / tmin * weight_elt, ring)
         deps = tuple(f"adam p{p}s{s}" for p, s in seg.holders)

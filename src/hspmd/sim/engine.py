@@ -12,8 +12,9 @@ Model (docs/simulator.md has the long form):
   the time they became ready, ties by input order;
 - ``share`` names a processor pool (``"cores:node0"``: processes sharing a host's CPU
   cores): ``duration`` is the task's time alone, and while tasks weighing ``k`` in total
-  (each weighs its number of participants) run in the pool, each progresses at
-  ``1 / slowdown(k)`` (``simulate(..., pools={"cores:node0": Pool(...)})``); a task whose
+  (each weighs its number of participants, or its ``weight``) run in the pool, each
+  progresses at ``1 / slowdown(k)`` (``simulate(..., pools={"cores:node0": Pool(...)})``);
+  a task whose
   duration was measured under load ``m`` (``measured_at``: a collective timed with its
   ranks active) at ``slowdown(m) / slowdown(k)``.
 
@@ -61,7 +62,9 @@ class Task:
     ``Task("ar", 0, "comm", 2.0, category="comm", ranks=(0, 1, 2, 3))`` is one all-reduce
     over four ranks (``rank`` must be one of ``ranks``). ``measured_at``: the load of its
     ``share`` pool under which ``duration`` holds (1: the task alone; a collective profiled
-    with its ``n`` ranks active: ``n``).
+    with its ``n`` ranks active: ``n``). ``weight``: the cores it keeps busy in the pool, its
+    participants unless given (a rank emulating a device ``F`` times slower computes
+    ``1/F`` of the time and sleeps the rest).
     """
 
     id: str
@@ -76,6 +79,7 @@ class Task:
     ranks: tuple[int, ...] = ()
     share: str = ""
     measured_at: int = 1
+    weight: float | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.duration) and self.duration >= 0):
@@ -86,6 +90,8 @@ class Task:
             raise SimError(
                 f"task {self.id!r}: stream={self.stream!r}, category={self.category!r}; both must be non-empty"
             )
+        if self.weight is not None and not (math.isfinite(self.weight) and self.weight >= 0):
+            raise SimError(f"task {self.id!r}: weight={self.weight!r}; give a value >= 0")
         if self.measured_at < 1:
             raise SimError(
                 f"task {self.id!r}: measured_at={self.measured_at}; give a pool load >= 1"
@@ -111,6 +117,8 @@ class Pool:
 
     >>> Pool((1.0, 1.0, 1.6, 2.0)).factor(2), Pool((1.0, 2.0)).factor(4)
     (1.0, 4.0)
+    >>> round(Pool((1.0, 1.0, 1.6, 2.0)).factor(2.5), 3)
+    1.3
     """
 
     slowdown: tuple[float, ...]
@@ -121,10 +129,15 @@ class Pool:
                 f"pool slowdown={self.slowdown!r}: give finite factors >= 1, k = 1, 2, ..."
             )
 
-    def factor(self, k: int) -> float:
-        if k <= len(self.slowdown):
-            return self.slowdown[max(k, 1) - 1]
-        return self.slowdown[-1] * k / len(self.slowdown)
+    def factor(self, k: float) -> float:
+        """The slowdown at load ``k``, linear between the table's entries (a task may
+        weigh a fraction of a core)."""
+        n = len(self.slowdown)
+        if k >= n:
+            return self.slowdown[-1] * k / n
+        low = max(int(k), 1)
+        a, b = self.slowdown[low - 1], self.slowdown[min(low, n - 1)]
+        return a + (b - a) * max(k - low, 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +228,7 @@ class _Graph:
     resources: list[tuple[int, ...]]
     num_resources: int
     shares: list[int]  # pool index per task, -1 for none
-    weights: list[int]  # participants per task
+    weights: list[float]  # the cores each task keeps busy: participants, or its weight
     bases: list[float]  # per task: its pool's slowdown at the load it was measured at
     pools: list[Pool]
 
@@ -260,7 +273,7 @@ def _build(tasks: Sequence[Task], pools: Mapping[str, Pool]) -> _Graph:
         )
     names = list(pools)
     shares = [names.index(t.share) if t.share else -1 for t in tasks]
-    weights = [len(t.participants) for t in tasks]
+    weights = [float(len(t.participants)) if t.weight is None else t.weight for t in tasks]
     bases = [pools[t.share].factor(t.measured_at) if t.share else 1.0 for t in tasks]
     return _Graph(
         [t.duration for t in tasks], pending, succs, resources, len(resource_ids),

@@ -4,7 +4,10 @@ A cluster is a list of node groups (``count`` nodes of ``gpus_per_node`` GPUs of
 ranks numbered node by node in the order listed. Each GPU kind has its memory, its bf16
 peak and its intra-node link (NVLink); every GPU has one NIC of the ``inter_link`` class
 (InfiniBand). Bandwidths are GB/s (1e9 bytes per second) per GPU in one direction.
-``assumed`` names the figures that are not measured or published::
+``assumed`` names the figures that are not measured or published. ``"one_host": true`` says
+that every node of the file is emulated on one machine (network namespaces, fake nodes of
+local processes): their ranks share that machine's CPU cores (the planner's cost model
+puts them in one processor pool)::
 
     {"format": "hspmd.cluster/1", "name": "two-nodes",
      "gpu_kinds": {"H20": {"memory_mb": 97871, "bf16_tflops": 148,
@@ -90,6 +93,7 @@ class Cluster:
     inter_link: LinkClass
     assumed: tuple[tuple[str, str], ...] = ()
     description: str = ""
+    one_host: bool = False  # every node emulated on one machine: its ranks share its cores
 
     @property
     def num_ranks(self) -> int:
@@ -177,6 +181,12 @@ def cluster_from_json(data: Any, *, origin: str = "<json>") -> Cluster:
     assumed = data.get("assumed", {})
     if not isinstance(assumed, dict):
         raise ClusterError(f"cluster file {origin}: 'assumed' must map field names to reasons")
+    one_host = data.get("one_host", False)
+    if not isinstance(one_host, bool):
+        raise ClusterError(
+            f"cluster file {origin}: 'one_host' is {one_host!r}: give true (every node emulated "
+            "on one machine) or false"
+        )
     return Cluster(
         name=str(data.get("name", origin)),
         kinds=kinds,
@@ -184,6 +194,7 @@ def cluster_from_json(data: Any, *, origin: str = "<json>") -> Cluster:
         inter_link=_link(_field(data, "inter_link", dict, origin), "inter_link", origin),
         assumed=tuple((str(k), str(v)) for k, v in assumed.items()),
         description=str(data.get("description", "")),
+        one_host=one_host,
     )
 
 
