@@ -371,6 +371,20 @@ def test_task_measured_under_load_is_slowed_only_beyond_it() -> None:
         Task("x", 0, "comm", 1.0, category="comm", measured_at=0)
 
 
+def test_task_weighs_the_cores_it_keeps_busy() -> None:
+    from hspmd.sim import Pool
+
+    pools = {"cores": Pool((1.0, 2.0))}
+    # a rank computing a third of the time (an emulated 3x slower device) loads the pool
+    # by 1/3: beside a full rank the load is 4/3, a slowdown of 1 + (2 - 1) / 3
+    slow = Task("s", 0, "compute", 3.0, category="F", share="cores", weight=1 / 3)
+    fast = Task("f", 1, "compute", 1.0, category="F", share="cores")
+    r = simulate([slow, fast], pools=pools)
+    assert _times(r)["f"] == pytest.approx((0.0, 4 / 3))
+    with pytest.raises(SimError, match="weight=-1"):
+        Task("x", 0, "compute", 1.0, category="F", weight=-1)
+
+
 def test_pool_factors_are_checked_and_extrapolated() -> None:
     from hspmd.sim import Pool
 
