@@ -37,6 +37,7 @@ under three strategies
     sudo .venv/bin/python benchmarks/network.py              # ~2-3 min: tables + JSON line
     sudo .venv/bin/python benchmarks/network.py --inter-gbps 0.2
     sudo .venv/bin/python benchmarks/network.py --part sim   # ~3 min
+    sudo .venv/bin/python benchmarks/network.py --ranks-per-node 4   # C1 -> C2 on nodes of 4
 """
 
 from __future__ import annotations
@@ -76,6 +77,12 @@ class Case:
     schemes: tuple[str, ...]
 
 
+# The same switch on nodes of 4 ranks (TP-4 stages, a node each): the failed rank's node
+# keeps three survivors, as the paper's 8-GPU node keeps seven, so a relay has NICs to
+# spread the lost rank's slices over (``--ranks-per-node 4``: 16 processes).
+C1_4 = "2x1: R0-3:L0-3 R4-7:L4-7; 2x1: R8-11:L0-3 R12-15:L4-7"
+C2_4 = "3x1: R0-3:L0-3 R4-7:L4-7; 1x1: R8-11:L0-3 R12-13:L4-5 R14:L6-7"  # R15 failed
+CASES_4 = (Case("C1 -> C2", C1_4, C2_4, (15,), SCHEMES),)
 CASES = (
     Case("C1 -> C2", C1, C2, (7,), SCHEMES),
     Case("B TP2 -> TP1", C1, SHRINK, (), ("fused", "fused-flat")),
@@ -191,13 +198,21 @@ def _run(algo: str, scheme: Any, tensors: list[Any], local: dict[int, Any], worl
     return run_fused_bsr(scheme, tensors, local, world)
 
 
+def _cases(ranks_per_node: int) -> tuple[Case, ...]:
+    if ranks_per_node == 2:
+        return CASES
+    if ranks_per_node == 4:
+        return CASES_4
+    raise SystemExit(f"--ranks-per-node {ranks_per_node}: the switch cases exist for 2 and 4")
+
+
 def _worker(world: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
     from hspmd.switch.cluster import load_cluster
 
     topology = load_cluster(args.cluster).topology()
     config = _config(args)
     rows = []
-    for case in CASES:
+    for case in _cases(args.ranks_per_node):
         tensors, tables = _tensors(case, config)
         local = {}
         for i, t in enumerate(tensors):
@@ -326,17 +341,23 @@ def _print(rows: list[dict[str, Any]], cluster: dict[str, Any]) -> dict[str, flo
         print(f"{r['case']:14} {r['scheme']:13} {r['seconds'] * 1e3:9.1f} {planned} "
               f"{r['veth_sent_bytes'] / 1e6:17.2f}")  # fmt: skip
         by[(r["case"], r["scheme"])] = r["seconds"]
-    c, s, o = CASES
-    return {
+    c = "C1 -> C2"
+    out = {
         "grad_sync_hierarchical_over_resolved": by[("grad sync", "hierarchical")]
         / by[("grad sync", "resolved plan")],
-        "one_owner_relay_over_fused": by[(o.name, "relay")] / by[(o.name, "fused")],
-        "fused_over_naive": by[(c.name, "fused")] / by[(c.name, "naive")],
-        "fused_over_per_tensor": by[(c.name, "fused")] / by[(c.name, "per-tensor")],
-        "relay_over_fused": by[(c.name, "relay")] / by[(c.name, "fused")],
-        "c1c2_flat_over_topology": by[(c.name, "fused-flat")] / by[(c.name, "fused")],
-        "shrink_flat_over_topology": by[(s.name, "fused-flat")] / by[(s.name, "fused")],
+        "fused_over_naive": by[(c, "fused")] / by[(c, "naive")],
+        "fused_over_per_tensor": by[(c, "fused")] / by[(c, "per-tensor")],
+        "relay_over_fused": by[(c, "relay")] / by[(c, "fused")],
+        "c1c2_flat_over_topology": by[(c, "fused-flat")] / by[(c, "fused")],
     }
+    if ("stage to node 2", "relay") in by:  # the cases of 2 ranks a node
+        out["one_owner_relay_over_fused"] = (
+            by[("stage to node 2", "relay")] / by[("stage to node 2", "fused")]
+        )
+        out["shrink_flat_over_topology"] = (
+            by[("B TP2 -> TP1", "fused-flat")] / by[("B TP2 -> TP1", "fused")]
+        )
+    return out
 
 
 def _measure_network(spec: Any, args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
@@ -459,8 +480,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.node is not None:
         return node_main(args)
-    if args.nodes != 4 or args.ranks_per_node != 2:
-        print("network.py: the cases are written for --nodes 4 --ranks-per-node 2", file=sys.stderr)
+    if args.nodes != 4 or args.ranks_per_node not in (2, 4):
+        print("network.py: the cases are written for --nodes 4 and --ranks-per-node 2 or 4",
+              file=sys.stderr)  # fmt: skip
         return 2
 
     from hspmd.netcluster import run
