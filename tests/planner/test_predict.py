@@ -128,3 +128,22 @@ def test_shared_cores_slow_tp_collectives_only_beyond_their_group(tmp_path: Path
     two = parse_strategy("1x1: R0-1:L0-3; 1x1: R2-3:L0-3")
     q = predict(two, config, cost, seq_len=16, options=opts)
     assert q.result.span("p0s0F0").duration == pytest.approx(2 * work.forward_comm_s)
+
+
+def test_gradient_sync_overlaps_the_last_backward_on_gpus(tmp_path: Path) -> None:
+    """As the runtime issues it (hspmd.train.overlap): the sync of the last layers runs
+    beside the backward of the first; on CPU processes sharing cores it waits."""
+    from tests.planner.test_cost import _profiled_cluster
+
+    config = get_config("llama-tiny")  # 4 layers
+    dp = parse_strategy("4x1: R0:L0-3; 4x1: R1:L0-3")
+    opts = StrategyOptions(dtype="fp32")
+    gpus = CostModel.of(load_cluster(_profiled_cluster(tmp_path, kind="cuda", sharing=())))
+    p = predict(dp, config, gpus, seq_len=16, options=opts)
+    last_b = p.result.span("p0s0B3")
+    first = p.result.span("sync3-3")  # layer 3's gradients are final first
+    assert first.start < last_b.end <= p.result.span("sync0-0").start
+    assert p.result.span("p0s0B3@L1").end == pytest.approx(last_b.start)  # pieces in a row
+    cpus = CostModel.of(load_cluster(_profiled_cluster(tmp_path, kind="cpu", sharing=(1.0, 1.5))))
+    q = predict(dp, config, cpus, seq_len=16, options=opts)
+    assert q.result.span("sync0-3").start == q.result.span("p0s0B3").end

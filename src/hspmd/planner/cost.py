@@ -88,6 +88,7 @@ class DeviceCost:
     slowdown: float = 1.0
     source: str = ""
     core_sharing: tuple[float, ...] = ()  # CPU hosts: slowdown per k ranks computing at once
+    cpu: bool = False  # profiled on CPU processes: compute and communication share the cores
 
     def seconds(self, op: str, units: float) -> float:
         if op not in self.fits:
@@ -243,7 +244,8 @@ def _device(kind: GpuKind, profile: Profile | None) -> DeviceCost:
         if sharing:
             shown = ", ".join(f"{f:.2f}" for f in sharing)
             source += f", {profile.threads}-thread ranks sharing cores: x{shown} for k = 1.."
-        return DeviceCost(kind.name, memory, fits, kind.slowdown, source, sharing)
+        cpu = profile.kind == "cpu"
+        return DeviceCost(kind.name, memory, fits, kind.slowdown, source, sharing, cpu)
     if kind.achieved_tflops is not None:
         tflops, source = kind.achieved_tflops, f"achieved_tflops {kind.achieved_tflops:g}"
     else:

@@ -52,12 +52,24 @@ class Segment:
     params: int
 
 
-def segments(strategy: Strategy, config: ModelSpec) -> list[Segment]:
-    """The gradient-sync segments of ``strategy`` in layer order."""
+# The runtime issues the gradient sync item by item as the last backward finishes them
+# (hspmd.train.overlap); the simulator cuts each segment into this many runs of layers, so
+# that the sync of the last layers runs beside the backward of the first.
+OVERLAP_PIECES = 4
+
+
+def segments(strategy: Strategy, config: ModelSpec, *, pieces: int = 1) -> list[Segment]:
+    """The gradient-sync segments of ``strategy`` in layer order, each cut into up to
+    ``pieces`` runs of layers."""
     cuts = {0, config.num_layers}
     for _, _, stage in strategy.stages():
         cuts |= {stage.first_layer, stage.last_layer + 1}
     bounds = sorted(cuts)
+    if pieces > 1:
+        for a, b in zip(bounds, bounds[1:], strict=False):
+            n = min(pieces, b - a)
+            cuts |= {a + (b - a) * k // n for k in range(1, n)}
+        bounds = sorted(cuts)
     out = []
     for a, b in zip(bounds, bounds[1:], strict=False):
         holders = []
@@ -132,11 +144,34 @@ def _ports(src: Stage, dst: Stage) -> tuple[str, ...]:
     return (f"out:{src.ranks[0]}", f"in:{dst.ranks[0]}")
 
 
+def _overlapped(cost: CostModel, stages: Sequence[Stage]) -> bool:
+    """Whether the gradient sync over these stages' ranks runs beside their last backward,
+    as the runtime issues it (``hspmd.train.overlap``): on devices with streams of their
+    own, not on CPU processes (a CPU-profiled kind, or a cluster emulated on one machine:
+    there the sync takes the cores the backward needs)."""
+    if cost.cluster.one_host:
+        return False
+    return not any(cost.device_of(st.ranks[0]).cpu for st in stages)
+
+
+def _last_b_pieces(
+    p: int, s: int, pipe: Pipeline, segs: Sequence[Segment]
+) -> list[tuple[str, int]]:
+    """The last backward of stage ``s`` of pipeline ``p`` cut at its segments, in the
+    order backward runs them (last layers first): (task id, layers) per piece."""
+    mine = sorted((g for g in segs if (p, s) in g.holders), key=lambda g: -g.first)
+    return [(_piece_of(p, s, pipe, g), g.last - g.first + 1) for g in mine]
+
+
 def _pipeline_tasks(
     p: int, pipeline: Pipeline, works: Sequence[StageWork], cost: CostModel, schedule: str,
+    pieces: dict[int, list[tuple[str, int]]] | None = None,
 ) -> list[Task]:  # fmt: skip
+    """``pieces``: per stage, its last backward cut so the gradient sync can start on the
+    layers it has finished (``_last_b_pieces``)."""
     tasks: list[Task] = []
     count, m = len(pipeline.stages), pipeline.num_micro_batches
+    pieces = pieces or {}
     for s, stage in enumerate(pipeline.stages):
         ranks, leader, work = stage.ranks, stage.ranks[0], works[s]
         for action in make_schedule(schedule, count, s, m):
@@ -160,6 +195,13 @@ def _pipeline_tasks(
                                   category=action.kind, deps=deps, label=str(action),
                                   ranks=group, share=share, weight=busy))  # fmt: skip
                 duration, deps, measured_at, busy = comm, (f"{tid}:compute",), len(ranks), None
+            cut = pieces.get(s, []) if action.kind == "B" and i == m - 1 else []
+            total, whole = sum(n for _, n in cut), duration
+            for piece, layers in cut[:-1]:  # the last layers' gradients are final first
+                part = whole * layers / total
+                tasks.append(Task(piece, leader, "compute", part, category=action.kind,
+                                  deps=deps, label=str(action), ranks=group))  # fmt: skip
+                duration, deps = duration - part, (piece,)
             tasks.append(Task(tid, leader, "compute", duration, category=action.kind,
                               deps=deps, label=str(action), ranks=group, share=share,
                               measured_at=measured_at, weight=busy))  # fmt: skip
@@ -202,7 +244,8 @@ def _sync_tasks(
             for r in stage.ranks:
                 synced.setdefault(r, []).append(tid)
     gathers: list[tuple[Segment, tuple[int, ...], tuple[int, ...], int]] = []
-    for seg in segments(strategy, config) if d > 1 else []:
+    segs = _sync_segments(strategy, config, cost)
+    for seg in reversed(segs):  # issued in the order backward finishes them
         stages = [strategy.pipelines[p].stages[s] for p, s in seg.holders]
         ranks = tuple(sorted({r for st in stages for r in st.ranks}))
         tmin = min(st.tp for st in stages)
@@ -215,6 +258,10 @@ def _sync_tasks(
             seconds = cost.collective("all-reduce", shard, ring)
         tid = f"sync{seg.first}-{seg.last}"
         deps = tuple(last_b[h] for h in seg.holders)
+        if _overlapped(cost, stages) and not (zero and len({st.tp for st in stages}) > 1):
+            # each holder's piece of its last backward that finishes these layers (ZeRO-1
+            # between unequal TP degrees is point-to-point: issued after backward)
+            deps = tuple(_piece_of(p, s, strategy.pipelines[p], seg) for p, s in seg.holders)
         tasks.append(Task(tid, ranks[0], "comm", seconds, category="comm", deps=deps,
                           ranks=ranks if len(ranks) > 1 else (), label=f"sync L{seg.first}-{seg.last}"))  # fmt: skip
         for r in ranks:
@@ -237,6 +284,22 @@ def _sync_tasks(
         tasks.append(Task(f"gather{seg.first}-{seg.last}", ranks[0], "comm", seconds, category="comm",
                           deps=deps, ranks=ranks if len(ranks) > 1 else (), label=f"gather L{seg.first}-{seg.last}"))  # fmt: skip
     return tasks
+
+
+def _sync_segments(strategy: Strategy, config: ModelSpec, cost: CostModel) -> list[Segment]:
+    """The segments the step's gradient sync runs over (none for one pipeline), cut into
+    ``OVERLAP_PIECES`` where it overlaps the last backward (``_overlapped``)."""
+    if len(strategy.pipelines) < 2:
+        return []
+    stages = [stage for _, _, stage in strategy.stages()]
+    return segments(strategy, config, pieces=OVERLAP_PIECES if _overlapped(cost, stages) else 1)
+
+
+def _piece_of(p: int, s: int, pipe: Pipeline, seg: Segment) -> str:
+    """The id of the piece of stage ``(p, s)``'s last backward that finishes ``seg``'s
+    layers (``_last_b_pieces``: the piece of the stage's first layers is the whole task's)."""
+    tid = f"p{p}s{s}B{pipe.num_micro_batches - 1}"
+    return tid if seg.first == pipe.stages[s].first_layer else f"{tid}@L{seg.first}"
 
 
 def stage_works(
@@ -263,9 +326,15 @@ def step_tasks(
     """The simulator tasks of one step, and the stage works they were built from."""
     works = stage_works(strategy, config, cost, seq_len=seq_len, options=options)
     tasks: list[Task] = []
+    segs = _sync_segments(strategy, config, cost)
     for p, pipeline in enumerate(strategy.pipelines):
         per_stage = [works[(p, s)] for s in range(len(pipeline.stages))]
-        tasks += _pipeline_tasks(p, pipeline, per_stage, cost, options.schedule)
+        pieces = {
+            s: _last_b_pieces(p, s, pipeline, segs)
+            for s, stage in enumerate(pipeline.stages)
+            if segs and _overlapped(cost, [stage])
+        }
+        tasks += _pipeline_tasks(p, pipeline, per_stage, cost, options.schedule, pieces)
     tasks += _sync_tasks(strategy, config, cost, options)
     return tasks, works
 
