@@ -60,9 +60,13 @@ def test_memory_by_hand() -> None:
         options=StrategyOptions(zero1=True, dtype="bf16"),
     )  # fmt: skip
     assert (mem.weights, mem.gradients, mem.optimizer) == (2 * p, 4 * p, 12 * p / 2)
-    # s*b*H*(10 + 24/t) bytes per layer per micro-batch in 2-byte activations
-    assert mem.activations == 2 * 8 * 64 * 34
-    assert mem.logits == 0 and mem.peak == 2 * p + 4 * p + 6 * p + 2 * 8 * 64 * 34 + OVERHEAD_BYTES
+    # per token of a layer (memory.llama_layer_bytes), H = 64, F = 128, q = 64, kv = 32,
+    # 4 heads, bf16: norms 2 (4H + 2H), matmul inputs 2 (2H), attention 2 (2q + 2kv) + 4 x 4,
+    # MLP 4 (2F); 8 tokens of each of 2 micro-batches in flight
+    per_token = 2 * 6 * 64 + 4 * 64 + 2 * (128 + 64) + 16 + 8 * 128
+    assert (config.hidden_size, config.intermediate_size, config.num_kv_heads) == (64, 128, 2)
+    assert mem.activations == 2 * 8 * per_token
+    assert mem.logits == 0 and mem.peak == 2 * p + 4 * p + 6 * p + 2 * 8 * per_token + OVERHEAD_BYTES
     assert in_flight("1f1b", 4, 1, 8) == 3 and in_flight("gpipe", 4, 1, 8) == 8
     assert in_flight("1f1b", 4, 0, 2) == 2
 

@@ -13,11 +13,22 @@ masters + Adam      ``12*P / z``                      ``8*P / z`` (moments only)
 ``z`` is 1, or with ZeRO-1 the number of pipelines that hold the stage's layers (the
 data-parallel replicas its optimizer states are sharded over).
 
-Activations kept per layer per micro-batch (Korthikanti et al., "Reducing Activation
-Recomputation in Large Transformer Models", with a fused attention kernel so no ``s*s``
-scores are kept): ``s*b*H*(10 + 24/t)`` bytes in 2-byte activations,
-``s*b*H*34/t`` with sequence parallelism; twice that in fp32. With recompute only each
-layer's input stays (``2*s*b*H``, divided by ``t`` under sequence parallelism) plus one
+Activations kept per layer per micro-batch: what autograd saves in one block of the Llama
+as the runtime runs it (``llama_layer_bytes``; counted tensor by tensor on a real block in
+``tests/planner/test_memory.py``), per token, ``e`` the compute dtype's bytes:
+
+- each RMS norm keeps its input upcast to fp32 (``4H``) and its normalized output (``eH``),
+  divided by ``t`` under sequence parallelism (the norm runs on the sequence shard);
+- each of the two matmul groups (q/k/v, gate/up) keeps its input, gathered whole under
+  sequence parallelism (``eH`` each: autograd saves what the matmul read);
+- attention keeps q and k after RoPE, v, its output and an fp32 log-sum-exp per head
+  (``e(2q + 2kv) + 4 heads``, divided by ``t``; a fused kernel: no ``s*s`` scores);
+- the MLP keeps gate, up, silu(gate) and their product (``4eF``, divided by ``t``).
+
+That is about 1.3x (no sequence parallelism) to 2.3x (TP 8 with it) Korthikanti et al.'s
+count for a GELU MLP and an activation stash of sharded inputs, which Megatron keeps by
+re-gathering the inputs in backward; this runtime does not. With recompute only each
+layer's input stays (``e*s*b*H``, divided by ``t`` under sequence parallelism) plus one
 layer's full set during its backward. Micro-batches in flight on stage ``i`` of ``S``:
 ``min(S - i, m)`` under 1F1B, ``m`` under GPipe. The last stage adds fp32 logits and their
 gradient for one micro-batch, ``8*b*s*V/t``. Every rank adds ``OVERHEAD_BYTES`` (CUDA
@@ -44,6 +55,7 @@ __all__ = [
     "RankMemory",
     "in_flight",
     "layer_holders",
+    "llama_layer_bytes",
     "rank_memory",
     "strategy_memory",
 ]
@@ -92,12 +104,31 @@ def activation_bytes_per_layer(
         if not recompute:
             return full, 0.0
         return micro_batch_size * seq_len * config.hidden_size * elt / (tp if sp else 1), full
-    sbh = seq_len * micro_batch_size * config.hidden_size * elt / 2
-    full = sbh * 34 / tp if sequence_parallel and tp > 1 else sbh * (10 + 24 / tp)
+    sp = sequence_parallel and tp > 1
+    tokens = seq_len * micro_batch_size
+    full = tokens * llama_layer_bytes(config, tp, elt=elt, sequence_parallel=sp)
     if not recompute:
         return full, 0.0
-    kept = 2 * sbh / (tp if sequence_parallel and tp > 1 else 1)
+    kept = tokens * config.hidden_size * elt / (tp if sp else 1)
     return kept, full
+
+
+def llama_layer_bytes(config: LlamaConfig, tp: int, *, elt: int, sequence_parallel: bool) -> float:
+    """Bytes one Llama block keeps for its backward per token of a micro-batch on a rank of
+    TP degree ``tp`` (the module docstring lists them).
+
+    >>> from hspmd.models.config import get_config
+    >>> c = get_config("llama-tiny", hidden_size=64, intermediate_size=96, num_heads=8)
+    >>> llama_layer_bytes(c, 1, elt=2, sequence_parallel=False)  # 2184 less tables, rsqrt
+    2144.0
+    """
+    H, F, heads = config.hidden_size, config.intermediate_size, config.num_heads
+    q, kv = heads * config.head_dim, config.num_kv_heads * config.head_dim
+    norms = 2 * (4 * H + elt * H) / (tp if sequence_parallel else 1)
+    inputs = 2 * elt * H  # whole rows: gathered under sequence parallelism
+    attention = elt * (2 * q + 2 * kv) + 4 * heads
+    mlp = 4 * elt * F
+    return norms + inputs + (attention + mlp) / tp
 
 
 def rank_memory(

@@ -130,7 +130,8 @@ def model_cost(model: ModelSpec) -> ModelCost:
             sums[key][i][0] += calls
             sums[key][i][1] += units
         for consumer, producer, elements in kept:
-            key = (group[consumer], "saved", producer in split[False][0], producer in split[True][0])  # fmt: skip
+            # a kept tensor is a shard where its producer's output is split
+            key = (group[consumer], "saved", producer in split[False][3], producer in split[True][3])  # fmt: skip
             sums[key][i][1] += elements
     out: dict[int, PartCost] = {}
     for part in (PRE, 0, POST):
@@ -285,11 +286,12 @@ def _is_split(annotation: Annotation | None) -> bool:
 @functools.lru_cache(maxsize=16)
 def _split_nodes(
     model: ModelSpec, probe: int, seq_len: int, sp: bool
-) -> tuple[frozenset[str], tuple[tuple[int, CommItem], ...], bool]:
-    """(nodes that run split, the TP collectives by part, whether the loss is vocab-parallel)
-    from deducing the graph as one stage of TP ``probe``."""
+) -> tuple[frozenset[str], tuple[tuple[int, CommItem], ...], bool, frozenset[str]]:
+    """(nodes that run split, the TP collectives by part, whether the loss is vocab-parallel,
+    nodes whose output is split: what autograd keeps of them is a shard) from deducing the
+    graph as one stage of TP ``probe``."""
     if probe == 1:
-        return frozenset(), (), False
+        return frozenset(), (), False, frozenset()
     from hspmd.specialize.cut import deduce_pipeline
 
     last = model.num_layers - 1
@@ -299,17 +301,19 @@ def _split_nodes(
         ag = deduce_pipeline(model, strategy.pipelines[0], options, seq_len=seq_len)
     except HspmdError as error:
         if sp:  # no sequence parallelism for this model: it splits as without
-            plain, plain_comm, plain_vocab = _split_nodes(model, probe, seq_len, False)
+            plain, plain_comm, plain_vocab, plain_out = _split_nodes(model, probe, seq_len, False)
             as_sp = tuple(
                 (p, dataclasses.replace(c, sequence_parallel=True)) for p, c in plain_comm
             )
-            return plain, as_sp, plain_vocab
+            return plain, as_sp, plain_vocab, plain_out
         raise ModelSpecError(
             f"{model.name}: hspmd cannot cost it, deducing it at TP {probe} failed: {error}"
         ) from error
     gm = ag.module
-    found = set()
+    found, outputs = set(), set()
     for node in gm.graph.nodes:
+        if _is_split(ag.annotations.get(node.name)):
+            outputs.add(node.name)
         if node.op == "call_function" or node.op == "call_method" or node.op == "call_module":
             names = [node.name, *(n.name for n in node.all_input_nodes)]
             if any(_is_split(ag.annotations.get(n)) for n in names):
@@ -337,7 +341,7 @@ def _split_nodes(
                 vocab = True
                 item = CommItem("all-reduce", False, sp, 3.0, Amount(1.0), fp32=True)
                 comm.append((POST, item))
-    return frozenset(found), tuple(comm), vocab
+    return frozenset(found), tuple(comm), vocab, frozenset(outputs)
 
 
 def _collectives(
@@ -435,6 +439,10 @@ def _measure(
                 k = key(t)
                 if n.op == "get_attr":
                     constant.add(k)
+                elif is_reshard_node(n):
+                    # an identity here, a new tensor on the ranks (a gather under SP):
+                    # what reads it afterwards saves the marker's layout, not its input's
+                    producer[k] = n.name
                 else:
                     producer.setdefault(k, n.name)
             return result
