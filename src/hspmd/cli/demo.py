@@ -1,10 +1,11 @@
-"""`hspmd demo`: a short heterogeneous run on local CPU processes, checked against the
-single-device reference.
+"""`hspmd demo`: a short heterogeneous run on local processes (CPU with gloo, unless torch
+sees a GPU per rank: ``--device``), checked against the single-device reference (on the
+ranks' device).
 
 It prints the plan (the strategy and what each rank does), the progress of every step,
 then the comparison with the reference: the same model, data and global batch trained
-on one process with plain PyTorch. Everything runs on this machine (gloo, one thread per
-rank) in well under a minute.
+on one process with plain PyTorch. On CPU everything runs on this machine (gloo, one
+thread per rank) in well under a minute.
 
     hspmd demo                       # the default heterogeneous strategy
     hspmd demo --strategy "..." --steps 5
