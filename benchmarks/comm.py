@@ -38,6 +38,7 @@ from hspmd.comm.plan import (
     Transfer,
 )
 from hspmd.runtime import World, launch, run_plan
+from hspmd.runtime.compat import all_gather_single, reduce_scatter_single
 
 NPROC = 4
 GROUP = (tuple(range(NPROC)),)
@@ -69,14 +70,14 @@ def _raw(name: str, local: torch.Tensor, size: int, rank: int) -> Callable[[], o
 
         def all_gather() -> object:
             out = torch.empty(size, size)
-            return dist.all_gather_single(out, local)
+            return all_gather_single(out, local)
 
         return all_gather
     if name == "reduce-scatter":
 
         def reduce_scatter() -> object:
             out = torch.empty(size // NPROC, size)
-            return dist.reduce_scatter_single(out, local)
+            return reduce_scatter_single(out, local)
 
         return reduce_scatter
     if name == "all-reduce":

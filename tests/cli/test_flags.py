@@ -38,6 +38,7 @@ DIFFERENT = {
                     "--config": "a factory's keyword arguments only",
                     "--cluster": "the cluster estimated on"},
     "profile": {"--dtype": "the dtype compute is measured in"},
+    "partition-capture": {"--device": "the roofline device a capture is costed for"},
 }  # fmt: skip
 
 
@@ -121,6 +122,7 @@ SAMPLES: dict[str, list[str]] = {
     "--tokens-per-step": ["--tokens-per-step", "128"],
     "--long-docs": ["--long-docs", "drop"],
     "--slowdown": ["--slowdown", "1=2"],
+    "--device": ["--device", "cpu"],
 }
 # --plans reads a plans file of `hspmd plan --data` (tests/cli/test_plan_lengths.py);
 # --max-seq-len sets seq_len in --seq-len's place (below)

@@ -125,3 +125,24 @@ def test_cli_profile_refuses_bad_nproc(capsys: pytest.CaptureFixture[str]) -> No
     assert main(["profile", "--nproc", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("hspmd profile: error: --nproc 0") and "\n" not in err
+
+
+def test_matmul_takes_explicit_skinny_shapes() -> None:
+    samples = measure_matmul((16,), reps=1, skinny=[(8, 16, 4)])
+    assert [s.units for s in samples] == [2.0 * 16**3, 4.0 * 16**3, 2.0 * 8 * 16 * 4,
+                                          4.0 * 8 * 16 * 4]  # fmt: skip
+
+
+def test_cuda_sizes_are_llama_shapes_up_to_a_gigabyte() -> None:
+    for (dtype, _quick), sizes in measure.CUDA_SIZES.items():
+        elt = 2 if dtype == "bf16" else 4
+        assert (sizes.heads, sizes.head_dim, sizes.hidden) == (32, 128, 8192)
+        assert sizes.skinny and all(
+            k in (4096, 8192, 3584, 14336, 28672) for _, k, _ in sizes.skinny
+        )
+        assert max(sizes.norm) * sizes.hidden * elt <= 1 << 30
+        assert max(sizes.elementwise) * 2 * elt <= 1 << 30  # two inputs
+        assert max(sizes.optimizer) * 4 <= 1 << 30  # fp32 parameters
+    full = measure.CUDA_SIZES["bf16", False]
+    assert max(full.matmul) == 16384 and max(n for _, _, n in full.skinny) == 28672
+    assert max(full.attention) == 16384 and min(m for m, _, _ in full.skinny) == 2048

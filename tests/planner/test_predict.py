@@ -66,7 +66,9 @@ def test_memory_by_hand() -> None:
     per_token = 2 * 6 * 64 + 4 * 64 + 2 * (128 + 64) + 16 + 8 * 128
     assert (config.hidden_size, config.intermediate_size, config.num_kv_heads) == (64, 128, 2)
     assert mem.activations == 2 * 8 * per_token
-    assert mem.logits == 0 and mem.peak == 2 * p + 4 * p + 6 * p + 2 * 8 * per_token + OVERHEAD_BYTES
+    assert (
+        mem.logits == 0 and mem.peak == 2 * p + 4 * p + 6 * p + 2 * 8 * per_token + OVERHEAD_BYTES
+    )
     assert in_flight("1f1b", 4, 1, 8) == 3 and in_flight("gpipe", 4, 1, 8) == 8
     assert in_flight("1f1b", 4, 0, 2) == 2
 

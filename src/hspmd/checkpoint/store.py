@@ -195,7 +195,7 @@ def write_shard(
                 f"{spec} is {list(piece.shape)}: save the rank's local tensor"
             )
         if writers(spec.annotation, spec.shape).get(rank) == piece.region:
-            out[name] = local.detach().contiguous()
+            out[name] = local.detach().cpu().contiguous()  # a GPU rank's state: to host
     seen: set[int] = set()
     for name, tensor in out.items():  # safetensors refuses tensors that share memory
         if tensor.numel() and tensor.untyped_storage().data_ptr() in seen:

@@ -1,10 +1,11 @@
-"""`hspmd demo`: a short heterogeneous run on local CPU processes, checked against the
-single-device reference.
+"""`hspmd demo`: a short heterogeneous run on local processes (CPU with gloo, unless torch
+sees a GPU per rank: ``--device``), checked against the single-device reference (on the
+ranks' device).
 
 It prints the plan (the strategy and what each rank does), the progress of every step,
 then the comparison with the reference: the same model, data and global batch trained
-on one process with plain PyTorch. Everything runs on this machine (gloo, one thread per
-rank) in well under a minute.
+on one process with plain PyTorch. On CPU everything runs on this machine (gloo, one
+thread per rank) in well under a minute.
 
     hspmd demo                       # the default heterogeneous strategy
     hspmd demo --strategy "..." --steps 5
@@ -13,6 +14,7 @@ rank) in well under a minute.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from rich.console import Console
 from rich.table import Table
@@ -22,8 +24,9 @@ from hspmd.cli.train import add_config_arguments, config_from_args, progress
 from hspmd.train.compare import compare
 from hspmd.train.config import TrainConfig
 from hspmd.train.describe import COLUMNS, describe_ranks
+from hspmd.train.device import run_device
 from hspmd.train.reference import run_reference
-from hspmd.train.trainer import check_config, train
+from hspmd.train.trainer import check_config, num_processes, train
 
 # Two pipelines that differ in everything: pipeline 0 runs 3 micro-batches of 1 sequence
 # through a tensor-parallel stage of 2 ranks (layers 0-1) and a single-rank stage (layers
@@ -64,8 +67,10 @@ def run(args: argparse.Namespace) -> int:
     show_plan(config, console)
     with progress(config, title="hspmd", as_json=args.json) as on_step:
         result = train(config, on_step=on_step)
+    # the reference on the ranks' device (CPU unless there is a GPU per rank)
+    device = run_device(config, num_ranks=num_processes(config))
     with progress(config, title="reference", as_json=args.json) as on_step:
-        reference = run_reference(config, on_step=on_step)
+        reference = run_reference(dataclasses.replace(config, device=device), on_step=on_step)
     report = compare(result, reference)
     console.print(str(report))
     return 0 if report.ok else 1

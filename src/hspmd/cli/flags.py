@@ -164,6 +164,9 @@ TRAIN_FLAGS: tuple[Flag, ...] = (
     Flag("--long-docs", "long_docs", default=_default("long_docs"), choices=LONG_DOCS,
          help="with --tokens-per-step: a document over --max-seq-len tokens is cut to it, "
          "left out, or refused (counted in the step records)"),
+    Flag("--device", "device", default=_default("device"), choices=_choices("device"),
+         help="where ranks compute: auto (CUDA with nccl when there is a GPU per rank, else "
+         "CPU with gloo), cpu, or cuda; the reference: CUDA when there is a GPU"),
     Flag("--slowdown", "slowdown", default="", metavar="RANK=FACTOR,...",
          help="emulate slower devices: each listed rank sleeps (FACTOR-1) x the time of each "
          "forward, backward and optimizer step it runs, e.g. 2=3,5=3; losses are unchanged"),

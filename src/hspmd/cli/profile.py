@@ -4,8 +4,9 @@
     hspmd profile --quick --nproc 2 --dtype fp32 --json
 
 Times matmul, causal attention, RMS norm, elementwise ops and an Adam step on this
-machine (the CUDA device when there is one), and all-reduce, all-gather, reduce-scatter,
-all-to-all and send-recv over ``--nproc`` local gloo processes (link "loopback"); fits
+machine (the CUDA device when there is one, at Llama's shapes), and all-reduce, all-gather,
+reduce-scatter, all-to-all and send-recv over ``--nproc`` local gloo processes (link
+"loopback"; on a CUDA host nccl, one GPU per process; ``--nproc 1``: none); fits
 ``seconds = overhead_s + slope * units`` per family (units in hspmd.planner.profile) and
 writes the profile (format hspmd.profile/1, read back by hspmd.planner.profile.load_profile).
 Prints a table of the fits, or with ``--json`` the profile itself.
@@ -68,6 +69,7 @@ def fits_text(profile: Profile) -> str:
     cpu (cpu), float32, 2 threads
     family                link         slope  unit            overhead      r2
     matmul                -         1.00e-11  s/flop          100.0 us   0.995
+    links: none measured (--nproc 1 times compute only)
     """
     lines = [
         f"{profile.device} ({profile.kind}), {profile.dtype}, {profile.threads} threads",
@@ -84,6 +86,8 @@ def fits_text(profile: Profile) -> str:
             for n, g in link.groups:
                 lines.append(_row(f"{op} (n={n})", name, g.per_unit_s, "s/bus-byte",
                                   g.overhead_s, g.r2))  # fmt: skip
+    if not profile.links:
+        lines.append("links: none measured (--nproc 1 times compute only)")
     if profile.core_sharing:
         shown = ", ".join(f"{f:.2f}" for f in profile.core_sharing)
         lines.append(f"core sharing: x{shown} for 1..{len(profile.core_sharing)} processes at once")

@@ -62,6 +62,7 @@ from hspmd.train.config import (
     TrainConfig,
     TrainError,
 )
+from hspmd.train.device import gpu_count, reference_device, run_device, where
 from hspmd.train.faults import parse_injections
 from hspmd.train.planfile import check_plan, config_from_plan, read_plan, write_plan
 from hspmd.train.reference import TrainResult, run_reference
@@ -152,6 +153,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         inject=parse_injections(getattr(args, "inject_failure", [])),
         spares=getattr(args, "spares", 0),
         grow=parse_grow(getattr(args, "grow", [])),
+        device=getattr(args, "device", "auto"),
     )
     return config if plans is None else apply_plans(config, plans, path=args.plans)
 
@@ -375,9 +377,16 @@ def run_config(
 ) -> TrainResult:  # fmt: skip
     """Train (or run the reference) with the progress display; the CLI's core."""
     if reference:
+        if gpu_count():  # a GPU machine: say which device the reference takes
+            print(f"hspmd train: the reference runs {where(reference_device(config))}",
+                  file=sys.stderr)  # fmt: skip
         with progress(config, title="reference", as_json=as_json, quiet=quiet) as on_step:
             return run_reference(config, on_step=on_step)
     check_config(config)  # before any process starts
+    if gpu_count():  # a GPU machine: say where the ranks run (auto may pick CPU)
+        local = num_processes(config) // (node.num_nodes if node is not None else 1)
+        device = run_device(config, num_ranks=local + config.spares)
+        print(f"hspmd train: {where(device, num_ranks=local + config.spares)}", file=sys.stderr)
     if config.elastic:
         return run_elastic(config, as_json=as_json, quiet=quiet, trace=trace, node=node)
     if node is not None and node.node_rank > 0:  # node 0 shows the steps
@@ -516,6 +525,11 @@ def run(args: argparse.Namespace) -> int:
         write_outputs(args, config, result)
     if not args.json and result.records:
         print(f"final loss {result.records[-1].loss:.6f}", file=sys.stderr)
+    if result.peak_memory:
+        peaks = ", ".join(
+            f"rank {r} {b / 2**30:.2f}" for r, b in sorted(result.peak_memory.items())
+        )
+        print(f"peak GPU memory (torch.cuda.max_memory_allocated, GiB): {peaks}", file=sys.stderr)
     saved = [r.step for r in result.records if r.step % config.save_every == 0]
     if config.save and not args.reference and saved:
         print(f"checkpoint of step {saved[-1]} saved in {latest(config.save)}", file=sys.stderr)

@@ -30,16 +30,32 @@ import functools
 import os
 import sys
 from collections.abc import Sequence
-
-import pulp
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from hspmd.errors import HspmdError
+
+if TYPE_CHECKING:
+    import pulp
 
 __all__ = ["IlpError", "layers_per_stage", "micro_batches_per_pipeline", "solver"]
 
 
 class IlpError(HspmdError, ValueError):
     """An integer program with bad inputs (lengths that differ, nothing to solve)."""
+
+
+def _pulp() -> ModuleType:
+    """PuLP, imported when an integer program is solved (not when hspmd is imported: a
+    machine without it still trains, simulates and predicts)."""
+    try:
+        import pulp
+    except ImportError:
+        raise IlpError(
+            "the planner's integer programs need PuLP, which is not installed: "
+            "pip install 'pulp>=2.8' (hspmd's dependencies list it)"
+        ) from None
+    return pulp
 
 
 @functools.cache
@@ -64,9 +80,10 @@ def _highs_ready() -> bool:
 
 def solver(time_limit: float | None = None) -> pulp.LpSolver:
     """HiGHS through highspy (in-process, fast) when available, else PuLP's bundled CBC."""
+    lp = _pulp()
     if _highs_ready():
-        return pulp.HiGHS(msg=False, timeLimit=time_limit)
-    return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit)
+        return lp.HiGHS(msg=False, timeLimit=time_limit)
+    return lp.PULP_CBC_CMD(msg=False, timeLimit=time_limit)
 
 
 def layers_per_stage(
@@ -80,15 +97,16 @@ def layers_per_stage(
         raise IlpError(f"layers_per_stage: {count} stages but inputs of different lengths")
     if count > num_layers:
         return None
-    prob = pulp.LpProblem("layers_per_stage", pulp.LpMinimize)
+    lp = _pulp()
+    prob = lp.LpProblem("layers_per_stage", lp.LpMinimize)
     layers = [
         prob.add_variable(f"layers_{s}", lowBound=1, upBound=num_layers, cat="Integer")
         for s in range(count)
     ]
     slowest = prob.add_variable("slowest_stage", lowBound=0)
     stage_time = [a[s] * layers[s] + c[s] for s in range(count)]
-    prob += (num_micro_batches - 1) * slowest + pulp.lpSum(stage_time), "step_time"
-    prob += pulp.lpSum(layers) == num_layers, "all_layers"
+    prob += (num_micro_batches - 1) * slowest + lp.lpSum(stage_time), "step_time"
+    prob += lp.lpSum(layers) == num_layers, "all_layers"
     for s in range(count):
         prob += stage_time[s] <= slowest, f"slowest_stage_{s}"
         if alpha[s] > 0:
@@ -96,7 +114,7 @@ def layers_per_stage(
         elif beta[s] > cap[s]:
             return None
     status = prob.solve(solver(time_limit))
-    if pulp.LpStatus[status] != "Optimal":
+    if lp.LpStatus[status] != "Optimal":
         return None
     return [round(v.value()) for v in layers]
 
@@ -115,17 +133,18 @@ def micro_batches_per_pipeline(
     if all(t == tmax[0] for t in tmax) and all(t == tsum[0] for t in tsum):
         base, extra = divmod(total, count)
         return [base + (p < extra) for p in range(count)]
-    prob = pulp.LpProblem("micro_batches_per_pipeline", pulp.LpMinimize)
+    lp = _pulp()
+    prob = lp.LpProblem("micro_batches_per_pipeline", lp.LpMinimize)
     counts = [
         prob.add_variable(f"micro_batches_{p}", lowBound=1, upBound=total, cat="Integer")
         for p in range(count)
     ]
     slowest = prob.add_variable("slowest_pipeline", lowBound=0)
     prob += slowest, "step_time"
-    prob += pulp.lpSum(counts) == total, "global_batch"
+    prob += lp.lpSum(counts) == total, "global_batch"
     for p in range(count):
         prob += (counts[p] - 1) * tmax[p] + tsum[p] <= slowest, f"pipeline_{p}"
     status = prob.solve(solver(time_limit))
-    if pulp.LpStatus[status] != "Optimal":
+    if lp.LpStatus[status] != "Optimal":
         return None
     return [round(v.value()) for v in counts]

@@ -21,7 +21,17 @@ calls weigh as much as big ones.
 
 Collectives run on ``nproc`` local gloo processes (``hspmd.runtime.launch``); a sample is
 the slowest rank's mean time per call over rounds of (a little compute, the call), less
-the compute: a collective as a step uses it (``_collective_worker``).
+the compute: a collective as a step uses it (``_collective_worker``). On a CUDA host they
+run with nccl, one GPU per process (refused with fewer GPUs than ``nproc``); ``nproc=1``
+measures no collectives (the profile's ``host["collectives"]`` says so).
+
+Sizes (``Sizes``): ``SIZES`` for a CPU host are small (bf16 runs 100x slower than fp32 on
+some CPUs); ``CUDA_SIZES`` for a GPU are Llama's: square matmuls of 1024-16384, the skinny
+``(tokens, hidden) x (hidden, width)`` projections of Llama-3-8B and -70B (hidden 4096 and
+8192, widths up to 28672, tokens 2048-16384, and their TP-8 slices), attention of 32 heads
+of 128 over sequences of 1024-16384 (SDPA: flash in bf16), norms and element-wise ops up to
+about 1e9 bytes, Adam up to 1e9 parameter bytes. About a minute on one H200 (``quick``: well
+under 20 s), assuming its published bf16 rate; the first profile taken there will tell.
 """
 
 from __future__ import annotations
@@ -53,6 +63,7 @@ from hspmd.planner.profile import (
     bus_bytes,
     fit_linear,
 )
+from hspmd.runtime.compat import all_gather_single, reduce_scatter_single
 from hspmd.runtime.launch import launch
 
 
@@ -90,16 +101,21 @@ def _cycle(calls: Sequence[Callable[[], object]]) -> Callable[[], object]:
 
 
 def measure_matmul(
-    sizes: Sequence[int], reps: int, dtype: torch.dtype = torch.float32, *, device: str = "cpu"
-) -> list[Sample]:
+    sizes: Sequence[int], reps: int, dtype: torch.dtype = torch.float32, *, device: str = "cpu",
+    skinny: Sequence[tuple[int, int, int]] | None = None,
+) -> list[Sample]:  # fmt: skip
     """F.linear forward (``2*M*N*K`` FLOPs) and backward (twice that) on square sizes
     ``n``, and on skinny ``(4n, n) x (n, n/4)`` and ``(n/2, n) x (n, 3n)`` for the smaller
-    half of them (activations times a projection, as a transformer layer runs); each call
-    on cold operands (``COLD_BYTES``)."""
+    half of them (activations times a projection, as a transformer layer runs); or, given
+    ``skinny``, on those ``(M, K, N)``: ``(M, K) x (K, N)`` (tokens, hidden, width). Each
+    call reads cold operands (``COLD_BYTES``)."""
     out, sync = [], device != "cpu"
     shapes = [(n, n, n) for n in sizes]
-    shapes += [(4 * n, n, max(n // 4, 16)) for n in sizes[: len(sizes) // 2 + 1]]
-    shapes += [(n // 2, n, 3 * n) for n in sizes[: len(sizes) // 2 + 1]]
+    if skinny is None:
+        shapes += [(4 * n, n, max(n // 4, 16)) for n in sizes[: len(sizes) // 2 + 1]]
+        shapes += [(n // 2, n, 3 * n) for n in sizes[: len(sizes) // 2 + 1]]
+    else:
+        shapes += list(skinny)
     itemsize = torch.empty((), dtype=dtype).element_size()
     for m, k, n in shapes:
         copies = max(1, min(256, -(-COLD_BYTES // ((m + n) * k * itemsize))))
@@ -211,14 +227,14 @@ def _collective(op: str, nbytes: int, world: Any, n: int, group: Any) -> Callabl
     if rank >= n:
         return _nothing
     numel = max(n, nbytes // 4 // n * n)  # divisible by the group size
-    full = torch.ones(numel)
-    part = torch.ones(numel // n)
+    full = torch.ones(numel, device=world.device)
+    part = torch.ones(numel // n, device=world.device)
     if op == "all-reduce":
         return partial(dist.all_reduce, full, group=group)
     if op == "all-gather":
-        return partial(dist.all_gather_single, full, part, group=group)
+        return partial(all_gather_single, full, part, group=group)
     if op == "reduce-scatter":
-        return partial(dist.reduce_scatter_single, part, full, group=group)
+        return partial(reduce_scatter_single, part, full, group=group)
     if op == "all-to-all":
         return partial(dist.all_to_all_single, torch.empty_like(full), full, group=group)
     assert op == "send-recv", op
@@ -228,10 +244,10 @@ def _collective(op: str, nbytes: int, world: Any, n: int, group: Any) -> Callabl
     return partial(dist.send if rank % 2 == 0 else dist.recv, full, peer)
 
 
-def _gap_work() -> Callable[[], object]:
+def _gap_work(device: torch.device) -> Callable[[], object]:
     """A little compute (two 128 x 256 x 256 matmuls, about 0.4 ms on one core): what a
     rank does between two TP collectives of a layer, so that each call is timed as used."""
-    x, w = torch.randn(128, 256), torch.randn(256, 256)
+    x, w = torch.randn(128, 256, device=device), torch.randn(256, 256, device=device)
 
     def gap() -> object:
         return (x @ w) @ w
@@ -251,24 +267,31 @@ def _collective_worker(
     process waits for a core to wake it), and the mean keeps the slow calls a median
     would drop."""
     out = []
+    wait = torch.cuda.synchronize if world.device.type == "cuda" else _nothing  # nccl: async
     for n in groups:
         group = None if n == world.world_size else dist.new_group(list(range(n)))
-        gap = _gap_work() if world.rank < n else _nothing
+        gap = _gap_work(world.device) if world.rank < n else _nothing
         for op in ops:
             for nbytes in sizes:
                 call = _collective(op, nbytes, world, n, group)
                 call()  # warm-up
+                wait()
                 start = time.perf_counter()
                 for _ in range(reps):
                     gap()
+                wait()
                 gap_s = (time.perf_counter() - start) / reps
                 dist.barrier()  # the rounds start together (the barrier is not timed)
+                wait()
                 start = time.perf_counter()
                 for _ in range(reps):
                     gap()
                     call()
+                wait()
                 per_call = (time.perf_counter() - start) / reps - gap_s
-                seconds = torch.tensor([max(per_call, 1e-6)], dtype=torch.float64)
+                seconds = torch.tensor(
+                    [max(per_call, 1e-6)], dtype=torch.float64, device=world.device
+                )
                 dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
                 out.append((op, n, nbytes, float(seconds)))
     return out
@@ -276,15 +299,18 @@ def _collective_worker(
 
 def measure_collectives(
     sizes: Sequence[int], reps: int, *, nproc: int, ops: Sequence[str] = COLLECTIVE_OPS,
-    groups: Sequence[int] = (),
+    groups: Sequence[int] = (), backend: str = "gloo",
 ) -> dict[int, list[Sample]]:  # fmt: skip
-    """Every collective of ``ops`` over ``nproc`` local gloo processes, and over the first
-    ``n`` of them for each ``n`` of ``groups``, per bus byte: samples per group size."""
+    """Every collective of ``ops`` over ``nproc`` local processes (``backend``: gloo on CPU
+    tensors, nccl on one GPU each), and over the first ``n`` of them for each ``n`` of
+    ``groups``, per bus byte: samples per group size."""
     if nproc < 2:
         raise ProfileError(f"nproc={nproc}: collectives need at least 2 processes")
     sizes_n = sorted({nproc, *(g for g in groups if 2 <= g < nproc)}, reverse=True)
     rounds = max(2 * reps, 12)  # means over rounds: the slow calls are part of the cost
-    results = launch(_collective_worker, nproc, args=(tuple(ops), tuple(sizes), rounds, sizes_n))
+    results = launch(
+        _collective_worker, nproc, args=(tuple(ops), tuple(sizes), rounds, sizes_n), backend=backend
+    )
     out: dict[int, list[Sample]] = {n: [] for n in sizes_n}
     for op, n, nbytes, s in results[0]:
         out[n].append(Sample(op, bus_bytes(op, nbytes, n), s))
@@ -379,11 +405,16 @@ class Sizes:
 
     matmul: tuple[int, ...]  # square M = N = K
     attention: tuple[int, ...]  # sequence lengths
-    norm: tuple[int, ...]  # rows of 1024
+    norm: tuple[int, ...]  # rows of ``hidden``
     elementwise: tuple[int, ...]  # elements
     optimizer: tuple[int, ...]  # fp32 parameter elements
     collective: tuple[int, ...]  # bytes of the full tensor
     reps: int
+    # skinny matmuls (M, K, N); None: derived from the squares (measure_matmul)
+    skinny: tuple[tuple[int, int, int], ...] | None = None
+    heads: int = 4  # attention heads of one sequence
+    head_dim: int = 64
+    hidden: int = 1024  # the norm's width
 
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -398,9 +429,45 @@ SIZES = {
                           (64 * KiB, MiB, 4 * MiB), reps=3),
     ("bf16", False): Sizes((32, 64, 96, 128, 192), (32, 64, 128), (16, 64, 128),
                            (1 << 12, 1 << 14, 1 << 16), (1 << 18, 1 << 20, 1 << 22),
-                           (64 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB), reps=5),
+                           (64 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB), reps=5,
+                           heads=2, head_dim=32, hidden=256),
     ("bf16", True): Sizes((32, 64, 96), (32, 64), (16, 64), (1 << 12, 1 << 14),
-                          (1 << 18, 1 << 20, 1 << 22), (64 * KiB, MiB, 4 * MiB), reps=3),
+                          (1 << 18, 1 << 20, 1 << 22), (64 * KiB, MiB, 4 * MiB), reps=3,
+                          heads=2, head_dim=32, hidden=256),
+}  # fmt: skip
+
+# Llama projections (tokens, hidden, width): Llama-3-70B (hidden 8192: q/o 8192, k/v 1024,
+# gate/up 28672, down back; gate/up and down under TP 8: 3584) and Llama-3-8B (hidden 4096:
+# q/o 4096, k/v 1024, gate/up 14336, down back), at 2048-16384 tokens.
+LLAMA_SKINNY = (
+    (4096, 8192, 8192), (4096, 8192, 1024), (4096, 8192, 28672), (4096, 28672, 8192),
+    (4096, 8192, 3584), (4096, 3584, 8192), (16384, 8192, 8192), (16384, 8192, 28672),
+    (2048, 4096, 4096), (2048, 4096, 1024), (8192, 4096, 14336), (8192, 14336, 4096),
+    (16384, 4096, 14336), (2048, 4096, 14336),
+)  # fmt: skip
+LLAMA_SKINNY_QUICK = ((4096, 8192, 1024), (4096, 8192, 28672), (8192, 14336, 4096))
+LLAMA_ATTENTION = {"heads": 32, "head_dim": 128, "hidden": 8192}  # norms of Llama-70B's width
+# One GPU (the CUDA device torch picks): Llama's shapes, up to ~1e9 bytes per sample (module
+# docstring). fp32 runs without TF32 (torch's default for matmuls) at a tenth of bf16's
+# rate: its sizes stop lower.
+CUDA_SIZES = {
+    ("bf16", False): Sizes((1024, 2048, 4096, 8192, 16384), (1024, 2048, 4096, 8192, 16384),
+                           (1024, 4096, 16384, 65536), (1 << 20, 1 << 23, 1 << 26, 1 << 28),
+                           (1 << 20, 1 << 23, 1 << 26, 1 << 28),
+                           (MiB, 16 * MiB, 64 * MiB, 256 * MiB), reps=10,
+                           skinny=LLAMA_SKINNY, **LLAMA_ATTENTION),
+    ("bf16", True): Sizes((2048, 8192), (2048, 8192), (4096, 65536), (1 << 22, 1 << 28),
+                          (1 << 22, 1 << 26), (MiB, 64 * MiB), reps=5,
+                          skinny=LLAMA_SKINNY_QUICK, **LLAMA_ATTENTION),
+    ("fp32", False): Sizes((1024, 2048, 4096, 8192), (1024, 2048, 4096, 8192),
+                           (1024, 4096, 16384, 32768), (1 << 20, 1 << 23, 1 << 26, 1 << 27),
+                           (1 << 20, 1 << 23, 1 << 26, 1 << 28),
+                           (MiB, 16 * MiB, 64 * MiB, 256 * MiB), reps=6,
+                           skinny=tuple(s for s in LLAMA_SKINNY if s[0] <= 4096),
+                           **LLAMA_ATTENTION),
+    ("fp32", True): Sizes((2048, 4096), (2048, 4096), (4096, 32768), (1 << 22, 1 << 27),
+                          (1 << 22, 1 << 26), (MiB, 64 * MiB), reps=3,
+                          skinny=LLAMA_SKINNY_QUICK[:1], **LLAMA_ATTENTION),
 }  # fmt: skip
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -428,29 +495,36 @@ def profile_machine(
 
 
 def _profile(*, quick: bool, nproc: int, dtype: str, threads: int) -> Profile:
-    sizes = SIZES[dtype, quick]
     cuda = torch.cuda.is_available()
+    sizes = (CUDA_SIZES if cuda else SIZES)[dtype, quick]
     device = "cuda" if cuda else "cpu"
+    backend = "nccl" if cuda else "gloo"
+    if cuda and nproc > 1 and torch.cuda.device_count() < nproc:
+        raise ProfileError(
+            f"--nproc {nproc} on a CUDA host times nccl collectives over {nproc} GPUs, one "
+            f"per process, but torch sees {torch.cuda.device_count()}: give --nproc 1 "
+            "(compute only, no links) or at most that many"
+        )
     torch_dtype = DTYPES[dtype]
     reps = sizes.reps
     samples = [
-        *measure_matmul(sizes.matmul, reps, torch_dtype, device=device),
+        *measure_matmul(sizes.matmul, reps, torch_dtype, device=device, skinny=sizes.skinny),
         *measure_attention(
             sizes.attention,
             reps,
             torch_dtype,
             device=device,
-            heads=4 if dtype == "fp32" else 2,
-            head_dim=64 if dtype == "fp32" else 32,
+            heads=sizes.heads,
+            head_dim=sizes.head_dim,
         ),  # fmt: skip
-        *measure_norm(
-            sizes.norm, reps, torch_dtype, device=device, hidden=1024 if dtype == "fp32" else 256
-        ),
+        *measure_norm(sizes.norm, reps, torch_dtype, device=device, hidden=sizes.hidden),
         *measure_elementwise(sizes.elementwise, reps, torch_dtype, device=device),
         *measure_optimizer(sizes.optimizer, reps, device=device),
     ]
     by_group = (
-        measure_collectives(sizes.collective, reps, nproc=nproc, groups=(2,)) if nproc > 1 else {}
+        measure_collectives(sizes.collective, reps, nproc=nproc, groups=(2,), backend=backend)
+        if nproc > 1
+        else {}
     )
     collectives = [s for group in by_group.values() for s in group]
     sharing = () if cuda else measure_core_sharing(
@@ -477,6 +551,11 @@ def _profile(*, quick: bool, nproc: int, dtype: str, threads: int) -> Profile:
             "python": platform.python_version(),
             "nproc": nproc,
             "quick": quick,
+            "collectives": (
+                f"{backend} over {nproc} local processes"
+                if by_group
+                else "not measured (nproc 1): the profile has no links"
+            ),
         },
         compute=compute,
         links=links,

@@ -26,6 +26,7 @@ from hspmd.comm.plan import (
     intersect,
     local_box,
 )
+from hspmd.runtime.compat import all_gather_single, reduce_scatter_single
 from hspmd.runtime.context import Issued, StepContext, finish, held, nbytes
 
 
@@ -84,7 +85,7 @@ def issue_reduce_scatter(step: ReduceScatter, x: torch.Tensor | None, ctx: StepC
     out = torch.empty(source.shape[1:], **ctx.like)
     ctx.world.record("reduce_scatter", group=group, nbytes=nbytes(source))
     flat = source.view(-1, *source.shape[2:])
-    work = dist.reduce_scatter_single(out, flat, group=ctx.world.group(group), async_op=True)
+    work = reduce_scatter_single(out, flat, group=ctx.world.group(group), async_op=True)
     return [work], lambda: out
 
 
@@ -103,9 +104,7 @@ def all_gather(step: AllGather, x: torch.Tensor | None, ctx: StepContext) -> tor
     source = x.contiguous()
     flat = torch.empty((len(group) * x.shape[0], *x.shape[1:]), **ctx.like)
     ctx.world.record("all_gather", group=group, nbytes=nbytes(source))
-    ctx.world.wait(
-        [dist.all_gather_single(flat, source, group=ctx.world.group(group), async_op=True)]
-    )
+    ctx.world.wait([all_gather_single(flat, source, group=ctx.world.group(group), async_op=True)])
     stacked = flat.view(len(group), *x.shape)
     inverse = None if is_sorted else [sorted(group).index(r) for r in group]
     if step.dim == 0 and inverse is None:

@@ -524,9 +524,11 @@ def _seconds(seconds: float) -> datetime.timedelta:
 
 
 def _device_for(spec: _WorkerSpec) -> torch.device | None:
+    """nccl: this process's GPU, the ``local_rank``-th of this machine (one GPU per rank;
+    ``launch`` refused more local ranks than GPUs)."""
     if spec.backend != "nccl":
         return None
-    torch.cuda.set_device(spec.rank % torch.cuda.device_count())
+    torch.cuda.set_device(spec.local_rank)
     return torch.device("cuda", torch.cuda.current_device())
 
 

@@ -16,10 +16,13 @@ from hspmd.models.spec import ModelSpec, ModuleModel
 from hspmd.plan.strategy import Dtype, Schedule
 from hspmd.train.faults import Injection
 
-__all__ = ["AdamConfig", "StepRecord", "SwitchAlgo", "SwitchMode", "TrainConfig", "TrainError"]
+__all__ = [
+    "AdamConfig", "Device", "StepRecord", "SwitchAlgo", "SwitchMode", "TrainConfig", "TrainError",
+]  # fmt: skip
 
 SwitchMode = Literal["states", "weights"]
 SwitchAlgo = Literal["fused", "relay"]
+Device = Literal["auto", "cpu", "cuda"]
 
 
 class TrainError(HspmdError, ValueError):
@@ -97,6 +100,9 @@ class TrainConfig:
     # a plans file's text (``hspmd plan --data``): per step the strategy with the least
     # predicted time is chosen (hspmd.train.packing.planned_steps); ``switches`` follow it
     length_plans: str | None = None
+    # where the ranks compute (hspmd.train.device): "auto" is CUDA with nccl when torch
+    # sees a GPU per rank, else CPU with gloo; "cpu" and "cuda" force one
+    device: Device = "auto"
 
     def __post_init__(self) -> None:
         for name in ("global_batch", "seq_len", "steps", "save_every", "bucket_bytes"):
@@ -113,7 +119,8 @@ class TrainConfig:
         self._check_packed()
         # the Literal types check callers under mypy; these check everyone else
         for name, kind in (("schedule", Schedule), ("dtype", Dtype),
-                           ("switch_mode", SwitchMode), ("switch_algo", SwitchAlgo)):  # fmt: skip
+                           ("switch_mode", SwitchMode), ("switch_algo", SwitchAlgo),
+                           ("device", Device)):  # fmt: skip
             if getattr(self, name) not in get_args(kind):
                 raise TrainError(
                     f"{name}={getattr(self, name)!r}: choose one of {', '.join(get_args(kind))}"

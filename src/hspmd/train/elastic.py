@@ -140,7 +140,8 @@ def run_rank_elastic(world: World, config: TrainConfig) -> dict[str, Any]:
     pieces = {}
     if run.active.exe is not None:
         for name, p in run.active.exe.params.items():
-            pieces[name] = (run.active.exe.pieces[name].region, p.detach().float().numpy().copy())
+            region = run.active.exe.pieces[name].region
+            pieces[name] = (region, p.detach().float().cpu().numpy().copy())
     return {"pieces": pieces, "records": run.records, "builds": run.builds}
 
 

@@ -136,15 +136,15 @@ class HomeState:
 
     def __init__(
         self, config: ModelSpec, *, rank: int, num_ranks: int, seed: int, adam: AdamConfig,
-        dtype: torch.dtype,
+        dtype: torch.dtype, device: torch.device | None = None,
     ) -> None:  # fmt: skip
         self.homes = home_annotations(config, num_ranks=num_ranks)
         self.num_ranks = num_ranks
         self.masters: dict[str, torch.Tensor] = {}
         for name, spec in self.homes.items():
             piece = spec.annotation.piece(rank, spec.shape)
-            full = initial_parameter(config, name, seed=seed).to(dtype).float()
-            self.masters[name] = local_slice(full, piece)
+            full = initial_parameter(config, name, seed=seed).to(dtype).float()  # CPU
+            self.masters[name] = local_slice(full, piece).to(device or torch.device("cpu"))
         self.adam = Adam(list(self.masters.values()), adam)
 
     def state(self) -> TrainState:
@@ -246,7 +246,7 @@ def home_post(
     if home is None:
         home = HomeState(
             model, rank=world.rank, num_ranks=num_ranks, seed=config.seed, adam=config.adam,
-            dtype=dtype,
+            dtype=dtype, device=world.device,
         )  # fmt: skip
     plan = home_plan(strategy, model, num_ranks=num_ranks, itemsize=_size(dtype))
     return HomePost(home, params, plan, dtype=dtype, world=world)

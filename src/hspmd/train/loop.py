@@ -122,6 +122,9 @@ def _forward(
     m: int, micro: MicroData, hidden: int, dtype: torch.dtype,
 ) -> None:  # fmt: skip
     tokens, targets, segments, scale = micro
+    # the data is made on CPU (every rank draws the same stream): onto this rank's device
+    tokens, targets = tokens.to(world.device), targets.to(world.device)
+    segments = None if segments is None else segments.to(world.device)
     # boundary plans are resolved at the maximum length: sized to this micro-batch's
     plans = live.plans[m] = sized_boundaries(plans, (*tokens.shape, hidden))
     if plans.incoming is None:
@@ -242,9 +245,9 @@ def _timed_switch(
     """``switch_to`` on every rank; the slowest rank's seconds and the messages sent."""
     begin = time.perf_counter()
     active, sent = switch_to(world, config, active, text, steps=steps)
-    took = torch.tensor([time.perf_counter() - begin], dtype=torch.float64)
+    took = torch.tensor([time.perf_counter() - begin], dtype=torch.float64, device=world.device)
     dist.all_reduce(took, op=dist.ReduceOp.MAX)
-    messages = torch.tensor([sent], dtype=torch.int64)
+    messages = torch.tensor([sent], dtype=torch.int64, device=world.device)
     dist.all_reduce(messages)
     return active, float(took), int(messages)
 
@@ -328,6 +331,9 @@ def run_rank(
     every communication step.
     """
     first_strategy = config.require_strategy()
+    cuda = world.device.type == "cuda"
+    if cuda:  # this run's peak (a launch may run several configs)
+        torch.cuda.reset_peak_memory_stats(world.device)
     world.tracer = rec if isinstance(rec, Recorder) else None
     end_setup = rec.begin("setup", cat="setup")  # groups, executables (and a resume)
     prepare_all(world, config)  # every rank, idle ones too, in the same order
@@ -349,7 +355,7 @@ def run_rank(
         None,
     )
     records, executables = [], set()  # executables: one per strategy, whatever the lengths
-    slow = slowdown_of(config.slowdown, world.rank)
+    slow = slowdown_of(config.slowdown, world.rank, device=world.device)
     end_setup()
     for step in range(first, config.steps + 1):
         switched, messages = None, None
@@ -362,7 +368,7 @@ def run_rank(
         batch = next(data)
         inject(config.inject, member=world.rank, step=step, phase="forward")  # ends the run
         start = time.perf_counter()
-        loss = torch.zeros(1, dtype=torch.float64)
+        loss = torch.zeros(1, dtype=torch.float64, device=world.device)
         role, exe, plans, post = active.role, active.exe, active.plans, active.post
         if role is not None and exe is not None and plans is not None and post is not None:
             post.zero_grad()
@@ -383,9 +389,10 @@ def run_rank(
         adam_steps += 1
         with rec.span("loss all-reduce", cat="wait"):  # waits for the slowest rank
             dist.all_reduce(loss)
+            total = float(loss)  # on CUDA: waits for the step's kernels too
         end_step()
         record = StepRecord(
-            step=step, loss=float(loss), seconds=time.perf_counter() - start,
+            step=step, loss=total, seconds=time.perf_counter() - start,
             switch_seconds=switched, switch_messages=messages,
             strategy=active.text if switched is not None else None,
             **{"tokens": config.tokens_per_step, **_record_fields(batch)},
@@ -402,9 +409,11 @@ def run_rank(
     if active.exe is not None:
         for name, p in active.exe.params.items():
             # numpy, not tensors: tensors would travel as shared-memory fds
-            pieces[name] = (active.exe.pieces[name].region, p.detach().float().numpy().copy())
+            pieces[name] = (active.exe.pieces[name].region, p.detach().float().cpu().numpy().copy())
     world.tracer = None
-    return {"pieces": pieces, "records": records, "builds": len(executables)}
+    peak = torch.cuda.max_memory_allocated(world.device) if cuda else None
+    return {"pieces": pieces, "records": records, "builds": len(executables),
+            "rank": world.rank, "peak_memory": peak}  # fmt: skip
 
 
 def _record_fields(batch: Batch) -> dict[str, Any]:

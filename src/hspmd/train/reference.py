@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,6 +28,7 @@ from hspmd.models.build import plain_model
 from hspmd.plan.strategy import parse_strategy
 from hspmd.train.batches import step_batches
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
+from hspmd.train.device import reference_device
 from hspmd.train.packing import PackedStep, packed_steps, planned_steps, record_fields
 
 __all__ = ["TrainResult", "run_reference"]
@@ -42,6 +43,9 @@ class TrainResult:
     params: dict[str, torch.Tensor]
     trace: dict[str, Any] | None = None
     builds: int = 0  # executables a rank built and ran (one per strategy: lengths are symbolic)
+    # CUDA runs: torch.cuda.max_memory_allocated of each rank (by rank) over the run, as
+    # its process measured it; empty on CPU
+    peak_memory: dict[int, int] = field(default_factory=dict)
 
     @property
     def losses(self) -> tuple[float, ...]:
@@ -56,8 +60,14 @@ def build_reference_model(config: TrainConfig) -> nn.Module:
 def run_reference(
     config: TrainConfig, *, on_step: Callable[[StepRecord], None] | None = None
 ) -> TrainResult:
-    """Train the plain model for ``config.steps`` steps on the whole global batch."""
-    model = build_reference_model(config)
+    """Train the plain model for ``config.steps`` steps on the whole global batch, on
+    ``reference_device(config)`` (CUDA when there is a GPU, unless ``device="cpu"``); the
+    weights start on CPU from the seed (DESIGN decision 5) and the result is on CPU."""
+    device = reference_device(config)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    model = build_reference_model(config).to(device)
     a = config.adam
     optimizer = torch.optim.Adam(
         model.parameters(),
@@ -72,13 +82,15 @@ def run_reference(
     for step, batch in enumerate(_batches(config), start=1):
         optimizer.zero_grad(set_to_none=True)
         if isinstance(batch, PackedStep):
-            loss, fields = _packed_step(model, batch), record_fields(batch)
+            loss, fields = _packed_step(model, batch, device), record_fields(batch)
         else:
-            tokens, targets = batch
+            tokens, targets = (t.to(device) for t in batch)
             value = model(tokens, targets)  # mean over every token of the global batch
             value.backward()
             loss, fields = float(value.detach()), {}
         optimizer.step()
+        if cuda:  # the step's kernels are asynchronous: its time ends when they are done
+            torch.cuda.synchronize(device)
         record = StepRecord(
             step=step,
             loss=loss,
@@ -89,8 +101,9 @@ def run_reference(
         if on_step is not None:
             on_step(record)
         start = time.perf_counter()
-    params = {name: p.detach().clone() for name, p in model.named_parameters()}
-    return TrainResult(records=tuple(records), params=params)
+    params = {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
+    peak = {0: torch.cuda.max_memory_allocated(device)} if cuda else {}
+    return TrainResult(records=tuple(records), params=params, peak_memory=peak)
 
 
 def _batches(config: TrainConfig) -> Iterator[tuple[torch.Tensor, torch.Tensor] | PackedStep]:
@@ -106,13 +119,14 @@ def _batches(config: TrainConfig) -> Iterator[tuple[torch.Tensor, torch.Tensor] 
     return packed_steps(config, parse_strategy(config.strategy))
 
 
-def _packed_step(model: nn.Module, step: PackedStep) -> float:
+def _packed_step(model: nn.Module, step: PackedStep, device: torch.device) -> float:
     """Every micro-batch of every pipeline, as the strategy packs them, on this process:
     the same weighted sum of mean token losses (backpropagated) as the distributed run."""
     total = 0.0
     for p, pipe in enumerate(step.micro_batches):
         for m, mb in enumerate(pipe):
-            loss = model(mb.tokens, mb.targets, mb.segments) * step.scale(p, m)
+            tokens, targets, segments = (t.to(device) for t in (mb.tokens, mb.targets, mb.segments))
+            loss = model(tokens, targets, segments) * step.scale(p, m)
             loss.backward()
             total += float(loss.detach())
     return total

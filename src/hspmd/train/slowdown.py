@@ -13,14 +13,19 @@ sleeps twice the region's wall time. The numbers it computes do not change::
 The training loop (``hspmd.train.loop``) wraps three calls: the stage's forward of a
 micro-batch (``program.forward``, after the activation was received), its backward
 (``out.backward``, after the gradient was received) and ``Post.step`` (the gradient sync
-results still in flight, then Adam).
+results still in flight, then Adam). On a CUDA rank the kernels run asynchronously, so a
+slowed rank waits for its device at both ends of a region (only when it is slowed).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from types import TracebackType
+
+import torch
 
 __all__ = ["Slowdown", "slowdown_of"]
 
@@ -31,6 +36,7 @@ class Slowdown:
 
     factor: float = 1.0
     slept_s: float = 0.0  # total sleep so far
+    sync: Callable[[], None] | None = None  # waits for the device (CUDA ranks)
     _start: float = field(default=0.0, repr=False)
 
     @property
@@ -38,6 +44,8 @@ class Slowdown:
         return self.factor > 1.0
 
     def __enter__(self) -> Slowdown:
+        if self.active and self.sync is not None:
+            self.sync()
         self._start = time.perf_counter()
         return self
 
@@ -49,11 +57,19 @@ class Slowdown:
     ) -> None:
         if kind is not None or not self.active:
             return
+        if self.sync is not None:
+            self.sync()
         pause = (self.factor - 1.0) * (time.perf_counter() - self._start)
         time.sleep(pause)
         self.slept_s += pause
 
 
-def slowdown_of(slowdown: tuple[tuple[int, float], ...], rank: int) -> Slowdown:
-    """This rank's ``Slowdown`` from ``TrainConfig.slowdown`` (factor 1: none)."""
-    return Slowdown(dict(slowdown).get(rank, 1.0))
+def slowdown_of(
+    slowdown: tuple[tuple[int, float], ...], rank: int, *, device: torch.device | None = None
+) -> Slowdown:
+    """This rank's ``Slowdown`` from ``TrainConfig.slowdown`` (factor 1: none); on a CUDA
+    ``device`` it times the device's work, not only the host's."""
+    sync = None
+    if device is not None and device.type == "cuda":
+        sync = partial(torch.cuda.synchronize, device)
+    return Slowdown(dict(slowdown).get(rank, 1.0), sync=sync)

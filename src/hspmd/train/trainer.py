@@ -28,6 +28,7 @@ from hspmd.runtime.trace import NULL, Recorder, chrome_trace, gather_parts
 from hspmd.runtime.world import World
 from hspmd.train.active import options_of
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
+from hspmd.train.device import backend_of, run_device
 from hspmd.train.elastic import run_rank_elastic
 from hspmd.train.loop import run_rank
 from hspmd.train.packing import packed_steps, plan_schedule
@@ -153,6 +154,11 @@ def train_many(
                 f"strategy whose rank count is a multiple of {node.num_nodes}"
             )
         nproc //= node.num_nodes
+    devices = {run_device(c, num_ranks=nproc) for c in configs}
+    if len(devices) > 1:
+        raise TrainError(
+            "the configs of one launch run on one device: give them all the same device"
+        )
     # A SimpleQueue: rank 0's puts are synchronous (no feeder thread), so every event is in
     # the pipe before its result is sent, and the launcher's clean-up of finished workers
     # can never interrupt a put. Only rank 0 writes; only this thread reads.
@@ -165,6 +171,7 @@ def train_many(
                 _rank_work,
                 nproc,
                 args=(list(configs), events, trace),
+                backend=backend_of(devices.pop()),
                 timeout_s=timeout_s,
                 threads=threads,
                 node=node,
@@ -208,7 +215,13 @@ def _assemble(
         meta = {"model": config.model, "strategy": config.strategy, "steps": config.steps}
         trace = chrome_trace(parts, meta=meta) if parts else None
         builds = max(outcome[index]["builds"] for outcome in per_rank)
-        results.append(TrainResult(records=records, params=params, trace=trace, builds=builds))
+        peaks = {o[index]["rank"]: o[index]["peak_memory"] for o in per_rank
+                 if o[index].get("peak_memory") is not None}  # fmt: skip
+        results.append(
+            TrainResult(
+                records=records, params=params, trace=trace, builds=builds, peak_memory=peaks
+            )
+        )
     return results
 
 
@@ -279,6 +292,7 @@ def train_elastic(
     returns once every other launcher finished or went silent. A launcher whose workers
     all died returns no records and NaN parameters."""
     nproc = num_processes(config) + config.spares
+    run_device(config, num_ranks=nproc)  # CPU: elastic runs are gloo only (refuses cuda)
     store, first, total = None, 0, None
     if node is not None:
         (store, first, count), total = node, nproc

@@ -84,8 +84,8 @@ class ZeroOne(MasterAdam):
         self.masters: dict[str, torch.Tensor] = {}
         for item in self.items:
             piece = item.reduce.dst.piece(world.rank, item.shape)
-            full = initial_parameter(config, item.name, seed=seed)
-            self.masters[item.name] = local_slice(full, piece)
+            full = initial_parameter(config, item.name, seed=seed)  # on CPU, from the seed
+            self.masters[item.name] = local_slice(full, piece).to(world.device)
         self.adam = Adam(list(self.masters.values()), adam)
         # every rank's reduces in reverse model order (the order backward finishes them)
         reduces = [SyncItem((i.name,), i.reduce, False) for i in reversed(items.values())]
