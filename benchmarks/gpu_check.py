@@ -16,6 +16,10 @@ b. ``equal``: a 1-rank ``hspmd train`` of llama-tiny in fp32 on the GPU (nccl, w
    one on CPU; then one launch on the GPU of bf16 + ZeRO-1, a switch under the
    mixed-length mode's home layout, and a checkpoint saved and resumed, traced (each
    against the CPU reference).
+d. ``activations``: what one Llama block keeps for its backward on the device (bf16,
+   ``torch.cuda.memory_allocated`` after its forward less before, the graph kept), per
+   token, against the memory model's ``llama_layer_bytes``: Llama-2-7B's block and
+   Llama-3-70B's (grouped-query attention), 4096 tokens.
 c. ``shapes``: 2 layers of Llama-2-7B's shapes (hidden 4096, 32 heads, intermediate 11008,
    vocabulary 32000) in bf16 with fp32 masters and Adam, sequence 4096, 4 micro-batches of
    1, on one rank: the median step time of the last steps and the rank's
@@ -51,9 +55,9 @@ SRC = ROOT / "src"
 if str(SRC) not in sys.path:  # a checkout without `pip install`: hspmd from src/
     sys.path.insert(0, str(SRC))
 
-PARTS = ("profile", "equal", "shapes")
+PARTS = ("profile", "equal", "shapes", "activations")
 DATA = str(ROOT / "docs")  # the training text: this checkout's docs, whatever the Python
-LIMIT_S = {"profile": 120, "equal": 100, "shapes": 130}  # each part's own limit (GPU run)
+LIMIT_S = {"profile": 120, "equal": 100, "shapes": 130, "activations": 60}  # per part (GPU)
 BUDGET_S = 360  # the whole check: a part gets at most what is left of it
 GIB = 2**30
 
@@ -212,7 +216,7 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 def _child(name: str, out: Path, result: Path, *, dry: bool) -> int:
     data: dict[str, Any] = {}
     part: Callable[..., None] = {"profile": part_profile, "equal": part_equal,
-                                 "shapes": part_shapes}[name]  # fmt: skip
+                                 "shapes": part_shapes, "activations": part_activations}[name]  # fmt: skip
     try:
         part(data, out, dry=dry)
     except Exception as error:  # noqa: BLE001 - recorded; the parent goes on
@@ -512,6 +516,53 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 def _gib(n: float | None) -> str:
     return "-" if n is None else f"{n / GIB:.2f} GiB"
+
+
+# (d): one block of each, bf16, 4096 tokens (toy sizes in the dry run)
+BLOCKS = {
+    "llama-2-7b": {"hidden_size": 4096, "intermediate_size": 11008, "num_heads": 32,
+                   "num_kv_heads": 32},
+    "llama-3-70b": {"hidden_size": 8192, "intermediate_size": 28672, "num_heads": 64,
+                    "num_kv_heads": 8},
+}  # fmt: skip
+BLOCKS_DRY = {
+    "toy": {"hidden_size": 64, "intermediate_size": 176, "num_heads": 4, "num_kv_heads": 2}
+}
+
+
+def part_activations(data: dict[str, Any], out: Path, *, dry: bool) -> None:
+    """What one block keeps, measured by the allocator, against the memory model."""
+    import torch
+
+    from hspmd.models.config import get_config
+    from hspmd.models.llama import Block, rope_tables
+    from hspmd.planner.memory import llama_layer_bytes
+
+    device = torch.device("cpu" if dry else "cuda")
+    tokens = 64 if dry else 4096
+    for name, fields in (BLOCKS_DRY if dry else BLOCKS).items():
+        config = get_config("llama-tiny", max_seq_len=tokens, num_layers=1, **fields)
+        block = Block(config, 0).to(device=device, dtype=torch.bfloat16)
+        cos, sin = (t[:tokens].to(device=device, dtype=torch.bfloat16) for t in rope_tables(config))
+        x = torch.randn(1, tokens, config.hidden_size, device=device, dtype=torch.bfloat16,
+                        requires_grad=True)  # fmt: skip
+        formula = llama_layer_bytes(config, 1, elt=2, sequence_parallel=False)
+        if dry:  # no allocator to read on CPU: the plumbing only
+            data[name] = {"formula_bytes_per_token": formula}
+            print(f"{name}: formula {formula:.0f} bytes a token (dry run: nothing measured)")
+            continue
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        y = block(x, cos, sin)
+        torch.cuda.synchronize()
+        kept = torch.cuda.memory_allocated() - before - y.numel() * y.element_size()
+        measured = kept / tokens
+        data[name] = {"formula_bytes_per_token": formula, "measured_bytes_per_token": measured,
+                      "formula_over_measured": formula / measured}  # fmt: skip
+        print(f"{name}: kept {measured:.0f} bytes a token (allocator, output excluded), "
+              f"memory model {formula:.0f}: model/measured {formula / measured:.3f}", flush=True)  # fmt: skip
+        del y, block, x
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
