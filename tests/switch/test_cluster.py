@@ -25,6 +25,15 @@ def test_shipped_clusters() -> None:
     assert load_cluster("h20x32").num_ranks == 32
 
 
+def test_shipped_cluster_names_a_measured_profile_beside_it() -> None:
+    from hspmd.planner.cost import CostModel
+
+    cost = CostModel.of(load_cluster("h200x8"))  # its profile: clusters/profiles/
+    assert "NVIDIA H200" in cost.describe()
+    # the measured bf16 matmul rate: 1 PFLOP in 1.2-1.6 s (0.6-0.85 of the 989 peak)
+    assert 1.2 < cost.device("H200").seconds("matmul", 1e15) < 1.6
+
+
 def test_load_by_path(tmp_path: Path) -> None:
     data = json.loads((resources.files("hspmd") / "clusters" / "h20x32.json").read_text())
     data["nodes"][0]["count"] = 2

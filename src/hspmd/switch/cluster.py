@@ -155,6 +155,8 @@ def load_cluster(path_or_name: str | Path) -> Cluster:
                 f"of the shipped names {', '.join(shipped_clusters())}"
             )
         text, origin = shipped.read_text(), f"{path_or_name} (shipped)"
+        if Path(str(shipped)).is_file():  # a package on disk: profiles resolve beside it
+            origin = str(shipped)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
