@@ -36,7 +36,7 @@ def test_matmul_fit_is_a_line_with_a_positive_slope() -> None:
     # can bend one measurement, so the best of five measurements must be a line.
     fits = []
     for _ in range(5):
-        samples = measure_matmul((128, 256, 384, 512), reps=3)[:8]  # the squares
+        samples = measure_matmul((128, 256, 384, 512), reps=5)[:8]  # the squares
         fits.append(fit_linear([(s.units, s.seconds) for s in samples]))
         if fits[-1].r2 > 0.8:
             break
