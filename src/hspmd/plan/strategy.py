@@ -339,7 +339,8 @@ def check_strategy(
     ``global_batch``; under sequence parallelism the TP degree divides ``seq_len``. A stage
     of CP degree c > 1 needs the model's attention-head markers (placement ``heads``) on
     its layers, each head count divisible by TP x CP (the all-to-all splits heads over
-    both), c dividing ``seq_len``, and no sequence parallelism.
+    both) and c dividing ``seq_len``; sequence parallelism applies to the other stages
+    only (``hspmd.plan.schema.residual_dim``).
     """
     options = options or StrategyOptions()
     if not strategy.pipelines:
@@ -354,13 +355,14 @@ def check_strategy(
         _check_layers(p, pipeline, config)
         for s, stage in enumerate(pipeline.stages):
             _check_tp(p, s, stage, config)
-            if options.sequence_parallel and seq_len is not None and seq_len % stage.tp:
+            sp = options.sequence_parallel and stage.cp == 1  # CP stages: no SP
+            if sp and seq_len is not None and seq_len % stage.tp:
                 raise StrategyError(
                     f"sequence parallel splits seq_len={seq_len} over the {stage.tp} ranks of "
                     f"stage {stage} (pipeline {p}), which does not divide: change seq_len or TP"
                 )
             if stage.cp > 1:
-                _check_cp(p, stage, config, options, seq_len)
+                _check_cp(p, stage, config, seq_len)
         if config.tie_embeddings and len(pipeline.stages) > 1:
             raise StrategyError(
                 f"tied embeddings need layer 0 and layer {config.num_layers - 1} on one stage, "
@@ -460,16 +462,9 @@ def _check_tp(p: int, s: int, stage: Stage, config: ModelSpec) -> None:
             )
 
 
-def _check_cp(
-    p: int, stage: Stage, config: ModelSpec, options: StrategyOptions, seq_len: int | None
-) -> None:
+def _check_cp(p: int, stage: Stage, config: ModelSpec, seq_len: int | None) -> None:
     """A context-parallel stage (``check_strategy``)."""
     where = f"stage {stage} (pipeline {p}) has CP degree {stage.cp}"
-    if options.sequence_parallel:
-        raise StrategyError(
-            f"{where}, which does not combine with sequence parallelism yet: drop "
-            "--sequence-parallel or the :C suffix"
-        )
     if seq_len is not None and seq_len % stage.cp:
         raise StrategyError(
             f"{where}, which does not divide seq_len={seq_len}: use a length that is a "

@@ -107,7 +107,8 @@ def rank_memory(
 ) -> RankMemory:  # fmt: skip
     """The memory of one rank of a stage (see the module docstring); under context
     parallelism (``cp > 1``) the layers' activations are those of ``seq_len / cp``
-    positions, the logits those of whole rows (the head runs on the gathered sequence)."""
+    positions, the logits those of whole rows (the head runs on the gathered sequence),
+    without sequence parallelism (it applies to stages without CP only)."""
     p = stage_params(config, num_layers, tp, first=first, last=last)
     bf16 = options.dtype == "bf16"
     z = replicas if options.zero1 else 1
@@ -116,7 +117,7 @@ def rank_memory(
     elt = 2 if bf16 else 4
     kept, full = activation_bytes_per_layer(
         config, micro_batch_size, seq_len // cp, tp, elt=elt,
-        sequence_parallel=options.sequence_parallel, recompute=options.recompute,
+        sequence_parallel=options.sequence_parallel and cp == 1, recompute=options.recompute,
     )  # fmt: skip
     activations = num_layers * in_flight_micro_batches * kept + (full if num_layers else 0)
     vocab_tp = tp if isinstance(config, LlamaConfig) or figures(config).vocab_split else 1

@@ -81,11 +81,13 @@ class PackedStep:
 
 
 def length_multiple(strategy: Strategy, *, sequence_parallel: bool) -> int:
-    """What packed lengths are rounded up to: every CP degree, and every TP degree under
-    sequence parallelism (the residual is split on the sequence); else 1."""
-    return math.lcm(
-        *(stage.cp * (stage.tp if sequence_parallel else 1) for _, _, stage in strategy.stages())
-    )
+    """What packed lengths are rounded up to: every CP degree, and under sequence
+    parallelism the TP degree of every stage without CP (its residual is split on the
+    sequence); else 1."""
+    return math.lcm(*(
+        stage.cp if stage.cp > 1 else stage.tp if sequence_parallel else 1
+        for _, _, stage in strategy.stages()
+    ))  # fmt: skip
 
 
 def pack(
