@@ -57,6 +57,7 @@ from hspmd.planner.lengths import (
     choose,
     dispatch,
     ideal_seconds,
+    option_sets,
     pipe_configs,
     plan_strategies,
     step_seconds,
@@ -130,10 +131,8 @@ def run_case(dist: str, max_len: int, n_steps: int, seed: int) -> dict[str, Any]
     config = get_config("llama-32b")
     cost = CostModel.of(load_cluster("h20x32"))
     gpus = cost.num_ranks
-    options = [
-        StrategyOptions(sequence_parallel=True, recompute=r, dtype="bf16", zero1=True)
-        for r in (False, True)
-    ]
+    base = StrategyOptions(sequence_parallel=True, dtype="bf16", zero1=True)
+    options = option_sets(base, config.num_layers)
     lengths = sample(dist, 60_000, max_len, seed)
     steps = steps_of(lengths, STEP_TOKENS, n_steps)
     hist = Histogram.of(lengths, max_len=max_len, smallest=1024)
@@ -237,7 +236,8 @@ def _describe(plan: LengthStrategy) -> str:
     for p in plan.pipes:
         key = f"{p.model.config}@{p.row_len // 1024}K"
         parts[key] = parts.get(key, 0) + 1
-    rc = " recompute" if plan.options.recompute else ""
+    o = plan.options
+    rc = f" recompute {o.recompute_layers or 'all'}" if o.recompute else ""
     return " + ".join(f"{n}x{k}" for k, n in parts.items()) + rc
 
 

@@ -10,6 +10,7 @@ from hspmd.models.config import get_config
 from hspmd.plan.dispatch import DispatchError
 from hspmd.plan.strategy import StrategyOptions, parse_strategy
 from hspmd.planner.cost import CostModel
+from hspmd.planner.length_model import _quadratic
 from hspmd.planner.lengths import (
     Histogram,
     LengthPlanError,
@@ -17,7 +18,6 @@ from hspmd.planner.lengths import (
     PipeConfig,
     PipeModel,
     PipeSpec,
-    _quadratic,
     choose,
     dispatch,
     fixed_dispatcher,

@@ -27,6 +27,7 @@ from hspmd.planner.lengths import (
     Histogram,
     LengthPlanError,
     load_plans,
+    option_sets,
     plan_strategies,
     plans_json,
     switch_matrix,
@@ -72,8 +73,9 @@ def run(args: argparse.Namespace) -> int:
                         smallest=max(1, args.max_seq_len >> (args.strategies + 2)))  # fmt: skip
     zero1 = {"on": [True], "off": [False], "auto": [False, True]}[args.zero1]
     options = [
-        StrategyOptions(zero1=z, sequence_parallel=True, recompute=r, dtype=args.dtype)
-        for z in zero1 for r in (False, True)
+        o for z in zero1
+        for o in option_sets(StrategyOptions(zero1=z, sequence_parallel=True, dtype=args.dtype),
+                             config.num_layers)
     ]  # fmt: skip
     plans = plan_strategies(config, cost, hist, step_tokens=args.tokens_per_step,
                             options=options, count=args.strategies)  # fmt: skip
@@ -91,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{model} on {cluster} ({cost.num_ranks} ranks), {len(docs)} documents, "
           f"{args.tokens_per_step} tokens a step, lengths up to {args.max_seq_len}")  # fmt: skip
     for p in plans:
-        ranges = ", ".join(f"TP{s.model.config.tp}xPP{s.model.config.pp} {lo}-{hi}"
+        ranges = ", ".join(f"{s.model.config} {lo}-{hi}"
                            for s, (lo, hi) in zip(p.pipes, p.intervals, strict=True))  # fmt: skip
         print(f"max {p.max_len}: {p.strategy}  [{ranges}]  predicted {p.predicted_s:.4g} s")
     return 0

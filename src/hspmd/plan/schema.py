@@ -6,7 +6,7 @@ docs/plan-schema.md; ``PLAN_SCHEMA`` is the JSON Schema)::
 
     {"format": "hspmd.plan/1",
      "strategy": "1x2: R0-1:L0-3; 2x1: R2:L0-3",       # informational, may be null
-     "options": {"zero1": false, "sequence_parallel": false, "recompute": false,
+     "options": {"zero1": false, "sequence_parallel": false, "recompute": false, "recompute_layers": 0,
                  "schedule": "1f1b", "dtype": "fp32"},
      "inputs":           {"tokens": {"shape": [3, 16], "annotation": "h0(2,1): [0,1]{D:2} [2]{}"}, ...},
      "parameters":       {"embed.weight": {"shape": [256, 64], "annotation": "..."}, ...},
@@ -83,6 +83,7 @@ PLAN_SCHEMA: dict[str, Any] = {
                 "zero1": {"type": "boolean"},
                 "sequence_parallel": {"type": "boolean"},
                 "recompute": {"type": "boolean"},
+                "recompute_layers": {"type": "integer", "minimum": 0},
                 "schedule": {"enum": ["1f1b", "gpipe"]},
                 "dtype": {"enum": ["fp32", "bf16"]},
             },

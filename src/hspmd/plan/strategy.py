@@ -190,15 +190,31 @@ class Strategy:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StrategyOptions:
     """Switches that apply to every pipeline (CLI: ``--zero1`` ``--sequence-parallel``
-    ``--recompute`` ``--schedule`` ``--dtype``)."""
+    ``--recompute`` ``--recompute-layers`` ``--schedule`` ``--dtype``)."""
 
     zero1: bool = False  # shard fp32 masters and Adam states over data-parallel replicas
     sequence_parallel: bool = False  # split the residual stream's seq dim inside a stage
     recompute: bool = False  # recompute each layer's activations in backward
+    recompute_layers: int = 0  # with recompute: only the first k layers of a stage (0: all)
     schedule: Schedule = "1f1b"  # pipeline schedule
     dtype: Dtype = "fp32"  # compute dtype; bf16 keeps fp32 masters
 
+    def recomputed(self, num_layers: int) -> int:
+        """How many of a stage's ``num_layers`` layers recompute in backward (its first
+        ones): none without ``recompute``, else ``recompute_layers`` (every one if 0).
+
+        >>> StrategyOptions(recompute=True, recompute_layers=2).recomputed(5)
+        2
+        """
+        if not self.recompute:
+            return 0
+        return min(self.recompute_layers, num_layers) if self.recompute_layers else num_layers
+
     def __post_init__(self) -> None:
+        if self.recompute_layers < 0:
+            raise StrategyError(
+                f"recompute_layers={self.recompute_layers}: give 0 (every layer) or more"
+            )
         if self.schedule not in ("1f1b", "gpipe"):
             raise StrategyError(f"unknown schedule {self.schedule!r}: use 1f1b or gpipe")
         if self.dtype not in ("fp32", "bf16"):
@@ -208,6 +224,8 @@ class StrategyOptions:
         flags = [
             name for name in ("zero1", "sequence_parallel", "recompute") if getattr(self, name)
         ]
+        if self.recompute and self.recompute_layers:
+            flags.append(f"recompute_layers={self.recompute_layers}")
         return " ".join([*flags, f"schedule={self.schedule}", f"dtype={self.dtype}"])
 
 

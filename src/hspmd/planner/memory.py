@@ -18,7 +18,8 @@ Recomputation in Large Transformer Models", with a fused attention kernel so no 
 scores are kept): ``s*b*H*(10 + 24/t)`` bytes in 2-byte activations,
 ``s*b*H*34/t`` with sequence parallelism; twice that in fp32. With recompute only each
 layer's input stays (``2*s*b*H``, divided by ``t`` under sequence parallelism) plus one
-layer's full set during its backward. Micro-batches in flight on stage ``i`` of ``S``:
+layer's full set during its backward (``--recompute-layers k``: the first ``k`` layers of a
+stage recompute, the others keep everything). Micro-batches in flight on stage ``i`` of ``S``:
 ``min(S - i, m)`` under 1F1B, ``m`` under GPipe. The last stage adds fp32 logits and their
 gradient for one micro-batch, ``8*b*s*V/t``. Every rank adds ``OVERHEAD_BYTES`` (CUDA
 context, NCCL buffers, allocator fragmentation), an assumption.
@@ -100,6 +101,25 @@ def activation_bytes_per_layer(
     return kept, full
 
 
+def _activations(
+    config: ModelSpec, micro_batch_size: int, seq_len: int, tp: int, *, elt: int,
+    num_layers: int, in_flight: int, recomputed: int, sequence_parallel: bool,
+) -> float:  # fmt: skip
+    """A stage's activation bytes: ``recomputed`` of its layers keep their inputs only (plus
+    one layer's full set while it recomputes), the others keep everything."""
+    plain, _ = activation_bytes_per_layer(
+        config, micro_batch_size, seq_len, tp, elt=elt,
+        sequence_parallel=sequence_parallel, recompute=False,
+    )  # fmt: skip
+    if not recomputed:
+        return num_layers * in_flight * plain
+    kept, full = activation_bytes_per_layer(
+        config, micro_batch_size, seq_len, tp, elt=elt,
+        sequence_parallel=sequence_parallel, recompute=True,
+    )  # fmt: skip
+    return in_flight * (recomputed * kept + (num_layers - recomputed) * plain) + full
+
+
 def rank_memory(
     config: ModelSpec, *, rank: int, tp: int, num_layers: int, first: bool, last: bool,
     in_flight_micro_batches: int, micro_batch_size: int, seq_len: int, replicas: int,
@@ -115,11 +135,11 @@ def rank_memory(
     weights = (2 if bf16 else 4) * p
     optimizer = (12 if bf16 else 8) * p / z
     elt = 2 if bf16 else 4
-    kept, full = activation_bytes_per_layer(
-        config, micro_batch_size, seq_len // cp, tp, elt=elt,
-        sequence_parallel=options.sequence_parallel and cp == 1, recompute=options.recompute,
+    activations = _activations(
+        config, micro_batch_size, seq_len // cp, tp, elt=elt, num_layers=num_layers,
+        in_flight=in_flight_micro_batches, recomputed=options.recomputed(num_layers),
+        sequence_parallel=options.sequence_parallel and cp == 1,
     )  # fmt: skip
-    activations = num_layers * in_flight_micro_batches * kept + (full if num_layers else 0)
     vocab_tp = tp if isinstance(config, LlamaConfig) or figures(config).vocab_split else 1
     logits = 8 * micro_batch_size * seq_len * config.vocab_size / vocab_tp if last else 0.0
     return RankMemory(rank, weights, 4 * p, optimizer, activations, logits)

@@ -63,6 +63,7 @@ def options_of(config: TrainConfig) -> StrategyOptions:
         zero1=config.zero1,
         sequence_parallel=config.sequence_parallel,
         recompute=config.recompute,
+        recompute_layers=config.recompute_layers,
         schedule=config.schedule,
         dtype=config.dtype,
     )

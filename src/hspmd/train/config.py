@@ -66,6 +66,7 @@ class TrainConfig:
     zero1: bool = False
     sequence_parallel: bool = False
     recompute: bool = False
+    recompute_layers: int = 0  # with recompute: the first k layers of each stage (0: all)
     overlap: bool = True  # gradient sync during the last backward (False: after it)
     bucket_bytes: int = 4 << 20  # flat gradient buckets of Post (hspmd.train.sync)
     # (step, strategy): switch to that strategy in memory before that step (hspmd.switch.live)
@@ -107,6 +108,11 @@ class TrainConfig:
             raise TrainError(
                 f"switch steps {steps}: give each step once, in increasing order, from 2 on "
                 "(the strategy of step 1 is --strategy)"
+            )
+        if self.recompute_layers < 0 or (self.recompute_layers and not self.recompute):
+            raise TrainError(
+                f"--recompute-layers {self.recompute_layers}: give a count of at least 0, "
+                "with --recompute (0: every layer of a stage)"
             )
         self._check_slowdown()
         self._check_elastic()
