@@ -35,7 +35,7 @@ from hspmd.planner.lengths import (
 from hspmd.planner.local import local_cost
 from hspmd.switch.cluster import load_cluster
 from hspmd.train.config import TrainConfig
-from hspmd.train.packing import length_plans, plan_schedule
+from hspmd.train.packing import length_plans, planned_steps
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -113,15 +113,28 @@ def read_plans_file(path: str) -> tuple[str, dict[str, Any]]:
 
 
 def apply_plans(config: TrainConfig, text: str, *, path: str) -> TrainConfig:
-    """``config`` under a plans file: the first step's chosen strategy, a switch (bf16
-    weights only) before every step whose chosen strategy differs from the one before."""
+    """``config`` under a plans file: it starts under the first step's chosen strategy;
+    the later steps are chosen while training runs (``hspmd.train.plan_ahead``), with a
+    switch (bf16 weights only) before each step whose choice differs from the one before.
+    Sequence parallelism is the file's; recompute too (the most any strategy asks)."""
     if config.strategy is not None or config.switches:
         raise LengthPlanError(f"--plans {path} chooses every step's strategy: drop --strategy and --switch")  # fmt: skip
     config = replace(config, length_plans=text, switch_mode="weights")
     plans, _ = length_plans(config)
-    texts = [str(plans[k].strategy) for k, _, _ in plan_schedule(config)]
-    switches = tuple(
-        (step, t) for step, (t, before) in enumerate(zip(texts[1:], texts, strict=False), start=2)
-        if t != before
-    )  # fmt: skip
-    return replace(config, strategy=texts[0], switches=switches)
+    options = [p.options for p in plans]
+    recompute = [o for o in options if o.recompute]
+    config = replace(
+        config,
+        sequence_parallel=config.sequence_parallel or any(o.sequence_parallel for o in options),
+        recompute=config.recompute or bool(recompute),
+        recompute_layers=config.recompute_layers if config.recompute else _most(recompute),
+    )
+    first = next(planned_steps(replace(config, steps=1)))
+    return replace(config, strategy=str(plans[first.plan or 0].strategy))
+
+
+def _most(recompute: list[StrategyOptions]) -> int:
+    """The ``recompute_layers`` that recomputes at least what each of them does."""
+    if not recompute or any(o.recompute_layers == 0 for o in recompute):
+        return 0
+    return max(o.recompute_layers for o in recompute)

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -96,7 +97,8 @@ class TrainConfig:
     step_tokens: int | None = None
     long_docs: str = "truncate"  # a document over seq_len tokens: truncate, drop or error
     # a plans file's text (``hspmd plan --data``): per step the strategy with the least
-    # predicted time is chosen (hspmd.train.packing.planned_steps); ``switches`` follow it
+    # predicted time is chosen (hspmd.train.packing.planned_steps) on a background worker
+    # (hspmd.train.plan_ahead); the loop switches when the choice changes
     length_plans: str | None = None
 
     def __post_init__(self) -> None:
@@ -286,8 +288,13 @@ class TrainConfig:
 
     @property
     def strategies(self) -> tuple[str, ...]:
-        """Every strategy of the run, the starting one first."""
-        return (self.require_strategy(), *(text for _, text in self.switches))
+        """Every strategy of the run, the starting one first (under length plans every
+        strategy of the plans file: the run chooses among them step by step)."""
+        start = self.require_strategy()
+        if self.length_plans is not None:
+            found = (e["strategy"] for e in json.loads(self.length_plans)["strategies"])
+            return (start, *(t for t in dict.fromkeys(found) if t != start))
+        return (start, *(text for _, text in self.switches))
 
     def strategy_at(self, step: int) -> str:
         """The strategy that runs ``step`` (after the switches before it)."""

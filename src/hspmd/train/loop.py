@@ -60,7 +60,14 @@ from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.faults import inject
 from hspmd.train.home import home_annotations, run_ranks
 from hspmd.train.layout import Layout, Role
-from hspmd.train.packing import PackedStep, packed_steps, planned_steps, record_fields
+from hspmd.train.packing import (
+    PackedStep,
+    length_plans,
+    packed_steps,
+    planned_steps,
+    record_fields,
+)
+from hspmd.train.plan_ahead import PlanAhead
 from hspmd.train.post import Post
 from hspmd.train.slowdown import Slowdown, slowdown_of
 from hspmd.train.sync import grad_sync_plan
@@ -336,30 +343,29 @@ def run_rank(
     else:
         active, first, adam_steps = activate(world, config, first_strategy), 1, 0
     switches = dict(config.switches)
-    # every rank reads the stream: a rank idle now may train after a switch
+    # every rank reads the stream: a rank idle now may train after a switch; under length
+    # plans a worker thread plans the next steps while this one trains
+    ahead = PlanAhead(planned_steps(config)) if config.length_plans else None
     data: Iterator[Batch] = islice(
-        (
-            planned_steps(config)
-            if config.length_plans
-            else packed_steps(config, active.layout.strategy)
-        )
-        if config.packed
-        else step_batches(config),
-        first - 1,
-        None,
-    )
+        ahead or (packed_steps(config, active.layout.strategy) if config.packed
+                  else step_batches(config)),
+        first - 1, None,
+    )  # fmt: skip
+    texts = _plan_texts(config)
     records, executables = [], set()  # executables: one per strategy, whatever the lengths
     slow = slowdown_of(config.slowdown, world.rank)
     end_setup()
     for step in range(first, config.steps + 1):
         switched, messages = None, None
-        if step in switches and step != first:
-            with rec.span("switch", cat="switch", step=step, to=switches[step]):
+        batch = next(data) if ahead is not None else None
+        target = texts[batch.plan or 0] if isinstance(batch, PackedStep) else switches.get(step)
+        if target is not None and target != active.text and (ahead is not None or step != first):
+            with rec.span("switch", cat="switch", step=step, to=target):
                 active, switched, messages = _timed_switch(
-                    world, config, active, switches[step], steps=adam_steps
+                    world, config, active, target, steps=adam_steps
                 )
         end_step = rec.begin(f"step {step}", cat="step", step=step)
-        batch = next(data)
+        batch = next(data) if batch is None else batch
         inject(config.inject, member=world.rank, step=step, phase="forward")  # ends the run
         start = time.perf_counter()
         loss = torch.zeros(1, dtype=torch.float64)
@@ -404,7 +410,16 @@ def run_rank(
             # numpy, not tensors: tensors would travel as shared-memory fds
             pieces[name] = (active.exe.pieces[name].region, p.detach().float().numpy().copy())
     world.tracer = None
+    if ahead is not None:
+        ahead.close()
     return {"pieces": pieces, "records": records, "builds": len(executables)}
+
+
+def _plan_texts(config: TrainConfig) -> list[str]:
+    """The strategy strings of a length-plans run, by plan index (empty otherwise)."""
+    if config.length_plans is None:
+        return []
+    return [str(plan.strategy) for plan in length_plans(config)[0]]
 
 
 def _record_fields(batch: Batch) -> dict[str, Any]:

@@ -1,0 +1,61 @@
+"""Planning on a background worker (``hspmd.train.plan_ahead``): the same steps and choices
+as the synchronous path, planned ahead of the consumer, errors delivered at their step."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hspmd.cli.plan_lengths import apply_plans
+from hspmd.train.config import TrainConfig
+from hspmd.train.packing import plan_schedule, planned_steps
+from hspmd.train.plan_ahead import PlanAhead
+from tests.cli.test_train_plans import write_inputs
+
+
+def config(tmp_path: Path, steps: int) -> TrainConfig:
+    plans, data = write_inputs(tmp_path)
+    base = TrainConfig(data=str(data), seq_len=256, step_tokens=256, steps=steps)
+    return apply_plans(base, plans.read_text(), path=str(plans))
+
+
+def test_the_worker_makes_the_synchronous_choices(tmp_path: Path) -> None:
+    run = config(tmp_path, steps=6)
+    ahead = PlanAhead(planned_steps(run), depth=2)
+    time.sleep(0.5)  # the consumer is busy: the worker plans ahead meanwhile
+    assert ahead.ready() == 2 and ahead.planned >= 2
+    got = list(ahead)
+    want = list(planned_steps(run))
+    assert [(s.plan, s.predicted, s.assignment) for s in got] == [
+        (s.plan, s.predicted, s.assignment) for s in want
+    ]
+    assert [s.plan for s in got] == [k for k, _, _ in plan_schedule(run)]
+    assert len({s.plan for s in got}) == 2  # both strategies chosen: the choice is tested
+    for a, b in zip(got, want, strict=True):
+        for pa, pb in zip(a.micro_batches, b.micro_batches, strict=True):
+            for ma, mb in zip(pa, pb, strict=True):
+                assert ma.tokens.equal(mb.tokens) and ma.segments.equal(mb.segments)
+    ahead.close()
+
+
+def test_an_error_reaches_the_consumer_at_its_step() -> None:
+    def steps() -> Iterator[int]:
+        yield 1
+        raise ValueError("step 2 fits no strategy")
+
+    ahead = PlanAhead(steps())
+    assert next(ahead) == 1
+    with pytest.raises(ValueError, match="step 2"):
+        next(ahead)
+    with pytest.raises(ValueError, match="depth=0"):
+        PlanAhead(iter(()), depth=0)
+
+
+def test_close_stops_a_worker_that_is_ahead() -> None:
+    ahead = PlanAhead(iter(range(10**9)), depth=1)
+    time.sleep(0.2)
+    ahead.close()  # returns: the worker stops while its queue is full
+    assert ahead.planned < 10
