@@ -51,16 +51,19 @@ def test_plans_switch_and_equal_the_reference(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     plans, data = write_inputs(tmp_path)
-    argv = ["train", "--plans", str(plans), "--data", str(data), "--steps", "3", "--json"]
+    argv = ["train", "--plans", str(plans), "--data", str(data), "--steps", "6", "--json"]
     assert main(argv) == 0
     ours = records(capsys)
     assert main([*argv, "--reference"]) == 0
     theirs = records(capsys)
-    assert [r["plan"] for r in ours] == [0, 1, 1]  # step 2 has a 150-token document
+    assert [r["plan"] for r in ours] == [0, 1, 1, 1, 1, 0]  # steps 2-5: a 150-token document
     assert ours[1]["strategy"] == LONG and ours[1]["switch_seconds"] > 0  # type: ignore[operator]
     # every rank of LONG holds its weights under SHORT already: nothing to send
     assert ours[1]["switch_messages"] == 0
     assert "switch_seconds" not in ours[2]
+    # back to SHORT: its executables are reused (no build: much faster than step 2's)
+    assert ours[5]["strategy"] == SHORT and ours[5]["switch_messages"] == 6
+    assert ours[5]["switch_seconds"] < ours[1]["switch_seconds"]  # type: ignore[operator]
     for a, b in zip(ours, theirs, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
         assert (a["plan"], a["sequences"]) == (b["plan"], b["sequences"])

@@ -180,6 +180,7 @@ STRATEGY_FLAGS = ("--zero1", "--sequence-parallel", "--recompute", "--schedule",
 NOT_FLAGS = {
     "tp_rules": "a user module's TP kinds come from a plan file: --plan (hspmd.train.planfile)",
     "bucket_bytes": "a tuning knob of the library API (TrainConfig.bucket_bytes), no flag",
+    "min_documents": "aligns the steps of runs under different strategies (benchmarks), no flag",
 }
 
 

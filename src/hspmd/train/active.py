@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hspmd.plan.strategy import StrategyOptions, parse_strategy
+from hspmd.plan.strategy import Strategy, StrategyOptions, parse_strategy
 from hspmd.runtime.counting import count_comm
 from hspmd.runtime.executable import bind_executable
 from hspmd.runtime.world import World
@@ -35,7 +35,25 @@ from hspmd.train.post import MixedPost, PlainPost, Post
 from hspmd.train.sync import SyncItem, grad_sync_plan
 from hspmd.train.zero import ZeroItem, ZeroOne, zero1_plan
 
-__all__ = ["Active", "activate", "options_of", "switch_weights"]
+__all__ = ["Active", "Built", "activate", "options_of", "switch_weights"]
+
+
+class Built:
+    """The executables and boundary plans this rank built under the mixed-length mode
+    (``switch_mode="weights"``), by layout: a strategy switched to again, or one that
+    differs only in micro-batch counts (the executable does not depend on them), reuses
+    them instead of building them again; the switch then only moves (or copies) the
+    weights. Holds one copy of the compute weights per layout seen."""
+
+    def __init__(self) -> None:
+        self.by_layout: dict[str, tuple[Executable, BoundaryPlans]] = {}
+        self.reused = 0
+
+    @staticmethod
+    def key(strategy: Strategy) -> str:
+        """``strategy`` with every micro-batch count 1: ``2x1: R0:L0-3`` -> ``1x1: R0:L0-3``."""
+        pipes = (dataclasses.replace(p, num_micro_batches=1) for p in strategy.pipelines)
+        return str(Strategy(tuple(pipes)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +67,7 @@ class Active:
     exe: Executable | None = None
     plans: BoundaryPlans | None = None
     post: Post | None = None
+    built: Built | None = None  # the mixed-length mode's reusable executables
 
     @property
     def home(self) -> HomeState | None:
@@ -83,18 +102,28 @@ def _post(
 
 
 def activate(
-    world: World, config: TrainConfig, text: str, *, home: HomeState | None = None
-) -> Active:
+    world: World, config: TrainConfig, text: str, *, home: HomeState | None = None,
+    built: Built | None = None,
+) -> Active:  # fmt: skip
     """Build this rank's executable graph, boundary plans and Post under strategy ``text``
-    (``home``: the mixed-length mode's optimizer state to keep, ``hspmd.train.home``)."""
+    (``home``: the mixed-length mode's optimizer state to keep, ``hspmd.train.home``;
+    ``built``: its executables built before, reused by layout)."""
     model = config.model_config()
     layout = Layout.from_text(text, num_layers=model.num_layers)
     role = layout.role(world.rank)
+    if config.switch_mode == "weights" and built is None:
+        built = Built()
     if role is None:
         if config.switch_mode == "weights":  # an idle rank keeps its home shards
             idle = home_post(world, config, layout.strategy, {}, home=home)
-            return Active(text, layout, post=idle)
+            return Active(text, layout, post=idle, built=built)
         return Active(text, layout)
+    key = Built.key(layout.strategy)
+    if built is not None and key in built.by_layout:
+        exe, plans = built.by_layout[key]
+        built.reused += 1
+        reused = home_post(world, config, layout.strategy, exe.params, home=home)
+        return Active(text, layout, role, exe, plans, reused, built)
     sync = (
         ()
         if config.zero1
@@ -112,13 +141,15 @@ def activate(
     if config.dtype == "bf16":
         exe.graph_module.to(torch.bfloat16)  # compute copy; Post keeps fp32 masters
     post: Post | None
+    if built is not None:
+        built.by_layout[key] = (exe, plans)
     if config.switch_mode == "weights":
         post = home_post(world, config, layout.strategy, exe.params, home=home)
     else:
         # gradients still partial inside the stage after B (sequence parallel norm weights)
         deferred = frozenset(name for item in exe.grad_sync for name in item.names)
         post = _post(config, exe.params, sync, zero, world, deferred=deferred)
-    return Active(text, layout, role, exe, plans, post)
+    return Active(text, layout, role, exe, plans, post, built)
 
 
 def switch_weights(
@@ -131,7 +162,7 @@ def switch_weights(
     part and the messages this rank sent."""
     model = config.model_config()
     post = active.post if isinstance(active.post, HomePost) else None
-    home = active.home
+    home, built = active.home, active.built
     moved: dict[str, torch.Tensor] = {}
     with count_comm(world) as log:
         if not rederive:
@@ -142,7 +173,7 @@ def switch_weights(
             params = active.exe.params if active.exe is not None else {}
             moved = run_weight_switch(plan, params, world, dtype=dtype)
     del active, post  # the old executable goes before the new one is built
-    new = activate(world, config, text, home=home)
+    new = activate(world, config, text, home=home, built=built)
     with count_comm(world) as gather, torch.no_grad():
         if rederive and isinstance(new.post, HomePost):
             new.post.refresh()

@@ -96,6 +96,9 @@ class TrainConfig:
     # tokens per step, packed into the micro-batches; ``seq_len`` is then the maximum length
     step_tokens: int | None = None
     long_docs: str = "truncate"  # a document over seq_len tokens: truncate, drop or error
+    # at least this many documents a step (0: one per micro-batch of the strategy): runs
+    # of different strategies then see the same steps (benchmarks/mixed_length.py)
+    min_documents: int = 0
     # a plans file's text (``hspmd plan --data``): per step the strategy with the least
     # predicted time is chosen (hspmd.train.packing.planned_steps) on a background worker
     # (hspmd.train.plan_ahead); the loop switches when the choice changes

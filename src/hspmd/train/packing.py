@@ -136,7 +136,7 @@ def packed_steps(
         config.seed,
         max_len=config.seq_len,
         long_docs=config.long_docs,
-        min_documents=sum(m for m, _ in slots),
+        min_documents=max(config.min_documents, sum(m for m, _ in slots)),
         path=config.data,
         max_bytes=config.data_max_bytes or DEFAULT_MAX_BYTES,
     )
@@ -174,7 +174,10 @@ def _planned(config: TrainConfig) -> Iterator[tuple[PackedStep, float]]:
     multiples = [length_multiple(s, sequence_parallel=config.sequence_parallel) for s in strategies]
     stream = document_steps(
         config.step_tokens, config.seed, max_len=config.seq_len, long_docs=config.long_docs,
-        min_documents=min(sum(p.num_micro_batches for p in s.pipelines) for s in strategies),
+        min_documents=max(
+            config.min_documents,
+            min(sum(p.num_micro_batches for p in s.pipelines) for s in strategies),
+        ),
         path=config.data, max_bytes=config.data_max_bytes or DEFAULT_MAX_BYTES,
     )  # fmt: skip
     current: int | None = None
