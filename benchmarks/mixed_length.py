@@ -34,6 +34,7 @@ memory checked per configuration), over the same steps:
   else (the bound).
 
     .venv/bin/python benchmarks/mixed_length.py [--steps 16]
+    .venv/bin/python benchmarks/mixed_length.py --part local   (real processes here)
 """
 
 from __future__ import annotations
@@ -243,13 +244,31 @@ def _describe(plan: LengthStrategy) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=("sim", "local", "all"), default="sim",
+                        help="sim: the paper's setting simulated; local: real processes here "
+                        "(benchmarks/mixed_length_local.py)")  # fmt: skip
     parser.add_argument("--steps", type=int, default=16, help="steps per case (default 16)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-len", type=int, default=2048, help="local: the context")
+    parser.add_argument("--tokens", type=int, default=4096, help="local: tokens a step")
+    parser.add_argument("--local-steps", type=int, default=8, help="local: steps a method")
+    parser.add_argument("--profile", default=None, help="local: a profile of this machine "
+                        "(hspmd profile --nproc 4); measured now if not given")  # fmt: skip
     args = parser.parse_args()
+    if args.part in ("sim", "all"):
+        sim_part(args.steps, args.seed)
+    if args.part in ("local", "all"):
+        from mixed_length_local import local_part
+
+        local_part(max_len=args.max_len, tokens=args.tokens, steps=args.local_steps,
+                   profile=args.profile)  # fmt: skip
+
+
+def sim_part(steps: int, seed: int) -> None:
     rows = []
     for dist in DISTRIBUTIONS:
         for max_len in (16384, 32768):
-            rows.append(run_case(dist, max_len, args.steps, args.seed))
+            rows.append(run_case(dist, max_len, steps, seed))
     head = f"{'case':<16}{'full-window':>12}{'varlen':>9}{'hotspa':>9}{'ours':>9}{'ideal':>9}  (s/step)  vs full  vs varlen  vs hotspa  ideal/ours"
     print(head)
     for r in rows:

@@ -3,6 +3,7 @@ as the synchronous path, planned ahead of the consumer, errors delivered at thei
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,10 +11,13 @@ from pathlib import Path
 import pytest
 
 from hspmd.cli.plan_lengths import apply_plans
+from hspmd.train.compare import compare
 from hspmd.train.config import TrainConfig
 from hspmd.train.packing import plan_schedule, planned_steps
 from hspmd.train.plan_ahead import PlanAhead
-from tests.cli.test_train_plans import write_inputs
+from hspmd.train.reference import run_reference
+from hspmd.train.trainer import train_many
+from tests.cli.test_train_plans import _pipe, write_inputs
 
 
 def config(tmp_path: Path, steps: int) -> TrainConfig:
@@ -59,3 +63,26 @@ def test_close_stops_a_worker_that_is_ahead() -> None:
     time.sleep(0.2)
     ahead.close()  # returns: the worker stops while its queue is full
     assert ahead.planned < 10
+
+
+@pytest.mark.multiproc
+def test_empty_micro_batches_are_skipped_and_equal_the_reference(tmp_path: Path) -> None:
+    """Steps of 2-3 documents under three micro-batches a pipeline: the empty ones are
+    skipped on every stage of a PP-2 pipeline alike; losses equal the reference."""
+    strategy = "3x1: R0:L0-1 R1:L2-3; 3x1: R2-3:L0-3"
+    plans = {
+        "format": "hspmd.length-plans", "version": 1, "model": "llama-tiny",
+        "cluster": "local-4", "tokens_per_step": 200, "max_len": 128, "histogram": {},
+        "strategies": [{"max_len": 128, "strategy": strategy, "predicted_step_s": 0.1,
+                        "sync_s": 0.0, "pipelines": [_pipe(1, 2, 128, 3), _pipe(2, 1, 128, 3)]}],
+        "switch_s": [[0.0]],
+    }  # fmt: skip
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps({"text": "y" * n}) + "\n" for n in [90, 60, 100] * 6))
+    base = TrainConfig(data=str(data), seq_len=128, step_tokens=200, steps=3)
+    run = apply_plans(base, json.dumps(plans), path="plans.json")
+    steps = list(planned_steps(run))
+    assert any(0 in pipe for s in steps for pipe in s.assignment.lengths)  # empty ones
+    (result,) = train_many([run], threads=1)
+    reference = run_reference(run)
+    assert compare(result, reference).ok

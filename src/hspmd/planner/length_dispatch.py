@@ -129,7 +129,8 @@ def fixed_dispatcher(plan: LengthStrategy) -> Callable[..., Assignment]:
     """A ``plan.dispatch`` dispatcher into ``plan.strategy``'s fixed micro-batches (one row
     each): documents longest first, each to the pipeline whose row length holds it and
     whose predicted time after taking it is least, into its least loaded micro-batch that
-    holds it; the last documents fill micro-batches still empty."""
+    holds it; the last documents go to pipelines still without one. A micro-batch may
+    stay empty (length 0: the runtime skips it); a pipeline may not."""
 
     def run(
         lengths: Sequence[int], *, slots: Sequence[tuple[int, int]], max_len: int,
@@ -144,36 +145,17 @@ def fixed_dispatcher(plan: LengthStrategy) -> Callable[..., Assignment]:
         out: list[tuple[int, int, int]] = [(-1, -1, -1)] * len(lengths)
         order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
         for k, i in enumerate(order):
-            n = lengths[i]
-            empty = [sum(r[0] == 0 for r in pipe) for pipe in load]
-            must_fill = len(order) - k <= sum(empty)
-            best: tuple[float, int, int] | None = None
-            for p, pipe in enumerate(load):
-                if caps[p] < n or (must_fill and not empty[p]):
-                    continue
-                fits = [m for m, r in enumerate(pipe) if r[0] + n <= caps[p]]
-                if not fits:
-                    continue
-                m = min(fits, key=lambda m: (pipe[m][0] > 0, pipe[m][0], m))
-                rows = [(r[0], r[1]) for r in pipe]
-                rows[m] = (rows[m][0] + n, rows[m][1] + float(n) * n)
-                t = plan.pipes[p].model.seconds(rows)
-                if best is None or t < best[0]:
-                    best = (t, p, m)
-            if best is None:
-                raise DispatchError(
-                    f"document {i} ({n} tokens) fits no micro-batch of the plan for "
-                    f"{plan.max_len}: lower the tokens per step"
-                )
-            _, p, m = best
-            load[p][m][0] += n
-            load[p][m][1] += float(n) * n
+            idle = [all(r[0] == 0 for r in pipe) for pipe in load]
+            must_fill = len(order) - k <= sum(idle)
+            p, m = _place(plan, load, caps, lengths[i], only=idle if must_fill else None)
+            load[p][m][0] += lengths[i]
+            load[p][m][1] += float(lengths[i]) ** 2
             out[i] = (p, m, 0)
-        left = [(p, m) for p, pipe in enumerate(load) for m, r in enumerate(pipe) if r[0] == 0]
-        if left:
+        idle_pipes = [p for p, pipe in enumerate(load) if all(r[0] == 0 for r in pipe)]
+        if idle_pipes:
             raise DispatchError(
-                f"{len(lengths)} documents leave micro-batch {left[0][1]} of pipeline "
-                f"{left[0][0]} empty: a step needs at least one document per micro-batch"
+                f"{len(lengths)} documents leave pipeline {idle_pipes[0]} without one: a "
+                f"step needs at least one document per pipeline ({len(load)})"
             )
         packed = tuple(
             tuple(math.ceil(int(r[0]) / multiple) * multiple for r in pipe) for pipe in load
@@ -183,6 +165,34 @@ def fixed_dispatcher(plan: LengthStrategy) -> Callable[..., Assignment]:
         )
 
     return run
+
+
+def _place(
+    plan: LengthStrategy, load: list[list[list[float]]], caps: Sequence[int], n: int, *,
+    only: Sequence[bool] | None,
+) -> tuple[int, int]:  # fmt: skip
+    """``(pipeline, micro-batch)`` for a document of ``n`` tokens: of the pipelines that
+    hold it (``only``: among those flagged), the least predicted time after taking it,
+    in its least loaded micro-batch that holds it."""
+    best: tuple[float, int, int] | None = None
+    for p, pipe in enumerate(load):
+        if caps[p] < n or (only is not None and not only[p]):
+            continue
+        fits = [m for m, r in enumerate(pipe) if r[0] + n <= caps[p]]
+        if not fits:
+            continue
+        m = min(fits, key=lambda m: (pipe[m][0] > 0, pipe[m][0], m))
+        rows = [(r[0], r[1]) for r in pipe]
+        rows[m] = (rows[m][0] + n, rows[m][1] + float(n) * n)
+        t = plan.pipes[p].model.seconds(rows)
+        if best is None or t < best[0]:
+            best = (t, p, m)
+    if best is None:
+        raise DispatchError(
+            f"a document of {n} tokens fits no micro-batch of the plan for {plan.max_len}: "
+            "lower the tokens per step"
+        )
+    return best[1], best[2]
 
 
 def assignment_seconds(a: Assignment, plan: LengthStrategy) -> float:

@@ -22,11 +22,11 @@ from typing import Any
 
 from hspmd.errors import HspmdError
 from hspmd.models.config import LlamaConfig
-from hspmd.plan.strategy import Strategy, StrategyOptions
-from hspmd.planner.closed_form import PLAN_HEADROOM
+from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
+from hspmd.planner.closed_form import PLAN_HEADROOM, split_evenly
 from hspmd.planner.cost import CostModel
 from hspmd.planner.memory import rank_memory
-from hspmd.planner.workload import stage_work
+from hspmd.planner.workload import stage_params, stage_work
 
 __all__ = [
     "Histogram",
@@ -38,6 +38,8 @@ __all__ = [
     "ideal_seconds",
     "pipe_configs",
     "pipe_model",
+    "sync_seconds",
+    "to_strategy",
 ]
 
 
@@ -324,3 +326,38 @@ def ideal_seconds(lengths: Sequence[int], config: LlamaConfig, cost: CostModel) 
 
     _, a, q = _quadratic(work)
     return sum(a * n + q * float(n) * n for n in lengths) / cost.num_ranks
+
+
+def to_strategy(pipes: Sequence[PipeSpec], num_layers: int) -> Strategy:
+    """The hspmd strategy of ``pipes`` on consecutive ranks, layers split evenly."""
+    pipelines, at = [], 0
+    for spec in pipes:
+        c = spec.model.config
+        width = c.tp * c.cp
+        stages, first = [], 0
+        for count in split_evenly(num_layers, c.pp):
+            stages.append(Stage(tuple(range(at, at + width)), first, first + count - 1, cp=c.cp))
+            at, first = at + width, first + count
+        pipelines.append(Pipeline(spec.micro_batches, 1, tuple(stages)))
+    return Strategy(tuple(pipelines))
+
+
+def sync_seconds(
+    strategy: Strategy, config: LlamaConfig, cost: CostModel, *, zero1: bool = False
+) -> float:
+    """The gradient all-reduce across pipelines (fp32, the largest per-rank shard, over the
+    pipelines' first ranks) and Adam on the largest per-rank shard, once per step; with
+    ZeRO-1 a reduce-scatter, Adam on a 1/d shard and an all-gather of the weights."""
+    shards = [
+        stage_params(config, len(st.layers), st.tp, first=s == 0,
+                     last=s == len(strategy.pipelines[p].stages) - 1)
+        for p, s, st in strategy.stages()
+    ]  # fmt: skip
+    biggest = max(shards)
+    ring = tuple(pipe.stages[0].ranks[0] for pipe in strategy.pipelines)
+    allreduce = cost.collective("all-reduce", 4 * biggest, ring) if len(ring) > 1 else 0.0
+    if zero1 and len(ring) > 1:  # reduce-scatter, Adam on the shard, all-gather bf16 weights
+        gather = cost.collective("all-gather", cost.element_bytes * biggest, ring)
+        shard = 4 * biggest / len(ring)
+        return allreduce / 2 + gather + cost.device_of(0).seconds("optimizer", shard)
+    return allreduce + cost.device_of(0).seconds("optimizer", 4 * biggest)

@@ -46,9 +46,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from hspmd.models.config import LlamaConfig
-from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
-from hspmd.planner.closed_form import split_evenly
+from hspmd.plan.strategy import StrategyOptions
 from hspmd.planner.cost import CostModel
+from hspmd.planner.length_candidates import homogeneous_strategies, pick
 from hspmd.planner.length_dispatch import (
     Rows,
     assignment_seconds,
@@ -68,9 +68,10 @@ from hspmd.planner.length_model import (
     ideal_seconds,
     pipe_configs,
     pipe_model,
+    sync_seconds,
+    to_strategy,
 )
 from hspmd.planner.length_plans import load_plans, plans_json, switch_matrix
-from hspmd.planner.workload import stage_params
 
 __all__ = [
     "Histogram",
@@ -101,14 +102,30 @@ __all__ = [
 
 
 def _interval_seconds(
-    model: PipeModel, n: int, row_len: int, docs: float, tokens: float, squares: float
-) -> float:
-    """One of ``n`` pipelines' time on its share of an interval's expected documents."""
+    model: PipeModel, n: int, row_len: int, docs: float, tokens: float, squares: float,
+    longest: float = 0.0,
+) -> float:  # fmt: skip
+    """One of ``n`` pipelines' time on its share of an interval's expected documents, and
+    at least the time of its ``longest`` document alone (a document is not split between
+    pipelines: with few documents a step, the pipeline holding the longest one is the
+    slowest, however evenly the tokens spread)."""
     x, s2, d = tokens / n, squares / n, docs / n
     if x <= 0:
         return 0.0
     rows = max(1, min(math.ceil(x / row_len), math.ceil(d)))
-    return model.seconds([(x / rows, s2 / rows)] * rows)
+    spread = model.seconds([(x / rows, s2 / rows)] * rows)
+    return max(spread, model.seconds([(longest, longest * longest)]) if longest else 0.0)
+
+
+def _longest(hist: Histogram, per: Sequence[tuple[float, float, float]], j: int) -> float:
+    """The length of the longest document that bins ``..j`` (0-based) give a step, where
+    a step surely has one: the top bin of the histogram (the steps this strategy serves
+    have their longest document there) or a bin with a document a step or more; its
+    token-weighted mean length (0: no bound)."""
+    docs, tokens, squares = per[j]
+    if tokens <= 0 or (j < len(hist.edges) - 1 and docs < 1):
+        return 0.0
+    return squares / tokens
 
 
 def plan_lengths(
@@ -136,13 +153,14 @@ def plan_lengths(
             squares = sum(per[k][2] for k in range(i - 1, j))
             if tokens <= 0 and i < j:
                 continue
+            longest = _longest(hist, per, j - 1)
             for mi, model in enumerate(models):
                 for row_len in edges[j - 1 :]:
                     if row_len > model.fit_len:
                         break
                     size = model.config.gpus
                     for n in range(1, gpus // size + 1):
-                        t = _interval_seconds(model, n, row_len, docs, tokens, squares)
+                        t = _interval_seconds(model, n, row_len, docs, tokens, squares, longest)
                         for g0 in range(gpus - n * size + 1):
                             prev = f[i - 1][g0]
                             if prev == inf:
@@ -187,50 +205,18 @@ def plan_lengths(
     return out
 
 
-def to_strategy(pipes: Sequence[PipeSpec], num_layers: int) -> Strategy:
-    """The hspmd strategy of ``pipes`` on consecutive ranks, layers split evenly."""
-    pipelines, at = [], 0
-    for spec in pipes:
-        c = spec.model.config
-        width = c.tp * c.cp
-        stages, first = [], 0
-        for count in split_evenly(num_layers, c.pp):
-            stages.append(Stage(tuple(range(at, at + width)), first, first + count - 1, cp=c.cp))
-            at, first = at + width, first + count
-        pipelines.append(Pipeline(spec.micro_batches, 1, tuple(stages)))
-    return Strategy(tuple(pipelines))
-
-
-def sync_seconds(
-    strategy: Strategy, config: LlamaConfig, cost: CostModel, *, zero1: bool = False
-) -> float:
-    """The gradient all-reduce across pipelines (fp32, the largest per-rank shard, over the
-    pipelines' first ranks) and Adam on the largest per-rank shard, once per step; with
-    ZeRO-1 a reduce-scatter, Adam on a 1/d shard and an all-gather of the weights."""
-    shards = [
-        stage_params(config, len(st.layers), st.tp, first=s == 0,
-                     last=s == len(strategy.pipelines[p].stages) - 1)
-        for p, s, st in strategy.stages()
-    ]  # fmt: skip
-    biggest = max(shards)
-    ring = tuple(pipe.stages[0].ranks[0] for pipe in strategy.pipelines)
-    allreduce = cost.collective("all-reduce", 4 * biggest, ring) if len(ring) > 1 else 0.0
-    if zero1 and len(ring) > 1:  # reduce-scatter, Adam on the shard, all-gather bf16 weights
-        gather = cost.collective("all-gather", cost.element_bytes * biggest, ring)
-        shard = 4 * biggest / len(ring)
-        return allreduce / 2 + gather + cost.device_of(0).seconds("optimizer", shard)
-    return allreduce + cost.device_of(0).seconds("optimizer", 4 * biggest)
-
-
 def plan_strategies(
     config: LlamaConfig, cost: CostModel, hist: Histogram, *, step_tokens: int,
     options: Sequence[StrategyOptions], count: int = 4,
+    samples: Sequence[Sequence[int]] = (),
 ) -> list[LengthStrategy]:  # fmt: skip
-    """One DP strategy per maximum length: ``hist``'s last ``count`` edges (each the DP on
-    the histogram cut there, under each of ``options``, the fastest kept), shortest maximum
-    first; duplicates dropped. Under ZeRO-1 the DP runs once per replica count ``z`` (1, 2,
-    4, ...: memory with states sharded ``z`` ways) and keeps results of at least ``z``
-    pipelines."""
+    """One strategy per maximum length: ``hist``'s last ``count`` edges (each the DP on
+    the histogram cut there, under each of ``options``), shortest maximum first;
+    duplicates dropped. Under ZeRO-1 the DP runs once per replica count ``z`` (1, 2, 4,
+    ...: memory with states sharded ``z`` ways) and keeps results of at least ``z``
+    pipelines. Without ``samples`` the DP result predicted fastest is kept; with sample
+    steps (lists of document lengths) the candidate fastest on the samples it would serve,
+    among the DP's results and every homogeneous strategy (``planner.length_candidates``)."""
     pools = [
         (o, z, pipe_configs(config, cost, options=o, max_len=hist.max_len, replicas=z))
         for o in options
@@ -265,6 +251,12 @@ def plan_strategies(
                 )
             continue
         plan = min(found, key=lambda p: p.predicted_s)
+        if samples:
+            low = hist.edges[k - 1] if k else 0
+            homs = [h for o, z, models in pools for h in homogeneous_strategies(
+                models, gpus=cost.num_ranks, row_len=hist.edges[k], step_tokens=step_tokens,
+                config=config, cost=cost, options=o, replicas=z if o.zero1 else None)]  # fmt: skip
+            plan = pick([*found, *homs], samples, low=low) or plan
         if out and (str(out[-1].strategy), out[-1].options) == (str(plan.strategy), plan.options):
             out[-1] = plan  # the same pipelines serve the longer maximum
             continue

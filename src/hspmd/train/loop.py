@@ -52,7 +52,7 @@ from hspmd.runtime.trace import NULL, Recorder, Spans
 from hspmd.runtime.world import World, plan_groups
 from hspmd.specialize.boundary import BoundaryPlans, sized_boundaries
 from hspmd.specialize.executable import executable_groups
-from hspmd.specialize.schedule import make_schedule
+from hspmd.specialize.schedule import Action, Schedule, make_schedule
 from hspmd.switch.live import plan_switch, run_switch, switch_topology
 from hspmd.train.active import Active, activate, switch_weights
 from hspmd.train.batches import step_batches
@@ -168,7 +168,10 @@ def run_step(
     ``rec`` records a span per F and B (``hspmd.runtime.trace``).
     ``on_action("forward" | "backward")`` runs before each action (elastic runs: phase
     tracking and fault injection)."""
-    schedule = make_schedule(config.schedule, role.num_stages, role.stage, role.micro_batches)
+    schedule = _without_empty(
+        make_schedule(config.schedule, role.num_stages, role.stage, role.micro_batches),
+        batch, role,
+    )  # fmt: skip
     live = _Live(slow=slow or Slowdown())
     hidden = config.model_config().hidden_size
     dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
@@ -190,6 +193,16 @@ def run_step(
         for pending in live.sends:
             pending.wait()
     return live.loss
+
+
+def _without_empty(schedule: Schedule, batch: Batch, role: Role) -> list[Action]:
+    """The schedule's actions but the F and B of empty micro-batches (a packed step with
+    fewer documents than a pipeline's micro-batches): every stage of the pipeline drops
+    the same ones, so the sends and receives still pair up."""
+    if not isinstance(batch, PackedStep):
+        return list(schedule)
+    empty = {m for m, mb in enumerate(batch.micro_batches[role.pipeline]) if mb.real_tokens == 0}
+    return [a for a in schedule if a.kind not in ("F", "B") or a.micro_batch not in empty]
 
 
 def prepare_all(world: World, config: TrainConfig) -> None:

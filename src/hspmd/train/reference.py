@@ -112,6 +112,8 @@ def _packed_step(model: nn.Module, step: PackedStep) -> float:
     total = 0.0
     for p, pipe in enumerate(step.micro_batches):
         for m, mb in enumerate(pipe):
+            if mb.real_tokens == 0:  # an empty micro-batch (length plans): skipped
+                continue
             loss = model(mb.tokens, mb.targets, mb.segments) * step.scale(p, m)
             loss.backward()
             total += float(loss.detach())
