@@ -138,7 +138,9 @@ def run_case(dist: str, max_len: int, n_steps: int, seed: int) -> dict[str, Any]
     steps = steps_of(lengths, STEP_TOKENS, n_steps)
     hist = Histogram.of(lengths, max_len=max_len, smallest=1024)
     t0 = time.perf_counter()
-    plans = plan_strategies(config, cost, hist, step_tokens=STEP_TOKENS, options=options)
+    samples = steps_of(sample(dist, 60_000, max_len, seed + 1), STEP_TOKENS, 16)  # not the steps
+    plans = plan_strategies(config, cost, hist, step_tokens=STEP_TOKENS, options=options,
+                            samples=samples)  # fmt: skip
     plan_s = time.perf_counter() - t0
 
     def homs(row_len: int) -> list[LengthStrategy]:
@@ -249,9 +251,10 @@ def main() -> None:
                         "(benchmarks/mixed_length_local.py)")  # fmt: skip
     parser.add_argument("--steps", type=int, default=16, help="steps per case (default 16)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-len", type=int, default=2048, help="local: the context")
-    parser.add_argument("--tokens", type=int, default=4096, help="local: tokens a step")
-    parser.add_argument("--local-steps", type=int, default=8, help="local: steps a method")
+    parser.add_argument("--max-len", type=int, default=4096, help="local: the context")
+    parser.add_argument("--tokens", type=int, default=8192, help="local: tokens a step")
+    parser.add_argument("--local-steps", type=int, default=6, help="local: steps a run")
+    parser.add_argument("--rounds", type=int, default=2, help="local: launches of the runs")
     parser.add_argument("--profile", default=None, help="local: a profile of this machine "
                         "(hspmd profile --nproc 4); measured now if not given")  # fmt: skip
     args = parser.parse_args()
@@ -261,7 +264,7 @@ def main() -> None:
         from mixed_length_local import local_part
 
         local_part(max_len=args.max_len, tokens=args.tokens, steps=args.local_steps,
-                   profile=args.profile)  # fmt: skip
+                   rounds=args.rounds, profile=args.profile)  # fmt: skip
 
 
 def sim_part(steps: int, seed: int) -> None:

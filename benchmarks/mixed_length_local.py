@@ -22,7 +22,7 @@ The three packed methods run as length-plans runs (their strategies in a plans f
 they share the dispatch, the data (``min_documents`` aligns their steps) and the switch
 machinery. Time per step includes the switch before it; step 1 (warm-up) is left out.
 
-    .venv/bin/python benchmarks/mixed_length.py --part local [--steps 8] [--max-len 2048]
+    .venv/bin/python benchmarks/mixed_length.py --part local [--max-len 4096 --tokens 8192]
 """
 
 from __future__ import annotations
@@ -190,44 +190,61 @@ def step_seconds(result: Any) -> list[float]:
     return [r.seconds + (r.switch_seconds or 0.0) for r in result.records[1:]]
 
 
-def local_part(*, max_len: int = 2048, tokens: int = 4096, steps: int = 8,
+def local_part(*, max_len: int = 4096, tokens: int = 8192, steps: int = 6, rounds: int = 2,
                profile: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """The four runs, ``rounds`` launches of them in rotated order (the load of a shared
+    machine drifts; each method's figure is the median of its per-launch means)."""
     from hspmd.train.trainer import train_many
 
     with tempfile.TemporaryDirectory() as tmp:
         runs, chosen = configs(max_len, tokens, steps, Path(tmp), profile)
     load = os.getloadavg()[0]
     start = time.perf_counter()
-    results = dict(zip(runs, train_many(list(runs.values()), timeout_s=3600), strict=True))
-    wall = time.perf_counter() - start
+    names = list(runs)
+    per: dict[str, list[Any]] = {n: [] for n in names}
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name, result in zip(order, train_many([runs[n] for n in order], timeout_s=3600),
+                                strict=True):  # fmt: skip
+            per[name].append(result)
     out: dict[str, Any] = {"max_len": max_len, "tokens_per_step": tokens, "steps": steps,
-                           "load_before_after": [load, os.getloadavg()[0]], "wall_s": wall,
-                           "chosen": chosen, "methods": {}}  # fmt: skip
-    for name, result in results.items():
-        times = step_seconds(result)
-        toks = [r.tokens for r in result.records[1:]]
-        out["methods"][name] = {
-            "s_per_step": statistics.mean(times), "tokens_per_step": statistics.mean(toks),
-            "ms_per_1k_tokens": 1e6 * sum(times) / sum(toks),
-            "switches": sum(r.switch_seconds is not None for r in result.records[1:]),
-            "plans": [r.plan for r in result.records],
-        }  # fmt: skip
+                           "rounds": rounds, "load_before_after": [load, os.getloadavg()[0]],
+                           "wall_s": time.perf_counter() - start, "chosen": chosen,
+                           "methods": {n: summary(per[n]) for n in names}}  # fmt: skip
     print_local(out)
     return out
+
+
+def summary(results: list[Any]) -> dict[str, Any]:
+    """A method's launches: median of per-launch ms per 1K tokens (and their range)."""
+    ms = []
+    for result in results:
+        times = step_seconds(result)
+        ms.append(1e6 * sum(times) / sum(r.tokens for r in result.records[1:]))
+    first = results[0].records[1:]
+    return {
+        "ms_per_1k_tokens": statistics.median(ms), "range": [min(ms), max(ms)],
+        "s_per_step": statistics.median(statistics.mean(step_seconds(r)) for r in results),
+        "tokens_per_step": statistics.mean(r.tokens for r in first),
+        "switches": sum(r.switch_seconds is not None for r in first),
+        "plans": [r.plan for r in results[0].records],
+    }  # fmt: skip
 
 
 def print_local(out: dict[str, Any]) -> None:
     m = out["methods"]
     print(f"\n{MODEL}, {NPROC} local processes, fp32, stdlib corpus, max length "
-          f"{out['max_len']}, {out['tokens_per_step']} tokens a step, steps 2-{out['steps']} "
+          f"{out['max_len']}, {out['tokens_per_step']} tokens a step, steps 2-{out['steps']}, "
+          f"{out['rounds']} launches "
           f"(load average {out['load_before_after'][0]:.1f} before, "
           f"{out['load_before_after'][1]:.1f} after; {out['wall_s']:.0f} s)")  # fmt: skip
-    print(f"{'method':<13}{'s/step':>8}{'tokens':>8}{'ms/1K tok':>11}{'switches':>9}"
-          f"{'ours faster':>13}")  # fmt: skip
+    print(f"{'method':<13}{'s/step':>8}{'tokens':>8}{'ms/1K tok':>11}{'(range)':>15}"
+          f"{'switches':>9}{'ours faster':>13}")  # fmt: skip
     for name, r in m.items():
         ratio = r["ms_per_1k_tokens"] / m["ours"]["ms_per_1k_tokens"]
+        spread = f"{r['range'][0]:.0f}-{r['range'][1]:.0f}"
         print(f"{name:<13}{r['s_per_step']:8.2f}{r['tokens_per_step']:8.0f}"
-              f"{r['ms_per_1k_tokens']:11.1f}{r['switches']:9d}{ratio:13.3f}")  # fmt: skip
+              f"{r['ms_per_1k_tokens']:11.1f}{spread:>15}{r['switches']:9d}{ratio:13.3f}")  # fmt: skip
     c = out["chosen"]
     print(f"full-window {c['full-window']}\nvarlen {c['varlen']}\nhotspa {c['hotspa']}\n"
           f"ours {c['ours']} (planned in {c['plan_s']:.2f} s)\nchosen per step: "

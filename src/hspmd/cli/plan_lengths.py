@@ -16,10 +16,11 @@ import argparse
 import json
 import sys
 from dataclasses import replace
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from hspmd.data import DEFAULT_MAX_BYTES, load_documents, split_documents
+from hspmd.data import DEFAULT_MAX_BYTES, document_steps, load_documents, split_documents
 from hspmd.models.config import get_config
 from hspmd.plan.strategy import StrategyOptions
 from hspmd.planner.cost import CostModel
@@ -36,6 +37,8 @@ from hspmd.planner.local import local_cost
 from hspmd.switch.cluster import load_cluster
 from hspmd.train.config import TrainConfig
 from hspmd.train.packing import length_plans, planned_steps
+
+SAMPLE_STEPS = 32  # sample steps the strategies are chosen on (planner.length_candidates)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,8 +80,13 @@ def run(args: argparse.Namespace) -> int:
         for o in option_sets(StrategyOptions(zero1=z, sequence_parallel=True, dtype=args.dtype),
                              config.num_layers)
     ]  # fmt: skip
+    samples = [  # steps of this corpus (seed 1, not the training order) to choose on
+        list(s.lengths) for s in islice(document_steps(
+            args.tokens_per_step, 1, max_len=args.max_seq_len, path=args.data,
+            max_bytes=DEFAULT_MAX_BYTES), SAMPLE_STEPS)
+    ]  # fmt: skip
     plans = plan_strategies(config, cost, hist, step_tokens=args.tokens_per_step,
-                            options=options, count=args.strategies)  # fmt: skip
+                            options=options, count=args.strategies, samples=samples)  # fmt: skip
     data = plans_json(plans, hist, model=model, cluster=cluster, step_tokens=args.tokens_per_step,
                       switch=switch_matrix(plans, config, cost))  # fmt: skip
     if args.out:
