@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from hspmd.cli.plan_lengths import apply_plans
+from hspmd.plan.strategy import parse_strategy
+from hspmd.train.active import strategy_options
 from hspmd.train.compare import compare
 from hspmd.train.config import TrainConfig
 from hspmd.train.packing import plan_schedule, planned_steps
@@ -43,6 +45,18 @@ def test_the_worker_makes_the_synchronous_choices(tmp_path: Path) -> None:
             for ma, mb in zip(pa, pb, strict=True):
                 assert ma.tokens.equal(mb.tokens) and ma.segments.equal(mb.segments)
     ahead.close()
+
+
+def test_each_strategy_of_a_plans_file_keeps_its_recompute(tmp_path: Path) -> None:
+    plans, data = write_inputs(tmp_path)
+    text = json.loads(plans.read_text())
+    text["strategies"][1] |= {"recompute": True, "recompute_layers": 1}
+    base = TrainConfig(data=str(data), seq_len=256, step_tokens=256, steps=2)
+    run = apply_plans(base, json.dumps(text), path="plans.json")
+    assert run.recompute and run.recompute_layers == 1  # the most any strategy asks
+    short, long = (str(parse_strategy(e["strategy"])) for e in text["strategies"])
+    assert not strategy_options(run, short).recompute  # but each runs its own
+    assert strategy_options(run, long).recomputed(4) == 1
 
 
 def test_an_error_reaches_the_consumer_at_its_step() -> None:

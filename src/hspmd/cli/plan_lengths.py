@@ -124,7 +124,8 @@ def apply_plans(config: TrainConfig, text: str, *, path: str) -> TrainConfig:
     """``config`` under a plans file: it starts under the first step's chosen strategy;
     the later steps are chosen while training runs (``hspmd.train.plan_ahead``), with a
     switch (bf16 weights only) before each step whose choice differs from the one before.
-    Sequence parallelism is the file's; recompute too (the most any strategy asks)."""
+    Sequence parallelism is the file's; each strategy recomputes as the file says
+    (``train.active.strategy_options``; the run's flags carry the most any asks)."""
     if config.strategy is not None or config.switches:
         raise LengthPlanError(f"--plans {path} chooses every step's strategy: drop --strategy and --switch")  # fmt: skip
     config = replace(config, length_plans=text, switch_mode="weights")

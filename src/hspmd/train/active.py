@@ -17,6 +17,8 @@ mixed-length mode's switch: only the compute weights move, the home state stays.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 from dataclasses import dataclass
 
 import torch
@@ -35,7 +37,7 @@ from hspmd.train.post import MixedPost, PlainPost, Post
 from hspmd.train.sync import SyncItem, grad_sync_plan
 from hspmd.train.zero import ZeroItem, ZeroOne, zero1_plan
 
-__all__ = ["Active", "Built", "activate", "options_of", "switch_weights"]
+__all__ = ["Active", "Built", "activate", "options_of", "strategy_options", "switch_weights"]
 
 
 class Built:
@@ -88,6 +90,29 @@ def options_of(config: TrainConfig) -> StrategyOptions:
     )
 
 
+def strategy_options(config: TrainConfig, text: str) -> StrategyOptions:
+    """The options strategy ``text`` runs with: the run's, but under length plans its
+    recompute is the plans file's for that strategy (a long-row strategy may recompute
+    while the others do not; the executable is built per strategy anyway)."""
+    options = options_of(config)
+    if config.length_plans is None:
+        return options
+    found = _plan_recompute(config.length_plans).get(text)
+    if found is None:
+        return options
+    return dataclasses.replace(options, recompute=found[0], recompute_layers=found[1])
+
+
+@functools.cache
+def _plan_recompute(plans: str) -> dict[str, tuple[bool, int]]:
+    """Strategy text -> (recompute, recompute_layers) of a plans file's text."""
+    out = {}
+    for entry in json.loads(plans)["strategies"]:
+        text = str(parse_strategy(entry["strategy"]))
+        out[text] = (bool(entry.get("recompute")), int(entry.get("recompute_layers", 0)))
+    return out
+
+
 def _post(
     config: TrainConfig, params: dict[str, torch.Tensor], sync: tuple[SyncItem, ...],
     zero: dict[str, ZeroItem], world: World, *, deferred: frozenset[str],
@@ -118,7 +143,7 @@ def activate(
             idle = home_post(world, config, layout.strategy, {}, home=home)
             return Active(text, layout, post=idle, built=built)
         return Active(text, layout)
-    key = Built.key(layout.strategy)
+    key = f"{Built.key(layout.strategy)} [{strategy_options(config, text)}]"
     if built is not None and key in built.by_layout:
         exe, plans = built.by_layout[key]
         built.reused += 1
@@ -132,7 +157,7 @@ def activate(
     zero = zero1_plan(layout.strategy, model) if config.zero1 else {}
     # ZeRO-1 and bf16 change only Pre/Post: the executable graph is the fp32 one
     # (sequence parallel and per-layer recompute are the executable's)
-    options = dataclasses.replace(options_of(config), zero1=False, dtype="fp32")
+    options = dataclasses.replace(strategy_options(config, text), zero1=False, dtype="fp32")
     exe = bind_executable(build_executable(
         model, layout.strategy, options, world.rank, seq_len=config.seq_len, seed=config.seed,
     ), world)  # fmt: skip
