@@ -19,16 +19,18 @@ memory checked per configuration), over the same steps:
 
 - ``full-window``: Megatron's default: the step's documents concatenated and cut into
   windows of the context, attention across the documents of a window (``L^2`` per
-  window), windows round-robin over the pipelines of the best homogeneous DP x TP x PP
-  (best over every configuration that fits, recompute on or off, by the mean over the
-  steps);
+  window), windows round-robin over the pipelines of the best homogeneous DP x TP x CP x
+  PP (best over every configuration that fits, with recompute off, on, or on for the
+  first k = 1, 2, 4, ... layers of each stage as Megatron's ``--recompute-num-layers``,
+  the same option sets ours gets, by the mean over the steps);
 - ``varlen``: the same homogeneous search, document-masked attention (each document's
   ``l^2``), documents packed into rows of the context by the balanced best-fit dispatch;
 - ``hotspa``: HotSPa-style: each step's documents grouped by the smallest bucket (4K, 8K,
   16K, 32K) that holds them, each group run with the best homogeneous strategy for its
   bucket, one after another, switching the bf16 weights between them (the fused BSR
   estimate), the step's sync once;
-- ``ours``: ``plan_strategies`` (one DP strategy per maximum length) and per step
+- ``ours``: ``plan_strategies`` (one strategy per maximum length: the DP's or a
+  homogeneous one, the fastest on 16 sample steps of another seed) and per step
   ``choose`` (dispatch by the cost model, least predicted time including the switch);
 - ``ideal``: the step's FLOPs (document-masked) on every GPU at the achieved rate, nothing
   else (the bound).
