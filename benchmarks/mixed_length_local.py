@@ -162,7 +162,11 @@ def configs(
     hotspa = [h for h in hotspa if h is not None]
     candidates = varlen_candidates(config, cost, max_len, tokens)
     varlen = [min(candidates, key=lambda p: sampled_seconds(p, samples, strict=True))]
-    min_docs = MIN_DOCS  # every run: the same steps
+    # a run asks a step for a document per pipeline of its narrowest strategy: the most
+    # of those over the runs gives every run the same steps
+    min_docs = max(
+        MIN_DOCS, *(min(len(p.pipes) for p in plans) for plans in (ours, hotspa, varlen))
+    )
     chosen = {"min_documents": min_docs, "plan_s": plan_s}
     base = TrainConfig(model=MODEL, model_overrides=overrides, seq_len=max_len,
                        step_tokens=tokens, steps=steps, min_documents=min_docs)  # fmt: skip
