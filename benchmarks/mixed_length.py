@@ -19,21 +19,24 @@ memory checked per configuration), over the same steps:
 
 - ``full-window``: Megatron's default: the step's documents concatenated and cut into
   windows of the context, attention across the documents of a window (``L^2`` per
-  window), windows round-robin over the pipelines of the best homogeneous DP x TP x PP
-  (best over every configuration that fits, recompute on or off, by the mean over the
-  steps);
+  window), windows round-robin over the pipelines of the best homogeneous DP x TP x CP x
+  PP (best over every configuration that fits, with recompute off, on, or on for the
+  first k = 1, 2, 4, ... layers of each stage as Megatron's ``--recompute-num-layers``,
+  the same option sets ours gets, by the mean over the steps);
 - ``varlen``: the same homogeneous search, document-masked attention (each document's
   ``l^2``), documents packed into rows of the context by the balanced best-fit dispatch;
 - ``hotspa``: HotSPa-style: each step's documents grouped by the smallest bucket (4K, 8K,
   16K, 32K) that holds them, each group run with the best homogeneous strategy for its
   bucket, one after another, switching the bf16 weights between them (the fused BSR
   estimate), the step's sync once;
-- ``ours``: ``plan_strategies`` (one DP strategy per maximum length) and per step
+- ``ours``: ``plan_strategies`` (one strategy per maximum length: the DP's or a
+  homogeneous one, the fastest on 16 sample steps of another seed) and per step
   ``choose`` (dispatch by the cost model, least predicted time including the switch);
 - ``ideal``: the step's FLOPs (document-masked) on every GPU at the achieved rate, nothing
   else (the bound).
 
     .venv/bin/python benchmarks/mixed_length.py [--steps 16]
+    .venv/bin/python benchmarks/mixed_length.py --part local   (real processes here)
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from hspmd.planner.lengths import (
     choose,
     dispatch,
     ideal_seconds,
+    option_sets,
     pipe_configs,
     plan_strategies,
     step_seconds,
@@ -130,15 +134,15 @@ def run_case(dist: str, max_len: int, n_steps: int, seed: int) -> dict[str, Any]
     config = get_config("llama-32b")
     cost = CostModel.of(load_cluster("h20x32"))
     gpus = cost.num_ranks
-    options = [
-        StrategyOptions(sequence_parallel=True, recompute=r, dtype="bf16", zero1=True)
-        for r in (False, True)
-    ]
+    base = StrategyOptions(sequence_parallel=True, dtype="bf16", zero1=True)
+    options = option_sets(base, config.num_layers)
     lengths = sample(dist, 60_000, max_len, seed)
     steps = steps_of(lengths, STEP_TOKENS, n_steps)
     hist = Histogram.of(lengths, max_len=max_len, smallest=1024)
     t0 = time.perf_counter()
-    plans = plan_strategies(config, cost, hist, step_tokens=STEP_TOKENS, options=options)
+    samples = steps_of(sample(dist, 60_000, max_len, seed + 1), STEP_TOKENS, 16)  # not the steps
+    plans = plan_strategies(config, cost, hist, step_tokens=STEP_TOKENS, options=options,
+                            samples=samples)  # fmt: skip
     plan_s = time.perf_counter() - t0
 
     def homs(row_len: int) -> list[LengthStrategy]:
@@ -237,19 +241,39 @@ def _describe(plan: LengthStrategy) -> str:
     for p in plan.pipes:
         key = f"{p.model.config}@{p.row_len // 1024}K"
         parts[key] = parts.get(key, 0) + 1
-    rc = " recompute" if plan.options.recompute else ""
+    o = plan.options
+    rc = f" recompute {o.recompute_layers or 'all'}" if o.recompute else ""
     return " + ".join(f"{n}x{k}" for k, n in parts.items()) + rc
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=("sim", "local", "all"), default="sim",
+                        help="sim: the paper's setting simulated; local: real processes here "
+                        "(benchmarks/mixed_length_local.py)")  # fmt: skip
     parser.add_argument("--steps", type=int, default=16, help="steps per case (default 16)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-len", type=int, default=4096, help="local: the context")
+    parser.add_argument("--tokens", type=int, default=8192, help="local: tokens a step")
+    parser.add_argument("--local-steps", type=int, default=6, help="local: steps a run")
+    parser.add_argument("--rounds", type=int, default=2, help="local: launches of the runs")
+    parser.add_argument("--profile", default=None, help="local: a profile of this machine "
+                        "(hspmd profile --nproc 4); measured now if not given")  # fmt: skip
     args = parser.parse_args()
+    if args.part in ("sim", "all"):
+        sim_part(args.steps, args.seed)
+    if args.part in ("local", "all"):
+        from mixed_length_local import local_part
+
+        local_part(max_len=args.max_len, tokens=args.tokens, steps=args.local_steps,
+                   rounds=args.rounds, profile=args.profile)  # fmt: skip
+
+
+def sim_part(steps: int, seed: int) -> None:
     rows = []
     for dist in DISTRIBUTIONS:
         for max_len in (16384, 32768):
-            rows.append(run_case(dist, max_len, args.steps, args.seed))
+            rows.append(run_case(dist, max_len, steps, seed))
     head = f"{'case':<16}{'full-window':>12}{'varlen':>9}{'hotspa':>9}{'ours':>9}{'ideal':>9}  (s/step)  vs full  vs varlen  vs hotspa  ideal/ours"
     print(head)
     for r in rows:

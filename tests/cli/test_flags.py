@@ -105,6 +105,7 @@ SAMPLES: dict[str, list[str]] = {
     "--zero1": ["--zero1"],
     "--sequence-parallel": ["--sequence-parallel"],
     "--recompute": ["--recompute"],
+    "--recompute-layers": ["--recompute-layers", "2", "--recompute"],
     "--no-overlap": ["--no-overlap"],
     "--switch": ["--switch", "3=2x1: R0:L0-3"],
     "--switch-mode": ["--switch-mode", "weights"],

@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 from hspmd.cli import main
+from hspmd.models.config import get_config
+from hspmd.plan.strategy import parse_strategy
+from hspmd.switch.weights import plan_weight_switch
 
 SHORT = "2x1: R0:L0-3; 2x1: R1:L0-3; 2x1: R2:L0-1 R3:L2-3"  # three pipelines of rows <= 64
 LONG = "1x1: R0-1:L0-3; 2x1: R2:L0-1 R3:L2-3"  # a TP-2 pipeline for rows <= 256, one short
@@ -48,19 +51,35 @@ def test_plans_switch_and_equal_the_reference(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     plans, data = write_inputs(tmp_path)
-    argv = ["train", "--plans", str(plans), "--data", str(data), "--steps", "3", "--json"]
+    argv = ["train", "--plans", str(plans), "--data", str(data), "--steps", "6", "--json"]
     assert main(argv) == 0
     ours = records(capsys)
     assert main([*argv, "--reference"]) == 0
     theirs = records(capsys)
-    assert [r["plan"] for r in ours] == [0, 1, 1]  # step 2 has a 150-token document
+    assert [r["plan"] for r in ours] == [0, 1, 1, 1, 1, 0]  # steps 2-5: a 150-token document
     assert ours[1]["strategy"] == LONG and ours[1]["switch_seconds"] > 0  # type: ignore[operator]
+    # every rank of LONG holds its weights under SHORT already: nothing to send
+    assert ours[1]["switch_messages"] == 0
     assert "switch_seconds" not in ours[2]
+    # back to SHORT: its executables are reused (no build: much faster than step 2's)
+    assert ours[5]["strategy"] == SHORT and ours[5]["switch_messages"] == 6
+    assert ours[5]["switch_seconds"] < ours[1]["switch_seconds"]  # type: ignore[operator]
     for a, b in zip(ours, theirs, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
         assert (a["plan"], a["sequences"]) == (b["plan"], b["sequences"])
         assert len(a["sequences"]) == (3 if a["plan"] == 0 else 2)  # type: ignore[arg-type]
         assert sum(a["pipeline_tokens"]) == a["tokens"] <= 256  # type: ignore[arg-type]
+
+
+def test_switch_messages_count_what_changes_owner() -> None:
+    """The weights switch sends only slices a rank lacks: SHORT -> LONG none (ranks 0 and
+    1 each hold the whole model under SHORT), LONG -> SHORT one message per pair: ranks 0
+    and 1 need the whole model, TP halves of each other's and layers of ranks 2 and 3."""
+    config = get_config("llama-tiny")
+    to_long = plan_weight_switch(config, parse_strategy(SHORT), parse_strategy(LONG), itemsize=2)
+    to_short = plan_weight_switch(config, parse_strategy(LONG), parse_strategy(SHORT), itemsize=2)
+    assert to_long.messages() == {} and sum(to_long.sent_bytes().values()) == 0
+    assert sorted(to_short.messages()) == [(0, 1), (1, 0), (2, 0), (2, 1), (3, 0), (3, 1)]
 
 
 def test_bad_plans_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -50,10 +50,26 @@ def test_cp_checks_name_the_value_and_the_fix() -> None:
         check_strategy(parse_strategy("1x1: R0-3:L0-1:C2"), TINY)
     with pytest.raises(StrategyError, match="does not divide seq_len=7"):
         check_strategy(parse_strategy("1x1: R0-1:L0-1:C2"), TINY, seq_len=7)
-    sp = StrategyOptions(sequence_parallel=True)
-    with pytest.raises(StrategyError, match="sequence parallelism"):
-        check_strategy(parse_strategy("1x1: R0-1:L0-1:C2"), TINY, options=sp)
     check_strategy(parse_strategy("1x1: R0-3:L0-1:C2"), KV4, seq_len=8)  # TP 2 x CP 2 fits
+    # sequence parallelism splits the TP-4 stage without CP (4 must divide the length); the
+    # TP-2 x CP-2 stage takes none (CP 2 alone divides 6)
+    sp = StrategyOptions(sequence_parallel=True)
+    with pytest.raises(StrategyError, match="sequence parallel splits seq_len=6 over the 4"):
+        check_strategy(parse_strategy("1x1: R0-1:L0:C2 R2-5:L1"), KV4, options=sp, seq_len=6)
+    check_strategy(parse_strategy("1x1: R0-3:L0-1:C2"), KV4, options=sp, seq_len=6)
+
+
+def test_sequence_parallel_leaves_cp_stages_alone() -> None:
+    sp = StrategyOptions(sequence_parallel=True)
+    strategy = parse_strategy("1x1: R0-3:L0:C2 R4-5:L1; 1x1: R6-7:L0-1")
+    specs = activation_annotations(strategy, KV4, seq_len=8, options=sp)
+    got = {name: str(specs[name].annotation) for name in specs}
+    assert got["layers.0.input"] == "h0: [0,1,2,3]{D:2,1:2} [6,7]{1:2}"  # CP; SP
+    assert got["layers.1.input"] == "h0: [4,5]{1:2} [6,7]{1:2}"  # SP on both
+    norms = llama_params(strategy, KV4, sp)
+    # the SP stages' norm weights sum over TP; the CP stage's over CP (its TP copies agree)
+    assert str(norms["layers.1.attn_norm.weight"].grad) == "hP: [4,5]{P:2} [6,7]{P:2}"
+    assert str(norms["layers.0.attn_norm.weight"].grad) == "hP: [0,1,2,3]{D:2,P:2} [6,7]{P:2}"
 
 
 def test_plan_json_carries_cp_and_round_trips() -> None:
@@ -79,17 +95,18 @@ def test_markers_split_the_sequence_inside_the_layers_only() -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "config"),
+    ("text", "config", "sp"),
     [
-        ("1x1: R0-1:L0-1:C2", TINY),
-        ("1x1: R0-3:L0-1:C2", KV4),
-        ("1x1: R0-1:L0:C2 R2-3:L1", TINY),  # CP differs per stage: the boundary gathers
+        ("1x1: R0-1:L0-1:C2", TINY, False),
+        ("1x1: R0-3:L0-1:C2", KV4, False),
+        ("1x1: R0-1:L0:C2 R2-3:L1", TINY, False),  # CP differs per stage: the boundary gathers
+        ("1x1: R0-3:L0:C2 R4-5:L1", KV4, True),  # SP on the TP-2 stage, CP 2 x TP 2 before it
     ],
 )
-def test_deduction_finds_the_ulysses_reshards(text: str, config) -> None:
+def test_deduction_finds_the_ulysses_reshards(text: str, config, sp: bool) -> None:
     """Deduction on the traced model gives every marker the annotations ``llama_sites``
     derives by hand, and every parameter the gradient ``llama_params`` does."""
-    strategy, options = parse_strategy(text), StrategyOptions()
+    strategy, options = parse_strategy(text), StrategyOptions(sequence_parallel=sp)
     pipeline = strategy.pipelines[0]
     ag = deduce_pipeline(config, pipeline, options, seq_len=8)
     for site in llama_sites(Strategy((pipeline,)), config, options, seq_len=8):

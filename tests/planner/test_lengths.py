@@ -10,6 +10,7 @@ from hspmd.models.config import get_config
 from hspmd.plan.dispatch import DispatchError
 from hspmd.plan.strategy import StrategyOptions, parse_strategy
 from hspmd.planner.cost import CostModel
+from hspmd.planner.length_model import _quadratic
 from hspmd.planner.lengths import (
     Histogram,
     LengthPlanError,
@@ -17,7 +18,6 @@ from hspmd.planner.lengths import (
     PipeConfig,
     PipeModel,
     PipeSpec,
-    _quadratic,
     choose,
     dispatch,
     fixed_dispatcher,
@@ -103,16 +103,20 @@ def test_choose_weighs_the_switch() -> None:
     assert choose([3000], [fast, slow], current=0, switch=lambda a, b: 1e9)[0] == 1
 
 
-def test_fixed_dispatcher_fills_every_micro_batch() -> None:
+def test_fixed_dispatcher_fills_micro_batches_and_every_pipeline() -> None:
     plan = _plan(PipeSpec(SHORT, 16, 2), PipeSpec(LONG, 48, 1), max_len=48)
     run = fixed_dispatcher(plan)
     a = run([40, 10, 9, 8, 3], slots=[(2, 1), (1, 1)], max_len=48)
     assert a.slots[0][0] == 1  # 40 only fits the long pipeline
-    assert all(n for pipe in a.lengths for n in pipe)
+    assert all(n for pipe in a.lengths for n in pipe)  # enough documents: none empty
     for (p, _m, _), n in zip(a.slots, a.doc_lengths, strict=True):
         assert p == 1 or n <= 16
-    with pytest.raises(DispatchError, match="empty"):
-        run([40, 10], slots=[(2, 1), (1, 1)], max_len=48)
+    # two documents for three micro-batches: one stays empty (the runtime skips it), but
+    # each pipeline gets one (the last document goes to the pipeline without any)
+    b = run([40, 10], slots=[(2, 1), (1, 1)], max_len=48)
+    assert b.lengths == ((10, 0), (40,))
+    with pytest.raises(DispatchError, match="without one"):
+        run([40], slots=[(2, 1), (1, 1)], max_len=48)
 
 
 def test_plan_strategies_on_the_paper_cluster_round_trip() -> None:

@@ -155,6 +155,18 @@ def test_recompute_splits_the_stage_per_layer_and_equals_the_plain_model() -> No
     assert_grads(exe.params, want_grads)
 
 
+def test_recompute_layers_checkpoints_the_first_layers_only() -> None:
+    want_loss, want_grads = reference()
+    options = StrategyOptions(recompute=True, recompute_layers=1)
+    exe = build_executable(CONFIG, parse_strategy("1x2: R0:L0-1"), options, 0, seq_len=SEQ, seed=0)
+    wrapped = [m.layer for m in exe.graph_module.children() if isinstance(m, CheckpointedLayer)]
+    assert wrapped == [0]  # layer 1 keeps its activations
+    loss = exe.forward(*batch())
+    loss.backward()
+    assert abs(float(loss.detach()) - want_loss) <= 1e-6 * abs(want_loss)
+    assert_grads(exe.params, want_grads)
+
+
 def test_unsupported_options_and_ranks_are_refused() -> None:
     with pytest.raises(ExecutableError, match="zero1"):
         build_executable(

@@ -6,12 +6,14 @@ output are resharded between the sequence split and a heads split (all-to-alls),
 parameters' gradients are partial over the CP group. Checked on llama-tiny with 2 layers:
 every step's loss within 1e-5 relative and every parameter after the steps within 1e-4
 relative (``hspmd.train.compare``), on fixed batches (also with ZeRO-1, recompute and a
-live switch between CP layouts) and on packed documents of varying length. One launch
-of 4 processes for every config.
+live switch between CP layouts) and on packed documents of varying length (also with
+sequence parallelism on the stage after a CP stage); bf16 compute under CP within bf16
+tolerances of the fp32 reference. One launch of 4 processes for every config.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from itertools import islice
@@ -28,6 +30,7 @@ from hspmd.train.trainer import train_many
 
 pytestmark = pytest.mark.multiproc
 
+SP = {"sequence_parallel": True}
 # name -> (strategy, model overrides, packed, other TrainConfig fields)
 STRATEGIES: dict[str, tuple[str, tuple, bool, dict]] = {
     # a CP-2 pipeline whose second stage has no CP (the boundary gathers the sequence)
@@ -44,7 +47,15 @@ STRATEGIES: dict[str, tuple[str, tuple, bool, dict]] = {
     ),  # fmt: skip
     # packed documents (block-diagonal attention): rows of varying even lengths
     "packed, CP 2 beside no CP": ("2x1: R0-1:L0-1:C2; 2x1: R2:L0-1", (), True, {}),
+    # sequence parallelism on the TP-2 stage after a CP-2 stage (the boundary moves the
+    # residual from the CP split to the SP split), packed rows
+    "packed, CP 2 then SP over TP 2": ("4x1: R0-1:L0:C2 R2-3:L1", (), True, SP),
 }
+
+# bf16 compute (fp32 masters) under CP, against the fp32 reference: the tolerances of
+# tests/train/test_strategy_matrix.py (bf16 has 8 mantissa bits)
+BF16_CP = ("2x1: R0-1:L0-1:C2; 2x1: R2:L0-1", (), False, {"dtype": "bf16"})
+BF16_LOSS_RTOL, BF16_PARAM_RTOL = 1e-3, 5e-2
 
 
 def corpus(directory: Path) -> Path:
@@ -80,7 +91,14 @@ def config_of(
 def test_context_parallel_equals_the_reference(tmp_path: Path) -> None:
     data = corpus(tmp_path)
     configs = [config_of(*spec, data) for spec in STRATEGIES.values()]
-    results = train_many(configs, threads=1)
+    low = config_of(*BF16_CP, data)
+    *results, low_result = train_many([*configs, low], threads=1)
+    low_reference = run_reference(dataclasses.replace(low, dtype="fp32"))
+    for got, want in zip(low_result.losses, low_reference.losses, strict=True):
+        assert 0 < abs(got - want) <= BF16_LOSS_RTOL * abs(want), (got, want)  # bf16, close
+    for pname, want_p in low_reference.params.items():
+        error = float((low_result.params[pname] - want_p).norm() / want_p.norm())
+        assert error <= BF16_PARAM_RTOL, (pname, error)
     for name, config, result in zip(STRATEGIES, configs, results, strict=True):
         reference = run_reference(config)
         comparison = compare(result, reference)

@@ -119,6 +119,9 @@ TRAIN_FLAGS: tuple[Flag, ...] = (
          help="split the sequence inside each stage"),
     Flag("--recompute", "recompute", action="store_true",
          help="recompute each layer in backward"),
+    Flag("--recompute-layers", "recompute_layers", type=int,
+         default=_default("recompute_layers"), metavar="K",
+         help="with --recompute: only the first K layers of each stage (0: all)"),
     Flag("--no-overlap", "overlap", action="store_true",
          help="sync gradients after the last backward instead of during it (debugging)"),
     Flag("--switch", "switches", action="append", default=[], metavar='STEP="STRATEGY"',
@@ -180,6 +183,7 @@ STRATEGY_FLAGS = ("--zero1", "--sequence-parallel", "--recompute", "--schedule",
 NOT_FLAGS = {
     "tp_rules": "a user module's TP kinds come from a plan file: --plan (hspmd.train.planfile)",
     "bucket_bytes": "a tuning knob of the library API (TrainConfig.bucket_bytes), no flag",
+    "min_documents": "aligns the steps of runs under different strategies (benchmarks), no flag",
 }
 
 

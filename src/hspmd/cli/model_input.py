@@ -147,7 +147,8 @@ def read_run(args: argparse.Namespace, options: StrategyOptions) -> Run:
     assert config.strategy is not None
     planned = StrategyOptions(
         zero1=config.zero1, sequence_parallel=config.sequence_parallel,
-        recompute=config.recompute, schedule=config.schedule, dtype=config.dtype,
+        recompute=config.recompute, recompute_layers=config.recompute_layers,
+        schedule=config.schedule, dtype=config.dtype,
     )  # fmt: skip
     return Run(config.model_config(), config.strategy, planned, config.seq_len)
 

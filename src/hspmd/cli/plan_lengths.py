@@ -16,10 +16,11 @@ import argparse
 import json
 import sys
 from dataclasses import replace
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from hspmd.data import DEFAULT_MAX_BYTES, load_documents, split_documents
+from hspmd.data import DEFAULT_MAX_BYTES, document_steps, load_documents, split_documents
 from hspmd.models.config import get_config
 from hspmd.plan.strategy import StrategyOptions
 from hspmd.planner.cost import CostModel
@@ -27,6 +28,7 @@ from hspmd.planner.lengths import (
     Histogram,
     LengthPlanError,
     load_plans,
+    option_sets,
     plan_strategies,
     plans_json,
     switch_matrix,
@@ -34,7 +36,9 @@ from hspmd.planner.lengths import (
 from hspmd.planner.local import local_cost
 from hspmd.switch.cluster import load_cluster
 from hspmd.train.config import TrainConfig
-from hspmd.train.packing import length_plans, plan_schedule
+from hspmd.train.packing import length_plans, planned_steps
+
+SAMPLE_STEPS = 32  # sample steps the strategies are chosen on (planner.length_candidates)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,11 +76,17 @@ def run(args: argparse.Namespace) -> int:
                         smallest=max(1, args.max_seq_len >> (args.strategies + 2)))  # fmt: skip
     zero1 = {"on": [True], "off": [False], "auto": [False, True]}[args.zero1]
     options = [
-        StrategyOptions(zero1=z, sequence_parallel=True, recompute=r, dtype=args.dtype)
-        for z in zero1 for r in (False, True)
+        o for z in zero1
+        for o in option_sets(StrategyOptions(zero1=z, sequence_parallel=True, dtype=args.dtype),
+                             config.num_layers)
+    ]  # fmt: skip
+    samples = [  # steps of this corpus (seed 1, not the training order) to choose on
+        list(s.lengths) for s in islice(document_steps(
+            args.tokens_per_step, 1, max_len=args.max_seq_len, path=args.data,
+            max_bytes=DEFAULT_MAX_BYTES), SAMPLE_STEPS)
     ]  # fmt: skip
     plans = plan_strategies(config, cost, hist, step_tokens=args.tokens_per_step,
-                            options=options, count=args.strategies)  # fmt: skip
+                            options=options, count=args.strategies, samples=samples)  # fmt: skip
     data = plans_json(plans, hist, model=model, cluster=cluster, step_tokens=args.tokens_per_step,
                       switch=switch_matrix(plans, config, cost))  # fmt: skip
     if args.out:
@@ -91,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{model} on {cluster} ({cost.num_ranks} ranks), {len(docs)} documents, "
           f"{args.tokens_per_step} tokens a step, lengths up to {args.max_seq_len}")  # fmt: skip
     for p in plans:
-        ranges = ", ".join(f"TP{s.model.config.tp}xPP{s.model.config.pp} {lo}-{hi}"
+        ranges = ", ".join(f"{s.model.config} {lo}-{hi}"
                            for s, (lo, hi) in zip(p.pipes, p.intervals, strict=True))  # fmt: skip
         print(f"max {p.max_len}: {p.strategy}  [{ranges}]  predicted {p.predicted_s:.4g} s")
     return 0
@@ -111,15 +121,29 @@ def read_plans_file(path: str) -> tuple[str, dict[str, Any]]:
 
 
 def apply_plans(config: TrainConfig, text: str, *, path: str) -> TrainConfig:
-    """``config`` under a plans file: the first step's chosen strategy, a switch (bf16
-    weights only) before every step whose chosen strategy differs from the one before."""
+    """``config`` under a plans file: it starts under the first step's chosen strategy;
+    the later steps are chosen while training runs (``hspmd.train.plan_ahead``), with a
+    switch (bf16 weights only) before each step whose choice differs from the one before.
+    Sequence parallelism is the file's; each strategy recomputes as the file says
+    (``train.active.strategy_options``; the run's flags carry the most any asks)."""
     if config.strategy is not None or config.switches:
         raise LengthPlanError(f"--plans {path} chooses every step's strategy: drop --strategy and --switch")  # fmt: skip
     config = replace(config, length_plans=text, switch_mode="weights")
     plans, _ = length_plans(config)
-    texts = [str(plans[k].strategy) for k, _, _ in plan_schedule(config)]
-    switches = tuple(
-        (step, t) for step, (t, before) in enumerate(zip(texts[1:], texts, strict=False), start=2)
-        if t != before
-    )  # fmt: skip
-    return replace(config, strategy=texts[0], switches=switches)
+    options = [p.options for p in plans]
+    recompute = [o for o in options if o.recompute]
+    config = replace(
+        config,
+        sequence_parallel=config.sequence_parallel or any(o.sequence_parallel for o in options),
+        recompute=config.recompute or bool(recompute),
+        recompute_layers=config.recompute_layers if config.recompute else _most(recompute),
+    )
+    first = next(planned_steps(replace(config, steps=1)))
+    return replace(config, strategy=str(plans[first.plan or 0].strategy))
+
+
+def _most(recompute: list[StrategyOptions]) -> int:
+    """The ``recompute_layers`` that recomputes at least what each of them does."""
+    if not recompute or any(o.recompute_layers == 0 for o in recompute):
+        return 0
+    return max(o.recompute_layers for o in recompute)

@@ -138,6 +138,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         zero1=args.zero1,
         sequence_parallel=args.sequence_parallel,
         recompute=args.recompute,
+        recompute_layers=args.recompute_layers,
         overlap=not getattr(args, "no_overlap", False),
         switches=parse_switches(args.switch),
         switch_mode=getattr(args, "switch_mode", "states"),

@@ -6,7 +6,7 @@ docs/plan-schema.md; ``PLAN_SCHEMA`` is the JSON Schema)::
 
     {"format": "hspmd.plan/1",
      "strategy": "1x2: R0-1:L0-3; 2x1: R2:L0-3",       # informational, may be null
-     "options": {"zero1": false, "sequence_parallel": false, "recompute": false,
+     "options": {"zero1": false, "sequence_parallel": false, "recompute": false, "recompute_layers": 0,
                  "schedule": "1f1b", "dtype": "fp32"},
      "inputs":           {"tokens": {"shape": [3, 16], "annotation": "h0(2,1): [0,1]{D:2} [2]{}"}, ...},
      "parameters":       {"embed.weight": {"shape": [256, 64], "annotation": "..."}, ...},
@@ -35,7 +35,7 @@ from hspmd.annotation import DUP, Annotation, DeviceGroup
 from hspmd.errors import AnnotationError, StrategyError
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import ParamSpec, parameter_annotations, stage_states, state_annotations
-from hspmd.plan.strategy import Strategy, StrategyOptions, check_strategy
+from hspmd.plan.strategy import Stage, Strategy, StrategyOptions, check_strategy
 
 __all__ = [
     "FORMAT",
@@ -48,6 +48,7 @@ __all__ = [
     "marker_names",
     "plan_from_json",
     "plan_to_json",
+    "residual_dim",
 ]
 
 FORMAT = "hspmd.plan/1"
@@ -82,6 +83,7 @@ PLAN_SCHEMA: dict[str, Any] = {
                 "zero1": {"type": "boolean"},
                 "sequence_parallel": {"type": "boolean"},
                 "recompute": {"type": "boolean"},
+                "recompute_layers": {"type": "integer", "minimum": 0},
                 "schedule": {"enum": ["1f1b", "gpipe"]},
                 "dtype": {"enum": ["fp32", "bf16"]},
             },
@@ -134,15 +136,27 @@ def marker_names(config: ModelSpec) -> tuple[str, ...]:
     return tuple(spec.name for spec in config.markers())
 
 
-def _batch_annotation(strategy: Strategy, layer: int, dim: int, cp_dim: int = DUP) -> Annotation:
+def residual_dim(stage: Stage, *, sequence_parallel: bool) -> int:
+    """The TP axis of the residual stream on ``stage``: the sequence (dim 1) under sequence
+    parallelism, else duplicate. A context-parallel stage keeps it duplicate over TP: its
+    sequence is split over its CP groups already, and SP there is not combined (the two
+    splits of one dim would interleave the positions; docs/mixed-length.md)."""
+    return 1 if sequence_parallel and stage.cp == 1 else DUP
+
+
+def _batch_annotation(
+    strategy: Strategy, layer: int, dim: int, cp_dim: int = DUP, *, sequence_parallel: bool = False
+) -> Annotation:
     """Subgroups: the stage holding ``layer`` in each pipeline, DS ``{dim:t}`` (``{dim:t,
     cp_dim:c}`` on a context-parallel stage, ``stage_states``); top tier: the batch (dim 0)
-    split by the pipelines' micro-batch sizes."""
+    split by the pipelines' micro-batch sizes. ``sequence_parallel``: ``dim`` is the
+    residual's, per stage (``residual_dim``)."""
     stages = [p.stage_of_layer(layer) for p in strategy.pipelines]
     sizes = tuple(p.micro_batch_size for p in strategy.pipelines)
+    dims = [residual_dim(s, sequence_parallel=True) if sequence_parallel else dim for s in stages]
     return Annotation(
         tuple(DeviceGroup(s.ranks) for s in stages),
-        tuple(stage_states(s, dim, cp_dim) for s in stages),
+        tuple(stage_states(s, d, cp_dim) for s, d in zip(stages, dims, strict=True)),
         hdim=0,
         hsizes=None if len(set(sizes)) == 1 else sizes,
     )
@@ -171,7 +185,9 @@ def activation_annotations(
     except: the heads markers ``q/k/v`` split the heads over both, ``{2:tc}`` (deduction
     finds ``{2:t,1:c}`` before them: the Ulysses all-to-all; ``ctx`` is its way back), and
     the post markers (``head_in``, ``logits``) are duplicate on it (the sequence is
-    gathered before the head, so the loss runs on whole rows).
+    gathered before the head, so the loss runs on whole rows). Sequence parallelism applies
+    to the stages without CP only (``residual_dim``): a CP stage's residual is ``{D:t,1:c}``
+    with or without it.
 
     The last column is what deduction finds before the marker on a Megatron-split layer;
     so ``attn_out`` resolves to an all-reduce (or a reduce-scatter under SP) and
@@ -181,17 +197,18 @@ def activation_annotations(
     options = options or StrategyOptions()
     check_strategy(strategy, config, options=options, seq_len=seq_len)
     B = sum(p.micro_batch_size for p in strategy.pipelines)
-    residual = 1 if options.sequence_parallel else DUP
     specs = {}
     for marker in config.markers():
         placement = marker.placement
-        named = {"residual": residual, "dup": DUP, "heads": 2}
+        named = {"residual": DUP, "dup": DUP, "heads": 2}
         dim = placement if isinstance(placement, int) else named[placement]
         cp_dim = 2 if placement == "heads" else DUP if marker.post else 1
         shape = (B, seq_len, *marker.trailing)
+        split = options.sequence_parallel and placement == "residual"
         specs[marker.name] = ParamSpec(
-            marker.name, shape, _batch_annotation(strategy, marker.layer, dim, cp_dim)
-        )
+            marker.name, shape,
+            _batch_annotation(strategy, marker.layer, dim, cp_dim, sequence_parallel=split),
+        )  # fmt: skip
     return specs
 
 

@@ -190,15 +190,31 @@ class Strategy:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StrategyOptions:
     """Switches that apply to every pipeline (CLI: ``--zero1`` ``--sequence-parallel``
-    ``--recompute`` ``--schedule`` ``--dtype``)."""
+    ``--recompute`` ``--recompute-layers`` ``--schedule`` ``--dtype``)."""
 
     zero1: bool = False  # shard fp32 masters and Adam states over data-parallel replicas
     sequence_parallel: bool = False  # split the residual stream's seq dim inside a stage
     recompute: bool = False  # recompute each layer's activations in backward
+    recompute_layers: int = 0  # with recompute: only the first k layers of a stage (0: all)
     schedule: Schedule = "1f1b"  # pipeline schedule
     dtype: Dtype = "fp32"  # compute dtype; bf16 keeps fp32 masters
 
+    def recomputed(self, num_layers: int) -> int:
+        """How many of a stage's ``num_layers`` layers recompute in backward (its first
+        ones): none without ``recompute``, else ``recompute_layers`` (every one if 0).
+
+        >>> StrategyOptions(recompute=True, recompute_layers=2).recomputed(5)
+        2
+        """
+        if not self.recompute:
+            return 0
+        return min(self.recompute_layers, num_layers) if self.recompute_layers else num_layers
+
     def __post_init__(self) -> None:
+        if self.recompute_layers < 0:
+            raise StrategyError(
+                f"recompute_layers={self.recompute_layers}: give 0 (every layer) or more"
+            )
         if self.schedule not in ("1f1b", "gpipe"):
             raise StrategyError(f"unknown schedule {self.schedule!r}: use 1f1b or gpipe")
         if self.dtype not in ("fp32", "bf16"):
@@ -208,6 +224,8 @@ class StrategyOptions:
         flags = [
             name for name in ("zero1", "sequence_parallel", "recompute") if getattr(self, name)
         ]
+        if self.recompute and self.recompute_layers:
+            flags.append(f"recompute_layers={self.recompute_layers}")
         return " ".join([*flags, f"schedule={self.schedule}", f"dtype={self.dtype}"])
 
 
@@ -339,7 +357,8 @@ def check_strategy(
     ``global_batch``; under sequence parallelism the TP degree divides ``seq_len``. A stage
     of CP degree c > 1 needs the model's attention-head markers (placement ``heads``) on
     its layers, each head count divisible by TP x CP (the all-to-all splits heads over
-    both), c dividing ``seq_len``, and no sequence parallelism.
+    both) and c dividing ``seq_len``; sequence parallelism applies to the other stages
+    only (``hspmd.plan.schema.residual_dim``).
     """
     options = options or StrategyOptions()
     if not strategy.pipelines:
@@ -354,13 +373,14 @@ def check_strategy(
         _check_layers(p, pipeline, config)
         for s, stage in enumerate(pipeline.stages):
             _check_tp(p, s, stage, config)
-            if options.sequence_parallel and seq_len is not None and seq_len % stage.tp:
+            sp = options.sequence_parallel and stage.cp == 1  # CP stages: no SP
+            if sp and seq_len is not None and seq_len % stage.tp:
                 raise StrategyError(
                     f"sequence parallel splits seq_len={seq_len} over the {stage.tp} ranks of "
                     f"stage {stage} (pipeline {p}), which does not divide: change seq_len or TP"
                 )
             if stage.cp > 1:
-                _check_cp(p, stage, config, options, seq_len)
+                _check_cp(p, stage, config, seq_len)
         if config.tie_embeddings and len(pipeline.stages) > 1:
             raise StrategyError(
                 f"tied embeddings need layer 0 and layer {config.num_layers - 1} on one stage, "
@@ -460,16 +480,9 @@ def _check_tp(p: int, s: int, stage: Stage, config: ModelSpec) -> None:
             )
 
 
-def _check_cp(
-    p: int, stage: Stage, config: ModelSpec, options: StrategyOptions, seq_len: int | None
-) -> None:
+def _check_cp(p: int, stage: Stage, config: ModelSpec, seq_len: int | None) -> None:
     """A context-parallel stage (``check_strategy``)."""
     where = f"stage {stage} (pipeline {p}) has CP degree {stage.cp}"
-    if options.sequence_parallel:
-        raise StrategyError(
-            f"{where}, which does not combine with sequence parallelism yet: drop "
-            "--sequence-parallel or the :C suffix"
-        )
     if seq_len is not None and seq_len % stage.cp:
         raise StrategyError(
             f"{where}, which does not divide seq_len={seq_len}: use a length that is a "

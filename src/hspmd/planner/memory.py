@@ -29,7 +29,8 @@ That is about 1.3x (no sequence parallelism) to 2.3x (TP 8 with it) Korthikanti 
 count for a GELU MLP and an activation stash of sharded inputs, which Megatron keeps by
 re-gathering the inputs in backward; this runtime does not. With recompute only each
 layer's input stays (``e*s*b*H``, divided by ``t`` under sequence parallelism) plus one
-layer's full set during its backward. Micro-batches in flight on stage ``i`` of ``S``:
+layer's full set during its backward (``--recompute-layers k``: the first ``k`` layers of a
+stage recompute, the others keep everything). Micro-batches in flight on stage ``i`` of ``S``:
 ``min(S - i, m)`` under 1F1B, ``m`` under GPipe. The last stage adds fp32 logits and their
 gradient for one micro-batch, ``8*b*s*V/t``. Every rank adds ``OVERHEAD_BYTES`` (CUDA
 context, NCCL buffers, allocator fragmentation), an assumption.
@@ -131,6 +132,25 @@ def llama_layer_bytes(config: LlamaConfig, tp: int, *, elt: int, sequence_parall
     return norms + inputs + (attention + mlp) / tp
 
 
+def _activations(
+    config: ModelSpec, micro_batch_size: int, seq_len: int, tp: int, *, elt: int,
+    num_layers: int, in_flight: int, recomputed: int, sequence_parallel: bool,
+) -> float:  # fmt: skip
+    """A stage's activation bytes: ``recomputed`` of its layers keep their inputs only (plus
+    one layer's full set while it recomputes), the others keep everything."""
+    plain, _ = activation_bytes_per_layer(
+        config, micro_batch_size, seq_len, tp, elt=elt,
+        sequence_parallel=sequence_parallel, recompute=False,
+    )  # fmt: skip
+    if not recomputed:
+        return num_layers * in_flight * plain
+    kept, full = activation_bytes_per_layer(
+        config, micro_batch_size, seq_len, tp, elt=elt,
+        sequence_parallel=sequence_parallel, recompute=True,
+    )  # fmt: skip
+    return in_flight * (recomputed * kept + (num_layers - recomputed) * plain) + full
+
+
 def rank_memory(
     config: ModelSpec, *, rank: int, tp: int, num_layers: int, first: bool, last: bool,
     in_flight_micro_batches: int, micro_batch_size: int, seq_len: int, replicas: int,
@@ -138,18 +158,19 @@ def rank_memory(
 ) -> RankMemory:  # fmt: skip
     """The memory of one rank of a stage (see the module docstring); under context
     parallelism (``cp > 1``) the layers' activations are those of ``seq_len / cp``
-    positions, the logits those of whole rows (the head runs on the gathered sequence)."""
+    positions, the logits those of whole rows (the head runs on the gathered sequence),
+    without sequence parallelism (it applies to stages without CP only)."""
     p = stage_params(config, num_layers, tp, first=first, last=last)
     bf16 = options.dtype == "bf16"
     z = replicas if options.zero1 else 1
     weights = (2 if bf16 else 4) * p
     optimizer = (12 if bf16 else 8) * p / z
     elt = 2 if bf16 else 4
-    kept, full = activation_bytes_per_layer(
-        config, micro_batch_size, seq_len // cp, tp, elt=elt,
-        sequence_parallel=options.sequence_parallel, recompute=options.recompute,
+    activations = _activations(
+        config, micro_batch_size, seq_len // cp, tp, elt=elt, num_layers=num_layers,
+        in_flight=in_flight_micro_batches, recomputed=options.recomputed(num_layers),
+        sequence_parallel=options.sequence_parallel and cp == 1,
     )  # fmt: skip
-    activations = num_layers * in_flight_micro_batches * kept + (full if num_layers else 0)
     vocab_tp = tp if isinstance(config, LlamaConfig) or figures(config).vocab_split else 1
     logits = 8 * micro_batch_size * seq_len * config.vocab_size / vocab_tp if last else 0.0
     return RankMemory(rank, weights, 4 * p, optimizer, activations, logits)

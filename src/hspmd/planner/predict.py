@@ -314,7 +314,7 @@ def stage_works(
             cost, config, stage.ranks, len(stage.layers), micro_batch_size=pipe.micro_batch_size,
             seq_len=seq_len, first=s == 0, last=s == len(pipe.stages) - 1,
             recompute=options.recompute, sequence_parallel=options.sequence_parallel,
-            cp=stage.cp,
+            cp=stage.cp, recompute_layers=options.recompute_layers,
         )  # fmt: skip
     return works
 

@@ -183,15 +183,17 @@ def _ulysses(
 def stage_work(
     cost: CostModel, config: ModelSpec, ranks: tuple[int, ...], num_layers: int, *,
     micro_batch_size: int, seq_len: int, first: bool, last: bool, recompute: bool = False,
-    sequence_parallel: bool = False, cp: int = 1,
+    sequence_parallel: bool = False, cp: int = 1, recompute_layers: int = 0,
 ) -> StageWork:  # fmt: skip
     """The work of one micro-batch on the stage of ``ranks`` holding ``num_layers`` layers.
 
     The stage runs at the pace of its slowest rank (its TP collectives wait for it). With
     ``cp > 1`` the ranks are TP x CP (context parallelism, Ulysses-style): the layers run
     on ``1/cp`` of the tokens plus four all-to-alls each way, the embedding, head and loss
-    on whole rows after an all-gather of the sequence.
+    on whole rows after an all-gather of the sequence. ``recompute_layers``: with
+    ``recompute``, only that many of the layers rerun their forward (0: all of them).
     """
+    redo = _recomputed_share(num_layers, recompute, recompute_layers)
     tp = len(ranks) // cp
     device = max((cost.device_of(r) for r in ranks), key=lambda d: d.seconds("matmul", 1e12))
     link = cost.group_link(ranks)
@@ -201,7 +203,7 @@ def stage_work(
     if not isinstance(config, LlamaConfig):
         return _measured_work(
             device, link, figures(config), num_layers, b=b, s=s, tp=tp, elt=elt, sp=sp,
-            first=first, last=last, recompute=recompute, hidden=config.hidden_size,
+            first=first, last=last, redo=redo, hidden=config.hidden_size,
         )  # fmt: skip
     cp_link = cost.group_link(ranks[:cp])  # the first CP group (consecutive ranks)
     if cp > 1:
@@ -215,9 +217,8 @@ def stage_work(
         fwd_comm += cp_link.seconds("all-gather", n * config.hidden_size * elt / cp, cp)
     if cp > 1 and first:  # the embedding's gradient, gathered over the CP group
         bwd_comm += cp_link.seconds("all-gather", n * config.hidden_size * elt / cp, cp)
-    if recompute:
-        bwd += fwd
-        bwd_comm += fwd_comm
+    bwd += redo * fwd
+    bwd_comm += redo * fwd_comm
     H, V = config.hidden_size, config.vocab_size
     if first:
         fwd += device.seconds("elementwise", n * H * elt)
@@ -234,6 +235,13 @@ def stage_work(
         bwd_comm += link.seconds("all-reduce", n * H * elt, tp)  # dX of the split head
     comm = fwd_comm + bwd_comm
     return StageWork(fwd + fwd_comm, bwd + bwd_comm, comm, n * H * elt / cp, fwd_comm)
+
+
+def _recomputed_share(num_layers: int, recompute: bool, recompute_layers: int) -> float:
+    """The share of a stage's layers whose forward reruns in backward."""
+    if not recompute or not num_layers:
+        return 0.0
+    return min(recompute_layers, num_layers) / num_layers if recompute_layers else 1.0
 
 
 def _part(
@@ -266,15 +274,14 @@ def _part(
 
 def _measured_work(
     device: DeviceCost, link: LinkCost, cost: ModelCost, num_layers: int, *, b: int, s: int,
-    tp: int, elt: int, sp: bool, first: bool, last: bool, recompute: bool, hidden: int,
+    tp: int, elt: int, sp: bool, first: bool, last: bool, redo: float, hidden: int,
 ) -> StageWork:  # fmt: skip
     """``stage_work`` from a model's measured figures (module docstring)."""
     lf, lb, lfc, lbc = _part(device, link, cost.layer, b=b, s=s, tp=tp, elt=elt, sp=sp)
     fwd, bwd = num_layers * lf, num_layers * lb
     fwd_comm, bwd_comm = num_layers * lfc, num_layers * lbc
-    if recompute:
-        bwd += fwd
-        bwd_comm += fwd_comm
+    bwd += redo * fwd
+    bwd_comm += redo * fwd_comm
     for part, here in ((cost.pre, first), (cost.post, last)):
         if here:
             pf, pb, pfc, pbc = _part(device, link, part, b=b, s=s, tp=tp, elt=elt, sp=sp)

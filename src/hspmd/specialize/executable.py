@@ -441,8 +441,9 @@ def build_executable(
     gm = torch.fx.GraphModule(b.root, b.graph, class_name=f"Rank{rank}Stage")
     named = dict(gm.named_parameters())
     params: dict[str, torch.Tensor] = {name: named[name] for name in b.pieces}
-    if options.recompute:
-        gm = checkpoint_layers(gm)
+    recomputed = options.recomputed(len(stage.layers))
+    if recomputed:  # the stage's first layers (--recompute-layers), or all of them
+        gm = checkpoint_layers(gm, upto=stage.first_layer + recomputed - 1)
         assert all(params[n] is p for n, p in _params_by_target(gm, params)), "split copied"
     return Executable(
         graph_module=gm,

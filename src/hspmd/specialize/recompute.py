@@ -69,8 +69,9 @@ class CheckpointedLayer(nn.Module):
         return f"layer {self.layer}: recomputed in backward"
 
 
-def checkpoint_layers(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """``gm`` split into consecutive partitions, each layer's one checkpointed.
+def checkpoint_layers(gm: torch.fx.GraphModule, *, upto: int | None = None) -> torch.fx.GraphModule:
+    """``gm`` split into consecutive partitions, each layer's one checkpointed (with
+    ``upto``: only the layers up to that one, ``--recompute-layers``).
 
     Partitions are numbered in graph order: a new one starts where the layer tag changes,
     so the embedding (before the layers) and the head (after them) get their own
@@ -86,7 +87,7 @@ def checkpoint_layers(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         tag = node.meta.get("layer")
         if tag != current:
             index, current = index + 1, tag
-            if tag is not None:
+            if tag is not None and (upto is None or int(tag) <= upto):
                 layers[index] = int(tag)
         parts[node] = index
     split = split_module(gm, gm, parts.__getitem__, keep_original_order=True)

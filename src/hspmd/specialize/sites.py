@@ -47,6 +47,7 @@ from hspmd.comm.resolve import resolve
 from hspmd.models.config import LlamaConfig
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import stage_states
+from hspmd.plan.schema import residual_dim
 from hspmd.plan.strategy import Stage, Strategy, StrategyOptions
 
 __all__ = ["DeducedSites", "ParamLayout", "Site", "deduced_sites", "llama_params", "llama_sites"]
@@ -107,9 +108,12 @@ class _Builder:
     def act(self, layer: int, kind: str, cp: int = 1) -> Annotation:
         """Activation annotation on the stages of ``layer``: residual, D, P or S(2) on the
         TP axis, ``cp`` (1: the sequence, DUP, or 2: the heads) on the CP axis."""
-        tp_dim = {"residual": 1 if self.sp else DUP, "D": DUP, "P": PARTIAL, "S2": 2}[kind]
         stages = self.stages(layer)
-        states = [stage_states(s, tp_dim, cp) for s in stages]
+        states = [
+            stage_states(s, residual_dim(s, sequence_parallel=self.sp) if kind == "residual"
+                         else {"D": DUP, "P": PARTIAL, "S2": 2}[kind], cp)
+            for s in stages
+        ]  # fmt: skip
         return _union(stages, states, hdim=0, sizes=self.sizes)
 
 
@@ -177,11 +181,14 @@ def llama_params(
     for name, spec in parameter_annotations(strategy, config).items():
         ann = spec.annotation
         states = ann.states
-        if options.sequence_parallel and name.endswith("norm.weight"):
-            states = tuple(_ds((PARTIAL, len(g))) for g in ann.groups)
-        if name not in ("embed.weight", "head.weight"):
-            layer = config.param_layer(name)
-            stages = [p.stage_of_layer(layer) for p in strategy.pipelines]
+        layer = config.param_layer(name) if name not in ("embed.weight", "head.weight") else -1
+        stages = [p.stage_of_layer(max(layer, 0)) for p in strategy.pipelines]
+        if options.sequence_parallel and name.endswith("norm.weight"):  # not on CP stages
+            states = tuple(
+                _ds((PARTIAL, len(g))) if stage.cp == 1 else ds
+                for g, ds, stage in zip(ann.groups, states, stages, strict=True)
+            )
+        if layer >= 0:
             states = tuple(_cp_partial(ds, stage) for ds, stage in zip(states, stages, strict=True))
         hdim = PARTIAL if ann.hsize > 1 else DUP
         grad = Annotation(ann.groups, states, hdim=hdim)

@@ -17,11 +17,13 @@ mixed-length mode's switch: only the compute weights move, the home state stays.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 from dataclasses import dataclass
 
 import torch
 
-from hspmd.plan.strategy import StrategyOptions, parse_strategy
+from hspmd.plan.strategy import Strategy, StrategyOptions, parse_strategy
 from hspmd.runtime.counting import count_comm
 from hspmd.runtime.executable import bind_executable
 from hspmd.runtime.world import World
@@ -35,7 +37,25 @@ from hspmd.train.post import MixedPost, PlainPost, Post
 from hspmd.train.sync import SyncItem, grad_sync_plan
 from hspmd.train.zero import ZeroItem, ZeroOne, zero1_plan
 
-__all__ = ["Active", "activate", "options_of", "switch_weights"]
+__all__ = ["Active", "Built", "activate", "options_of", "strategy_options", "switch_weights"]
+
+
+class Built:
+    """The executables and boundary plans this rank built under the mixed-length mode
+    (``switch_mode="weights"``), by layout: a strategy switched to again, or one that
+    differs only in micro-batch counts (the executable does not depend on them), reuses
+    them instead of building them again; the switch then only moves (or copies) the
+    weights. Holds one copy of the compute weights per layout seen."""
+
+    def __init__(self) -> None:
+        self.by_layout: dict[str, tuple[Executable, BoundaryPlans]] = {}
+        self.reused = 0
+
+    @staticmethod
+    def key(strategy: Strategy) -> str:
+        """``strategy`` with every micro-batch count 1: ``2x1: R0:L0-3`` -> ``1x1: R0:L0-3``."""
+        pipes = (dataclasses.replace(p, num_micro_batches=1) for p in strategy.pipelines)
+        return str(Strategy(tuple(pipes)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +69,7 @@ class Active:
     exe: Executable | None = None
     plans: BoundaryPlans | None = None
     post: Post | None = None
+    built: Built | None = None  # the mixed-length mode's reusable executables
 
     @property
     def home(self) -> HomeState | None:
@@ -63,9 +84,33 @@ def options_of(config: TrainConfig) -> StrategyOptions:
         zero1=config.zero1,
         sequence_parallel=config.sequence_parallel,
         recompute=config.recompute,
+        recompute_layers=config.recompute_layers,
         schedule=config.schedule,
         dtype=config.dtype,
     )
+
+
+def strategy_options(config: TrainConfig, text: str) -> StrategyOptions:
+    """The options strategy ``text`` runs with: the run's, but under length plans its
+    recompute is the plans file's for that strategy (a long-row strategy may recompute
+    while the others do not; the executable is built per strategy anyway)."""
+    options = options_of(config)
+    if config.length_plans is None:
+        return options
+    found = _plan_recompute(config.length_plans).get(text)
+    if found is None:
+        return options
+    return dataclasses.replace(options, recompute=found[0], recompute_layers=found[1])
+
+
+@functools.cache
+def _plan_recompute(plans: str) -> dict[str, tuple[bool, int]]:
+    """Strategy text -> (recompute, recompute_layers) of a plans file's text."""
+    out = {}
+    for entry in json.loads(plans)["strategies"]:
+        text = str(parse_strategy(entry["strategy"]))
+        out[text] = (bool(entry.get("recompute")), int(entry.get("recompute_layers", 0)))
+    return out
 
 
 def _post(
@@ -82,18 +127,28 @@ def _post(
 
 
 def activate(
-    world: World, config: TrainConfig, text: str, *, home: HomeState | None = None
-) -> Active:
+    world: World, config: TrainConfig, text: str, *, home: HomeState | None = None,
+    built: Built | None = None,
+) -> Active:  # fmt: skip
     """Build this rank's executable graph, boundary plans and Post under strategy ``text``
-    (``home``: the mixed-length mode's optimizer state to keep, ``hspmd.train.home``)."""
+    (``home``: the mixed-length mode's optimizer state to keep, ``hspmd.train.home``;
+    ``built``: its executables built before, reused by layout)."""
     model = config.model_config()
     layout = Layout.from_text(text, num_layers=model.num_layers)
     role = layout.role(world.rank)
+    if config.switch_mode == "weights" and built is None:
+        built = Built()
     if role is None:
         if config.switch_mode == "weights":  # an idle rank keeps its home shards
             idle = home_post(world, config, layout.strategy, {}, home=home)
-            return Active(text, layout, post=idle)
+            return Active(text, layout, post=idle, built=built)
         return Active(text, layout)
+    key = f"{Built.key(layout.strategy)} [{strategy_options(config, text)}]"
+    if built is not None and key in built.by_layout:
+        exe, plans = built.by_layout[key]
+        built.reused += 1
+        reused = home_post(world, config, layout.strategy, exe.params, home=home)
+        return Active(text, layout, role, exe, plans, reused, built)
     sync = (
         ()
         if config.zero1
@@ -102,7 +157,7 @@ def activate(
     zero = zero1_plan(layout.strategy, model) if config.zero1 else {}
     # ZeRO-1 and bf16 change only Pre/Post: the executable graph is the fp32 one
     # (sequence parallel and per-layer recompute are the executable's)
-    options = dataclasses.replace(options_of(config), zero1=False, dtype="fp32")
+    options = dataclasses.replace(strategy_options(config, text), zero1=False, dtype="fp32")
     exe = bind_executable(build_executable(
         model, layout.strategy, options, world.rank, seq_len=config.seq_len, seed=config.seed,
     ), world)  # fmt: skip
@@ -111,13 +166,15 @@ def activate(
     if config.dtype == "bf16":
         exe.graph_module.to(torch.bfloat16)  # compute copy; Post keeps fp32 masters
     post: Post | None
+    if built is not None:
+        built.by_layout[key] = (exe, plans)
     if config.switch_mode == "weights":
         post = home_post(world, config, layout.strategy, exe.params, home=home)
     else:
         # gradients still partial inside the stage after B (sequence parallel norm weights)
         deferred = frozenset(name for item in exe.grad_sync for name in item.names)
         post = _post(config, exe.params, sync, zero, world, deferred=deferred)
-    return Active(text, layout, role, exe, plans, post)
+    return Active(text, layout, role, exe, plans, post, built)
 
 
 def switch_weights(
@@ -130,7 +187,7 @@ def switch_weights(
     part and the messages this rank sent."""
     model = config.model_config()
     post = active.post if isinstance(active.post, HomePost) else None
-    home = active.home
+    home, built = active.home, active.built
     moved: dict[str, torch.Tensor] = {}
     with count_comm(world) as log:
         if not rederive:
@@ -141,7 +198,7 @@ def switch_weights(
             params = active.exe.params if active.exe is not None else {}
             moved = run_weight_switch(plan, params, world, dtype=dtype)
     del active, post  # the old executable goes before the new one is built
-    new = activate(world, config, text, home=home)
+    new = activate(world, config, text, home=home, built=built)
     with count_comm(world) as gather, torch.no_grad():
         if rederive and isinstance(new.post, HomePost):
             new.post.refresh()

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -69,6 +70,7 @@ class TrainConfig:
     zero1: bool = False
     sequence_parallel: bool = False
     recompute: bool = False
+    recompute_layers: int = 0  # with recompute: the first k layers of each stage (0: all)
     overlap: bool = True  # gradient sync during the last backward (False: after it)
     bucket_bytes: int = 4 << 20  # flat gradient buckets of Post (hspmd.train.sync)
     # (step, strategy): switch to that strategy in memory before that step (hspmd.switch.live)
@@ -97,8 +99,12 @@ class TrainConfig:
     # tokens per step, packed into the micro-batches; ``seq_len`` is then the maximum length
     step_tokens: int | None = None
     long_docs: str = "truncate"  # a document over seq_len tokens: truncate, drop or error
+    # at least this many documents a step (0: one per micro-batch of the strategy): runs
+    # of different strategies then see the same steps (benchmarks/mixed_length.py)
+    min_documents: int = 0
     # a plans file's text (``hspmd plan --data``): per step the strategy with the least
-    # predicted time is chosen (hspmd.train.packing.planned_steps); ``switches`` follow it
+    # predicted time is chosen (hspmd.train.packing.planned_steps) on a background worker
+    # (hspmd.train.plan_ahead); the loop switches when the choice changes
     length_plans: str | None = None
     # where the ranks compute (hspmd.train.device): "auto" is CUDA with nccl when torch
     # sees a GPU per rank, else CPU with gloo; "cpu" and "cuda" force one
@@ -113,6 +119,11 @@ class TrainConfig:
             raise TrainError(
                 f"switch steps {steps}: give each step once, in increasing order, from 2 on "
                 "(the strategy of step 1 is --strategy)"
+            )
+        if self.recompute_layers < 0 or (self.recompute_layers and not self.recompute):
+            raise TrainError(
+                f"--recompute-layers {self.recompute_layers}: give a count of at least 0, "
+                "with --recompute (0: every layer of a stage)"
             )
         self._check_slowdown()
         self._check_elastic()
@@ -287,8 +298,13 @@ class TrainConfig:
 
     @property
     def strategies(self) -> tuple[str, ...]:
-        """Every strategy of the run, the starting one first."""
-        return (self.require_strategy(), *(text for _, text in self.switches))
+        """Every strategy of the run, the starting one first (under length plans every
+        strategy of the plans file: the run chooses among them step by step)."""
+        start = self.require_strategy()
+        if self.length_plans is not None:
+            found = (e["strategy"] for e in json.loads(self.length_plans)["strategies"])
+            return (start, *(t for t in dict.fromkeys(found) if t != start))
+        return (start, *(text for _, text in self.switches))
 
     def strategy_at(self, step: int) -> str:
         """The strategy that runs ``step`` (after the switches before it)."""

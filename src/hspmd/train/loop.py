@@ -52,7 +52,7 @@ from hspmd.runtime.trace import NULL, Recorder, Spans
 from hspmd.runtime.world import World, plan_groups
 from hspmd.specialize.boundary import BoundaryPlans, sized_boundaries
 from hspmd.specialize.executable import executable_groups
-from hspmd.specialize.schedule import make_schedule
+from hspmd.specialize.schedule import Action, Schedule, make_schedule
 from hspmd.switch.live import plan_switch, run_switch, switch_topology
 from hspmd.train.active import Active, activate, switch_weights
 from hspmd.train.batches import step_batches
@@ -60,7 +60,14 @@ from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.faults import inject
 from hspmd.train.home import home_annotations, run_ranks
 from hspmd.train.layout import Layout, Role
-from hspmd.train.packing import PackedStep, packed_steps, planned_steps, record_fields
+from hspmd.train.packing import (
+    PackedStep,
+    length_plans,
+    packed_steps,
+    planned_steps,
+    record_fields,
+)
+from hspmd.train.plan_ahead import PlanAhead
 from hspmd.train.post import Post
 from hspmd.train.slowdown import Slowdown, slowdown_of
 from hspmd.train.sync import grad_sync_plan
@@ -164,7 +171,10 @@ def run_step(
     ``rec`` records a span per F and B (``hspmd.runtime.trace``).
     ``on_action("forward" | "backward")`` runs before each action (elastic runs: phase
     tracking and fault injection)."""
-    schedule = make_schedule(config.schedule, role.num_stages, role.stage, role.micro_batches)
+    schedule = _without_empty(
+        make_schedule(config.schedule, role.num_stages, role.stage, role.micro_batches),
+        batch, role,
+    )  # fmt: skip
     live = _Live(slow=slow or Slowdown())
     hidden = config.model_config().hidden_size
     dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
@@ -186,6 +196,16 @@ def run_step(
         for pending in live.sends:
             pending.wait()
     return live.loss
+
+
+def _without_empty(schedule: Schedule, batch: Batch, role: Role) -> list[Action]:
+    """The schedule's actions but the F and B of empty micro-batches (a packed step with
+    fewer documents than a pipeline's micro-batches): every stage of the pipeline drops
+    the same ones, so the sends and receives still pair up."""
+    if not isinstance(batch, PackedStep):
+        return list(schedule)
+    empty = {m for m, mb in enumerate(batch.micro_batches[role.pipeline]) if mb.real_tokens == 0}
+    return [a for a in schedule if a.kind not in ("F", "B") or a.micro_batch not in empty]
 
 
 def prepare_all(world: World, config: TrainConfig) -> None:
@@ -342,30 +362,29 @@ def run_rank(
     else:
         active, first, adam_steps = activate(world, config, first_strategy), 1, 0
     switches = dict(config.switches)
-    # every rank reads the stream: a rank idle now may train after a switch
+    # every rank reads the stream: a rank idle now may train after a switch; under length
+    # plans a worker thread plans the next steps while this one trains
+    ahead = PlanAhead(planned_steps(config)) if config.length_plans else None
     data: Iterator[Batch] = islice(
-        (
-            planned_steps(config)
-            if config.length_plans
-            else packed_steps(config, active.layout.strategy)
-        )
-        if config.packed
-        else step_batches(config),
-        first - 1,
-        None,
-    )
+        ahead or (packed_steps(config, active.layout.strategy) if config.packed
+                  else step_batches(config)),
+        first - 1, None,
+    )  # fmt: skip
+    texts = _plan_texts(config)
     records, executables = [], set()  # executables: one per strategy, whatever the lengths
     slow = slowdown_of(config.slowdown, world.rank, device=world.device)
     end_setup()
     for step in range(first, config.steps + 1):
         switched, messages = None, None
-        if step in switches and step != first:
-            with rec.span("switch", cat="switch", step=step, to=switches[step]):
+        batch = next(data) if ahead is not None else None
+        target = texts[batch.plan or 0] if isinstance(batch, PackedStep) else switches.get(step)
+        if target is not None and target != active.text and (ahead is not None or step != first):
+            with rec.span("switch", cat="switch", step=step, to=target):
                 active, switched, messages = _timed_switch(
-                    world, config, active, switches[step], steps=adam_steps
+                    world, config, active, target, steps=adam_steps
                 )
         end_step = rec.begin(f"step {step}", cat="step", step=step)
-        batch = next(data)
+        batch = next(data) if batch is None else batch
         inject(config.inject, member=world.rank, step=step, phase="forward")  # ends the run
         start = time.perf_counter()
         loss = torch.zeros(1, dtype=torch.float64, device=world.device)
@@ -411,9 +430,18 @@ def run_rank(
             # numpy, not tensors: tensors would travel as shared-memory fds
             pieces[name] = (active.exe.pieces[name].region, p.detach().float().cpu().numpy().copy())
     world.tracer = None
+    if ahead is not None:
+        ahead.close()
     peak = torch.cuda.max_memory_allocated(world.device) if cuda else None
     return {"pieces": pieces, "records": records, "builds": len(executables),
             "rank": world.rank, "peak_memory": peak}  # fmt: skip
+
+
+def _plan_texts(config: TrainConfig) -> list[str]:
+    """The strategy strings of a length-plans run, by plan index (empty otherwise)."""
+    if config.length_plans is None:
+        return []
+    return [str(plan.strategy) for plan in length_plans(config)[0]]
 
 
 def _record_fields(batch: Batch) -> dict[str, Any]:

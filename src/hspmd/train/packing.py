@@ -81,11 +81,13 @@ class PackedStep:
 
 
 def length_multiple(strategy: Strategy, *, sequence_parallel: bool) -> int:
-    """What packed lengths are rounded up to: every CP degree, and every TP degree under
-    sequence parallelism (the residual is split on the sequence); else 1."""
-    return math.lcm(
-        *(stage.cp * (stage.tp if sequence_parallel else 1) for _, _, stage in strategy.stages())
-    )
+    """What packed lengths are rounded up to: every CP degree, and under sequence
+    parallelism the TP degree of every stage without CP (its residual is split on the
+    sequence); else 1."""
+    return math.lcm(*(
+        stage.cp if stage.cp > 1 else stage.tp if sequence_parallel else 1
+        for _, _, stage in strategy.stages()
+    ))  # fmt: skip
 
 
 def pack(
@@ -134,7 +136,7 @@ def packed_steps(
         config.seed,
         max_len=config.seq_len,
         long_docs=config.long_docs,
-        min_documents=sum(m for m, _ in slots),
+        min_documents=max(config.min_documents, sum(m for m, _ in slots)),
         path=config.data,
         max_bytes=config.data_max_bytes or DEFAULT_MAX_BYTES,
     )
@@ -159,8 +161,9 @@ def planned_steps(config: TrainConfig) -> Iterator[PackedStep]:
     """The packed steps of a run under length plans (``hspmd train --plans``): per step the
     strategy with the least predicted time plus switch from the one before
     (``planner.lengths.choose``, each strategy's micro-batches fixed, dispatched by
-    ``fixed_dispatcher``; a strategy whose micro-batches the step cannot fill, or whose
-    rows cannot hold it, is passed over), packed as that strategy's pipelines take them."""
+    ``fixed_dispatcher``: a micro-batch may stay empty, the runtime skips it; a strategy
+    with more pipelines than the step has documents, or whose rows cannot hold it, is
+    passed over), packed as that strategy's pipelines take them."""
     for step, _ in _planned(config):
         yield step
 
@@ -172,7 +175,7 @@ def _planned(config: TrainConfig) -> Iterator[tuple[PackedStep, float]]:
     multiples = [length_multiple(s, sequence_parallel=config.sequence_parallel) for s in strategies]
     stream = document_steps(
         config.step_tokens, config.seed, max_len=config.seq_len, long_docs=config.long_docs,
-        min_documents=min(sum(p.num_micro_batches for p in s.pipelines) for s in strategies),
+        min_documents=max(config.min_documents, min(len(s.pipelines) for s in strategies)),
         path=config.data, max_bytes=config.data_max_bytes or DEFAULT_MAX_BYTES,
     )  # fmt: skip
     current: int | None = None

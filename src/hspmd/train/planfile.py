@@ -84,6 +84,7 @@ def config_from_plan(plan: Plan, config: TrainConfig) -> TrainConfig:
         zero1=options.zero1,
         sequence_parallel=options.sequence_parallel,
         recompute=options.recompute,
+        recompute_layers=options.recompute_layers,
         schedule=options.schedule,
         dtype=options.dtype,
     )

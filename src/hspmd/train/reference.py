@@ -125,6 +125,8 @@ def _packed_step(model: nn.Module, step: PackedStep, device: torch.device) -> fl
     total = 0.0
     for p, pipe in enumerate(step.micro_batches):
         for m, mb in enumerate(pipe):
+            if mb.real_tokens == 0:  # an empty micro-batch (length plans): skipped
+                continue
             tokens, targets, segments = (t.to(device) for t in (mb.tokens, mb.targets, mb.segments))
             loss = model(tokens, targets, segments) * step.scale(p, m)
             loss.backward()

@@ -14,6 +14,7 @@ ranks, the rest of every parameter NaN: ``merge`` joins the nodes' results.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import threading
 from collections.abc import Callable, Sequence
@@ -31,7 +32,7 @@ from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.device import backend_of, run_device
 from hspmd.train.elastic import run_rank_elastic
 from hspmd.train.loop import run_rank
-from hspmd.train.packing import packed_steps, plan_schedule
+from hspmd.train.packing import packed_steps, planned_steps
 from hspmd.train.reference import TrainResult
 
 __all__ = [
@@ -46,6 +47,8 @@ def check_config(config: TrainConfig) -> Strategy:
     if config.strategy is None:
         raise TrainError("no strategy: give --strategy '...' or use --reference")
     labels = ["--strategy", *(f"--switch {step}" for step, _ in config.switches)]
+    if config.length_plans is not None:
+        labels = [f"--plans strategy {text!r}" for text in config.strategies]
     strategies = []
     for label, text in zip(labels, config.strategies, strict=True):
         try:  # name the flag when a run has several strategies (issue 17)
@@ -59,7 +62,7 @@ def check_config(config: TrainConfig) -> Strategy:
                 seq_len=config.seq_len,
             )
         except StrategyError as error:
-            if not config.switches:
+            if len(labels) == 1:
                 raise
             raise StrategyError(f"{label}: {error}") from None
         strategies.append(strategy)
@@ -77,8 +80,8 @@ def check_config(config: TrainConfig) -> Strategy:
             f"0..{len(used) - 1}): drop them or pick ranks of the strategy"
         )
     _check_elastic(config, strategy, used)
-    if config.length_plans is not None:  # the data and every step's choice, up front
-        plan_schedule(config)
+    if config.length_plans is not None:  # the data and the first step's choice, up front
+        next(planned_steps(dataclasses.replace(config, steps=1)), None)
     elif config.packed:  # the data and the first step's dispatch, before any process starts
         rows = sum(p.batch_size for p in strategy.pipelines)
         if (config.step_tokens or 0) > rows * config.seq_len:
