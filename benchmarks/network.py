@@ -26,7 +26,7 @@ link class are the planned transfers classified by the cluster's topology; "veth
 is measured: the bytes every node's shaped link sent (tc counters, headers included).
 
 Part ``sim`` (the planner's simulator on this network): 2 nodes x 2 ranks, ``hspmd
-profile --quick --nproc 4`` of this machine in the cluster file (its compute, the fixed
+profile --nproc 4`` of this machine in the cluster file (its compute, the fixed
 cost of its gloo calls, which the veth link keeps beside its measured bandwidth, and the
 core sharing of the 4 ranks, which the namespaces share: ``one_host``), then llama-small
 under three strategies
@@ -434,7 +434,7 @@ def sim_part(args: argparse.Namespace) -> dict[str, Any]:
         profile = Path(tmp, "profile.json")
         # this machine's compute, its gloo calls' fixed costs and how its cores are shared
         # by the 4 ranks (the namespaces share them: the cluster file says one_host)
-        made = profile_machine(quick=True, nproc=spec.num_ranks, dtype="fp32")
+        made = profile_machine(quick=False, nproc=spec.num_ranks, dtype="fp32")
         profile.write_text(made.to_json())
         share = made.core_sharing[-1]
         with run.session(spec):

@@ -187,7 +187,9 @@ def local_part(repeats: int = REPEATS, keep: str | None = None) -> dict[str, Any
     config = get_config("llama-small")
     with tempfile.TemporaryDirectory() as tmp:
         profile = Path(tmp) / "profile.json"
-        profile.write_text(profile_machine(quick=True, nproc=NPROC, dtype="fp32").to_json())
+        # the full profile (about a minute): the quick one's few repetitions move its compute
+        # lines by 10-20% from one run to the next on this shared machine
+        profile.write_text(profile_machine(quick=False, nproc=NPROC, dtype="fp32").to_json())
         if keep:
             Path(keep).write_text(profile.read_text())
         plain = CostModel.of(
