@@ -144,14 +144,14 @@ def _ports(src: Stage, dst: Stage) -> tuple[str, ...]:
     return (f"out:{src.ranks[0]}", f"in:{dst.ranks[0]}")
 
 
-def _overlapped(cost: CostModel, stages: Sequence[Stage]) -> bool:
-    """Whether the gradient sync over these stages' ranks runs beside their last backward,
-    as the runtime issues it (``hspmd.train.overlap``): on devices with streams of their
-    own, not on CPU processes (a CPU-profiled kind, or a cluster emulated on one machine:
-    there the sync takes the cores the backward needs)."""
+def _overlapped(cost: CostModel, strategy: Strategy) -> bool:
+    """Whether the gradient sync runs beside the last backward, as the runtime issues it
+    (``hspmd.train.overlap``): on devices with streams of their own, not on CPU processes
+    (a CPU-profiled kind, or a cluster emulated on one machine: there the sync takes the
+    cores the backward needs)."""
     if cost.cluster.one_host:
         return False
-    return not any(cost.device_of(st.ranks[0]).cpu for st in stages)
+    return not any(cost.device_of(st.ranks[0]).cpu for _, _, st in strategy.stages())
 
 
 def _last_b_pieces(
@@ -220,6 +220,7 @@ def _pipeline_tasks(
 
 def _sync_tasks(
     strategy: Strategy, config: ModelSpec, cost: CostModel, options: StrategyOptions,
+    segs: Sequence[Segment], overlap: bool,
 ) -> list[Task]:  # fmt: skip
     """Gradient sync per segment, the optimizer, and (ZeRO-1) the weight all-gather."""
     tasks: list[Task] = []
@@ -244,7 +245,6 @@ def _sync_tasks(
             for r in stage.ranks:
                 synced.setdefault(r, []).append(tid)
     gathers: list[tuple[Segment, tuple[int, ...], tuple[int, ...], int]] = []
-    segs = _sync_segments(strategy, config, cost)
     for seg in reversed(segs):  # issued in the order backward finishes them
         stages = [strategy.pipelines[p].stages[s] for p, s in seg.holders]
         ranks = tuple(sorted({r for st in stages for r in st.ranks}))
@@ -258,7 +258,7 @@ def _sync_tasks(
             seconds = cost.collective("all-reduce", shard, ring)
         tid = f"sync{seg.first}-{seg.last}"
         deps = tuple(last_b[h] for h in seg.holders)
-        if _overlapped(cost, stages) and not (zero and len({st.tp for st in stages}) > 1):
+        if overlap and not (zero and len({st.tp for st in stages}) > 1):
             # each holder's piece of its last backward that finishes these layers (ZeRO-1
             # between unequal TP degrees is point-to-point: issued after backward)
             deps = tuple(_piece_of(p, s, strategy.pipelines[p], seg) for p, s in seg.holders)
@@ -284,15 +284,6 @@ def _sync_tasks(
         tasks.append(Task(f"gather{seg.first}-{seg.last}", ranks[0], "comm", seconds, category="comm",
                           deps=deps, ranks=ranks if len(ranks) > 1 else (), label=f"gather L{seg.first}-{seg.last}"))  # fmt: skip
     return tasks
-
-
-def _sync_segments(strategy: Strategy, config: ModelSpec, cost: CostModel) -> list[Segment]:
-    """The segments the step's gradient sync runs over (none for one pipeline), cut into
-    ``OVERLAP_PIECES`` where it overlaps the last backward (``_overlapped``)."""
-    if len(strategy.pipelines) < 2:
-        return []
-    stages = [stage for _, _, stage in strategy.stages()]
-    return segments(strategy, config, pieces=OVERLAP_PIECES if _overlapped(cost, stages) else 1)
 
 
 def _piece_of(p: int, s: int, pipe: Pipeline, seg: Segment) -> str:
@@ -326,16 +317,19 @@ def step_tasks(
     """The simulator tasks of one step, and the stage works they were built from."""
     works = stage_works(strategy, config, cost, seq_len=seq_len, options=options)
     tasks: list[Task] = []
-    segs = _sync_segments(strategy, config, cost)
+    # the gradient sync's segments (none for one pipeline), cut where it overlaps backward
+    overlap = _overlapped(cost, strategy)
+    cut = OVERLAP_PIECES if overlap else 1
+    segs = segments(strategy, config, pieces=cut) if len(strategy.pipelines) > 1 else []
     for p, pipeline in enumerate(strategy.pipelines):
         per_stage = [works[(p, s)] for s in range(len(pipeline.stages))]
         pieces = {
             s: _last_b_pieces(p, s, pipeline, segs)
-            for s, stage in enumerate(pipeline.stages)
-            if segs and _overlapped(cost, [stage])
+            for s in range(len(pipeline.stages))
+            if segs and overlap
         }
         tasks += _pipeline_tasks(p, pipeline, per_stage, cost, options.schedule, pieces)
-    tasks += _sync_tasks(strategy, config, cost, options)
+    tasks += _sync_tasks(strategy, config, cost, options, segs, overlap)
     return tasks, works
 
 

@@ -14,9 +14,8 @@ Model (docs/simulator.md has the long form):
   cores): ``duration`` is the task's time alone, and while tasks weighing ``k`` in total
   (each weighs its number of participants, or its ``weight``) run in the pool, each
   progresses at ``1 / slowdown(k)`` (``simulate(..., pools={"cores:node0": Pool(...)})``);
-  a task whose
-  duration was measured under load ``m`` (``measured_at``: a collective timed with its
-  ranks active) at ``slowdown(m) / slowdown(k)``.
+  a task whose duration was measured under load ``m`` (``measured_at``: a collective timed
+  with its ranks active) at ``slowdown(m) / slowdown(k)``.
 
 A task starts at max(deps finished, stream predecessor on every participant finished,
 all its resources free). Worked example, unit costs, one link::
