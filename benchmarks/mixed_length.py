@@ -238,12 +238,11 @@ def _bucket(n: int, buckets: list[int]) -> int:
 
 def _describe(plan: LengthStrategy) -> str:
     parts: dict[str, int] = {}
-    for p in plan.pipes:
-        key = f"{p.model.config}@{p.row_len // 1024}K"
+    for p in plan.pipes:  # a pipeline's recompute: its stages' first k layers (:RC<k>)
+        rc = f" RC{p.model.redo}" if p.model.redo else ""
+        key = f"{p.model.config}@{p.row_len // 1024}K{rc}"
         parts[key] = parts.get(key, 0) + 1
-    o = plan.options
-    rc = f" recompute {o.recompute_layers or 'all'}" if o.recompute else ""
-    return " + ".join(f"{n}x{k}" for k, n in parts.items()) + rc
+    return " + ".join(f"{n}x{k}" for k, n in parts.items())
 
 
 def main() -> None:

@@ -167,6 +167,23 @@ def test_recompute_layers_checkpoints_the_first_layers_only() -> None:
     assert_grads(exe.params, want_grads)
 
 
+@pytest.mark.parametrize(
+    "text, options, want",
+    [
+        ("1x2: R0:L0-1:RC1", StrategyOptions(), [0]),  # the stage's own count wins
+        ("1x2: R0:L0-1:RC0", StrategyOptions(recompute=True), []),
+        ("1x2: R0:L0-1:RC2", StrategyOptions(recompute=True, recompute_layers=1), [0, 1]),
+        ("1x2: R0:L0-1", StrategyOptions(recompute=True, recompute_layers=1), [0]),
+    ],
+)
+def test_a_stage_recomputes_its_own_count_of_layers(
+    text: str, options: StrategyOptions, want: list[int]
+) -> None:
+    exe = build_executable(CONFIG, parse_strategy(text), options, 0, seq_len=SEQ, seed=0)
+    wrapped = [m.layer for m in exe.graph_module.children() if isinstance(m, CheckpointedLayer)]
+    assert wrapped == want
+
+
 def test_unsupported_options_and_ranks_are_refused() -> None:
     with pytest.raises(ExecutableError, match="zero1"):
         build_executable(

@@ -8,7 +8,8 @@ all-reduces of one float per token (max, sum of exponentials, target logit) wher
 gathered path (``gather_logits=True``, also run) all-gathers the ``(B, T, V)`` logits.
 Sequence parallel swaps every marker's all-reduce for an all-gather or a reduce-scatter
 (each moving half the bytes) and adds one all-reduce: the norm weights' partial gradients
-(stage grad sync). Recompute per layer reruns each layer's forward in backward, so the
+(stage grad sync); in backward each gathered matmul input is gathered again rather than
+kept (``hspmd.runtime.regather``). Recompute per layer reruns each layer's forward in backward, so the
 forward collectives of a layer are issued once more per layer; non-reentrant checkpointing
 stops the rerun after the layer's last saved tensor, so a layer's final marker (mlp_out),
 which saves nothing, is not reissued.
@@ -63,6 +64,7 @@ def counted(world: World) -> dict[str, Any]:
         grads = {n: p.grad.numpy().copy() for n, p in exe.params.items() if p.grad is not None}
         out[name] = (forward.counts(), backward.counts(), float(loss.detach()), grads)
         out[name + " events"] = [(e.op, e.group, e.nbytes) for e in forward.events]
+        out[name + " not kept"] = exe.around.saved if exe.around is not None else 0
     return out
 
 
@@ -82,8 +84,25 @@ def test_sequence_parallel_gathers_and_scatters_instead_of_all_reduces(
         forward, backward, *_ = per_rank["TP + SP"]
         # embed, attn_out, mlp_out reduce-scatter; attn_in, mlp_in, head_in gather; the loss
         assert forward == {"reduce_scatter": 2 * L + 1, "all_gather": 2 * L + 1, "all_reduce": 3}
-        # the conjugates (the loss's backward is local), then one all-reduce of the norm grads
-        assert backward == {"reduce_scatter": 2 * L + 1, "all_gather": 2 * L + 1, "all_reduce": 1}
+        # the conjugates (the loss's backward is local), each gathered input gathered again
+        # for its matmuls' weight gradients (q, k and v share one: hspmd.runtime.regather),
+        # then one all-reduce of the norm grads
+        assert backward == {
+            "reduce_scatter": 2 * L + 1,
+            "all_gather": 2 * (2 * L + 1),
+            "all_reduce": 1,
+        }
+
+
+def test_sequence_parallel_keeps_shards_of_the_gathered_matmul_inputs(
+    results: list[dict[str, Any]],
+) -> None:
+    rows = 2 * 16 * CONFIG.hidden_size * 4  # one gathered input: (B, T, H) fp32
+    for per_rank in results:
+        assert per_rank["TP not kept"] == 0  # nothing is gathered
+        # per layer: attn_in for q, k and v, mlp_in for gate and up; head_in for the head
+        assert per_rank["TP + SP not kept"] == (5 * CONFIG.num_layers + 1) * rows
+        assert per_rank["TP + SP + recompute not kept"] == rows  # the layers keep nothing
 
 
 def test_last_stage_reduces_three_floats_per_token_instead_of_gathering_logits(
@@ -115,10 +134,11 @@ def test_recompute_reissues_each_layers_forward_collectives_in_backward(
         sp_f, sp_b, *_ = per_rank["TP + SP"]
         forward, backward, *_ = per_rank["TP + SP + recompute"]
         assert forward == sp_f
-        # per layer: attn_in and mlp_in gathers, attn_out's reduce-scatter again
+        # per layer: attn_in and mlp_in gathers, attn_out's reduce-scatter again; a
+        # recomputed layer keeps nothing, so only head_in is gathered again as without
         assert backward == {
             "reduce_scatter": sp_b["reduce_scatter"] + L,
-            "all_gather": sp_b["all_gather"] + 2 * L,
+            "all_gather": sp_b["all_gather"],
             "all_reduce": 1,
         }
 

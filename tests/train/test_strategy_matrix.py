@@ -90,12 +90,21 @@ def bf16_config(name: str) -> TrainConfig:
 RECOMPUTE = {
     "recompute PP x TP, BSR boundary": ("3x1: R0-1:L0-1 R2:L2-3; 1x1: R3:L0-3", 4),
     "recompute + sequence parallel, DP x TP": ("2x1: R0-1:L0-3; 2x1: R2-3:L0-3", 4),
+    # per stage (:RC<k>): the first stage's first layer, nothing on the second, all of the
+    # single-stage pipeline; the run's options say no recompute
+    "per-stage recompute + sequence parallel": (
+        "2x1: R0-1:L0-1:RC1 R2-3:L2-3; 2x1: R4:L0-3:RC4",
+        4,
+    ),
 }
 
 
 def recompute_config(name: str) -> TrainConfig:
     sp = "sequence parallel" in name
-    return dataclasses.replace(config(*RECOMPUTE[name]), recompute=True, sequence_parallel=sp)
+    per_stage = ":RC" in RECOMPUTE[name][0]
+    return dataclasses.replace(
+        config(*RECOMPUTE[name]), recompute=not per_stage, sequence_parallel=sp
+    )
 
 
 # sequence parallel: the residual stream split on the sequence inside each stage (boundaries

@@ -21,6 +21,13 @@ Context parallelism: a stage may end in ``:C<degree>`` (``R0-3:L0-7:C2``). Its r
 form TP x CP: groups of ``degree`` consecutive ranks split the sequence (the CP groups, CP
 varying fastest), and the TP degree is the rank count over it (TP 2 x CP 2 above: CP
 groups 0,1 and 2,3; TP groups 0,2 and 1,3). ``:C1`` is the default and is not written.
+
+Recompute per stage: a stage may end in ``:RC<count>`` (``R0-7:L0-29:RC4``, after ``:C``
+where both are written): its first ``count`` layers recompute their activations in
+backward, whatever ``--recompute`` says (``:RC0``: none). A stage without it follows the
+options (``--recompute``, ``--recompute-layers``). Planners write it where memory differs
+between stages, so that only the stages that need it pay for it.
+
 ``check_strategy`` refuses what cannot work on a model and batch, before any process
 starts, with a StrategyError that names the value and the fix.
 """
@@ -66,6 +73,7 @@ class Stage:
     first_layer: int
     last_layer: int
     cp: int = 1
+    recompute: int | None = None  # its first layers that recompute (None: as the options say)
 
     @property
     def tp(self) -> int:
@@ -87,9 +95,22 @@ class Stage:
     def layers(self) -> range:
         return range(self.first_layer, self.last_layer + 1)
 
+    def recomputed(self, options: StrategyOptions) -> int:
+        """How many of its first layers recompute in backward: its own count, else the
+        options'.
+
+        >>> stage = parse_strategy("1x1: R0:L0-3:RC2").pipelines[0].stages[0]
+        >>> stage.recomputed(StrategyOptions()), stage.recomputed(StrategyOptions(recompute=True))
+        (2, 2)
+        """
+        if self.recompute is None:
+            return options.recomputed(len(self.layers))
+        return min(self.recompute, len(self.layers))
+
     def __str__(self) -> str:
         cp = f":C{self.cp}" if self.cp > 1 else ""
-        return f"R{format_ranks(self.ranks)}:L{self.first_layer}-{self.last_layer}{cp}"
+        rc = f":RC{self.recompute}" if self.recompute is not None else ""
+        return f"R{format_ranks(self.ranks)}:L{self.first_layer}-{self.last_layer}{cp}{rc}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,7 +286,7 @@ def parse_ranks(text: str) -> tuple[int, ...]:
 # -- parsing ---------------------------------------------------------------------------------
 
 _HEAD = re.compile(r"\s*(\d+)\s*x\s*(\d+)\s*:")
-_STAGE = re.compile(r"R([0-9,\-]+):L(\d+)(?:-(\d+))?(?::C(\d+))?")
+_STAGE = re.compile(r"R([0-9,\-]+):L(\d+)(?:-(\d+))?(?::C(\d+))?(?::RC(\d+))?")
 _EXAMPLE = "e.g. '4x2: R0-3:L0-11 R4-7:L12-23; 8x1: R8,9:L0-23'"
 
 
@@ -304,7 +325,8 @@ def _parse_pipeline(text: str, part: str, offset: int) -> Pipeline:
             raise _syntax_error(
                 text,
                 column,
-                f"bad stage {found.group()!r}, expected R<ranks>:L<first>-<last>[:C<cp>]",
+                f"bad stage {found.group()!r}, expected "
+                "R<ranks>:L<first>-<last>[:C<cp>][:RC<recomputed layers>]",
                 hint=_stage_hint(found.group(), part[head.end() + found.start() :]),
             )
         try:
@@ -320,7 +342,13 @@ def _parse_pipeline(text: str, part: str, offset: int) -> Pipeline:
                 f"{cp} does not divide", hint="the ranks of a stage are TP x CP: use a CP "
                 f"degree that divides {len(ranks)}, or list TP x CP ranks",
             )  # fmt: skip
-        stages.append(Stage(ranks, first, last, cp))
+        recompute = None if match.group(5) is None else int(match.group(5))
+        if recompute is not None and last >= first and recompute > last - first + 1:
+            raise _syntax_error(
+                text, column, f"stage {found.group()!r} recomputes {recompute} layers but holds "
+                f"{last - first + 1}", hint=f"write :RC{last - first + 1} (all) or fewer",
+            )  # fmt: skip
+        stages.append(Stage(ranks, first, last, cp, recompute))
     if not stages:
         raise _syntax_error(text, offset + head.end(), "pipeline without stages")
     return Pipeline(int(head.group(1)), int(head.group(2)), tuple(stages))

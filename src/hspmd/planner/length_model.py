@@ -121,8 +121,9 @@ class PipeConfig:
 @dataclass(frozen=True, slots=True)
 class PipeModel:
     """A configuration's row time ``o + a * tokens + q * squares`` on its slowest stage
-    (forward and backward), ``send_a * tokens + send_o`` per stage boundary, and the
-    longest row that fits its memory (``fit_len``, 0 when none)."""
+    (forward and backward), ``send_a * tokens + send_o`` per stage boundary, the longest
+    row that fits its memory (``fit_len``, 0 when none) and how many of each stage's first
+    layers recompute (``redo``; a stage of fewer layers recomputes them all)."""
 
     config: PipeConfig
     o: float
@@ -131,6 +132,7 @@ class PipeModel:
     send_o: float
     send_a: float
     fit_len: int
+    redo: int = 0
 
     def row_seconds(self, tokens: float, squares: float) -> float:
         return self.o + self.a * tokens + self.q * squares if tokens > 0 else 0.0
@@ -184,7 +186,7 @@ def pipe_model(
     else:
         send_a = send_o = 0.0
     fit = _fit_len(config, cost, pipe, max_len=max_len, options=options, replicas=replicas)
-    return PipeModel(pipe, o, a, q, send_o, send_a, fit)
+    return PipeModel(pipe, o, a, q, send_o, send_a, fit, options.recomputed(layers))
 
 
 def _fit_len(
@@ -280,7 +282,7 @@ class PipeSpec:
         c = self.model.config
         m = self.model
         return {"tp": c.tp, "cp": c.cp, "pp": c.pp, "max_len": self.row_len,
-                "micro_batches": self.micro_batches,
+                "micro_batches": self.micro_batches, "recompute_layers": m.redo,
                 "cost": {"o": m.o, "a": m.a, "q": m.q, "send_o": m.send_o, "send_a": m.send_a}}  # fmt: skip
 
 
@@ -329,14 +331,17 @@ def ideal_seconds(lengths: Sequence[int], config: LlamaConfig, cost: CostModel) 
 
 
 def to_strategy(pipes: Sequence[PipeSpec], num_layers: int) -> Strategy:
-    """The hspmd strategy of ``pipes`` on consecutive ranks, layers split evenly."""
+    """The hspmd strategy of ``pipes`` on consecutive ranks, layers split evenly, each
+    stage of a pipeline that recomputes marked with its count (``:RC<k>``)."""
     pipelines, at = [], 0
     for spec in pipes:
-        c = spec.model.config
+        c, redo = spec.model.config, spec.model.redo
         width = c.tp * c.cp
         stages, first = [], 0
         for count in split_evenly(num_layers, c.pp):
-            stages.append(Stage(tuple(range(at, at + width)), first, first + count - 1, cp=c.cp))
+            rc = min(redo, count) if redo else None
+            ranks = tuple(range(at, at + width))
+            stages.append(Stage(ranks, first, first + count - 1, cp=c.cp, recompute=rc))
             at, first = at + width, first + count
         pipelines.append(Pipeline(spec.micro_batches, 1, tuple(stages)))
     return Strategy(tuple(pipelines))

@@ -71,7 +71,8 @@ def load_plans(data: Any, where: str) -> tuple[list[LengthStrategy], list[list[f
                 shape = PipeConfig(int(pipe["tp"]), int(pipe["pp"]), int(pipe.get("cp", 1)))
                 model = PipeModel(shape, float(c["o"]),
                                   float(c["a"]), float(c["q"]), float(c["send_o"]),
-                                  float(c["send_a"]), int(pipe["max_len"]))  # fmt: skip
+                                  float(c["send_a"]), int(pipe["max_len"]),
+                                  int(pipe.get("recompute_layers", 0)))  # fmt: skip
                 pipes.append(PipeSpec(model, int(pipe["max_len"]), int(pipe["micro_batches"])))
                 lo, hi = pipe["lengths"]
                 intervals.append((int(lo), int(hi)))

@@ -23,7 +23,10 @@ each) and the tokens per step ``N``:
    whose long-length pipelines hold the long ones.
 3. **Several strategies** (``plan_strategies``): the DP again on the histogram cut at each
    smaller maximum (the steps whose longest document is shorter), so a step without long
-   documents runs a strategy without long-length pipelines.
+   documents runs a strategy without long-length pipelines. Recompute is per pipeline:
+   the configurations of every option set (recompute off, all, the first ``k`` layers)
+   are one pool, so a long-row pipeline recomputes what its memory needs and the others
+   do not (its stages carry ``:RC<k>``).
 4. **Dispatch** (``dispatch``): a step's documents, longest first, each to the pipeline
    that may hold it (its row length is at least the document) whose predicted time after
    taking it is least, into its fullest row the document fits (best fit), or a new row.
@@ -217,11 +220,12 @@ def plan_strategies(
     pipelines. Without ``samples`` the DP result predicted fastest is kept; with sample
     steps (lists of document lengths) the candidate fastest on the samples it would serve,
     among the DP's results and every homogeneous strategy (``planner.length_candidates``)."""
-    pools = [
-        (o, z, pipe_configs(config, cost, options=o, max_len=hist.max_len, replicas=z))
-        for o in options
-        for z in (_powers(cost.num_ranks) if o.zero1 else (1,))
-    ]
+    pools = []  # per ZeRO-1 replica count: every option set's configurations in one pool
+    for o, group in _by_recompute(options).items():
+        for z in _powers(cost.num_ranks) if o.zero1 else (1,):
+            every = [m for g in group for m in pipe_configs(config, cost, options=g,
+                                                            max_len=hist.max_len, replicas=z)]  # fmt: skip
+            pools.append((o, z, _undominated(every)))
     if not any(models for _, _, models in pools):
         raise LengthPlanError(
             f"no TP x PP pipeline of at most {cost.num_ranks} GPUs fits {config.num_layers} "
@@ -261,6 +265,26 @@ def plan_strategies(
             out[-1] = plan  # the same pipelines serve the longer maximum
             continue
         out.append(plan)
+    return out
+
+
+def _by_recompute(options: Sequence[StrategyOptions]) -> dict[StrategyOptions, list[StrategyOptions]]:  # fmt: skip
+    """``options`` grouped by all but their recompute: each group plans as one pool whose
+    pipelines recompute as each needs (the strategy marks it per stage, ``:RC<k>``)."""
+    out: dict[StrategyOptions, list[StrategyOptions]] = {}
+    for o in options:
+        out.setdefault(replace(o, recompute=False, recompute_layers=0), []).append(o)
+    return out
+
+
+def _undominated(models: Sequence[PipeModel]) -> list[PipeModel]:
+    """Per configuration, the models that recompute more only where that holds longer
+    rows (fewer models: the DP's time)."""
+    out: list[PipeModel] = []
+    for m in sorted(models, key=lambda m: (str(m.config), m.redo)):
+        same = [x for x in out if x.config == m.config]
+        if all(m.fit_len > x.fit_len for x in same):
+            out.append(m)
     return out
 
 

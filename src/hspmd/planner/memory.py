@@ -19,16 +19,16 @@ as the runtime runs it (``llama_layer_bytes``; counted tensor by tensor on a rea
 
 - each RMS norm keeps its input upcast to fp32 (``4H``) and its normalized output (``eH``),
   divided by ``t`` under sequence parallelism (the norm runs on the sequence shard);
-- each of the two matmul groups (q/k/v, gate/up) keeps its input, gathered whole under
-  sequence parallelism (``eH`` each: autograd saves what the matmul read);
+- each of the two matmul groups (q/k/v, gate/up) keeps its input (``eH`` each), under
+  sequence parallelism as its sequence shard, divided by ``t``: the runtime gathers it
+  again in backward, as Megatron-LM does (``hspmd.runtime.regather``);
 - attention keeps q and k after RoPE, v, its output and an fp32 log-sum-exp per head
   (``e(2q + 2kv) + 4 heads``, divided by ``t``; a fused kernel: no ``s*s`` scores);
 - the MLP keeps gate, up, silu(gate) and their product (``4eF``, divided by ``t``).
 
-That is about 1.3x (no sequence parallelism) to 2.3x (TP 8 with it) Korthikanti et al.'s
-count for a GELU MLP and an activation stash of sharded inputs, which Megatron keeps by
-re-gathering the inputs in backward; this runtime does not. With recompute only each
-layer's input stays (``e*s*b*H``, divided by ``t`` under sequence parallelism) plus one
+With sequence parallelism that is 1.3-1.45x Korthikanti et al.'s ``34*s*b*H/t`` for a GELU
+MLP (the norms' fp32 inputs and SwiGLU's four F-wide tensors are the difference). With
+recompute only each layer's input stays (``e*s*b*H``, divided by ``t`` under sequence parallelism) plus one
 layer's full set during its backward (``--recompute-layers k``: the first ``k`` layers of a
 stage recompute, the others keep everything). Micro-batches in flight on stage ``i`` of ``S``:
 ``min(S - i, m)`` under 1F1B, ``m`` under GPipe. The last stage adds fp32 logits and their
@@ -126,7 +126,7 @@ def llama_layer_bytes(config: LlamaConfig, tp: int, *, elt: int, sequence_parall
     H, F, heads = config.hidden_size, config.intermediate_size, config.num_heads
     q, kv = heads * config.head_dim, config.num_kv_heads * config.head_dim
     norms = 2 * (4 * H + elt * H) / (tp if sequence_parallel else 1)
-    inputs = 2 * elt * H  # whole rows: gathered under sequence parallelism
+    inputs = 2 * elt * H / (tp if sequence_parallel else 1)  # shards: gathered again
     attention = elt * (2 * q + 2 * kv) + 4 * heads
     mlp = 4 * elt * F
     return norms + inputs + (attention + mlp) / tp
@@ -154,10 +154,11 @@ def _activations(
 def rank_memory(
     config: ModelSpec, *, rank: int, tp: int, num_layers: int, first: bool, last: bool,
     in_flight_micro_batches: int, micro_batch_size: int, seq_len: int, replicas: int,
-    options: StrategyOptions, cp: int = 1,
+    options: StrategyOptions, cp: int = 1, recomputed: int | None = None,
 ) -> RankMemory:  # fmt: skip
-    """The memory of one rank of a stage (see the module docstring); under context
-    parallelism (``cp > 1``) the layers' activations are those of ``seq_len / cp``
+    """The memory of one rank of a stage (see the module docstring). ``recomputed``: the
+    stage's own count of recomputed layers (``Stage.recompute``), else the options'. Under
+    context parallelism (``cp > 1``) the layers' activations are those of ``seq_len / cp``
     positions, the logits those of whole rows (the head runs on the gathered sequence),
     without sequence parallelism (it applies to stages without CP only)."""
     p = stage_params(config, num_layers, tp, first=first, last=last)
@@ -168,7 +169,8 @@ def rank_memory(
     elt = 2 if bf16 else 4
     activations = _activations(
         config, micro_batch_size, seq_len // cp, tp, elt=elt, num_layers=num_layers,
-        in_flight=in_flight_micro_batches, recomputed=options.recomputed(num_layers),
+        in_flight=in_flight_micro_batches,
+        recomputed=options.recomputed(num_layers) if recomputed is None else recomputed,
         sequence_parallel=options.sequence_parallel and cp == 1,
     )  # fmt: skip
     vocab_tp = tp if isinstance(config, LlamaConfig) or figures(config).vocab_split else 1
@@ -202,5 +204,6 @@ def strategy_memory(
                     first=i == 0, last=i == count - 1, in_flight_micro_batches=flight,
                     micro_batch_size=pipeline.micro_batch_size, seq_len=seq_len,
                     replicas=replicas, options=options, cp=stage.cp,
+                    recomputed=stage.recomputed(options),
                 )  # fmt: skip
     return out

@@ -301,11 +301,12 @@ def stage_works(
     works = {}
     for p, s, stage in strategy.stages():
         pipe = strategy.pipelines[p]
+        redo = stage.recomputed(options)
         works[(p, s)] = stage_work(
             cost, config, stage.ranks, len(stage.layers), micro_batch_size=pipe.micro_batch_size,
             seq_len=seq_len, first=s == 0, last=s == len(pipe.stages) - 1,
-            recompute=options.recompute, sequence_parallel=options.sequence_parallel,
-            cp=stage.cp, recompute_layers=options.recompute_layers,
+            recompute=redo > 0, sequence_parallel=options.sequence_parallel,
+            cp=stage.cp, recompute_layers=redo,
         )  # fmt: skip
     return works
 

@@ -20,7 +20,8 @@ fewer pipelines (data-parallel redundancy); ``seeds`` are layouts that always re
 Level 2, for the survivors: the ILPs of ``hspmd.planner.ilp`` (layers per stage, then
 micro-batches per pipeline, then layers again for each pipeline's count), then the
 discrete-event simulation of the resulting strategy (``hspmd.planner.predict``); the
-fastest simulated plan that fits memory wins.
+fastest simulated plan that fits memory wins. A plan found with recompute recomputes, per
+stage, only the first layers its memory needs (``hspmd.planner.trim``: ``:RC<k>``).
 
 The homogeneous baseline is Megatron's: DP x TP x PP over every rank, even layers, one
 micro-batch size, ranks in Megatron's order (TP, then DP, then PP) or pipeline-major,
@@ -56,6 +57,7 @@ from hspmd.planner.cost import CostModel
 from hspmd.planner.homogeneous import homogeneous_plan, megatron_strategy
 from hspmd.planner.ilp import layers_per_stage, micro_batches_per_pipeline
 from hspmd.planner.predict import Predicted, Prediction, predict
+from hspmd.planner.trim import trim_recompute
 from hspmd.planner.workload import trains_sequence_parallel
 
 __all__ = [
@@ -457,11 +459,15 @@ def plan(
     predictions, seen = [], set()
     for conf in confs:
         strategy = search.solve(conf)
-        if strategy is not None and (strategy, conf.options) not in seen:
-            seen.add((strategy, conf.options))
-            predictions.append(
-                predict(strategy, config, cost, seq_len=seq_len, options=conf.options)
-            )
+        if strategy is None:
+            continue
+        # recompute: each stage only the first layers its memory needs (:RC<k>)
+        strategy, options = trim_recompute(
+            strategy, config, cost, seq_len=seq_len, options=conf.options
+        )
+        if (strategy, options) not in seen:
+            seen.add((strategy, options))
+            predictions.append(predict(strategy, config, cost, seq_len=seq_len, options=options))
     chosen = fastest_fitting(predictions, cost)
     if chosen is None:
         count = cost.num_ranks if ranks is None else len(set(ranks))

@@ -25,6 +25,7 @@ from hspmd.comm.plan import CommPlan
 from hspmd.comm.sizing import global_shape, sized
 from hspmd.runtime.autograd import reshard
 from hspmd.runtime.execute import run_plan
+from hspmd.runtime.regather import Regather, regatherable
 from hspmd.runtime.vocab_loss import vocab_parallel_cross_entropy
 from hspmd.runtime.world import World, plan_groups
 from hspmd.specialize.cut import ExecutableError
@@ -49,9 +50,12 @@ def bind_executable(exe: Executable, world: World) -> Executable:
                 f"process group {list(group)} is not prepared: call "
                 "world.prepare_groups(executable_groups(strategy)) on every rank first"
             )
-    for module in exe.graph_module.modules():
-        if isinstance(module, ReshardModule):
-            module.runner = SizedReshard(world)
+    markers = [m for m in exe.graph_module.modules() if isinstance(m, ReshardModule)]
+    regather = None
+    if any(regatherable(m.forward_plan, world.rank) for m in markers):
+        regather = exe.around = Regather(world)  # keep shards of gathered inputs, not the rows
+    for module in markers:
+        module.runner = SizedReshard(world, regather)
     for loss in losses:
         loss.runner = functools.partial(vocab_parallel_cross_entropy, world=world)
     exe.graph_module.to(world.device)  # parameters stay the same objects (moved in place)
@@ -61,10 +65,12 @@ def bind_executable(exe: Executable, world: World) -> Executable:
 class SizedReshard:
     """A marker's runner: its plans, resolved at the maximum length, sized to the length of
     each call (``hspmd.comm.sizing``; the global shape read from the local input), then
-    the autograd reshard. Sized plans are kept per shape (a handful of lengths)."""
+    the autograd reshard. Sized plans are kept per shape (a handful of lengths). With
+    ``regather``, an all-gather's output is noted so that backward gathers it again
+    (``hspmd.runtime.regather``)."""
 
-    def __init__(self, world: World) -> None:
-        self.world = world
+    def __init__(self, world: World, regather: Regather | None = None) -> None:
+        self.world, self.regather = world, regather
         self.plans: dict[tuple[int, ...], tuple[CommPlan, CommPlan]] = {}
 
     def __call__(self, x: torch.Tensor, forward: CommPlan, backward: CommPlan) -> torch.Tensor:
@@ -72,7 +78,10 @@ class SizedReshard:
         pair = self.plans.get(shape)
         if pair is None:
             pair = self.plans[shape] = (sized(forward, shape), sized(backward, shape))
-        return reshard(x, *pair, self.world)
+        out = reshard(x, *pair, self.world)
+        if self.regather is not None:
+            self.regather.note(x, out, pair[0])
+        return out
 
 
 def sync_grads(exe: Executable, world: World) -> None:

@@ -13,7 +13,9 @@ dispatches:
   are free), its outputs' elements;
 - ``saved``: the tensors autograd keeps for the backward (``saved_tensors_hooks``), by
   storage, parameters and buffers excluded; an attention keeps q, k, v, its output and
-  one float per query and head (a fused kernel's log-sum-exp).
+  one float per query and head (a fused kernel's log-sum-exp); what reads a marker that
+  gathers a split tensor (sequence parallelism) keeps the shard, as the runtime does
+  (``hspmd.runtime.regather``).
 
 Each figure is fitted as ``b * s * (per_token + per_square * s)`` from the two lengths
 (``hspmd.models.spec.Amount``). Which ops TP splits comes from deducing the graph as one
@@ -283,6 +285,13 @@ def _is_split(annotation: Annotation | None) -> bool:
     return any(deg > 1 and dim != DUP for ds in annotation.states for dim, deg in ds.entries)
 
 
+def _is_gather(src: Annotation, dst: Annotation) -> bool:
+    """A marker that gathers a tensor split over a real dimension into a duplicated one
+    (under sequence parallelism; ``hspmd.runtime.regather`` keeps the shard for backward)."""
+    real = any(deg > 1 and dim >= 0 for ds in src.states for dim, deg in ds.entries)
+    return real and not _is_split(dst)
+
+
 @functools.lru_cache(maxsize=16)
 def _split_nodes(
     model: ModelSpec, probe: int, seq_len: int, sp: bool
@@ -322,6 +331,8 @@ def _split_nodes(
     tokens = seq_len  # the deduction's micro-batch: 1 sequence of seq_len tokens
     comm: list[tuple[int, CommItem]] = []
     for site in ag.reshards:
+        if _is_gather(site.src, site.dst):  # backward gathers it again: a shard is kept
+            outputs.add(site.node_name)
         part = parts.get(site.node_name, POST)
         per_token = math.prod(site.shape) / tokens
         plans = [(False, site.src, site.dst)]

@@ -48,6 +48,7 @@ import dataclasses
 import math
 import operator
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,6 +157,7 @@ class Executable:
     comm: tuple[str, ...]  # one line per kept marker: name, forward and backward kinds
     grad_sync: tuple[StageGradSync, ...] = ()  # deduced partial grads inside the stage
     seq_len: int = 0  # the maximum sequence length (plans are resolved at it)
+    around: AbstractContextManager[object] | None = None  # entered around each forward (runtime)
 
     @property
     def length_multiple(self) -> int:
@@ -168,7 +170,8 @@ class Executable:
     def forward(
         self, x: torch.Tensor, targets: torch.Tensor, segments: torch.Tensor | None = None
     ) -> torch.Tensor:
-        out = self.graph_module(x, targets, segments)
+        with self.around or nullcontext():
+            out = self.graph_module(x, targets, segments)
         assert isinstance(out, torch.Tensor)
         return out
 
@@ -441,8 +444,8 @@ def build_executable(
     gm = torch.fx.GraphModule(b.root, b.graph, class_name=f"Rank{rank}Stage")
     named = dict(gm.named_parameters())
     params: dict[str, torch.Tensor] = {name: named[name] for name in b.pieces}
-    recomputed = options.recomputed(len(stage.layers))
-    if recomputed:  # the stage's first layers (--recompute-layers), or all of them
+    recomputed = stage.recomputed(options)
+    if recomputed:  # the stage's first layers (:RC<k>, --recompute-layers), or all of them
         gm = checkpoint_layers(gm, upto=stage.first_layer + recomputed - 1)
         assert all(params[n] is p for n, p in _params_by_target(gm, params)), "split copied"
     return Executable(

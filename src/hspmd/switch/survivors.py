@@ -22,13 +22,14 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Mapping
 
 from hspmd.annotation import DUP, Annotation, DeviceGroup, DistributedStates
 from hspmd.comm.topology import Topology
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import parameter_annotations, state_annotations
-from hspmd.plan.strategy import Pipeline, Stage, Strategy
+from hspmd.plan.strategy import Pipeline, Strategy
 from hspmd.runtime.fused import FusedTensor
 from hspmd.switch.live import STATE_KINDS, SwitchPlan, fused_scheme
 
@@ -79,7 +80,7 @@ def renumber_strategy(strategy: Strategy, mapping: Mapping[int, int]) -> Strateg
                 p.num_micro_batches,
                 p.micro_batch_size,
                 tuple(
-                    Stage(tuple(mapping[r] for r in s.ranks), s.first_layer, s.last_layer)
+                    dataclasses.replace(s, ranks=tuple(mapping[r] for r in s.ranks))
                     for s in p.stages
                 ),
             )
