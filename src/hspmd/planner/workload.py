@@ -17,7 +17,9 @@ TP collective   2 all-reduces of ``n*H`` elements            2 more
 ==============  ==========================================  =========================
 
 With sequence parallelism the two all-reduces become a reduce-scatter and an all-gather
-each (the same ring bytes) and norms run on ``n/t`` tokens. Recompute runs the forward
+each (the same ring bytes), backward gathers each gathered input again (two per layer that
+keeps its activations, and the head's: ``hspmd.runtime.regather``), and norms run on
+``n/t`` tokens. Recompute runs the forward
 again inside the backward. The first stage adds the embedding gather, the last the final
 norm, the head ``2*n*H*V/t`` and a vocab-parallel cross-entropy. Each call pays its cost
 line's overhead, so small models see their launch costs (``hspmd.planner.cost``).
@@ -220,6 +222,9 @@ def stage_work(
     bwd += redo * fwd
     bwd_comm += redo * fwd_comm
     H, V = config.hidden_size, config.vocab_size
+    if sp and cp == 1:  # the layers that keep activations gather attn_in and mlp_in again
+        gathers = (1 - redo) * num_layers * 2 + (1 if last else 0)  # and head_in
+        bwd_comm += gathers * link.seconds("all-gather", n * H * elt, tp)
     if first:
         fwd += device.seconds("elementwise", n * H * elt)
         bwd += device.seconds("elementwise", 2 * n * H * elt)
@@ -248,10 +253,12 @@ def _part(
     device: DeviceCost, link: LinkCost, part: PartCost, *, b: int, s: int, tp: int, elt: int,
     sp: bool,
 ) -> tuple[float, float, float, float]:  # fmt: skip
-    """(forward compute, backward compute, forward comm, backward comm) of one part: each
-    cost line's calls share its units evenly (the lines are affine, so this is the sum of
-    the calls), split lines divided by ``tp``, the backward twice the forward."""
-    fwd = bwd = fwd_comm = bwd_comm = 0.0
+    """(forward compute, backward compute, forward comm, backward comm, the forward's
+    all-gathers under sequence parallelism: backward runs them again where the layer keeps
+    its activations) of one part: each cost line's calls share its units evenly (the lines
+    are affine, so this is the sum of the calls), split lines divided by ``tp``, the
+    backward twice the forward."""
+    fwd = bwd = fwd_comm = bwd_comm = gathers = 0.0
     for w in part.work:
         if w.calls <= 0:
             continue
@@ -269,7 +276,8 @@ def _part(
             bwd_comm += seconds
         else:
             fwd_comm += seconds
-    return fwd, bwd, fwd_comm, bwd_comm
+            gathers += seconds if sp and c.kind == "all-gather" else 0.0
+    return fwd, bwd, fwd_comm, bwd_comm, gathers
 
 
 def _measured_work(
@@ -277,14 +285,15 @@ def _measured_work(
     tp: int, elt: int, sp: bool, first: bool, last: bool, redo: float, hidden: int,
 ) -> StageWork:  # fmt: skip
     """``stage_work`` from a model's measured figures (module docstring)."""
-    lf, lb, lfc, lbc = _part(device, link, cost.layer, b=b, s=s, tp=tp, elt=elt, sp=sp)
+    lf, lb, lfc, lbc, lg = _part(device, link, cost.layer, b=b, s=s, tp=tp, elt=elt, sp=sp)
     fwd, bwd = num_layers * lf, num_layers * lb
-    fwd_comm, bwd_comm = num_layers * lfc, num_layers * lbc
+    fwd_comm, bwd_comm = num_layers * lfc, num_layers * (lbc + (1 - redo) * lg)
     bwd += redo * fwd
     bwd_comm += redo * fwd_comm
     for part, here in ((cost.pre, first), (cost.post, last)):
         if here:
-            pf, pb, pfc, pbc = _part(device, link, part, b=b, s=s, tp=tp, elt=elt, sp=sp)
-            fwd, bwd, fwd_comm, bwd_comm = fwd + pf, bwd + pb, fwd_comm + pfc, bwd_comm + pbc
+            pf, pb, pfc, pbc, pg = _part(device, link, part, b=b, s=s, tp=tp, elt=elt, sp=sp)
+            fwd, bwd, fwd_comm = fwd + pf, bwd + pb, fwd_comm + pfc
+            bwd_comm += pbc + pg
     comm = fwd_comm + bwd_comm
     return StageWork(fwd + fwd_comm, bwd + bwd_comm, comm, b * s * hidden * elt, fwd_comm)
