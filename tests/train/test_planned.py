@@ -20,12 +20,16 @@ from tests.train.test_strategy_matrix import assert_equal_to_reference
 @pytest.mark.multiproc
 def test_planned_strategies_equal_the_reference(tmp_path: Path) -> None:
     configs = []
-    for name, fast, slow, slowdown in (
-        ("mixed", 2, 2, 3.0),
-        ("idle", 2, 2, 50.0),
-        ("even", 4, 0, 1.0),
+    for name, fast, slow, slowdown, memory_mb in (
+        ("mixed", 2, 2, 3.0, 80000),
+        ("idle", 2, 2, 50.0, 80000),
+        ("even", 4, 0, 1.0, 80000),
+        # the 3 GiB overhead and a few hundred KB: the first stage of four (four
+        # micro-batches in flight) must recompute its layer, the others need not
+        ("tight", 4, 0, 1.0, 3392.75),
     ):
-        path = cluster_file(tmp_path / f"{name}.json", fast=fast, slow=slow, slowdown=slowdown)
+        path = cluster_file(tmp_path / f"{name}.json", fast=fast, slow=slow, slowdown=slowdown,
+                            memory_mb=memory_mb)  # fmt: skip
         cost = CostModel.of(load_cluster(path), dtype="fp32")
         chosen = plan(get_config("llama-tiny"), cost, global_batch=8, seq_len=32, dtype="fp32",
                       homogeneous=False)  # fmt: skip
@@ -36,6 +40,7 @@ def test_planned_strategies_equal_the_reference(tmp_path: Path) -> None:
         ))  # fmt: skip
     strategies = [c.strategy for c in configs]
     assert len(set(strategies)) > 1, strategies  # the clusters get different plans
+    assert strategies[-1] == "2x4: R0:L0-0:RC1 R1:L1-1 R2:L2-2 R3:L3-3"  # recompute per stage
     reference = run_reference(TrainConfig(global_batch=8, seq_len=32, steps=3))
     for result in train_many(configs):
         assert_equal_to_reference(result, reference)

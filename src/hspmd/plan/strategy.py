@@ -198,6 +198,14 @@ class Strategy:
     def global_batch(self) -> int:
         return sum(p.batch_size for p in self.pipelines)
 
+    def recomputed(self, options: StrategyOptions) -> tuple[tuple[int, ...], ...]:
+        """Per pipeline, per stage: how many of its first layers recompute (``Stage.recomputed``).
+
+        >>> parse_strategy("1x1: R0:L0-1:RC1 R1:L2-3; 1x1: R2:L0-3").recomputed(StrategyOptions())
+        ((1, 0), (0,))
+        """
+        return tuple(tuple(st.recomputed(options) for st in p.stages) for p in self.pipelines)
+
     def stages(self) -> Iterator[tuple[int, int, Stage]]:
         """``(pipeline index, stage index, stage)`` for every stage."""
         for p, pipeline in enumerate(self.pipelines):

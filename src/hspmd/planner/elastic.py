@@ -108,7 +108,8 @@ class ElasticPlan(Predicted):
         return {
             "strategy": str(p.strategy),
             "zero1": p.options.zero1,
-            "recompute": p.options.recompute,
+            "recompute": any(k for ks in p.strategy.recomputed(p.options) for k in ks),
+            "recompute_layers": [list(ks) for ks in p.strategy.recomputed(p.options)],
             "sequence_parallel": p.options.sequence_parallel,
             "micro_batch_size": p.strategy.pipelines[0].micro_batch_size,
             "step_time_s": p.step_time_s,
