@@ -252,7 +252,7 @@ def _recomputed_share(num_layers: int, recompute: bool, recompute_layers: int) -
 def _part(
     device: DeviceCost, link: LinkCost, part: PartCost, *, b: int, s: int, tp: int, elt: int,
     sp: bool,
-) -> tuple[float, float, float, float]:  # fmt: skip
+) -> tuple[float, float, float, float, float]:  # fmt: skip
     """(forward compute, backward compute, forward comm, backward comm, the forward's
     all-gathers under sequence parallelism: backward runs them again where the layer keeps
     its activations) of one part: each cost line's calls share its units evenly (the lines
