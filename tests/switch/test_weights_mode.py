@@ -198,4 +198,8 @@ def test_weights_mode_checkpoint_resumes_on_another_strategy(outcome: list[dict[
         assert got.keys() == want.keys()
         for name, (region, value) in want.items():
             assert got[name][0] == region
-            np.testing.assert_allclose(got[name][1], value, rtol=1e-5, atol=1e-6, err_msg=name)
+            # relative to the whole tensor: the resumed steps run another strategy (other
+            # reduction orders), and Adam turns a rounding difference in a near-zero
+            # gradient into one of up to lr in that element
+            error = np.linalg.norm(got[name][1] - value) / np.linalg.norm(value)
+            assert error <= 1e-5, (name, error)

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from hspmd.deduce.pointwise import broadcast_split
 from hspmd.deduce.rules import DUP, PARTIAL, OpCall, RuleError, placements_text, register
+from hspmd.norms import rms_norm
 
 
 def _pointwise_split(call: OpCall, placements: tuple[int, ...]) -> int:
@@ -39,7 +40,7 @@ def _pointwise_split(call: OpCall, placements: tuple[int, ...]) -> int:
     return DUP if split is None else split
 
 
-@register(F.layer_norm, torch.layer_norm, F.rms_norm, torch.rms_norm)
+@register(F.layer_norm, torch.layer_norm, F.rms_norm, torch.rms_norm, rms_norm)
 def layer_norm(call: OpCall, placements: tuple[int, ...]) -> int:
     x, *affine = placements
     normalized = call.arg(1, "normalized_shape")

@@ -55,9 +55,12 @@ from hspmd.models.config import (
     get_config,
     parameter_shapes,
 )
+from hspmd.norms import rms_norm
 
-# one call node in the traced graph (packed documents are data: hspmd.attention)
+# one call node each in the traced graph (packed documents are data: hspmd.attention;
+# the norm is F.rms_norm to deduction: hspmd.norms)
 torch.fx.wrap("causal_attention")
+torch.fx.wrap("rms_norm")
 
 __all__ = [
     "PRESETS",
@@ -77,15 +80,16 @@ Segments = torch.Tensor | None  # (B, T) document id per position; None: one per
 
 
 class RMSNorm(nn.Module):
+    """Hugging Face's Llama norm (fp32 inside, cast back before the weight), keeping only
+    its input and one fp32 reciprocal per row for backward (``hspmd.norms``)."""
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
-        self.eps = eps
+        self.dim, self.eps = dim, eps
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.type_as(x)
+        return rms_norm(x, (self.dim,), self.weight, self.eps)
 
 
 def rope_tables(config: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,7 +17,7 @@ gives each stage of such a plan the least count ``k`` of its first layers to rec
 >>> options = StrategyOptions(recompute=True, sequence_parallel=True, dtype="bf16")
 >>> trimmed, plain = trim_recompute(strategy, config, cost, seq_len=16384, options=options)
 >>> str(trimmed), plain.recompute
-('8x1: R0-1:L0-14:RC10 R2-3:L15-29:RC7 R4-5:L30-44:RC2 R6-7:L45-59', False)
+('8x1: R0-1:L0-14:RC8 R2-3:L15-29:RC5 R4-5:L30-44 R6-7:L45-59', False)
 """
 
 from __future__ import annotations

@@ -78,6 +78,7 @@ NORMS = (F.layer_norm, F.group_norm, F.batch_norm, F.instance_norm) + (
     (F.rms_norm,) if hasattr(F, "rms_norm") else ()
 )
 CAUSAL = ("hspmd.attention", "causal_attention")  # hspmd's own, by name (the layering)
+RMS_NORM = ("hspmd.norms", "rms_norm")
 COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all")
 PRE, POST = -1, -2  # parts that are not blocks
 
@@ -372,9 +373,13 @@ def _attention_kind(target: Any) -> str | None:
     """ "causal" for hspmd's causal attention, "sdpa" for F.scaled_dot_product_attention."""
     if target is F.scaled_dot_product_attention:
         return "sdpa"
-    if (getattr(target, "__module__", None), getattr(target, "__name__", None)) == CAUSAL:
+    if _named(target) == CAUSAL:
         return "causal"
     return None
+
+
+def _named(target: Any) -> tuple[str | None, str | None]:
+    return getattr(target, "__module__", None), getattr(target, "__name__", None)
 
 
 # -- measurement on the meta device --------------------------------------------------------------
@@ -436,7 +441,7 @@ def _measure(
             target = n.target
             if n.op == "call_function" and _attention_kind(target) is not None:
                 return self._attention(n)
-            quiet = n.op == "call_function" and target in NORMS
+            quiet = n.op == "call_function" and (target in NORMS or _named(target) == RMS_NORM)
             counter.quiet = quiet
             try:
                 result = super().run_node(n)
@@ -470,6 +475,10 @@ def _measure(
             causal = _attention_kind(n.target) == "causal" or bool(kwargs.get("is_causal"))
             flops = 4 * q.shape[:-2].numel() * q.shape[-2] * k.shape[-2] * q.shape[-1]
             counter.ops.append((n.name, "attention", 1.0, flops / (2 if causal else 1)))
+            # a fused kernel's output is laid out (B, T, heads, D) under its (B, heads, T, D)
+            # view, so the usual transpose and reshape to (B, T, H) is a view, not a copy
+            if out.dim() == 4:
+                out = out.transpose(1, 2).contiguous().transpose(1, 2)
             out = out.detach().requires_grad_(q.requires_grad)
             producer.setdefault(key(out), n.name)
             saved[key(out)] = (n.name, n.name, float(out.numel()))

@@ -1,0 +1,58 @@
+"""hspmd.norms.rms_norm: the Llama norm's values and gradients, keeping less."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hspmd.norms import rms_norm
+
+
+def _plain(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x)
+
+
+def test_gradients_are_the_derivative() -> None:
+    x = torch.randn(2, 5, 6, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: rms_norm(a, (6,), b, 1e-5), (x, w))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_equals_the_autograd_composition(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.randn(2, 7, 16, generator=g).to(dtype)
+    w0 = torch.randn(16, generator=g).to(dtype)
+    up = torch.randn(2, 7, 16, generator=g).to(dtype)
+    outs = []
+    for fn in (lambda x, w: rms_norm(x, (16,), w, 1e-5), lambda x, w: _plain(x, w, 1e-5)):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        y = fn(x, w)
+        y.backward(up)
+        outs.append((y.detach(), x.grad, w.grad))
+    (y1, gx1, gw1), (y2, gx2, gw2) = outs
+    assert torch.equal(y1, y2)  # the same forward ops
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(gx1, gx2, **tol)
+    torch.testing.assert_close(gw1, gw2, **tol)
+
+
+def test_keeps_the_input_and_one_reciprocal_per_row() -> None:
+    x = torch.randn(3, 4, 32, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(32, dtype=torch.bfloat16, requires_grad=True)
+    kept: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() != w.untyped_storage().data_ptr():
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        rms_norm(x, (32,), w, 1e-5)
+    assert sorted(kept.values()) == [3 * 4 * 4, 3 * 4 * 32 * 2]  # fp32 rstd, bf16 input
+
+
+def test_refuses_a_shape_other_than_the_last_dimension() -> None:
+    with pytest.raises(ValueError, match="last dimension"):
+        rms_norm(torch.randn(2, 3), (2, 3), torch.ones(3), 1e-5)
