@@ -49,5 +49,5 @@ def test_sequence_parallel_splits_the_norms_and_the_matmul_inputs() -> None:
     # the norms run on the shard; the matmuls keep their inputs' shards (gathered again)
     norms, inputs = 2 * (2 * H + 4), 2 * 2 * H
     assert whole - split == pytest.approx((norms + inputs) * (1 - 1 / 8))
-    # what stays above Korthikanti's 34 H / t: SwiGLU's 4F
-    assert 34 * H / 8 < split < 1.25 * 34 * H / 8  # 34 s b h / t bytes, fp16
+    # Korthikanti's 34 H / t bytes (fp16, a GELU MLP) within a few percent
+    assert 0.9 * 34 * H / 8 < split < 1.1 * 34 * H / 8

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from hspmd.deduce.pointwise import broadcast_split
 from hspmd.deduce.rules import DUP, PARTIAL, OpCall, RuleError, placements_text, register
-from hspmd.norms import rms_norm
+from hspmd.ops import rms_norm
 
 
 def _pointwise_split(call: OpCall, placements: tuple[int, ...]) -> int:

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from hspmd.deduce.rules import DUP, PARTIAL, OpCall, RuleError, placements_text, register
+from hspmd.ops import swiglu
 
 LINEAR_UNARY = (
     operator.neg, torch.neg, "neg", "float", "half", "bfloat16", "double", "contiguous",
@@ -35,7 +36,7 @@ NONLINEAR = (
     torch.rsqrt, "rsqrt", torch.sqrt, "sqrt", torch.exp, "exp", torch.log, "log", torch.abs,
     "abs", torch.pow, operator.pow, "pow", torch.sigmoid, "sigmoid", torch.tanh, "tanh",
     F.silu, "silu", F.gelu, F.relu, torch.relu, "relu", torch.square, "square",
-    torch.reciprocal, "reciprocal", torch.maximum, torch.minimum,
+    torch.reciprocal, "reciprocal", torch.maximum, torch.minimum, swiglu,
 )  # fmt: skip
 ADDITIVE = (operator.add, torch.add, "add", operator.sub, torch.sub, "sub")
 MULTIPLICATIVE = (operator.mul, torch.mul, "mul")

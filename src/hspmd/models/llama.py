@@ -55,12 +55,13 @@ from hspmd.models.config import (
     get_config,
     parameter_shapes,
 )
-from hspmd.norms import rms_norm
+from hspmd.ops import rms_norm, swiglu
 
 # one call node each in the traced graph (packed documents are data: hspmd.attention;
-# the norm is F.rms_norm to deduction: hspmd.norms)
+# the norm is F.rms_norm to deduction, swiglu a pointwise op: hspmd.ops)
 torch.fx.wrap("causal_attention")
 torch.fx.wrap("rms_norm")
+torch.fx.wrap("swiglu")
 
 __all__ = [
     "PRESETS",
@@ -81,7 +82,7 @@ Segments = torch.Tensor | None  # (B, T) document id per position; None: one per
 
 class RMSNorm(nn.Module):
     """Hugging Face's Llama norm (fp32 inside, cast back before the weight), keeping only
-    its input and one fp32 reciprocal per row for backward (``hspmd.norms``)."""
+    its input and one fp32 reciprocal per row for backward (``hspmd.ops``)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -156,7 +157,8 @@ class MLP(nn.Module):
         self.w_down = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))  # (B, T, F) -> (B, T, H)
+        # silu(gate) * up, keeping gate and up only (hspmd.ops); (B, T, F) -> (B, T, H)
+        return self.w_down(swiglu(self.w_gate(x), self.w_up(x)))
 
 
 class Block(nn.Module):

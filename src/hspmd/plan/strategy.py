@@ -34,8 +34,9 @@ starts, with a StrategyError that names the value and the fix.
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -53,6 +54,7 @@ __all__ = [
     "format_ranks",
     "parse_ranks",
     "parse_strategy",
+    "uniform_recompute",
 ]
 
 Schedule = Literal["1f1b", "gpipe"]
@@ -256,6 +258,43 @@ class StrategyOptions:
         if self.recompute and self.recompute_layers:
             flags.append(f"recompute_layers={self.recompute_layers}")
         return " ".join([*flags, f"schedule={self.schedule}", f"dtype={self.dtype}"])
+
+
+def uniform_recompute(
+    strategy: Strategy, options: StrategyOptions
+) -> tuple[Strategy, StrategyOptions]:
+    """``strategy`` and ``options`` recomputing as before, in the plainest form: where every
+    stage recomputes alike (its first ``k`` layers, or all of them) the options say so and
+    no stage carries ``:RC``; where stages differ, every stage carries its count (``:RC0``
+    on those that keep everything) and the options say recompute, so that a reader of the
+    options alone errs towards less memory.
+
+    >>> s = parse_strategy("1x1: R0:L0-1:RC2 R1:L2-3:RC2")
+    >>> [str(x) for x in uniform_recompute(s, StrategyOptions())[0].pipelines]
+    ['1x1: R0:L0-1 R1:L2-3']
+    >>> t, o = uniform_recompute(parse_strategy("1x1: R0:L0-1:RC1 R1:L2-3"), StrategyOptions())
+    >>> str(t), o.recompute
+    ('1x1: R0:L0-1:RC1 R1:L2-3:RC0', True)
+    """
+    stages = [st for _, _, st in strategy.stages()]
+    counts = [st.recomputed(options) for st in stages]
+    top = max(counts, default=0)
+    plain = dataclasses.replace(options, recompute=False, recompute_layers=0)
+    if top and all(k == min(top, len(st.layers)) for k, st in zip(counts, stages, strict=True)):
+        whole = top >= max(len(st.layers) for st in stages)
+        plain = dataclasses.replace(options, recompute=True, recompute_layers=0 if whole else top)
+    elif top:  # stages differ: each says its own
+        before = options
+        options = dataclasses.replace(options, recompute=True, recompute_layers=0)
+        return _with_counts(strategy, lambda st: st.recomputed(before)), options
+    return _with_counts(strategy, lambda st: None), plain
+
+
+def _with_counts(strategy: Strategy, count: Callable[[Stage], int | None]) -> Strategy:
+    return Strategy(tuple(
+        dataclasses.replace(p, stages=tuple(dataclasses.replace(st, recompute=count(st)) for st in p.stages))
+        for p in strategy.pipelines
+    ))  # fmt: skip
 
 
 # -- ranks -----------------------------------------------------------------------------------

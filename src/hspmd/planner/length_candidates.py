@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from hspmd.models.config import LlamaConfig
 from hspmd.plan.dispatch import DispatchError
-from hspmd.plan.strategy import StrategyOptions
+from hspmd.plan.strategy import StrategyOptions, uniform_recompute
 from hspmd.planner.cost import CostModel
 from hspmd.planner.length_dispatch import assignment_seconds, fixed_dispatcher
 from hspmd.planner.length_model import (
@@ -55,12 +55,12 @@ def homogeneous_strategies(
         micro = math.ceil(step_tokens / (n * row_len)) + 1
         pipes = tuple(PipeSpec(m, row_len, micro) for _ in range(n))
         layers = config.num_layers if config is not None else 1
-        strategy = to_strategy(pipes, layers)
+        strategy, opts = uniform_recompute(to_strategy(pipes, layers), options or StrategyOptions())
         sync = 0.0
         if config is not None and cost is not None:
-            sync = sync_seconds(strategy, config, cost, zero1=bool(options and options.zero1))
+            sync = sync_seconds(strategy, config, cost, zero1=opts.zero1)
         out.append(LengthStrategy(row_len, pipes, ((1, row_len),) * n, 0.0, sync, strategy,
-                                  options or StrategyOptions()))  # fmt: skip
+                                  opts))  # fmt: skip
     return out
 
 

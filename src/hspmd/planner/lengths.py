@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from hspmd.models.config import LlamaConfig
-from hspmd.plan.strategy import StrategyOptions
+from hspmd.plan.strategy import StrategyOptions, uniform_recompute
 from hspmd.planner.cost import CostModel
 from hspmd.planner.length_candidates import homogeneous_strategies, pick
 from hspmd.planner.length_dispatch import (
@@ -201,10 +201,11 @@ def plan_lengths(
     intervals = [intervals[p] for p in order]
     out = LengthStrategy(hist.max_len, tuple(pipes), tuple(intervals), f[K][best_g])
     if config is not None and cost is not None:
-        strategy = to_strategy(out.pipes, config.num_layers)
-        sync = sync_seconds(strategy, config, cost, zero1=bool(options and options.zero1))
+        strategy, opts = uniform_recompute(to_strategy(out.pipes, config.num_layers),
+                                           options or StrategyOptions())  # fmt: skip
+        sync = sync_seconds(strategy, config, cost, zero1=opts.zero1)
         out = LengthStrategy(out.max_len, out.pipes, out.intervals, out.predicted_s + sync,
-                             sync, strategy, options or StrategyOptions())  # fmt: skip
+                             sync, strategy, opts)  # fmt: skip
     return out
 
 

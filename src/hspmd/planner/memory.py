@@ -17,17 +17,18 @@ Activations kept per layer per micro-batch: what autograd saves in one block of 
 as the runtime runs it (``llama_layer_bytes``; counted tensor by tensor on a real block in
 ``tests/planner/test_memory.py``), per token, ``e`` the compute dtype's bytes:
 
-- each RMS norm keeps its input (``eH``) and one fp32 reciprocal per token (``hspmd.norms``),
+- each RMS norm keeps its input (``eH``) and one fp32 reciprocal per token (``hspmd.ops``),
   divided by ``t`` under sequence parallelism (the norm runs on the sequence shard);
 - each of the two matmul groups (q/k/v, gate/up) keeps its input (``eH`` each), under
   sequence parallelism as its sequence shard, divided by ``t``: the runtime gathers it
   again in backward, as Megatron-LM does (``hspmd.runtime.regather``);
 - attention keeps q and k after RoPE, v, its output and an fp32 log-sum-exp per head
   (``e(2q + 2kv) + 4 heads``, divided by ``t``; a fused kernel: no ``s*s`` scores);
-- the MLP keeps gate, up, silu(gate) and their product (``4eF``, divided by ``t``).
+- the MLP keeps gate, up and silu(gate) * up (``3eF``, divided by ``t``; silu is computed
+  again in backward, ``hspmd.ops.swiglu``).
 
-With sequence parallelism that is about 1.1x Korthikanti et al.'s ``34*s*b*H/t`` for a GELU
-MLP (1.1-1.2x: SwiGLU's four F-wide tensors are the difference). With
+With sequence parallelism that is 0.95-0.99x Korthikanti et al.'s ``34*s*b*H/t`` for a GELU
+MLP (SwiGLU's three F-wide tensors against a GELU MLP's two 4H-wide ones). With
 recompute only each layer's input stays (``e*s*b*H``, divided by ``t`` under sequence parallelism) plus one
 layer's full set during its backward (``--recompute-layers k``: the first ``k`` layers of a
 stage recompute, the others keep everything). Micro-batches in flight on stage ``i`` of ``S``:
@@ -120,15 +121,15 @@ def llama_layer_bytes(config: LlamaConfig, tp: int, *, elt: int, sequence_parall
 
     >>> from hspmd.models.config import get_config
     >>> c = get_config("llama-tiny", hidden_size=64, intermediate_size=96, num_heads=8)
-    >>> llama_layer_bytes(c, 1, elt=2, sequence_parallel=False)  # 1672 less the RoPE tables
-    1640.0
+    >>> llama_layer_bytes(c, 1, elt=2, sequence_parallel=False)  # 1480 less the RoPE tables
+    1448.0
     """
     H, F, heads = config.hidden_size, config.intermediate_size, config.num_heads
     q, kv = heads * config.head_dim, config.num_kv_heads * config.head_dim
     norms = 2 * (elt * H + 4) / (tp if sequence_parallel else 1)
     inputs = 2 * elt * H / (tp if sequence_parallel else 1)  # shards: gathered again
     attention = elt * (2 * q + 2 * kv) + 4 * heads
-    mlp = 4 * elt * F
+    mlp = 3 * elt * F  # gate, up, their SwiGLU product
     return norms + inputs + (attention + mlp) / tp
 
 

@@ -7,7 +7,8 @@ a small-memory GPU kind or of low TP degree fill up before the others. ``trim_re
 gives each stage of such a plan the least count ``k`` of its first layers to recompute
 (``:RC<k>`` in the strategy; ``hspmd.plan.strategy``) with which each of its ranks' peak
 (``hspmd.planner.memory.rank_memory``) stays within its device's memory less
-``PLAN_HEADROOM``; a stage that fits without any keeps everything.
+``PLAN_HEADROOM``; a stage that fits without any keeps everything (``:RC0``: every stage
+says its count where they differ, ``uniform_recompute``).
 
 >>> from hspmd.models.config import get_config
 >>> from hspmd.planner.cost import CostModel
@@ -15,9 +16,9 @@ gives each stage of such a plan the least count ``k`` of its first layers to rec
 >>> config, cost = get_config("llama-32b"), CostModel.of(load_cluster("h200x8"))
 >>> strategy = parse_strategy("8x1: R0-1:L0-14 R2-3:L15-29 R4-5:L30-44 R6-7:L45-59")
 >>> options = StrategyOptions(recompute=True, sequence_parallel=True, dtype="bf16")
->>> trimmed, plain = trim_recompute(strategy, config, cost, seq_len=16384, options=options)
->>> str(trimmed), plain.recompute
-('8x1: R0-1:L0-14:RC8 R2-3:L15-29:RC5 R4-5:L30-44 R6-7:L45-59', False)
+>>> trimmed, opts = trim_recompute(strategy, config, cost, seq_len=16384, options=options)
+>>> str(trimmed), opts.recompute
+('8x1: R0-1:L0-14:RC7 R2-3:L15-29:RC3 R4-5:L30-44:RC0 R6-7:L45-59:RC0', True)
 """
 
 from __future__ import annotations
@@ -25,7 +26,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hspmd.models.spec import ModelSpec
-from hspmd.plan.strategy import Stage, Strategy, StrategyOptions, parse_strategy  # noqa: F401
+from hspmd.plan.strategy import (  # noqa: F401
+    Stage,
+    Strategy,
+    StrategyOptions,
+    parse_strategy,
+    uniform_recompute,
+)
 from hspmd.planner.closed_form import PLAN_HEADROOM
 from hspmd.planner.cost import CostModel
 from hspmd.planner.memory import in_flight, layer_holders, rank_memory
@@ -38,8 +45,8 @@ def trim_recompute(
     options: StrategyOptions,
 ) -> tuple[Strategy, StrategyOptions]:  # fmt: skip
     """``strategy`` with each stage recomputing the fewest first layers that fit (module
-    docstring) and ``options`` without recompute; both unchanged where ``options`` does
-    not recompute, or where every stage needs all its recomputed layers."""
+    docstring) and its options (``uniform_recompute``); both unchanged where ``options``
+    does not recompute, or where every stage needs all its recomputed layers."""
     if not options.recompute:
         return strategy, options
     plain = replace(options, recompute=False, recompute_layers=0)
@@ -70,7 +77,7 @@ def trim_recompute(
         pipelines.append(replace(pipeline, stages=tuple(stages)))
     if not changed:
         return strategy, options
-    return Strategy(tuple(pipelines)), plain
+    return uniform_recompute(Strategy(tuple(pipelines)), plain)
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,7 +78,7 @@ NORMS = (F.layer_norm, F.group_norm, F.batch_norm, F.instance_norm) + (
     (F.rms_norm,) if hasattr(F, "rms_norm") else ()
 )
 CAUSAL = ("hspmd.attention", "causal_attention")  # hspmd's own, by name (the layering)
-RMS_NORM = ("hspmd.norms", "rms_norm")
+RMS_NORM = ("hspmd.ops", "rms_norm")
 COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all")
 PRE, POST = -1, -2  # parts that are not blocks
 

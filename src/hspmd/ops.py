@@ -1,17 +1,24 @@
-"""RMS norm that keeps its input and one reciprocal per row for backward, nothing more.
+"""The Llama's compute ops that keep less for backward than autograd's composition of them.
 
-Written with autograd's ops, ``weight * (x.float() * rsqrt(mean(x^2) + eps)).type_as(x)``
-keeps the input upcast to fp32 (``4H`` bytes a token, twice a bf16 input) and the
-normalized output (``eH``). ``rms_norm`` computes the same forward, keeps the input in its
-own dtype and the fp32 reciprocal (``eH + 4`` bytes a token), and computes the backward
-from them, as the fused norms of Apex and Megatron-LM do. For deduction
+``rms_norm``: written with autograd's ops, ``weight * (x.float() * rsqrt(mean(x^2) +
+eps)).type_as(x)`` keeps the input upcast to fp32 (``4H`` bytes a token, twice a bf16
+input) and the normalized output (``eH``). ``rms_norm`` computes the same forward, keeps
+the input in its own dtype and the fp32 reciprocal (``eH + 4`` bytes a token), and computes
+the backward from them, as the fused norms of Apex and Megatron-LM do. For deduction
 (``hspmd.deduce.layers``) it is ``F.rms_norm``: the same arguments, the same rule.
+
+``swiglu``: ``silu(gate) * up`` keeps gate, silu(gate) and up (``3F`` elements a token)
+written with autograd's ops; ``swiglu`` keeps gate and up and computes silu again in
+backward (``2F``), as Megatron-LM's fused bias-SwiGLU does. For deduction
+(``hspmd.deduce.pointwise``) it is a nonlinear pointwise op of its two inputs.
 
 >>> x = torch.randn(2, 3, 8, requires_grad=True)
 >>> w = torch.randn(8, requires_grad=True)
 >>> y = rms_norm(x, (8,), w, 1e-5)
 >>> plain = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
 >>> torch.allclose(y, plain, atol=1e-6)
+True
+>>> torch.equal(swiglu(x, x), torch.nn.functional.silu(x) * x)
 True
 """
 
@@ -20,8 +27,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
-__all__ = ["rms_norm"]
+__all__ = ["rms_norm", "swiglu"]
 
 
 def rms_norm(
@@ -69,3 +77,29 @@ class _RMSNorm(torch.autograd.Function):
 def _wide(x: torch.Tensor) -> torch.Tensor:
     """``x`` in fp32, or wider if it is (fp64 stays fp64)."""
     return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up``, keeping only ``gate`` and ``up`` for backward."""
+    out = _SwiGLU.apply(gate, up)
+    assert isinstance(out, torch.Tensor)
+    return out
+
+
+class _SwiGLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        gate, up = ctx.saved_tensors
+        g, wide = _wide(gate), _wide(grad)  # in fp32 (or wider), as autograd's silu backward
+        sig = torch.sigmoid(g)
+        grad_up = (wide * (g * sig)).to(up.dtype) if ctx.needs_input_grad[1] else None
+        grad_gate = None
+        if ctx.needs_input_grad[0]:
+            # silu'(g) = s (1 + g (1 - s)), s = sigmoid(g)
+            grad_gate = (wide * _wide(up) * (sig * (1 + g * (1 - sig)))).to(gate.dtype)
+        return grad_gate, grad_up

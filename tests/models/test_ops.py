@@ -1,11 +1,11 @@
-"""hspmd.norms.rms_norm: the Llama norm's values and gradients, keeping less."""
+"""hspmd.ops: the Llama norm's and SwiGLU's values and gradients, keeping less."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from hspmd.norms import rms_norm
+from hspmd.ops import rms_norm, swiglu
 
 
 def _plain(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -56,3 +56,33 @@ def test_keeps_the_input_and_one_reciprocal_per_row() -> None:
 def test_refuses_a_shape_other_than_the_last_dimension() -> None:
     with pytest.raises(ValueError, match="last dimension"):
         rms_norm(torch.randn(2, 3), (2, 3), torch.ones(3), 1e-5)
+
+
+def test_swiglu_gradients_are_the_derivative() -> None:
+    gate = torch.randn(3, 4, 5, dtype=torch.float64, requires_grad=True)
+    up = torch.randn(3, 4, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(swiglu, (gate, up))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swiglu_equals_the_autograd_composition_and_keeps_two_tensors(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(1)
+    gate0, up0, grad = (torch.randn(2, 9, 24, generator=g).to(dtype) for _ in range(3))
+    outs = []
+    for fn in (swiglu, lambda a, b: torch.nn.functional.silu(a) * b):
+        gate, up = gate0.clone().requires_grad_(), up0.clone().requires_grad_()
+        kept: dict[int, int] = {}
+
+        def pack(t: torch.Tensor, kept: dict[int, int] = kept) -> torch.Tensor:
+            kept[t.untyped_storage().data_ptr()] = t.numel()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = fn(gate, up)
+        y.backward(grad)
+        outs.append((y.detach(), gate.grad, up.grad, len(kept)))
+    (y1, gg1, gu1, k1), (y2, gg2, gu2, k2) = outs
+    assert torch.equal(y1, y2) and (k1, k2) == (2, 3)
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(gg1, gg2, **tol)
+    torch.testing.assert_close(gu1, gu2, **tol)
