@@ -4,12 +4,16 @@
 eps)).type_as(x)`` keeps the input upcast to fp32 (``4H`` bytes a token, twice a bf16
 input) and the normalized output (``eH``). ``rms_norm`` computes the same forward, keeps
 the input in its own dtype and the fp32 reciprocal (``eH + 4`` bytes a token), and computes
-the backward from them, as the fused norms of Apex and Megatron-LM do. For deduction
+the backward from them, as the fused norms of Apex and Megatron-LM do; its gradients are
+autograd's on the composition, bit for bit (the same ops in the same order; a model's
+gradients may still differ in the last bit, where autograd sums the three uses of an
+fp32 input, the norm's two and the residual's, in another order). For deduction
 (``hspmd.deduce.layers``) it is ``F.rms_norm``: the same arguments, the same rule.
 
 ``swiglu``: ``silu(gate) * up`` keeps gate, silu(gate) and up (``3F`` elements a token)
 written with autograd's ops; ``swiglu`` keeps gate and up and computes silu again in
-backward (``2F``), as Megatron-LM's fused bias-SwiGLU does. For deduction
+backward (``2F``), as Megatron-LM's fused bias-SwiGLU does; its gradients are autograd's,
+bit for bit (the same kernels), for one more elementwise pass over ``F``. For deduction
 (``hspmd.deduce.pointwise``) it is a nonlinear pointwise op of its two inputs.
 
 >>> x = torch.randn(2, 3, 8, requires_grad=True)
@@ -58,19 +62,18 @@ class _RMSNorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        # the ops autograd runs on the composition, in its order: the same bits
         x, weight, rstd = ctx.saved_tensors
         xf = _wide(x)
-        normed = xf * rstd
-        grad_weight = None
-        if ctx.needs_input_grad[1]:
-            rows = grad * normed.type_as(x)
-            grad_weight = rows.reshape(-1, rows.shape[-1]).sum(0).to(weight.dtype)
+        normed = (xf * rstd).type_as(x)
+        grad_weight = (grad * normed).sum_to_size(weight.shape) if ctx.needs_input_grad[1] else None
         grad_x = None
         if ctx.needs_input_grad[0]:
-            g = (grad * weight).to(xf.dtype)
-            # d/dx [x r] with r = (mean(x^2) + eps)^-1/2: r g - x r^3 mean(g x)
-            mean = (g * xf).mean(-1, keepdim=True)
-            grad_x = (rstd * g - xf * rstd.pow(3) * mean).to(x.dtype)
+            g = (grad * weight).to(xf.dtype)  # through type_as
+            grad_r = (g * xf).sum_to_size(rstd.shape)  # through xf * r
+            grad_mean = -0.5 * grad_r * rstd.pow(3)  # through rsqrt
+            grad_square = grad_mean.expand(xf.shape) / xf.shape[-1]  # through mean
+            grad_x = (g * rstd + grad_square * (2 * xf)).to(x.dtype)  # both paths to x
         return grad_x, grad_weight, None
 
 
@@ -95,11 +98,10 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         gate, up = ctx.saved_tensors
-        g, wide = _wide(gate), _wide(grad)  # in fp32 (or wider), as autograd's silu backward
-        sig = torch.sigmoid(g)
-        grad_up = (wide * (g * sig)).to(up.dtype) if ctx.needs_input_grad[1] else None
+        # the ops autograd runs on silu(gate) * up, silu recomputed: the same bits, and
+        # silu's own fused backward kernel
+        grad_up = grad * F.silu(gate) if ctx.needs_input_grad[1] else None
         grad_gate = None
         if ctx.needs_input_grad[0]:
-            # silu'(g) = s (1 + g (1 - s)), s = sigmoid(g)
-            grad_gate = (wide * _wide(up) * (sig * (1 + g * (1 - sig)))).to(gate.dtype)
+            grad_gate = torch.ops.aten.silu_backward(grad * up, gate)
         return grad_gate, grad_up

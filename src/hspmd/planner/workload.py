@@ -12,7 +12,8 @@ matmul          wq, wk, wv, wo, w_gate, w_up, w_down:        two matmuls of the 
                 ``2*n*H*q/t`` ... (FLOPs, one call each)     FLOPs each (dX and dW)
 attention       ``2*b*(heads/t)*s*s*head_dim`` (causal)      twice the FLOPs
 norm            2 RMS norms of ``n*H`` elements (bytes)       twice the bytes
-elementwise     RoPE, SwiGLU, 2 residual adds (bytes)        twice the bytes
+elementwise     RoPE, SwiGLU, 2 residual adds (bytes)        twice the bytes (SwiGLU
+                                                            thrice: silu again)
 TP collective   2 all-reduces of ``n*H`` elements            2 more
 ==============  ==========================================  =========================
 
@@ -153,6 +154,7 @@ def _layer(
     bwd += device.seconds("attention", 2 * attention)
     bwd += 2 * device.seconds("norm", 2 * norm_bytes)
     bwd += sum(device.seconds("elementwise", 2 * e) for e in elementwise)
+    bwd += device.seconds("elementwise", elementwise[1])  # SwiGLU's silu again (hspmd.ops)
     act = n * H * elt
     if sp:
         comm = 2 * (link.seconds("reduce-scatter", act, tp) + link.seconds("all-gather", act, tp))
