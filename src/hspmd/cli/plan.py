@@ -154,6 +154,8 @@ def _write(path: str, data: dict[str, Any]) -> None:
 def _flags(p: Plan | Any) -> str:
     o = p.options
     flags = [f"--{n}" for n, on in (("zero1", o.zero1), ("recompute", o.recompute)) if on]
+    if o.recompute and o.recompute_layers:
+        flags.append(f"--recompute-layers {o.recompute_layers}")
     if o.sequence_parallel:
         flags.append("--sequence-parallel")
     return " ".join(flags) or "(none)"
