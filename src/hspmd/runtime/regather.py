@@ -77,6 +77,9 @@ class _Source:
 
 @dataclass(eq=False, slots=True)
 class _Handle:
+    """What autograd keeps for one saved view of a noted output: its source and the
+    view's geometry on the gathered storage."""
+
     source: _Source
     size: tuple[int, ...]
     stride: tuple[int, ...]
