@@ -348,7 +348,7 @@ for line in sys.stdin:  # one window per line: "begin end"
 
 
 def _sharing_windows(counts: Sequence[int], *, threads: int, window_s: float) -> list[float]:
-    """Seconds per probe step for each ``k`` of ``counts``: the mean over the first ``k``
+    """Seconds per probe step for each ``k`` of ``counts``: the slowest of the first ``k``
     of ``max(counts)`` probe processes looping through one common window (all started,
     torch imported and warmed up before the first window)."""
     args = [sys.executable, "-c", _SPIN, str(threads)]
@@ -364,7 +364,7 @@ def _sharing_windows(counts: Sequence[int], *, threads: int, window_s: float) ->
             begin = time.time() + 0.05
             for p in procs[:k]:  # every process gets the window before any is read
                 _tell(p, f"{begin} {begin + window_s}\n")
-            out.append(statistics.mean(float(_readline(p)) for p in procs[:k]))
+            out.append(max(float(_readline(p)) for p in procs[:k]))
         return out
     finally:
         for p in procs:
@@ -387,9 +387,10 @@ def measure_core_sharing(
     """How many times longer a rank's work takes while ``k`` processes of ``threads``
     threads work at once, ``k = 1..most``: a miniature training step (forward, backward
     and Adam of an MLP block) looped by ``k`` processes through one common window of
-    ``window_s`` seconds, the mean time per step over the processes (what their
-    throughput is) against one process alone (the lower of two tries); never below the
-    factor of ``k - 1``; the first is 1."""
+    ``window_s`` seconds, the slowest process's time per step against one process alone
+    (the lower of two tries); never below the factor of ``k - 1``; the first is 1. The
+    slowest, not the mean: the scheduler does not share the cores evenly (the slowest of
+    4 processes on 2 cores ran 1.1-1.2x the mean), and ranks in lock-step wait for it."""
     counts = [1, 1, *range(2, most + 1)]
     seconds = _sharing_windows(counts, threads=threads, window_s=window_s)
     alone = min(seconds[:2])
