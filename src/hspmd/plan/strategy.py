@@ -279,15 +279,16 @@ def uniform_recompute(
     stages = [st for _, _, st in strategy.stages()]
     counts = [st.recomputed(options) for st in stages]
     top = max(counts, default=0)
-    plain = dataclasses.replace(options, recompute=False, recompute_layers=0)
-    if top and all(k == min(top, len(st.layers)) for k, st in zip(counts, stages, strict=True)):
+    alike = all(k == min(top, len(st.layers)) for k, st in zip(counts, stages, strict=True))
+    if not alike:  # stages differ: each says its own
+        out = dataclasses.replace(options, recompute=True, recompute_layers=0)
+        return _with_counts(strategy, lambda st: st.recomputed(options)), out
+    if top:
         whole = top >= max(len(st.layers) for st in stages)
-        plain = dataclasses.replace(options, recompute=True, recompute_layers=0 if whole else top)
-    elif top:  # stages differ: each says its own
-        before = options
-        options = dataclasses.replace(options, recompute=True, recompute_layers=0)
-        return _with_counts(strategy, lambda st: st.recomputed(before)), options
-    return _with_counts(strategy, lambda st: None), plain
+        out = dataclasses.replace(options, recompute=True, recompute_layers=0 if whole else top)
+    else:
+        out = dataclasses.replace(options, recompute=False, recompute_layers=0)
+    return _with_counts(strategy, lambda st: None), out
 
 
 def _with_counts(strategy: Strategy, count: Callable[[Stage], int | None]) -> Strategy:
