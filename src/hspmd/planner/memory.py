@@ -45,20 +45,24 @@ elements (``/t`` under sequence parallelism); the logits term is ``8*b*s*V``, di
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 
 from hspmd.models.config import LlamaConfig
 from hspmd.models.spec import ModelSpec
-from hspmd.plan.strategy import Strategy, StrategyOptions
+from hspmd.plan.strategy import Stage, Strategy, StrategyOptions
 from hspmd.planner.workload import figures, stage_params
 
 __all__ = [
     "OVERHEAD_BYTES",
     "RankMemory",
+    "StagePlace",
     "in_flight",
     "layer_holders",
     "llama_layer_bytes",
     "rank_memory",
+    "stage_memory",
+    "stage_places",
     "strategy_memory",
 ]
 
@@ -188,23 +192,55 @@ def layer_holders(strategy: Strategy, num_layers: int) -> list[int]:
     return holders
 
 
+@dataclass(frozen=True, slots=True)
+class StagePlace:
+    """What a stage's memory reads of its place in the strategy."""
+
+    first: bool
+    last: bool
+    in_flight: int  # micro-batches whose activations it holds at once
+    micro_batch_size: int
+    replicas: int  # pipelines holding its layers (ZeRO-1 shards over them)
+
+
+def stage_places(
+    strategy: Strategy, num_layers: int, schedule: str
+) -> Iterator[tuple[int, int, Stage, StagePlace]]:
+    """``(pipeline index, stage index, stage, place)`` for every stage."""
+    holders = layer_holders(strategy, num_layers)
+    for p, pipeline in enumerate(strategy.pipelines):
+        count = len(pipeline.stages)
+        for i, stage in enumerate(pipeline.stages):
+            yield p, i, stage, StagePlace(
+                first=i == 0, last=i == count - 1,
+                in_flight=in_flight(schedule, count, i, pipeline.num_micro_batches),
+                micro_batch_size=pipeline.micro_batch_size,
+                replicas=min((holders[layer] for layer in stage.layers), default=1),
+            )  # fmt: skip
+
+
+def stage_memory(
+    config: ModelSpec, stage: Stage, place: StagePlace, *, seq_len: int,
+    options: StrategyOptions, recomputed: int | None = None,
+) -> RankMemory:  # fmt: skip
+    """The memory of each rank of ``stage`` (its first rank's), recomputing ``recomputed``
+    of its first layers (default: as the stage and ``options`` say)."""
+    return rank_memory(
+        config, rank=stage.ranks[0], tp=stage.tp, num_layers=len(stage.layers),
+        first=place.first, last=place.last, in_flight_micro_batches=place.in_flight,
+        micro_batch_size=place.micro_batch_size, seq_len=seq_len, replicas=place.replicas,
+        options=options, cp=stage.cp,
+        recomputed=stage.recomputed(options) if recomputed is None else recomputed,
+    )  # fmt: skip
+
+
 def strategy_memory(
     strategy: Strategy, config: ModelSpec, *, seq_len: int, options: StrategyOptions,
 ) -> dict[int, RankMemory]:  # fmt: skip
-    """Every rank's memory under ``strategy``."""
-    holders = layer_holders(strategy, config.num_layers)
+    """Every rank's memory under ``strategy`` (the ranks of a stage alike)."""
     out: dict[int, RankMemory] = {}
-    for pipeline in strategy.pipelines:
-        count = len(pipeline.stages)
-        for i, stage in enumerate(pipeline.stages):
-            replicas = min((holders[layer] for layer in stage.layers), default=1)
-            flight = in_flight(options.schedule, count, i, pipeline.num_micro_batches)
-            for rank in stage.ranks:
-                out[rank] = rank_memory(
-                    config, rank=rank, tp=stage.tp, num_layers=len(stage.layers),
-                    first=i == 0, last=i == count - 1, in_flight_micro_batches=flight,
-                    micro_batch_size=pipeline.micro_batch_size, seq_len=seq_len,
-                    replicas=replicas, options=options, cp=stage.cp,
-                    recomputed=stage.recomputed(options),
-                )  # fmt: skip
+    for _, _, stage, place in stage_places(strategy, config.num_layers, options.schedule):
+        memory = stage_memory(config, stage, place, seq_len=seq_len, options=options)
+        for rank in stage.ranks:
+            out[rank] = replace(memory, rank=rank)
     return out

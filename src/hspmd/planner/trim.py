@@ -23,11 +23,10 @@ says its count where they differ, ``uniform_recompute``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import (  # noqa: F401
-    Stage,
     Strategy,
     StrategyOptions,
     parse_strategy,
@@ -35,7 +34,7 @@ from hspmd.plan.strategy import (  # noqa: F401
 )
 from hspmd.planner.closed_form import PLAN_HEADROOM
 from hspmd.planner.cost import CostModel
-from hspmd.planner.memory import in_flight, layer_holders, rank_memory
+from hspmd.planner.memory import stage_memory, stage_places
 
 __all__ = ["trim_recompute"]
 
@@ -50,52 +49,26 @@ def trim_recompute(
     if not options.recompute:
         return strategy, options
     plain = replace(options, recompute=False, recompute_layers=0)
-    holders = layer_holders(strategy, config.num_layers)
     cache: dict[tuple[object, ...], int] = {}
-    pipelines, changed = [], False
-    for pipeline in strategy.pipelines:
-        count, stages = len(pipeline.stages), []
-        for i, stage in enumerate(pipeline.stages):
-            before = stage.recomputed(options)
-            cap = min(cost.device_of(r).memory_bytes for r in stage.ranks) * (1 - PLAN_HEADROOM)
-            at = _Where(
-                first=i == 0, last=i == count - 1,
-                flight=in_flight(options.schedule, count, i, pipeline.num_micro_batches),
-                mbs=pipeline.micro_batch_size,
-                replicas=min(holders[layer] for layer in stage.layers),
+    counts: dict[tuple[int, int], int] = {}
+    for p, s, stage, place in stage_places(strategy, config.num_layers, options.schedule):
+        before = stage.recomputed(options)
+        cap = min(cost.device_of(r).memory_bytes for r in stage.ranks) * (1 - PLAN_HEADROOM)
+        key = (stage.tp, stage.cp, len(stage.layers), place, cap, before)
+        if key not in cache:  # stages alike in all their memory reads: one search
+            fits = (
+                k for k in range(len(stage.layers) + 1)
+                if stage_memory(config, stage, place, seq_len=seq_len, options=plain,
+                                recomputed=k).peak <= cap
             )  # fmt: skip
-            key = (stage.tp, stage.cp, len(stage.layers), at, cap, before)
-            if key not in cache:
-                fits = (
-                    k for k in range(len(stage.layers) + 1)
-                    if _peak(config, stage, at, seq_len, plain, k) <= cap
-                )  # fmt: skip
-                cache[key] = next(fits, before)
-            k = cache[key]
-            changed |= k != before
-            stages.append(replace(stage, recompute=k or None))
-        pipelines.append(replace(pipeline, stages=tuple(stages)))
-    if not changed:
+            cache[key] = next(fits, before)
+        counts[(p, s)] = cache[key]
+    if all(counts[(p, s)] == st.recomputed(options) for p, s, st in strategy.stages()):
         return strategy, options
-    return uniform_recompute(Strategy(tuple(pipelines)), plain)
-
-
-@dataclass(frozen=True, slots=True)
-class _Where:
-    """A stage's place in its pipeline, as its memory reads it."""
-
-    first: bool
-    last: bool
-    flight: int  # micro-batches in flight
-    mbs: int
-    replicas: int  # ZeRO-1's
-
-
-def _peak(
-    config: ModelSpec, stage: Stage, at: _Where, seq_len: int, options: StrategyOptions, k: int
-) -> float:
-    return rank_memory(
-        config, rank=stage.ranks[0], tp=stage.tp, num_layers=len(stage.layers), first=at.first,
-        last=at.last, in_flight_micro_batches=at.flight, micro_batch_size=at.mbs,
-        seq_len=seq_len, replicas=at.replicas, options=options, cp=stage.cp, recomputed=k,
-    ).peak  # fmt: skip
+    pipelines = tuple(
+        replace(pipe, stages=tuple(
+            replace(st, recompute=counts[(p, s)] or None) for s, st in enumerate(pipe.stages)
+        ))
+        for p, pipe in enumerate(strategy.pipelines)
+    )  # fmt: skip
+    return uniform_recompute(Strategy(pipelines), plain)

@@ -51,11 +51,10 @@ def bind_executable(exe: Executable, world: World) -> Executable:
                 "world.prepare_groups(executable_groups(strategy)) on every rank first"
             )
     markers = [m for m in exe.graph_module.modules() if isinstance(m, ReshardModule)]
-    regather = None
-    if any(regatherable(m.forward_plan, world.rank) for m in markers):
-        regather = exe.around = Regather(world)  # keep shards of gathered inputs, not the rows
+    gathers = [m for m in markers if regatherable(m.forward_plan, world.rank)]
+    regather = exe.around = Regather(world) if gathers else None  # keep the shards, not rows
     for module in markers:
-        module.runner = SizedReshard(world, regather)
+        module.runner = SizedReshard(world, regather if module in gathers else None)
     for loss in losses:
         loss.runner = functools.partial(vocab_parallel_cross_entropy, world=world)
     exe.graph_module.to(world.device)  # parameters stay the same objects (moved in place)
@@ -66,8 +65,8 @@ class SizedReshard:
     """A marker's runner: its plans, resolved at the maximum length, sized to the length of
     each call (``hspmd.comm.sizing``; the global shape read from the local input), then
     the autograd reshard. Sized plans are kept per shape (a handful of lengths). With
-    ``regather``, an all-gather's output is noted so that backward gathers it again
-    (``hspmd.runtime.regather``)."""
+    ``regather`` (a marker whose plan is ``regatherable``: sizing keeps its steps), each
+    output is noted so that backward gathers it again (``hspmd.runtime.regather``)."""
 
     def __init__(self, world: World, regather: Regather | None = None) -> None:
         self.world, self.regather = world, regather

@@ -103,8 +103,9 @@ class Regather:
         return self._hooks is not None
 
     def note(self, shard: torch.Tensor, out: torch.Tensor, plan: CommPlan) -> None:
-        """``out`` is ``plan``'s all-gather of ``shard`` (a no-op unless active)."""
-        if not self.active or out.numel() == 0 or not regatherable(plan, self.world.rank):
+        """``out`` is ``plan``'s all-gather of ``shard``, ``plan`` ``regatherable`` (the
+        caller checks it once per marker); a no-op unless active."""
+        if not self.active or out.numel() == 0:
             return
         storage = out.untyped_storage()
         source = _Source(shard.detach(), shard._version, plan, self.world)
