@@ -16,10 +16,11 @@ b. ``equal``: a 1-rank ``hspmd train`` of llama-tiny in fp32 on the GPU (nccl, w
    one on CPU; then one launch on the GPU of bf16 + ZeRO-1, a switch under the
    mixed-length mode's home layout, and a checkpoint saved and resumed, traced (each
    against the CPU reference).
-d. ``activations``: what one Llama block keeps for its backward on the device (bf16,
-   ``torch.cuda.memory_allocated`` after its forward less before, the graph kept), per
-   token, against the memory model's ``llama_layer_bytes``: Llama-2-7B's block and
-   Llama-3-70B's (grouped-query attention), 4096 tokens.
+d. ``activations``: what one Llama block keeps for its backward on the device (bf16),
+   per token, against the memory model's ``llama_layer_bytes``: each tensor autograd saves
+   (listed; views of one storage once), and ``torch.cuda.memory_allocated``'s growth over
+   a second block chained to the first (the first call also allocates one-time workspace);
+   Llama-2-7B's block and Llama-3-70B's (grouped-query attention), 4096 tokens.
 c. ``shapes``: 2 layers of Llama-2-7B's shapes (hidden 4096, 32 heads, intermediate 11008,
    vocabulary 32000) in bf16 with fp32 masters and Adam, sequence 4096, 4 micro-batches of
    1, on one rank: the median step time of the last steps and the rank's
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -530,8 +532,31 @@ BLOCKS_DRY = {
 }
 
 
+def _saved_storages(fn: Callable[[], Any]) -> tuple[Any, dict[int, tuple[int, str]]]:
+    """``fn()`` under saved-tensor hooks: its result, and per storage autograd keeps for the
+    backward its bytes and the first saved view's shape, dtype and strides (views of one
+    storage are counted once, as the allocator counts them)."""
+    import torch
+
+    storages: dict[int, tuple[int, str]] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in storages:
+            shape = "x".join(map(str, t.shape))
+            stride = ",".join(map(str, t.stride()))
+            storages[s.data_ptr()] = (s.nbytes(), f"{shape} {t.dtype} strides {stride}")
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        result = fn()
+    return result, storages
+
+
 def part_activations(data: dict[str, Any], out: Path, *, dry: bool) -> None:
-    """What one block keeps, measured by the allocator, against the memory model."""
+    """What one block keeps, measured by the allocator and by autograd's saved tensors,
+    against the memory model. The allocator's figure includes the block's output: the next
+    block's norm keeps it, as this block's norm keeps its input (allocated before)."""
     import torch
 
     from hspmd.models.config import get_config
@@ -547,22 +572,42 @@ def part_activations(data: dict[str, Any], out: Path, *, dry: bool) -> None:
         x = torch.randn(1, tokens, config.hidden_size, device=device, dtype=torch.bfloat16,
                         requires_grad=True)  # fmt: skip
         formula = llama_layer_bytes(config, 1, elt=2, sequence_parallel=False)
-        if dry:  # no allocator to read on CPU: the plumbing only
-            data[name] = {"formula_bytes_per_token": formula}
-            print(f"{name}: formula {formula:.0f} bytes a token (dry run: nothing measured)")
-            continue
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        y = block(x, cos, sin)
-        torch.cuda.synchronize()
-        kept = torch.cuda.memory_allocated() - before - y.numel() * y.element_size()
-        measured = kept / tokens
-        data[name] = {"formula_bytes_per_token": formula, "measured_bytes_per_token": measured,
-                      "formula_over_measured": formula / measured}  # fmt: skip
-        print(f"{name}: kept {measured:.0f} bytes a token (allocator, output excluded), "
-              f"memory model {formula:.0f}: model/measured {formula / measured:.3f}", flush=True)  # fmt: skip
+        if not dry:
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated()
+        y, storages = _saved_storages(functools.partial(block, x, cos, sin))
+        params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+        params |= {t.untyped_storage().data_ptr() for t in (cos, sin)}
+        saved = {k: v for k, v in storages.items() if k not in params}
+        saved_per_token = sum(b for b, _ in saved.values()) / tokens
+        for nbytes, what in sorted(saved.values(), reverse=True):
+            print(f"  saved: {nbytes / tokens:9.1f} bytes a token  {what}")
+        entry = {"formula_bytes_per_token": formula, "saved_bytes_per_token": saved_per_token,
+                 "formula_over_saved": formula / saved_per_token}  # fmt: skip
+        line = (f"{name}: autograd keeps {saved_per_token:.0f} bytes a token (input included), "
+                f"memory model {formula:.0f}: model/saved {formula / saved_per_token:.3f}")  # fmt: skip
+        if not dry:
+            torch.cuda.synchronize()
+            first = torch.cuda.memory_allocated()
+            z = block(y, cos, sin)  # a second block in a chain: one-time caches counted once
+            torch.cuda.synchronize()
+            measured = (torch.cuda.memory_allocated() - first) / tokens
+            print(
+                f"  allocator: first call {(first - before) / tokens:.0f} bytes a token, "
+                f"second {measured:.0f}"
+            )
+            del z
+            entry |= {
+                "measured_bytes_per_token": measured,
+                "formula_over_measured": formula / measured,
+            }
+            line += (f"; allocator {measured:.0f} (output included, input not): "
+                     f"model/measured {formula / measured:.3f}")  # fmt: skip
+        data[name] = entry
+        print(line, flush=True)
         del y, block, x
-        torch.cuda.empty_cache()
+        if not dry:
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
