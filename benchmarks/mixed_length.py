@@ -256,6 +256,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=8192, help="local: tokens a step")
     parser.add_argument("--local-steps", type=int, default=6, help="local: steps a run")
     parser.add_argument("--rounds", type=int, default=2, help="local: launches of the runs")
+    parser.add_argument("--memory-mb", type=float, default=4000, help="local: each rank's "
+                        "memory in the planners' cluster file (default 4000: one rank holds rows of up to "
+                        "2048 tokens, longer ones need CP or TP, as GPU memory makes them)")  # fmt: skip
     parser.add_argument("--profile", default=None, help="local: a profile of this machine "
                         "(hspmd profile --nproc 4); measured now if not given")  # fmt: skip
     args = parser.parse_args()
@@ -265,7 +268,7 @@ def main() -> None:
         from mixed_length_local import local_part
 
         local_part(max_len=args.max_len, tokens=args.tokens, steps=args.local_steps,
-                   rounds=args.rounds, profile=args.profile)  # fmt: skip
+                   rounds=args.rounds, profile=args.profile, memory_mb=args.memory_mb)  # fmt: skip
 
 
 def sim_part(steps: int, seed: int) -> None:

@@ -58,18 +58,23 @@ from hspmd.switch.cluster import load_cluster
 from hspmd.train.config import TrainConfig
 
 NPROC, MODEL = 4, "llama-small"
-OPTIONS = StrategyOptions(dtype="fp32")  # memory never binds here: no recompute, no SP
+OPTIONS = StrategyOptions(dtype="fp32")  # no recompute, no SP: every method the same
+# a rank's memory in the planners' cluster file (MB of 10^6 bytes, less 5% headroom, with
+# the memory model's assumed 3 GiB overhead): at 4000 one rank holds a row of at most 2048
+# tokens of llama-small, so longer documents need CP or TP, as on GPUs whose memory binds
+MEMORY_MB = 4000
 MIN_DOCS = 1  # documents a step at least: the same steps for every run
 
 
-def cost_model(directory: Path, profile: str | None) -> CostModel:
-    """4 local ranks of this machine's profile (measured now unless ``profile`` is given)."""
+def cost_model(directory: Path, profile: str | None, memory_mb: float = MEMORY_MB) -> CostModel:
+    """4 local ranks of this machine's profile (measured now unless ``profile`` is given),
+    each with ``memory_mb`` of memory (the planners keep under it; the processes do not)."""
     path = Path(profile) if profile else directory / "profile.json"
     if not profile:
         from hspmd.planner.measure import profile_machine
 
         path.write_text(profile_machine(quick=True, nproc=NPROC, dtype="fp32").to_json())
-    kind = {"memory_mb": 4000, "bf16_tflops": 1, "profile": str(path),
+    kind = {"memory_mb": memory_mb, "bf16_tflops": 1, "profile": str(path),
             "intra_link": {"name": "loopback", "GBps": 1}}  # fmt: skip
     cluster = {"format": "hspmd.cluster/1", "name": "local-4", "gpu_kinds": {"cpu": kind},
                "inter_link": {"name": "loopback", "GBps": 1},
@@ -141,12 +146,13 @@ def plans_file(plans: list[LengthStrategy], hist: Histogram, config: LlamaConfig
 
 
 def configs(
-    max_len: int, tokens: int, steps: int, directory: Path, profile: str | None
-) -> tuple[dict[str, TrainConfig], dict[str, Any]]:
+    max_len: int, tokens: int, steps: int, directory: Path, profile: str | None,
+    memory_mb: float = MEMORY_MB,
+) -> tuple[dict[str, TrainConfig], dict[str, Any]]:  # fmt: skip
     """The four runs and what was chosen for them (strategies, predicted seconds)."""
     config = get_config(MODEL, max_seq_len=max(max_len, 1024))
     overrides = (("max_seq_len", config.max_seq_len),)
-    cost = cost_model(directory, profile)
+    cost = cost_model(directory, profile, memory_mb)
     docs = [len(d) for d in split_documents(load_documents(None, max_bytes=DEFAULT_MAX_BYTES))]
     hist = Histogram.of(docs, max_len=max_len, smallest=max(1, max_len >> 6))
     t0 = time.perf_counter()
@@ -195,13 +201,13 @@ def step_seconds(result: Any) -> list[float]:
 
 
 def local_part(*, max_len: int = 4096, tokens: int = 8192, steps: int = 6, rounds: int = 2,
-               profile: str | None = None) -> dict[str, Any]:  # fmt: skip
+               profile: str | None = None, memory_mb: float = MEMORY_MB) -> dict[str, Any]:  # fmt: skip
     """The four runs, ``rounds`` launches of them in rotated order (the load of a shared
     machine drifts; each method's figure is the median of its per-launch means)."""
     from hspmd.train.trainer import train_many
 
     with tempfile.TemporaryDirectory() as tmp:
-        runs, chosen = configs(max_len, tokens, steps, Path(tmp), profile)
+        runs, chosen = configs(max_len, tokens, steps, Path(tmp), profile, memory_mb)
     load = os.getloadavg()[0]
     start = time.perf_counter()
     names = list(runs)
@@ -212,6 +218,7 @@ def local_part(*, max_len: int = 4096, tokens: int = 8192, steps: int = 6, round
                                 strict=True):  # fmt: skip
             per[name].append(result)
     out: dict[str, Any] = {"max_len": max_len, "tokens_per_step": tokens, "steps": steps,
+                           "memory_mb": memory_mb,
                            "rounds": rounds, "load_before_after": [load, os.getloadavg()[0]],
                            "wall_s": time.perf_counter() - start, "chosen": chosen,
                            "methods": {n: summary(per[n]) for n in names}}  # fmt: skip
