@@ -256,16 +256,20 @@ def _gap_work(device: torch.device) -> Callable[[], object]:
 
 
 def _collective_worker(
-    world: Any, ops: Sequence[str], sizes: Sequence[int], reps: int, groups: Sequence[int]
+    world: Any, ops: Sequence[str], sizes: Sequence[int], reps: int, groups: Sequence[int],
+    blocks: int = 1,
 ) -> list[tuple[str, int, int, float]]:
-    """On every rank: (op, group size, nbytes, the slowest rank's mean seconds per call)
-    per op, group size (ranks ``0..n-1``; the others wait) and size.
+    """On every rank: (op, group size, nbytes, seconds per call) per op, group size (ranks
+    ``0..n-1``; the others wait) and size: the median over ``blocks`` blocks of the slowest
+    rank's mean.
 
     Each call is timed as a training step uses it, between bits of compute: ``reps``
     rounds of (gap compute, call) back to back, less the gap compute alone. On shared CPU
     cores this costs 2-4x a call timed after a barrier (the peer arrives later, a blocked
     process waits for a core to wake it), and the mean keeps the slow calls a median
-    would drop."""
+    would drop. One block's mean still swings with a few slow wake-ups (the 4-rank
+    all-reduce's fixed cost read 5.4-8.0 ms in four profiles a minute apart); the median
+    of several blocks does not follow one unlucky block."""
     out = []
     wait = torch.cuda.synchronize if world.device.type == "cuda" else _nothing  # nccl: async
     for n in groups:
@@ -281,19 +285,22 @@ def _collective_worker(
                     gap()
                 wait()
                 gap_s = (time.perf_counter() - start) / reps
-                dist.barrier()  # the rounds start together (the barrier is not timed)
-                wait()
-                start = time.perf_counter()
-                for _ in range(reps):
-                    gap()
-                    call()
-                wait()
-                per_call = (time.perf_counter() - start) / reps - gap_s
-                seconds = torch.tensor(
-                    [max(per_call, 1e-6)], dtype=torch.float64, device=world.device
-                )
-                dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-                out.append((op, n, nbytes, float(seconds)))
+                means = []
+                for _ in range(blocks):
+                    dist.barrier()  # the rounds start together (the barrier is not timed)
+                    wait()
+                    start = time.perf_counter()
+                    for _ in range(reps):
+                        gap()
+                        call()
+                    wait()
+                    per_call = (time.perf_counter() - start) / reps - gap_s
+                    seconds = torch.tensor(
+                        [max(per_call, 1e-6)], dtype=torch.float64, device=world.device
+                    )
+                    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+                    means.append(float(seconds))
+                out.append((op, n, nbytes, statistics.median(means)))
     return out
 
 
@@ -308,9 +315,11 @@ def measure_collectives(
         raise ProfileError(f"nproc={nproc}: collectives need at least 2 processes")
     sizes_n = sorted({nproc, *(g for g in groups if 2 <= g < nproc)}, reverse=True)
     rounds = max(2 * reps, 12)  # means over rounds: the slow calls are part of the cost
+    blocks = 3 if reps >= 5 else 1  # the full profile: the median of three blocks' means
     results = launch(
-        _collective_worker, nproc, args=(tuple(ops), tuple(sizes), rounds, sizes_n), backend=backend
-    )
+        _collective_worker, nproc, args=(tuple(ops), tuple(sizes), rounds, sizes_n, blocks),
+        backend=backend,
+    )  # fmt: skip
     out: dict[int, list[Sample]] = {n: [] for n in sizes_n}
     for op, n, nbytes, s in results[0]:
         out[n].append(Sample(op, bus_bytes(op, nbytes, n), s))
