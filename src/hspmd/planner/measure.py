@@ -258,7 +258,7 @@ def _gap_work(device: torch.device) -> Callable[[], object]:
 def _collective_worker(
     world: Any, ops: Sequence[str], sizes: Sequence[int], reps: int, groups: Sequence[int],
     blocks: int = 1,
-) -> list[tuple[str, int, int, float]]:
+) -> list[tuple[str, int, int, float]]:  # fmt: skip
     """On every rank: (op, group size, nbytes, seconds per call) per op, group size (ranks
     ``0..n-1``; the others wait) and size: the median over ``blocks`` blocks of the slowest
     rank's mean.
