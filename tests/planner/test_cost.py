@@ -124,3 +124,39 @@ def test_emulated_nodes_on_one_host_share_one_pool(tmp_path: Path) -> None:
     path.write_text(json.dumps({**data, "one_host": "yes"}))
     with pytest.raises(ClusterError, match="'one_host' is 'yes'"):
         load_cluster(path)
+
+
+def test_a_shared_inter_link_is_split_among_the_flows_leaving_a_node(tmp_path: Path) -> None:
+    import json
+
+    from hspmd.switch.cluster import ClusterError
+
+    path = cluster_file(tmp_path / "c.json", fast=4, slow=0)  # 2 nodes of 2, 10 GB/s a GPU
+    per_gpu = CostModel.of(load_cluster(path))
+    data = json.loads(path.read_text())
+    data["inter_link"]["shared"] = True  # one 20 GB/s link a node, e.g. an emulated node's veth
+    path.write_text(json.dumps(data))
+    shared = CostModel.of(load_cluster(path))
+    ring = (0, 1, 2, 3)  # one flow leaves each node: the whole node's link
+    moved = 2 * 3 / 4 * 1e9  # ring all-reduce bytes per rank
+    assert per_gpu.collective("all-reduce", 1e9, ring) == pytest.approx(
+        moved / 10e9 + LINK_OVERHEAD_S
+    )
+    assert shared.collective("all-reduce", 1e9, ring) == pytest.approx(
+        moved / 20e9 + LINK_OVERHEAD_S
+    )
+    # two rings side by side (the TP shards of a gradient sync): two flows split it
+    assert shared.collective("all-reduce", 1e9, (0, 2), 2) == pytest.approx(
+        per_gpu.collective("all-reduce", 1e9, (0, 2), 2)
+    )
+    # (0, 2, 1, 3) crosses four times: two flows leave each node
+    assert shared.collective("all-reduce", 1e9, (0, 2, 1, 3)) == pytest.approx(
+        moved / 10e9 + LINK_OVERHEAD_S
+    )
+    assert shared.collective("all-reduce", 1e9, (0, 1)) == per_gpu.collective(
+        "all-reduce", 1e9, (0, 1)
+    )
+    data["inter_link"]["shared"] = "yes"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ClusterError, match="inter_link.shared is 'yes'"):
+        load_cluster(path)

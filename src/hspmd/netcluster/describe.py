@@ -4,14 +4,16 @@ Each node is one kind ``netns-cpu`` whose intra link is the namespace's loopback
 link is the node's veth through the bridge. The cluster format counts bandwidth per rank
 (one NIC per GPU), and the ``ranks_per_node`` ranks of a namespace share its one veth, so
 ``inter_link.GBps`` is the measured link rate over ``ranks_per_node`` (with
-``nic_per_rank``, each rank has its own veth: the measured rate itself); the measured
-figures themselves are kept under ``netcluster.measured``::
+``nic_per_rank``, each rank has its own veth: the measured rate itself), and the link is
+marked ``shared`` (one flow leaving a node may use the whole veth: the cost model splits it
+among the flows leaving at once); the measured figures themselves are kept under
+``netcluster.measured``::
 
     >>> from hspmd.netcluster.spec import NetSpec
     >>> spec = NetSpec(2, 2, 0.4)
     >>> data = cluster_json(spec, Measured(loopback_Bps=2e9, inter_Bps=4.8e7), memory_mb=1000)
     >>> data["inter_link"], data["gpu_kinds"]["netns-cpu"]["intra_link"]
-    ({'name': 'veth', 'GBps': 0.024}, {'name': 'loopback', 'GBps': 2.0})
+    ({'name': 'veth', 'GBps': 0.024, 'shared': True}, {'name': 'loopback', 'GBps': 2.0})
     >>> from hspmd.switch.cluster import cluster_from_json
     >>> str(cluster_from_json(data).topology().link(0, 2))
     'veth(0.024 GB/s)'
@@ -62,7 +64,8 @@ def cluster_json(spec: NetSpec, measured: Measured, *, memory_mb: float) -> dict
                 "intra_link": {"name": "loopback", "GBps": intra},
             }
         },
-        "inter_link": {"name": "veth", "GBps": inter},
+        "inter_link": {"name": "veth", "GBps": inter}
+        | ({} if spec.nic_per_rank else {"shared": True}),
         "nodes": [{"kind": KIND, "count": spec.num_nodes, "gpus_per_node": spec.ranks_per_node}],
         "one_host": True,  # the namespaces share this machine's cores
         "assumed": {
@@ -73,7 +76,8 @@ def cluster_json(spec: NetSpec, measured: Measured, *, memory_mb: float) -> dict
                 "the measured rate of one rank's own veth"
                 if spec.nic_per_rank
                 else f"the measured rate of one node's veth ({measured.inter_Bps / 1e9:.4f} "
-                f"GB/s) shared by its {spec.ranks_per_node} ranks"
+                f"GB/s) over its {spec.ranks_per_node} ranks; shared: one flow leaving the "
+                "node may use all of it"
             ),
         },
         "netcluster": {

@@ -36,7 +36,7 @@ slow each other down.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from hspmd.comm.topology import LOCAL, LinkClass, Topology
@@ -107,6 +107,18 @@ class LinkCost:
     source: str = ""
     by_size: Mapping[str, LinkFit] = field(default_factory=dict)  # measured group sizes
 
+    def faster(self, factor: float) -> LinkCost:
+        """This link with ``factor`` times its bandwidth (per-call costs unchanged)."""
+        if factor == 1.0:
+            return self
+        fits = {op: _scaled(f, factor) for op, f in self.fits.items()}
+        by_size = {
+            op: LinkFit(_scaled(f.fit, factor), f.group_size,
+                        tuple((n, _scaled(g, factor)) for n, g in f.groups))
+            for op, f in self.by_size.items()
+        }  # fmt: skip
+        return LinkCost(self.name, fits, f"{self.source}, x{factor:g} bandwidth", by_size)
+
     def seconds(self, op: str, nbytes: float, group_size: int) -> float:
         """``op`` on ``nbytes`` over ``group_size`` ranks: the fit measured over the nearest
         group size where the profile has several, else the one line."""
@@ -129,6 +141,7 @@ class CostModel:
     _kinds: tuple[str, ...] = field(default=(), repr=False)
     _topology: Topology = field(default_factory=Topology, repr=False)
     _nodes: tuple[int, ...] = field(default=(), repr=False)  # node index per rank
+    _node_size: tuple[int, ...] = field(default=(), repr=False)  # ranks per node index
 
     @staticmethod
     def of(cluster: Cluster, *, dtype: Dtype = "bf16") -> CostModel:
@@ -146,7 +159,8 @@ class CostModel:
         kinds = tuple(cluster.kind_of(r).name for r in range(cluster.num_ranks))
         topology = cluster.topology()
         nodes = tuple(topology.node_of(r) for r in range(cluster.num_ranks))
-        return CostModel(cluster, dtype, devices, links, kinds, topology, nodes)
+        sizes = tuple(len(n.ranks) for n in topology.nodes)
+        return CostModel(cluster, dtype, devices, links, kinds, topology, nodes, sizes)
 
     @property
     def num_ranks(self) -> int:
@@ -176,18 +190,33 @@ class CostModel:
             return self.links[self.cluster.inter_link.name]
         return self.links[self.cluster.kind(self._kinds[a]).intra_link.name]
 
-    def group_link(self, ranks: Sequence[int]) -> LinkCost:
-        """The slowest link a ring over ``ranks`` crosses (the inter-node one if it spans nodes)."""
+    def group_link(self, ranks: Sequence[int], concurrent: int = 1) -> LinkCost:
+        """The slowest link a ring over ``ranks`` crosses (the inter-node one if it spans
+        nodes), while ``concurrent`` such rings run side by side (the TP shards of one
+        gradient sync). On a shared inter link (``Cluster.shared_nic``) a node's link is
+        split among the ring flows leaving it: one flow may use the whole node's, more
+        split it; with a NIC per GPU each flow has its GPU's (the file's figure)."""
         if len(ranks) <= 1:
             return _FREE
-        nodes = {self.node_of(r) for r in ranks}
-        if len(nodes) > 1:
-            return self.links[self.cluster.inter_link.name]
-        return self.link_between(ranks[0], ranks[1])
+        nodes = [self.node_of(r) for r in ranks]
+        if len(set(nodes)) == 1:
+            return self.link_between(ranks[0], ranks[1])
+        link = self.links[self.cluster.inter_link.name]
+        if not self.cluster.shared_nic:
+            return link
+        leaving: dict[int, int] = {}
+        for a, b in zip(nodes, [*nodes[1:], nodes[0]], strict=True):
+            if a != b:
+                leaving[a] = leaving.get(a, 0) + concurrent
+        per_flow = min(self._node_size[n] / flows for n, flows in leaving.items())
+        return link.faster(per_flow)
 
-    def collective(self, op: str, nbytes: float, ranks: Sequence[int]) -> float:
-        """Seconds for ``op`` of a ``nbytes`` tensor over ``ranks``."""
-        return self.group_link(ranks).seconds(op, nbytes, len(ranks))
+    def collective(
+        self, op: str, nbytes: float, ranks: Sequence[int], concurrent: int = 1
+    ) -> float:
+        """Seconds for ``op`` of a ``nbytes`` tensor over ``ranks`` (``concurrent`` such
+        rings at once: ``group_link``)."""
+        return self.group_link(ranks, concurrent).seconds(op, nbytes, len(ranks))
 
     def send(self, nbytes: float, src: int, dst: int) -> float:
         return self.link_between(src, dst).seconds("send-recv", nbytes, 2)
@@ -265,6 +294,10 @@ def _device(kind: GpuKind, profile: Profile | None) -> DeviceCost:
     if kind.slowdown != 1.0:
         source += f", slowdown x{kind.slowdown:g}"
     return DeviceCost(kind.name, memory, fits, kind.slowdown, source)
+
+
+def _scaled(fit: Fit, factor: float) -> Fit:
+    return replace(fit, per_unit_s=fit.per_unit_s / factor)
 
 
 def _link(

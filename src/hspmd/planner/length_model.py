@@ -360,9 +360,10 @@ def sync_seconds(
     ]  # fmt: skip
     biggest = max(shards)
     ring = tuple(pipe.stages[0].ranks[0] for pipe in strategy.pipelines)
-    allreduce = cost.collective("all-reduce", 4 * biggest, ring) if len(ring) > 1 else 0.0
+    side = min(pipe.stages[0].tp for pipe in strategy.pipelines)  # rings side by side
+    allreduce = cost.collective("all-reduce", 4 * biggest, ring, side) if len(ring) > 1 else 0.0
     if zero1 and len(ring) > 1:  # reduce-scatter, Adam on the shard, all-gather bf16 weights
-        gather = cost.collective("all-gather", cost.element_bytes * biggest, ring)
+        gather = cost.collective("all-gather", cost.element_bytes * biggest, ring, side)
         shard = 4 * biggest / len(ring)
         return allreduce / 2 + gather + cost.device_of(0).seconds("optimizer", shard)
     return allreduce + cost.device_of(0).seconds("optimizer", 4 * biggest)

@@ -238,7 +238,7 @@ def _sync_tasks(
             pipe = strategy.pipelines[p]
             n = stage_params(config, len(stage.layers), stage.tp, first=s == 0,
                              last=s == len(pipe.stages) - 1)  # fmt: skip
-            seconds = cost.collective("all-reduce", n * grad_elt, stage.cp_groups[0])
+            seconds = cost.collective("all-reduce", n * grad_elt, stage.cp_groups[0], stage.tp)
             tid = f"cpsync p{p}s{s}"
             tasks.append(Task(tid, stage.ranks[0], "comm", seconds, category="comm",
                               deps=(last_b[(p, s)],), ranks=stage.ranks, label="CP grad sync"))  # fmt: skip
@@ -252,10 +252,10 @@ def _sync_tasks(
         ring = tuple(st.ranks[0] for st in stages)
         shard = seg.params / tmin * grad_elt
         if zero:
-            seconds = cost.collective("reduce-scatter", shard, ring)
+            seconds = cost.collective("reduce-scatter", shard, ring, tmin)
             gathers.append((seg, ranks, ring, tmin))
         else:
-            seconds = cost.collective("all-reduce", shard, ring)
+            seconds = cost.collective("all-reduce", shard, ring, tmin)
         tid = f"sync{seg.first}-{seg.last}"
         deps = tuple(last_b[h] for h in seg.holders)
         if overlap and not (zero and len({st.tp for st in stages}) > 1):
@@ -279,7 +279,7 @@ def _sync_tasks(
                           deps=deps, ranks=stage.ranks if len(stage.ranks) > 1 else (), label="Adam",
                           share=cost.share_of(stage.ranks[0]), weight=_busy(cost, stage.ranks)))  # fmt: skip
     for seg, ranks, ring, tmin in gathers:
-        seconds = cost.collective("all-gather", seg.params / tmin * weight_elt, ring)
+        seconds = cost.collective("all-gather", seg.params / tmin * weight_elt, ring, tmin)
         deps = tuple(f"adam p{p}s{s}" for p, s in seg.holders)
         tasks.append(Task(f"gather{seg.first}-{seg.last}", ranks[0], "comm", seconds, category="comm",
                           deps=deps, ranks=ranks if len(ranks) > 1 else (), label=f"gather L{seg.first}-{seg.last}"))  # fmt: skip

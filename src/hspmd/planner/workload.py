@@ -209,9 +209,9 @@ def stage_work(
             device, link, figures(config), num_layers, b=b, s=s, tp=tp, elt=elt, sp=sp,
             first=first, last=last, redo=redo, hidden=config.hidden_size,
         )  # fmt: skip
-    cp_link = cost.group_link(ranks[:cp])  # the first CP group (consecutive ranks)
+    cp_link = cost.group_link(ranks[:cp], tp)  # the first of tp CP groups (consecutive ranks)
     if cp > 1:
-        link = cost.group_link(ranks[::cp])  # the first TP group (every cp-th rank)
+        link = cost.group_link(ranks[::cp], cp)  # the first of cp TP groups (every cp-th rank)
         lf, lb, lc = _ulysses(device, (link, cp_link), config, n, b, s, tp, cp, elt)
     else:
         lf, lb, lc = _layer(device, link, config, n, b, s, tp, elt, sp)

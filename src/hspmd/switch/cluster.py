@@ -7,7 +7,10 @@ peak and its intra-node link (NVLink); every GPU has one NIC of the ``inter_link
 ``assumed`` names the figures that are not measured or published. ``"one_host": true`` says
 that every node of the file is emulated on one machine (network namespaces, fake nodes of
 local processes): their ranks share that machine's CPU cores (the planner's cost model
-puts them in one processor pool)::
+puts them in one processor pool). ``"shared": true`` on the inter link says that a node's
+GPUs share one link of ``GBps`` x ``gpus_per_node`` instead of having a NIC each (an
+emulated node's one veth): one flow leaving the node may use all of it, and the flows
+leaving it at once split it::
 
     {"format": "hspmd.cluster/1", "name": "two-nodes",
      "gpu_kinds": {"H20": {"memory_mb": 97871, "bf16_tflops": 148,
@@ -94,6 +97,7 @@ class Cluster:
     assumed: tuple[tuple[str, str], ...] = ()
     description: str = ""
     one_host: bool = False  # every node emulated on one machine: its ranks share its cores
+    shared_nic: bool = False  # inter_link.shared: a node's GPUs share one link between them
 
     @property
     def num_ranks(self) -> int:
@@ -189,14 +193,22 @@ def cluster_from_json(data: Any, *, origin: str = "<json>") -> Cluster:
             f"cluster file {origin}: 'one_host' is {one_host!r}: give true (every node emulated "
             "on one machine) or false"
         )
+    inter = _field(data, "inter_link", dict, origin)
+    shared = inter.get("shared", False)
+    if not isinstance(shared, bool):
+        raise ClusterError(
+            f"cluster file {origin}: inter_link.shared is {shared!r}: give true (a node's GPUs "
+            "share one link of GBps x gpus_per_node) or false (a NIC of GBps per GPU)"
+        )
     return Cluster(
         name=str(data.get("name", origin)),
         kinds=kinds,
         groups=groups,
-        inter_link=_link(_field(data, "inter_link", dict, origin), "inter_link", origin),
+        inter_link=_link(inter, "inter_link", origin),
         assumed=tuple((str(k), str(v)) for k, v in assumed.items()),
         description=str(data.get("description", "")),
         one_host=one_host,
+        shared_nic=shared,
     )
 
 
