@@ -107,8 +107,8 @@ class LinkCost:
     source: str = ""
     by_size: Mapping[str, LinkFit] = field(default_factory=dict)  # measured group sizes
 
-    def faster(self, factor: float) -> LinkCost:
-        """This link with ``factor`` times its bandwidth (per-call costs unchanged)."""
+    def scaled(self, factor: float) -> LinkCost:
+        """This link with its bandwidth times ``factor`` (per-call costs unchanged)."""
         if factor == 1.0:
             return self
         fits = {op: _scaled(f, factor) for op, f in self.fits.items()}
@@ -209,7 +209,7 @@ class CostModel:
             if a != b:
                 leaving[a] = leaving.get(a, 0) + concurrent
         per_flow = min(self._node_size[n] / flows for n, flows in leaving.items())
-        return link.faster(per_flow)
+        return link.scaled(per_flow)
 
     def collective(
         self, op: str, nbytes: float, ranks: Sequence[int], concurrent: int = 1
