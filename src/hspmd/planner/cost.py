@@ -141,7 +141,6 @@ class CostModel:
     _kinds: tuple[str, ...] = field(default=(), repr=False)
     _topology: Topology = field(default_factory=Topology, repr=False)
     _nodes: tuple[int, ...] = field(default=(), repr=False)  # node index per rank
-    _node_size: tuple[int, ...] = field(default=(), repr=False)  # ranks per node index
 
     @staticmethod
     def of(cluster: Cluster, *, dtype: Dtype = "bf16") -> CostModel:
@@ -159,8 +158,7 @@ class CostModel:
         kinds = tuple(cluster.kind_of(r).name for r in range(cluster.num_ranks))
         topology = cluster.topology()
         nodes = tuple(topology.node_of(r) for r in range(cluster.num_ranks))
-        sizes = tuple(len(n.ranks) for n in topology.nodes)
-        return CostModel(cluster, dtype, devices, links, kinds, topology, nodes, sizes)
+        return CostModel(cluster, dtype, devices, links, kinds, topology, nodes)
 
     @property
     def num_ranks(self) -> int:
@@ -208,7 +206,7 @@ class CostModel:
         for a, b in zip(nodes, [*nodes[1:], nodes[0]], strict=True):
             if a != b:
                 leaving[a] = leaving.get(a, 0) + concurrent
-        per_flow = min(self._node_size[n] / flows for n, flows in leaving.items())
+        per_flow = min(len(self._topology.nodes[n].ranks) / f for n, f in leaving.items())
         return link.scaled(per_flow)
 
     def collective(
