@@ -5,8 +5,9 @@ between nodes). C1 runs two TP4 x PP4 pipelines on R0-15 and R16-31. Rank 31 fai
 on R0-30. Every parameter's fp32 master and both Adam moments move from C1 to C2 (12 bytes
 per parameter, moved as one tensor per parameter); the failed rank owns nothing.
 
-Assumed figures: NVLink 900 GB/s per GPU (Table 7, H20); one 400 Gb/s (50 GB/s) InfiniBand
-NIC per GPU (not given in the paper). Time model: ``hspmd.comm.traffic``.
+Assumed figures: NVLink 450 GB/s per GPU in one direction (Table 7's 900 GB/s for the H20 is
+NVIDIA's total of both directions); one 400 Gb/s (50 GB/s) InfiniBand NIC per GPU (not given
+in the paper). Time model: ``hspmd.comm.traffic``.
 
     .venv/bin/python benchmarks/bsr_reconfig.py            # the table, then one JSON line
     .venv/bin/python benchmarks/bsr_reconfig.py --all-ranks # every rank, not only senders
@@ -25,7 +26,7 @@ import time
 
 from hspmd.comm.bsr import BsrTable, messages
 from hspmd.comm.resolve import _resolve, resolve
-from hspmd.comm.topology import LinkClass, Topology
+from hspmd.comm.topology import NVLINK, LinkClass, Topology
 from hspmd.comm.traffic import Estimate
 from hspmd.models import get_config
 from hspmd.plan.params import parameter_annotations, state_annotations
@@ -99,7 +100,7 @@ def main() -> None:
     topology = Topology.uniform_nodes(
         32,
         ranks_per_node=8,
-        intra=LinkClass("nvlink", 900e9),
+        intra=NVLINK,
         inter=LinkClass("ib", args.ib_gbps / 8 * 1e9),
     )
     start = time.perf_counter()

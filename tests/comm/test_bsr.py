@@ -101,4 +101,5 @@ def test_estimate_and_relay_spread_a_single_owner() -> None:
     relayed = estimate(stages, topology=topo, itemsizes={0: 4})
     assert relayed.total("ib") == plain.total("ib")
     assert len({t.src for t in stages[1]}) == 7  # every live NIC of node 0
-    assert relayed.time < plain.time / 3
+    # a seventh of the bytes per NIC, plus the NVLink hops on both sides (450 GB/s each way)
+    assert relayed.time < plain.time / 2.5

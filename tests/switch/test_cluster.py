@@ -20,7 +20,7 @@ def test_shipped_clusters() -> None:
     assert any(field.startswith("inter_link") for field, _ in hetero.assumed)
     topo = hetero.topology()
     assert len(topo.nodes) == 6 and topo.nodes[2].ranks == tuple(range(16, 24))
-    assert topo.bandwidth(0, 7) == 400e9 and topo.bandwidth(16, 23) == 900e9
+    assert topo.bandwidth(0, 7) == 200e9 and topo.bandwidth(16, 23) == 450e9
     assert topo.link(7, 8).name == "ib" and topo.bandwidth(15, 16) == 50e9
     assert load_cluster("h20x32").num_ranks == 32
 

@@ -38,7 +38,9 @@ class LinkClass:
         return f"{self.name}({self.bandwidth / 1e9:g} GB/s)"
 
 
-NVLINK = LinkClass("nvlink", 900e9)
+# Per GPU in one direction: NVLink 4's 900 GB/s (H100, H200, H20) is the total of both
+# directions; one 400 Gb/s InfiniBand NIC per GPU.
+NVLINK = LinkClass("nvlink", 450e9)
 INFINIBAND = LinkClass("ib", 50e9)
 FLAT = LinkClass("link", 1.0)
 

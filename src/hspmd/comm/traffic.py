@@ -15,10 +15,10 @@ full-bisection fabric), so contention inside a switch is not modelled.
     >>> from hspmd.comm.plan import Transfer
     >>> from hspmd.comm.topology import LinkClass, Topology
     >>> topo = Topology.uniform_nodes(16, ranks_per_node=8)
-    >>> est = estimate([[Transfer(0, 8, ((0, 50),)), Transfer(0, 1, ((0, 900),))]], topology=topo,
+    >>> est = estimate([[Transfer(0, 8, ((0, 50),)), Transfer(0, 1, ((0, 450),))]], topology=topo,
     ...                itemsizes={0: 1_000_000_000})
     >>> est.sent[0], round(est.time, 3)
-    ({'ib': 50000000000.0, 'nvlink': 900000000000.0}, 2.0)
+    ({'ib': 50000000000.0, 'nvlink': 450000000000.0}, 2.0)
 """
 
 from __future__ import annotations

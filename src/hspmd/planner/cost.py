@@ -29,8 +29,8 @@ slow each other down.
 >>> model = CostModel.of(load_cluster("hetu-h800-h20"))
 >>> round(model.device("H800").seconds("matmul", 1e15), 3)  # 1 PFLOP at 495 TFLOPS
 2.02
->>> round(model.collective("all-reduce", 1e9, (0, 1)) * 1e3, 2)  # 1 GB over 2 H800s, NVLink
-1.13
+>>> round(model.collective("all-reduce", 1e9, (0, 1)) * 1e3, 2)  # 1 GB, 2 H800s, 200 GB/s
+2.24
 """
 
 from __future__ import annotations

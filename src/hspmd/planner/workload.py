@@ -239,7 +239,9 @@ def stage_work(
         bwd += 2 * device.seconds("elementwise", logits)
         # vocab-parallel cross-entropy: max and sum over the vocabulary shards
         fwd_comm += 2 * link.seconds("all-reduce", n * 4, tp)
-        bwd_comm += link.seconds("all-reduce", n * H * elt, tp)  # dX of the split head
+        # dX of the split head: summed over the TP group, and scattered back to the
+        # sequence shards under sequence parallelism (the backward of head_in's gather)
+        bwd_comm += link.seconds("reduce-scatter" if sp else "all-reduce", n * H * elt, tp)
     comm = fwd_comm + bwd_comm
     return StageWork(fwd + fwd_comm, bwd + bwd_comm, comm, n * H * elt / cp, fwd_comm)
 

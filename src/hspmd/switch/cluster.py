@@ -3,7 +3,9 @@
 A cluster is a list of node groups (``count`` nodes of ``gpus_per_node`` GPUs of one kind),
 ranks numbered node by node in the order listed. Each GPU kind has its memory, its bf16
 peak and its intra-node link (NVLink); every GPU has one NIC of the ``inter_link`` class
-(InfiniBand). Bandwidths are GB/s (1e9 bytes per second) per GPU in one direction.
+(InfiniBand). Bandwidths are GB/s (1e9 bytes per second) per GPU in one direction: NVIDIA
+quotes NVLink as the total over both directions (H100 and H20 900 GB/s), so its file figure
+is half of that.
 ``assumed`` names the figures that are not measured or published. ``"one_host": true`` says
 that every node of the file is emulated on one machine (network namespaces, fake nodes of
 local processes): their ranks share that machine's CPU cores (the planner's cost model
@@ -14,7 +16,7 @@ leaving it at once split it::
 
     {"format": "hspmd.cluster/1", "name": "two-nodes",
      "gpu_kinds": {"H20": {"memory_mb": 97871, "bf16_tflops": 148,
-                           "intra_link": {"name": "nvlink", "GBps": 900}}},
+                           "intra_link": {"name": "nvlink", "GBps": 450}}},
      "inter_link": {"name": "ib", "GBps": 50},
      "nodes": [{"kind": "H20", "count": 2, "gpus_per_node": 8}],
      "assumed": {"inter_link.GBps": "one 400 Gb/s NIC per GPU"}}
@@ -27,7 +29,7 @@ Two files ship with the package (``load_cluster(name)``): ``hetu-h800-h20`` (the
     (48, 'H800', 'H20')
     >>> topo = cluster.topology()
     >>> str(topo.link(0, 1)), str(topo.link(16, 17)), str(topo.link(0, 16))
-    ('nvlink(400 GB/s)', 'nvlink(900 GB/s)', 'ib(50 GB/s)')
+    ('nvlink(200 GB/s)', 'nvlink(450 GB/s)', 'ib(50 GB/s)')
 """
 
 from __future__ import annotations
@@ -243,7 +245,7 @@ def _kind(name: str, spec: Any, origin: str) -> GpuKind:
     if not isinstance(spec, dict) or not isinstance(spec.get("intra_link"), dict):
         raise ClusterError(
             f"cluster file {origin}: {where} needs memory_mb, bf16_tflops and intra_link "
-            '{"name": "nvlink", "GBps": 900}'
+            '{"name": "nvlink", "GBps": 450}'
         )
     profile = spec.get("profile")
     if profile is not None:
