@@ -164,3 +164,17 @@ def test_docs_mention_every_flag_of_every_command() -> None:
                 assert re.search(re.escape(option) + r"(?![\w-])", text), (
                     f"docs/cli.md's `hspmd {name}` section does not mention {option}"
                 )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["bogus"], ["train", "--long-docs", "maybe"], ["netcluster", "up", "--nodes", "2"], []],
+)
+def test_usage_errors_are_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from hspmd.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "error:" in err and "--help" in err and len(err.splitlines()) == 1, err

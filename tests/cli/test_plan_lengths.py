@@ -45,6 +45,7 @@ def test_plan_data_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixtu
         ([*base, "--data", str(tmp_path / "missing.txt")], "does not exist"),
         (["plan", "--data", str(empty)], "needs --max-seq-len"),
         (base, "needs --model and --cluster and --global-batch (or --data)"),
+        ([*base, "--data", str(empty), "--strategies", "0"], "--strategies 0"),
     ]
     for argv, message in cases:
         assert main(argv) == 2, argv

@@ -95,6 +95,9 @@ def test_bad_plans_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         ([*base, "--plans", str(empty)], "not JSON"),
         ([*base, "--plans", str(old)], "this hspmd reads version 1"),
         ([*base, "--plans", str(plans), "--strategy", SHORT], "drop --strategy"),
+        # zero is a value, not "take the plans file's": refused, never trained on
+        ([*base, "--plans", str(plans), "--max-seq-len", "0"], "--max-seq-len 0"),
+        ([*base, "--plans", str(plans), "--tokens-per-step", "0"], "--tokens-per-step 0"),
     ]
     for argv, message in cases:
         assert main(argv) == 2, argv

@@ -64,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
             f"--max-seq-len {args.max_seq_len}, --tokens-per-step {args.tokens_per_step}: give "
             "a positive maximum and at least that many tokens a step"
         )
+    if args.strategies < 1:
+        raise LengthPlanError(f"--strategies {args.strategies}: plan at least 1 maximum length")
     model = args.model or "llama-tiny"
     config = get_config(model)
     if args.cluster:

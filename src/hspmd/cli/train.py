@@ -113,8 +113,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         from hspmd.cli.plan_lengths import apply_plans, read_plans_file
 
         plans, data = read_plans_file(args.plans)
-        step_tokens = step_tokens or int(data["tokens_per_step"])
-        max_seq_len = max_seq_len or int(data["max_len"])
+        step_tokens = int(data["tokens_per_step"]) if step_tokens is None else step_tokens
+        max_seq_len = int(data["max_len"]) if max_seq_len is None else max_seq_len
+    if max_seq_len is not None and max_seq_len < 1:
+        raise TrainError(f"--max-seq-len {max_seq_len}: give the longest document in tokens (>= 1)")
     if max_seq_len is not None and step_tokens is None:
         raise TrainError(
             f"--max-seq-len {max_seq_len} needs --tokens-per-step N (variable-length steps); "
