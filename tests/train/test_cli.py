@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -32,6 +33,19 @@ def test_reference_json_prints_one_object_per_step(capsys: pytest.CaptureFixture
 def test_bad_strategy_is_refused_before_processes() -> None:
     args = parse("train", "--strategy", "2x2: R0:L0-1; 4x1: R1:L0-3", "--global-batch", "8")
     with pytest.raises(StrategyError, match="layer"):
+        args.func(args)
+
+
+def test_unusable_save_folder_and_lr_are_refused_before_processes(tmp_path: Path) -> None:
+    from hspmd.train.config import TrainError
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a file where the folder would go
+    args = parse("train", "--strategy", "1x1: R0:L0-3", "--save", str(blocker / "ckpt"))
+    with pytest.raises(TrainError, match="cannot write there"):
+        args.func(args)
+    args = parse("train", "--strategy", "1x1: R0:L0-3", "--lr", "-1")
+    with pytest.raises(TrainError, match="learning rate"):
         args.func(args)
 
 

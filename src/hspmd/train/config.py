@@ -40,6 +40,10 @@ class AdamConfig:
     eps: float = 1e-8
     weight_decay: float = 0.0
 
+    def __post_init__(self) -> None:
+        if not self.lr >= 0:  # also NaN
+            raise TrainError(f"--lr {self.lr}: give a learning rate of at least 0, e.g. 1e-4")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainConfig:

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing as mp
+import tempfile
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -80,6 +82,8 @@ def check_config(config: TrainConfig) -> Strategy:
             f"0..{len(used) - 1}): drop them or pick ranks of the strategy"
         )
     _check_elastic(config, strategy, used)
+    if config.save:
+        _check_writable(config.save)
     if config.length_plans is not None:  # the data and the first step's choice, up front
         next(planned_steps(dataclasses.replace(config, steps=1)), None)
     elif config.packed:  # the data and the first step's dispatch, before any process starts
@@ -92,6 +96,20 @@ def check_config(config: TrainConfig) -> Strategy:
             )
         next(packed_steps(config, strategy), None)
     return strategy
+
+
+def _check_writable(folder: str) -> None:
+    """``--save`` must take files before the run spends any time: a checkpoint that fails
+    after the steps loses them."""
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".hspmd-probe-"):
+            pass
+    except OSError as error:
+        raise TrainError(
+            f"--save {folder!r}: cannot write there ({error.strerror or error}): give a "
+            "writable folder"
+        ) from None
 
 
 def _check_elastic(config: TrainConfig, strategy: Strategy, used: list[int]) -> None:
