@@ -10,6 +10,7 @@ import torch
 
 from hspmd.annotation import parse_annotation as A
 from hspmd.comm.plan import CommPlan
+from hspmd.specialize.grad_sync import StageGradSync
 from hspmd.train.config import AdamConfig, TrainConfig
 from hspmd.train.overlap import GradOverlap
 from hspmd.train.sync import SyncItem
@@ -24,8 +25,8 @@ def _item(name: str) -> SyncItem:
     return SyncItem((name,), CommPlan(A("[0]{}"), A("[0]{}"), (2,), ()), False)
 
 
-def _overlap(deferred: frozenset[str] = frozenset()) -> tuple[GradOverlap, list[str], dict]:
-    params = {n: torch.ones(2, requires_grad=True) for n in "abc"}
+def _overlap(stage: tuple[StageGradSync, ...] = ()) -> tuple[GradOverlap, list[str], dict]:
+    params = {n: torch.ones(2, requires_grad=True) for n in "abcx"}  # x: in no item
     order: list[str] = []
 
     def local(item: SyncItem) -> torch.Tensor:
@@ -35,7 +36,7 @@ def _overlap(deferred: frozenset[str] = frozenset()) -> tuple[GradOverlap, list[
         return grad
 
     items = [_item("c"), _item("b"), _item("a")]  # static order
-    overlap = GradOverlap(items, params, _OneRank(), local=local, deferred=deferred)
+    overlap = GradOverlap(items, params, _OneRank(), local=local, stage_sync=stage)
     return overlap, order, params
 
 
@@ -53,13 +54,26 @@ def test_items_are_issued_in_static_order_as_they_complete() -> None:
     assert overlap.issued == 0 and not overlap.armed  # ready for the next step
 
 
-def test_deferred_items_wait_for_finish() -> None:
-    overlap, order, p = _overlap(frozenset({"b"}))
+def test_partial_gradients_are_summed_in_the_stage_just_before_their_item(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stage bucket over b, a and a name no item holds (x): b's and a's parts run right
+    before their items, during backward; x's in finish."""
+    import hspmd.train.overlap as overlap_module
+
+    bucket = StageGradSync(("b", "x", "a"), CommPlan(A("[0]{}"), A("[0]{}"), (6,), ()))
+    overlap, order, p = _overlap((bucket,))
+    monkeypatch.setattr(
+        overlap_module, "run_stage_grad_sync",
+        lambda syncs, params, world: order.extend(f"stage {n}" for s in syncs for n in s.names),
+    )  # fmt: skip
     overlap.arm()
     (p["a"] + p["b"] + p["c"]).sum().backward()
-    assert order == ["c"]  # b stays for finish, and a behind it
+    assert order == ["c", "stage b", "b", "stage a", "a"]  # all issued during backward
     overlap.finish()
-    assert order == ["c", "b", "a"]
+    assert order[5:] == ["stage x"]
+    assert [[s.names for s in pre] for pre in overlap.pre] == [[], [("b",)], [("a",)]]
+    assert [s.plan.shape for s in overlap.pre[1]] == [(2,)]  # the bucket cut to b's size
 
 
 def test_without_arm_everything_runs_in_finish() -> None:
@@ -87,7 +101,7 @@ CASES = {
         "1x2: R0-1:L0-1; 2x1: R2:L0-1",
         {"zero1": True},
     ),
-    "SP + bf16, TP differs per pipeline (deferred)": (
+    "SP + bf16, TP differs per pipeline (norm weights summed in the stage first)": (
         "2x1: R0-1:L0-1; 1x2: R2:L0 R3:L1",
         {"sequence_parallel": True, "dtype": "bf16"},
     ),

@@ -29,6 +29,7 @@ from hspmd.runtime.executable import bind_executable
 from hspmd.runtime.world import World
 from hspmd.specialize.boundary import BoundaryPlans, boundary_plans
 from hspmd.specialize.executable import Executable, build_executable
+from hspmd.specialize.grad_sync import StageGradSync
 from hspmd.switch.weights import plan_weight_switch, run_weight_switch
 from hspmd.train.config import TrainConfig
 from hspmd.train.home import HomePost, HomeState, home_post
@@ -115,15 +116,15 @@ def _plan_recompute(plans: str) -> dict[str, tuple[bool, int]]:
 
 def _post(
     config: TrainConfig, params: dict[str, torch.Tensor], sync: tuple[SyncItem, ...],
-    zero: dict[str, ZeroItem], world: World, *, deferred: frozenset[str],
+    zero: dict[str, ZeroItem], world: World, *, stage_sync: tuple[StageGradSync, ...],
 ) -> Post:  # fmt: skip
     if zero:
         model = config.model_config()
         return ZeroOne(zero, params, config=model, seed=config.seed, adam=config.adam,
-                       world=world, deferred=deferred)  # fmt: skip
+                       world=world, stage_sync=stage_sync)  # fmt: skip
     if config.dtype == "bf16":
-        return MixedPost(params, sync, adam=config.adam, world=world, deferred=deferred)
-    return PlainPost(params, sync, adam=config.adam, world=world, deferred=deferred)
+        return MixedPost(params, sync, adam=config.adam, world=world, stage_sync=stage_sync)
+    return PlainPost(params, sync, adam=config.adam, world=world, stage_sync=stage_sync)
 
 
 def activate(
@@ -147,7 +148,8 @@ def activate(
     if built is not None and key in built.by_layout:
         exe, plans = built.by_layout[key]
         built.reused += 1
-        reused = home_post(world, config, layout.strategy, exe.params, home=home)
+        reused = home_post(world, config, layout.strategy, exe.params, home=home,
+                           stage_sync=exe.grad_sync)  # fmt: skip
         return Active(text, layout, role, exe, plans, reused, built)
     sync = (
         ()
@@ -169,11 +171,10 @@ def activate(
     if built is not None:
         built.by_layout[key] = (exe, plans)
     if config.switch_mode == "weights":
-        post = home_post(world, config, layout.strategy, exe.params, home=home)
-    else:
-        # gradients still partial inside the stage after B (sequence parallel norm weights)
-        deferred = frozenset(name for item in exe.grad_sync for name in item.names)
-        post = _post(config, exe.params, sync, zero, world, deferred=deferred)
+        post = home_post(world, config, layout.strategy, exe.params, home=home,
+                         stage_sync=exe.grad_sync)  # fmt: skip
+    else:  # Post also sums the gradients still partial inside the stage (SP norm weights)
+        post = _post(config, exe.params, sync, zero, world, stage_sync=exe.grad_sync)
     return Active(text, layout, role, exe, plans, post, built)
 
 

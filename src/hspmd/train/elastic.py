@@ -4,7 +4,7 @@ The loop of ``hspmd.train.loop`` with a commit point and a recovery (``--resume`
 step after the newest checkpoint, loaded onto the first strategy). Every step::
 
     forward, backward        run_step (tensor-parallel and boundary waits are watched)
-    sync                     sync_grads, post.finish_sync(); the pipeline's loss -> store
+    sync                     post.finish_sync(); the pipeline's loss -> store
     commit                   store counter commit/G/S += 1; wait until every rank of G is in
     optimizer                post.apply() (local); the loss = the reporters' sum (store)
     save                     every --save-every steps
@@ -46,7 +46,6 @@ from hspmd.errors import HspmdError
 from hspmd.plan.strategy import check_strategy, parse_strategy
 from hspmd.planner.elastic import replan
 from hspmd.planner.local import local_cost
-from hspmd.runtime.executable import sync_grads
 from hspmd.runtime.members import key, read_death
 from hspmd.runtime.watch import POLL_S, PeerFailure, Watch, regroup
 from hspmd.runtime.world import World
@@ -217,7 +216,6 @@ def _step(run: _Run, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
             slow=slowdown_of(config.slowdown, member), on_action=phase,
         )  # fmt: skip
         phase("sync")
-        sync_grads(exe, world)
         cast(SplitPost, post).finish_sync()
         if world.rank in _reporters(active):
             run.store(lambda s: s.set(key("loss", run.gen, step, world.rank), repr(value)))

@@ -44,9 +44,11 @@ from hspmd.models.build import initial_parameter
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import ParamSpec, parameter_annotations
 from hspmd.plan.strategy import Strategy, parse_strategy
+from hspmd.runtime.executable import run_stage_grad_sync
 from hspmd.runtime.execute import run_plan
 from hspmd.runtime.fused import FusedTensor, run_fused_bsr
 from hspmd.runtime.world import World
+from hspmd.specialize.grad_sync import StageGradSync
 from hspmd.specialize.localize import local_slice
 from hspmd.switch.live import TrainState
 from hspmd.train.config import AdamConfig, TrainConfig
@@ -161,10 +163,11 @@ class HomePost:
 
     def __init__(
         self, home: HomeState, params: dict[str, torch.Tensor], plan: HomePlan, *,
-        dtype: torch.dtype, world: World,
+        dtype: torch.dtype, world: World, stage_sync: tuple[StageGradSync, ...] = (),
     ) -> None:  # fmt: skip
         self.home, self.params, self.plan, self.world = home, params, plan, world
         self.dtype = dtype  # of the compute weights (an idle rank casts its shards to it)
+        self.stage_sync = stage_sync  # partial gradients inside the stage (SP norm weights)
 
     def arm(self) -> None:
         """No overlap here yet: the sync runs in ``step``, after the last backward."""
@@ -172,6 +175,8 @@ class HomePost:
     @torch.no_grad()
     def step(self) -> None:
         """Sync grads, move them to home, Adam on home, move the new weights back."""
+        if self.stage_sync:
+            run_stage_grad_sync(self.stage_sync, self.params, self.world)
         grads = {n: grad_of(p, n).float() for n, p in self.params.items()}
         _sync(self.plan.sync, grads, self.world)
         local = {i: grads[n] for i, n in enumerate(self.plan.names) if n in grads}
@@ -234,7 +239,7 @@ def run_ranks(config: TrainConfig) -> int:
 
 def home_post(
     world: World, config: TrainConfig, strategy: Strategy, params: dict[str, torch.Tensor],
-    *, home: HomeState | None = None,
+    *, home: HomeState | None = None, stage_sync: tuple[StageGradSync, ...] = (),
 ) -> HomePost | None:  # fmt: skip
     """This rank's Post under ``strategy`` in the mixed-length mode, keeping ``home`` (a new
     one from the seed when None); None on a rank outside the run (a larger launch)."""
@@ -249,7 +254,7 @@ def home_post(
             dtype=dtype, device=world.device,
         )  # fmt: skip
     plan = home_plan(strategy, model, num_ranks=num_ranks, itemsize=_size(dtype))
-    return HomePost(home, params, plan, dtype=dtype, world=world)
+    return HomePost(home, params, plan, dtype=dtype, world=world, stage_sync=stage_sync)
 
 
 def _size(dtype: torch.dtype) -> int:

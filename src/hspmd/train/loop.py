@@ -47,7 +47,6 @@ from hspmd.checkpoint import (
 from hspmd.plan.params import ParamSpec, state_annotations
 from hspmd.runtime.boundary import Pending, recv, send
 from hspmd.runtime.counting import count_comm
-from hspmd.runtime.executable import sync_grads
 from hspmd.runtime.trace import NULL, Recorder, Spans
 from hspmd.runtime.world import World, plan_groups
 from hspmd.specialize.boundary import BoundaryPlans, sized_boundaries
@@ -396,7 +395,6 @@ def run_rank(
             )  # fmt: skip
             executables.add(id(exe))
             end_post = rec.begin("Post", cat="post")
-            sync_grads(exe, world)  # partial grads inside the stage (SP norm weights)
             if role.is_last and role.rank == role.tp_ranks[0]:  # one reporter per pipeline
                 loss += value
             with slow:

@@ -14,9 +14,14 @@ each item's result; without ``arm()`` it is the synchronous Post::
     issued                              item 0 | item 1 | item 2 ...  rest, wait
 
 Items stay for ``finish`` when their plan would block inside a hook (``startable`` is
-false: point-to-point steps such as ZeRO-1's split-reduce-scatter) or when one of their
-gradients is still partial inside the stage after backward (``deferred``: sequence
-parallel norm weights, synchronized by ``hspmd.runtime.executable.sync_grads`` first).
+false: point-to-point steps such as ZeRO-1's split-reduce-scatter). Gradients still partial
+inside the stage after backward (``stage_sync``: sequence-parallel norm weights, summed over
+the TP group, ``hspmd.specialize.grad_sync``) are synced here too, each item's just before
+the item is issued: the stage's flat bucket is cut to the item's names
+(``cut_stage_sync``), so an item of norm weights starts during backward like any other.
+Every TP rank of a stage holds the same items in the same static order and its hooks fire
+at the same point of the same backward, so the in-stage all-reduces meet in order. The
+names no item holds (one pipeline: no item at all) are synced in ``finish``.
 
 >>> import torch
 >>> from hspmd.comm.plan import CommPlan
@@ -33,16 +38,61 @@ parallel norm weights, synchronized by ``hspmd.runtime.executable.sync_grads`` f
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from hspmd.comm.resolve import resolve
+from hspmd.runtime.executable import run_stage_grad_sync
 from hspmd.runtime.execute import Started, start_plan, startable
 from hspmd.runtime.trace import span_on
+from hspmd.specialize.grad_sync import StageGradSync
 from hspmd.train.sync import SyncItem
 
-__all__ = ["GradOverlap"]
+__all__ = ["GradOverlap", "cut_stage_sync"]
+
+
+def cut_stage_sync(
+    stage: Sequence[StageGradSync],
+    groups: Sequence[Sequence[str]],
+    shape: Callable[[str], tuple[int, ...]],
+) -> tuple[list[tuple[StageGradSync, ...]], tuple[StageGradSync, ...]]:
+    """The in-stage syncs of each group of names, and those of the names in no group.
+
+    A flat bucket (whole pieces, one plan over the concatenation) is cut to a group's
+    names and planned again for their size; a split parameter's plan has one name and is
+    kept. A cut of one name is planned on that parameter's ``shape`` (a whole piece's is the
+    global one), as ``run_stage_grad_sync`` runs it unflattened. Both keep ``stage``'s order.
+
+    >>> from hspmd.annotation import parse_annotation as A
+    >>> bucket = StageGradSync(("n0", "n1", "n2"), resolve(A("[0,1]{P:2}"), A("[0,1]{D:2}"), (12,)))
+    >>> per, rest = cut_stage_sync([bucket], [["n2", "n1"], ["n0"]], shape=lambda n: (2, 2))
+    >>> [[(s.names, s.plan.shape) for s in syncs] for syncs in per]
+    [[(('n1', 'n2'), (8,))], [(('n0',), (2, 2))]]
+    >>> rest
+    ()
+    """
+
+    def part(sync: StageGradSync, names: Sequence[str]) -> StageGradSync:
+        if tuple(names) == sync.names:
+            return sync
+        size = shape(names[0]) if len(names) == 1 else (sum(math.prod(shape(n)) for n in names),)
+        return StageGradSync(tuple(names), resolve(sync.plan.src, sync.plan.dst, size))
+
+    member = {name: g for g, names in enumerate(groups) for name in names}
+    per: list[list[StageGradSync]] = [[] for _ in groups]
+    rest: list[StageGradSync] = []
+    for sync in stage:
+        for g in range(len(groups)):
+            names = [n for n in sync.names if member.get(n) == g]
+            if names:
+                per[g].append(part(sync, names))
+        left = [n for n in sync.names if n not in member]
+        if left:
+            rest.append(part(sync, left))
+    return [tuple(p) for p in per], tuple(rest)
 
 
 class GradOverlap:
@@ -50,17 +100,22 @@ class GradOverlap:
 
     ``items``: every rank's items in the static order (the ones this rank is not a source
     of are dropped here); ``local(item)``: the tensor its plan starts from, read when it
-    is issued; ``donate``: that tensor is the plan's to overwrite.
+    is issued; ``donate``: that tensor is the plan's to overwrite; ``stage_sync``: the
+    stage's in-stage syncs of partial gradients (``Executable.grad_sync``), run before
+    the items that hold them (module docstring).
     """
 
     def __init__(
         self, items: Sequence[SyncItem], params: dict[str, torch.Tensor], world: Any, *,
         local: Callable[[SyncItem], torch.Tensor], donate: bool = False,
-        deferred: frozenset[str] = frozenset(),
+        stage_sync: Sequence[StageGradSync] = (),
     ) -> None:  # fmt: skip
         self.items = [item for item in items if world.rank in item.plan.src]
-        self.world, self.local, self.donate = world, local, donate
-        self.early = [startable(i.plan) and not deferred & set(i.names) for i in self.items]
+        self.params, self.world, self.local, self.donate = params, world, local, donate
+        self.early = [startable(i.plan) for i in self.items]
+        self.pre, self.rest = cut_stage_sync(
+            stage_sync, [i.names for i in self.items], lambda n: tuple(params[n].shape)
+        )
         self.owner = {name: index for index, i in enumerate(self.items) for name in i.names}
         self.armed = False
         self._reset()
@@ -99,15 +154,20 @@ class GradOverlap:
     def _start(self, index: int) -> None:
         item = self.items[index]
         with torch.no_grad():
+            if self.pre[index]:  # its partial gradients, summed inside the stage first
+                run_stage_grad_sync(self.pre[index], self.params, self.world)
             started = start_plan(item.plan, self.local(item), self.world, donate=self.donate)
         self.started.append(started)
 
     def finish(self) -> list[torch.Tensor]:
-        """Issue the items not issued yet, wait for all; each item's result, in order."""
+        """Issue the items not issued yet, sync the partial gradients no item holds, wait
+        for all; each item's result, in order."""
         with span_on(self.world, "grad sync", cat="sync"):
             for index in range(self.issued, len(self.items)):
                 self._start(index)
             with torch.no_grad():
+                if self.rest:
+                    run_stage_grad_sync(self.rest, self.params, self.world)
                 outs = [started.wait() for started in self.started]
         self._reset()
         assert all(out is not None for out in outs), "every source of a grad plan keeps a piece"

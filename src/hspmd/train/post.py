@@ -14,6 +14,8 @@ ZeRO-1         masters and Adam states sharded over the pipelines (hspmd.train.z
 Every variant issues its gradient plans through a ``GradOverlap`` (``hspmd.train.overlap``):
 ``arm()`` before the step's last backward starts them as gradients become final; ``step()``
 issues the rest, waits, and continues. Without ``arm()`` the plans all run in ``step()``.
+Post owns every gradient sync of the step, the in-stage one of gradients still partial
+after backward (sequence-parallel norm weights: ``stage_sync``) included.
 
 >>> import torch
 >>> from hspmd.train.config import AdamConfig
@@ -31,6 +33,7 @@ from typing import Any, Protocol
 
 import torch
 
+from hspmd.specialize.grad_sync import StageGradSync
 from hspmd.switch.live import TrainState
 from hspmd.train.config import AdamConfig
 from hspmd.train.optim import Adam
@@ -93,12 +96,12 @@ class PlainPost:
 
     def __init__(
         self, params: dict[str, torch.Tensor], sync: tuple[SyncItem, ...], *,
-        adam: AdamConfig, world: Any, deferred: frozenset[str] = frozenset(),
+        adam: AdamConfig, world: Any, stage_sync: tuple[StageGradSync, ...] = (),
     ) -> None:  # fmt: skip
         self.params, self.sync, self.world = params, sync, world
         self.adam = Adam(list(params.values()), adam)
         self.overlap = GradOverlap(
-            sync, params, world, local=self._local, donate=True, deferred=deferred
+            sync, params, world, local=self._local, donate=True, stage_sync=stage_sync
         )
 
     def _local(self, item: SyncItem) -> torch.Tensor:
@@ -156,13 +159,13 @@ class MixedPost(MasterAdam):
 
     def __init__(
         self, params: dict[str, torch.Tensor], sync: tuple[SyncItem, ...], *,
-        adam: AdamConfig, world: Any, deferred: frozenset[str] = frozenset(),
+        adam: AdamConfig, world: Any, stage_sync: tuple[StageGradSync, ...] = (),
     ) -> None:  # fmt: skip
         self.params, self.sync, self.world = params, sync, world
         self.masters = {n: p.detach().float().clone() for n, p in params.items()}
         self.adam = Adam(list(self.masters.values()), adam)
         self.overlap = GradOverlap(
-            sync, params, world, local=self._local, donate=True, deferred=deferred
+            sync, params, world, local=self._local, donate=True, stage_sync=stage_sync
         )
 
     def _local(self, item: SyncItem) -> torch.Tensor:

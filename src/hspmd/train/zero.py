@@ -36,6 +36,7 @@ from hspmd.plan.params import parameter_annotations, state_annotations
 from hspmd.plan.strategy import Strategy
 from hspmd.runtime.execute import run_plan
 from hspmd.runtime.world import World
+from hspmd.specialize.grad_sync import StageGradSync
 from hspmd.specialize.localize import local_slice
 from hspmd.switch.live import TrainState
 from hspmd.train.config import AdamConfig
@@ -77,7 +78,7 @@ class ZeroOne(MasterAdam):
     def __init__(
         self, items: dict[str, ZeroItem], params: dict[str, torch.Tensor], *,
         config: ModelSpec, seed: int, adam: AdamConfig, world: World,
-        deferred: frozenset[str] = frozenset(),
+        stage_sync: tuple[StageGradSync, ...] = (),
     ) -> None:  # fmt: skip
         self.items = [items[name] for name in items if name in params]
         self.params, self.world = params, world
@@ -89,7 +90,7 @@ class ZeroOne(MasterAdam):
         self.adam = Adam(list(self.masters.values()), adam)
         # every rank's reduces in reverse model order (the order backward finishes them)
         reduces = [SyncItem((i.name,), i.reduce, False) for i in reversed(items.values())]
-        self.overlap = GradOverlap(reduces, params, world, local=self._local, deferred=deferred)
+        self.overlap = GradOverlap(reduces, params, world, local=self._local, stage_sync=stage_sync)
 
     def _local(self, item: SyncItem) -> torch.Tensor:
         grad = self.params[item.names[0]].grad
