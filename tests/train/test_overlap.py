@@ -105,6 +105,17 @@ CASES = {
         "2x1: R0-1:L0-1; 1x2: R2:L0 R3:L1",
         {"sequence_parallel": True, "dtype": "bf16"},
     ),
+    "mixed-length home Post, SP, a switch there and back": (
+        "2x1: R0-1:L0-1; 2x1: R2-3:L0-1",
+        {
+            "sequence_parallel": True,
+            "switch_mode": "weights",
+            "switches": (
+                (2, "1x2: R0-1:L0-1; 2x1: R2:L0 R3:L1"),
+                (3, "2x1: R0-1:L0-1; 2x1: R2-3:L0-1"),
+            ),
+        },
+    ),
 }
 
 

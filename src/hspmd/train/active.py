@@ -46,10 +46,12 @@ class Built:
     (``switch_mode="weights"``), by layout: a strategy switched to again, or one that
     differs only in micro-batch counts (the executable does not depend on them), reuses
     them instead of building them again; the switch then only moves (or copies) the
-    weights. Holds one copy of the compute weights per layout seen."""
+    weights. Holds one copy of the compute weights per layout seen, and its Post (whose
+    gradient hooks stay on those weights: one Post per layout, not one per switch)."""
 
     def __init__(self) -> None:
         self.by_layout: dict[str, tuple[Executable, BoundaryPlans]] = {}
+        self.posts: dict[str, HomePost] = {}
         self.reused = 0
 
     @staticmethod
@@ -148,8 +150,12 @@ def activate(
     if built is not None and key in built.by_layout:
         exe, plans = built.by_layout[key]
         built.reused += 1
-        reused = home_post(world, config, layout.strategy, exe.params, home=home,
-                           stage_sync=exe.grad_sync)  # fmt: skip
+        reused = built.posts.get(key)
+        if reused is None or reused.home is not home:
+            reused = home_post(world, config, layout.strategy, exe.params, home=home,
+                               stage_sync=exe.grad_sync)  # fmt: skip
+            if reused is not None:
+                built.posts[key] = reused
         return Active(text, layout, role, exe, plans, reused, built)
     sync = (
         ()
@@ -173,6 +179,8 @@ def activate(
     if config.switch_mode == "weights":
         post = home_post(world, config, layout.strategy, exe.params, home=home,
                          stage_sync=exe.grad_sync)  # fmt: skip
+        if built is not None and post is not None:
+            built.posts[key] = post
     else:  # Post also sums the gradients still partial inside the stage (SP norm weights)
         post = _post(config, exe.params, sync, zero, world, stage_sync=exe.grad_sync)
     return Active(text, layout, role, exe, plans, post, built)

@@ -44,8 +44,6 @@ from hspmd.models.build import initial_parameter
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import ParamSpec, parameter_annotations
 from hspmd.plan.strategy import Strategy, parse_strategy
-from hspmd.runtime.executable import run_stage_grad_sync
-from hspmd.runtime.execute import run_plan
 from hspmd.runtime.fused import FusedTensor, run_fused_bsr
 from hspmd.runtime.world import World
 from hspmd.specialize.grad_sync import StageGradSync
@@ -53,7 +51,8 @@ from hspmd.specialize.localize import local_slice
 from hspmd.switch.live import TrainState
 from hspmd.train.config import AdamConfig, TrainConfig
 from hspmd.train.optim import Adam
-from hspmd.train.sync import SyncItem, grad_of, grad_sync_plan
+from hspmd.train.overlap import GradOverlap
+from hspmd.train.sync import SyncItem, gathered, grad_of, grad_sync_plan, scatter_back
 
 __all__ = [
     "HomePlan", "HomePost", "HomeState", "home_annotations", "home_plan", "home_post",
@@ -167,18 +166,25 @@ class HomePost:
     ) -> None:  # fmt: skip
         self.home, self.params, self.plan, self.world = home, params, plan, world
         self.dtype = dtype  # of the compute weights (an idle rank casts its shards to it)
-        self.stage_sync = stage_sync  # partial gradients inside the stage (SP norm weights)
+        # S's gradient sync (and the in-stage sums of SP norm weights) as the other Posts
+        # issue it: overlapped with the last backward once armed (hspmd.train.overlap)
+        self.overlap = GradOverlap(
+            plan.sync, params, world, local=self._local, donate=True, stage_sync=stage_sync
+        )
+
+    def _local(self, item: SyncItem) -> torch.Tensor:
+        return gathered(item, [grad_of(self.params[n], n).float() for n in item.names])
 
     def arm(self) -> None:
-        """No overlap here yet: the sync runs in ``step``, after the last backward."""
+        self.overlap.arm()
 
     @torch.no_grad()
     def step(self) -> None:
         """Sync grads, move them to home, Adam on home, move the new weights back."""
-        if self.stage_sync:
-            run_stage_grad_sync(self.stage_sync, self.params, self.world)
+        synced = self.overlap.results()
         grads = {n: grad_of(p, n).float() for n, p in self.params.items()}
-        _sync(self.plan.sync, grads, self.world)
+        for item, out in synced:
+            scatter_back(out, [grads[n] for n in item.names])
         local = {i: grads[n] for i, n in enumerate(self.plan.names) if n in grads}
         moved = run_fused_bsr(self.plan.grad_transfers, self.plan.grads, local, self.world)
         for index, grad in moved.items():
@@ -215,21 +221,6 @@ class HomePost:
                 self.home.adam.exp_avg_sq[index].copy_(exp_avg_sq)
         self.home.adam.steps = steps
         self.refresh()
-
-
-def _sync(items: tuple[SyncItem, ...], grads: Mapping[str, torch.Tensor], world: World) -> None:
-    """``hspmd.train.sync.run_grad_sync`` on plain gradient tensors (in place)."""
-    for item in items:
-        if world.rank not in item.plan.src:
-            continue
-        parts = [grads[n] for n in item.names]
-        local = torch.cat([g.reshape(-1) for g in parts]) if item.flat else parts[0]
-        out = run_plan(item.plan, local, world)
-        assert out is not None
-        offset = 0
-        for g in parts:
-            g.copy_(out[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
 
 
 def run_ranks(config: TrainConfig) -> int:
