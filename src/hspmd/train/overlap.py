@@ -85,13 +85,11 @@ def cut_stage_sync(
     per: list[list[StageGradSync]] = [[] for _ in groups]
     rest: list[StageGradSync] = []
     for sync in stage:
-        for g in range(len(groups)):
-            names = [n for n in sync.names if member.get(n) == g]
-            if names:
-                per[g].append(part(sync, names))
-        left = [n for n in sync.names if n not in member]
-        if left:
-            rest.append(part(sync, left))
+        cuts: dict[int | None, list[str]] = {}
+        for name in sync.names:
+            cuts.setdefault(member.get(name), []).append(name)
+        for g, names in cuts.items():
+            (rest if g is None else per[g]).append(part(sync, names))
     return [tuple(p) for p in per], tuple(rest)
 
 
