@@ -117,6 +117,16 @@ def test_simulate_bad_strategy_is_one_line(
     assert "layer" in _err(capsys)
 
 
+def test_simulate_trace_into_a_missing_folder_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = cluster_file(tmp_path / "c.json", fast=2, slow=2)
+    argv = ["simulate", "--model", "llama-tiny", "--cluster", str(path),
+            "--strategy", "2x1: R0:L0-3", "--trace", str(tmp_path / "no" / "t.json")]  # fmt: skip
+    assert main(argv) == 2
+    assert "does not exist" in _err(capsys)
+
+
 def test_plan_alive_current_replans(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = cluster_file(tmp_path / "c.json", fast=4, slow=0)
     argv = ["plan", "--model", "llama-tiny", "--cluster", str(path), "--global-batch", "8",

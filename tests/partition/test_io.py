@@ -83,3 +83,10 @@ def test_authors_dot_and_side_files(tmp_path: Path) -> None:
     g2 = load_authors_graph(tmp_path / "net.dot")
     assert g2.colocate.tolist() == [-1, -1, 1, 0]
     assert g2.residual_bytes.tolist() == [8192, 0, 0, 0]
+
+
+def test_a_graph_file_that_is_not_json_is_a_partition_error(tmp_path: Path) -> None:
+    bad = tmp_path / "g.json"
+    bad.write_text("not json")
+    with pytest.raises(PartitionError, match="cannot be read as JSON"):
+        load_graph(bad)

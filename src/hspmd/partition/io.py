@@ -27,7 +27,14 @@ def load_graph(path: str | Path) -> OpGraph:
             "MODEL --out FILE.json` (`--list` shows the models)"
         )
     if path.suffix == ".json":
-        return graph_from_json(json.loads(path.read_text()), default_name=path.stem)
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise PartitionError(
+                f"graph file {str(path)!r} cannot be read as JSON ({err}): capture one with "
+                "`hspmd partition-capture MODEL --out FILE.json`"
+            ) from None
+        return graph_from_json(doc, default_name=path.stem)
     if path.suffix in (".dot", ".gv"):
         return load_authors_graph(path)
     raise PartitionError(f"graph file {str(path)!r}: expected a .json or .dot file")
