@@ -178,3 +178,20 @@ def test_usage_errors_are_one_line(argv: list[str], capsys: pytest.CaptureFixtur
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip()
     assert "error:" in err and "--help" in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["train", "--strategy", "1x1: R0:L0-3", "--save-plan", "{tmp}/no/x.json"], "--save-plan"),
+        (["partition-capture", "transformer-small", "--out", "{tmp}/no/x.json"], "does not exist"),
+    ],
+)
+def test_unwritable_outputs_are_one_line(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hspmd.cli import main
+
+    assert main([a.format(tmp=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err

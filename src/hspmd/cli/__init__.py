@@ -58,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     except HspmdError as error:
         print(f"hspmd {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except OSError as error:  # a file the command reads or writes, named by the OS
+        where = f" {error.filename!r}" if error.filename else ""
+        print(f"hspmd {args.command}: error:{where} {error.strerror or error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

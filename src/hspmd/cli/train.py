@@ -493,7 +493,12 @@ def planned_config(args: argparse.Namespace) -> TrainConfig:
 def run(args: argparse.Namespace) -> int:
     config = planned_config(args)
     if getattr(args, "save_plan", None):
-        data = write_plan(config, args.save_plan)
+        try:
+            data = write_plan(config, args.save_plan)
+        except OSError as error:
+            raise TrainError(
+                f"cannot write --save-plan {args.save_plan}: {error.strerror or error}"
+            ) from None
         print(
             f"wrote {args.save_plan}: {len(data['parameters'])} parameters, "
             f"{len(data['reshards'])} reshards, strategy {config.strategy}"
