@@ -185,6 +185,21 @@ def test_usage_errors_are_one_line(argv: list[str], capsys: pytest.CaptureFixtur
     [
         (["train", "--strategy", "1x1: R0:L0-3", "--save-plan", "{tmp}/no/x.json"], "--save-plan"),
         (["partition-capture", "transformer-small", "--out", "{tmp}/no/x.json"], "does not exist"),
+        (
+            [
+                "netcluster",
+                "up",
+                "--nodes",
+                "2",
+                "--ranks-per-node",
+                "1",
+                "--inter-gbps",
+                "0.4",
+                "--out",
+                "{tmp}/no/c.json",
+            ],
+            "does not exist",
+        ),  # before any namespace is made
     ],
 )
 def test_unwritable_outputs_are_one_line(

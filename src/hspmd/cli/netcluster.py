@@ -65,6 +65,11 @@ def run_up(args: argparse.Namespace) -> int:
     spec = NetSpec(
         args.nodes, args.ranks_per_node, args.inter_gbps, args.latency_ms, args.nic_per_rank
     )
+    folder = Path(args.out).parent
+    if not folder.is_dir():  # before any namespace is made
+        raise NetClusterError(
+            f"--out {args.out!r}: folder {str(folder)!r} does not exist: create it first"
+        )
     with run.Signals():  # SIGTERM too: measured on the built network, or taken down again
         run.up(spec)
         try:
