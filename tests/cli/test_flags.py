@@ -210,3 +210,24 @@ def test_unwritable_outputs_are_one_line(
     assert main([a.format(tmp=tmp_path) for a in argv]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--nnodes", "0"], "--nnodes 0"),
+        (["--data-max-bytes", "0"], "--data-max-bytes 0"),
+        (["--config", '{"num_layers": 0}'], "num_layers=0"),
+        (["--elastic", "--spares", "-1"], "--spares -1"),
+        (["--lr", "-1"], "learning rate"),
+    ],
+)
+def test_bad_train_values_are_refused_in_one_line(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hspmd.cli import main
+
+    argv = ["train", "--strategy", "2x1: R0:L0-3; 2x1: R1:L0-3", "--steps", "1", *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err

@@ -281,7 +281,9 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
 
 def node_of(args: argparse.Namespace) -> NodeSpec | None:
     """The ``NodeSpec`` the node arguments give (None for one node)."""
-    if args.nnodes <= 1:
+    if args.nnodes < 1:
+        raise TrainError(f"--nnodes {args.nnodes}: give the number of launchers, at least 1")
+    if args.nnodes == 1:
         return None
     if not args.master_addr:
         raise TrainError(

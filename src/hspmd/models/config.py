@@ -44,6 +44,11 @@ class LlamaConfig:
     config_only: bool = False  # too big to allocate: metadata and meta-device tracing only
 
     def __post_init__(self) -> None:
+        sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                 "num_kv_heads", "max_seq_len")  # fmt: skip
+        small = [f"{name}={getattr(self, name)}" for name in sizes if getattr(self, name) < 1]
+        if small:
+            raise ModelConfigError(f"{', '.join(small)}: every size of the model must be >= 1")
         if self.hidden_size % self.num_heads:
             raise ModelConfigError(
                 f"hidden_size={self.hidden_size} is not a multiple of num_heads={self.num_heads}"

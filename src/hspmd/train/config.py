@@ -118,6 +118,11 @@ class TrainConfig:
         for name in ("global_batch", "seq_len", "steps", "save_every", "bucket_bytes"):
             if getattr(self, name) < 1:
                 raise TrainError(f"{name}={getattr(self, name)} must be at least 1")
+        if self.data_max_bytes is not None and self.data_max_bytes < 1:
+            raise TrainError(
+                f"--data-max-bytes {self.data_max_bytes}: give a positive size in bytes (leave "
+                "it out for the default)"
+            )
         steps = [step for step, _ in self.switches]
         if steps != sorted(set(steps)) or (steps and steps[0] < 2):
             raise TrainError(
@@ -187,6 +192,8 @@ class TrainConfig:
     def _check_elastic(self) -> None:
         if not self.hang_timeout > 0:
             raise TrainError(f"hang_timeout={self.hang_timeout}: give a positive number of seconds")
+        if self.spares < 0:
+            raise TrainError(f"--spares {self.spares}: give a count of at least 0")
         if (self.spares or self.grow) and not self.elastic:
             raise TrainError("--spares and --grow are for elastic runs: add --elastic")
         steps = [step for step, _ in self.grow]
