@@ -200,6 +200,21 @@ def test_usage_errors_are_one_line(argv: list[str], capsys: pytest.CaptureFixtur
             ],
             "does not exist",
         ),  # before any namespace is made
+        (["profile", "--nproc", "1", "--out", "{tmp}/no/p.json"], "does not exist"),
+        (
+            [
+                "plan",
+                "--model",
+                "llama-32b",
+                "--cluster",
+                "h20x32",
+                "--global-batch",
+                "64",
+                "--out",
+                "{tmp}/no/p.json",
+            ],
+            "does not exist",
+        ),  # before the search
     ],
 )
 def test_unwritable_outputs_are_one_line(

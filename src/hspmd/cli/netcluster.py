@@ -23,6 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hspmd.cli.paths import check_out_folder
 from hspmd.netcluster.spec import NetClusterError, NetSpec, node_namespace
 
 
@@ -65,11 +66,7 @@ def run_up(args: argparse.Namespace) -> int:
     spec = NetSpec(
         args.nodes, args.ranks_per_node, args.inter_gbps, args.latency_ms, args.nic_per_rank
     )
-    folder = Path(args.out).parent
-    if not folder.is_dir():  # before any namespace is made
-        raise NetClusterError(
-            f"--out {args.out!r}: folder {str(folder)!r} does not exist: create it first"
-        )
+    check_out_folder(args.out, "--out")  # before any namespace is made
     with run.Signals():  # SIGTERM too: measured on the built network, or taken down again
         run.up(spec)
         try:

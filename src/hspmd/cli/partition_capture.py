@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
+from hspmd.cli.paths import check_out_folder
 from hspmd.errors import PartitionError
 
 
@@ -58,11 +58,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.repeats < 1:
         raise PartitionError(f"--repeats {args.repeats} must be >= 1")
-    folder = Path(args.out).parent
-    if not folder.is_dir():  # before the capture, which takes a while
-        raise PartitionError(
-            f"--out {args.out!r}: folder {str(folder)!r} does not exist: create it first"
-        )
+    check_out_folder(args.out, "--out")  # before the capture, which takes a while
     start = time.perf_counter()
     graph = capture_preset(
         args.model,

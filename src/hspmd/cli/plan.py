@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from hspmd.cli.flags import HelpFormatter
+from hspmd.cli.paths import check_out_folder
 from hspmd.cli.simulate import GIB, add_common, setup
 from hspmd.plan.strategy import format_ranks, parse_ranks, parse_strategy
 from hspmd.planner.cost import CostModel
@@ -74,6 +75,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out:
+        check_out_folder(args.out, "--out")  # before the search
     if args.data is not None:
         from hspmd.cli.plan_lengths import run as run_lengths
 

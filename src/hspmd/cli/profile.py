@@ -18,6 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from hspmd.cli.paths import check_out_folder
 from hspmd.planner.profile import COMPUTE_UNIT, Profile, ProfileError
 
 
@@ -43,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         raise ProfileError(f"--nproc {args.nproc}: give at least 1 (1 measures no collectives)")
+    check_out_folder(args.out, "--out")  # before a minute of measuring
     from hspmd.planner.measure import profile_machine  # torch: only when measuring
 
     profile = profile_machine(quick=args.quick, nproc=args.nproc, dtype=args.dtype)

@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from hspmd.cli.flags import STRATEGY_FLAGS, HelpFormatter, add_flags
 from hspmd.cli.model_input import add_model_arguments, read_model, read_run, seq_len_of
-from hspmd.errors import HspmdError
+from hspmd.cli.paths import check_out_folder
 from hspmd.models.config import PRESETS, LlamaConfig
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import StrategyOptions, check_strategy, parse_strategy
@@ -97,11 +96,8 @@ def run(args: argparse.Namespace) -> int:
         from hspmd.viz.common import check_picture_path
 
         check_picture_path(args.timeline, flag="--timeline")  # before the work
-    if args.trace and not Path(args.trace).parent.is_dir():
-        raise HspmdError(
-            f"--trace {args.trace!r}: folder {str(Path(args.trace).parent)!r} does not exist: "
-            "create it first"
-        )
+    if args.trace:
+        check_out_folder(args.trace, "--trace")
     planned = read_run(
         args,
         StrategyOptions(
