@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
 from hspmd.cli.flags import HelpFormatter
-from hspmd.cli.paths import check_out_folder
+from hspmd.cli.paths import check_out_folder, write_out
 from hspmd.cli.simulate import GIB, add_common, setup
 from hspmd.plan.strategy import format_ranks, parse_ranks, parse_strategy
 from hspmd.planner.cost import CostModel
@@ -97,11 +95,7 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     data = chosen.to_json(cost)
     if args.out:
-        try:
-            Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
-        except OSError as error:
-            raise PlanError(f"cannot write --out {args.out}: {error.strerror}") from None
-        print(f"wrote {args.out}", file=sys.stderr)
+        write_out(args.out, json.dumps(data, indent=1) + "\n")
     if args.json:
         print(json.dumps(data))
     else:
@@ -121,7 +115,7 @@ def _run_elastic(
     )  # fmt: skip
     data = chosen.to_json(cost)
     if args.out:
-        _write(args.out, data)
+        write_out(args.out, json.dumps(data, indent=1) + "\n")
     if args.json:
         print(json.dumps(data))
         return 0
@@ -144,14 +138,6 @@ def _run_elastic(
         f"planned in {chosen.plan_seconds:.2f} s (winner: {chosen.source})",
     ]))  # fmt: skip
     return 0
-
-
-def _write(path: str, data: dict[str, Any]) -> None:
-    try:
-        Path(path).write_text(json.dumps(data, indent=1) + "\n")
-    except OSError as error:
-        raise PlanError(f"cannot write --out {path}: {error.strerror}") from None
-    print(f"wrote {path}", file=sys.stderr)
 
 
 def _flags(p: Plan | Any) -> str:

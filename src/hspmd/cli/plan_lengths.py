@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import replace
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from hspmd.cli.paths import write_out
 from hspmd.data import DEFAULT_MAX_BYTES, document_steps, load_documents, split_documents
 from hspmd.models.config import get_config
 from hspmd.plan.strategy import StrategyOptions
@@ -92,11 +92,7 @@ def run(args: argparse.Namespace) -> int:
     data = plans_json(plans, hist, model=model, cluster=cluster, step_tokens=args.tokens_per_step,
                       switch=switch_matrix(plans, config, cost))  # fmt: skip
     if args.out:
-        try:
-            Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
-        except OSError as error:
-            raise LengthPlanError(f"cannot write --out {args.out}: {error.strerror}") from None
-        print(f"wrote {args.out}", file=sys.stderr)
+        write_out(args.out, json.dumps(data, indent=1) + "\n")
     if args.json:
         print(json.dumps(data))
         return 0

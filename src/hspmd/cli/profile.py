@@ -15,10 +15,8 @@ Prints a table of the fits, or with ``--json`` the profile itself.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-from hspmd.cli.paths import check_out_folder
+from hspmd.cli.paths import check_out_folder, write_out
 from hspmd.planner.profile import COMPUTE_UNIT, Profile, ProfileError
 
 
@@ -48,16 +46,11 @@ def run(args: argparse.Namespace) -> int:
     from hspmd.planner.measure import profile_machine  # torch: only when measuring
 
     profile = profile_machine(quick=args.quick, nproc=args.nproc, dtype=args.dtype)
-    out = Path(args.out)
-    try:
-        out.write_text(profile.to_json())
-    except OSError as error:
-        raise ProfileError(f"cannot write profile {out}: {error.strerror}") from None
+    write_out(args.out, profile.to_json())
     if args.json:
         print(profile.to_json(), end="")
     else:
         print(fits_text(profile))
-    print(f"wrote {out}", file=sys.stderr)
     return 0
 
 

@@ -50,6 +50,7 @@ from typing import Any
 from hspmd.checkpoint.store import latest, read_manifest
 from hspmd.cli.flags import FLAGS, REFERENCE_BATCH, TRAIN_FLAGS, HelpFormatter
 from hspmd.cli.model_input import model_kwargs
+from hspmd.cli.paths import check_out_folder
 from hspmd.cli.progress import PlainProgress, switch_line
 from hspmd.cli.timeline import check_trace_flags, write_outputs
 from hspmd.data import DEFAULT_MAX_BYTES, data_warnings
@@ -495,12 +496,8 @@ def planned_config(args: argparse.Namespace) -> TrainConfig:
 def run(args: argparse.Namespace) -> int:
     config = planned_config(args)
     if getattr(args, "save_plan", None):
-        try:
-            data = write_plan(config, args.save_plan)
-        except OSError as error:
-            raise TrainError(
-                f"cannot write --save-plan {args.save_plan}: {error.strerror or error}"
-            ) from None
+        check_out_folder(args.save_plan, "--save-plan")
+        data = write_plan(config, args.save_plan)
         print(
             f"wrote {args.save_plan}: {len(data['parameters'])} parameters, "
             f"{len(data['reshards'])} reshards, strategy {config.strategy}"

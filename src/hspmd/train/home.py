@@ -52,7 +52,7 @@ from hspmd.switch.live import TrainState
 from hspmd.train.config import AdamConfig, TrainConfig
 from hspmd.train.optim import Adam
 from hspmd.train.overlap import GradOverlap
-from hspmd.train.sync import SyncItem, gathered, grad_of, grad_sync_plan, scatter_back
+from hspmd.train.sync import SyncItem, gathered_fp32, grad_of, grad_sync_plan, scatter_back
 
 __all__ = [
     "HomePlan", "HomePost", "HomeState", "home_annotations", "home_plan", "home_post",
@@ -173,7 +173,7 @@ class HomePost:
         )
 
     def _local(self, item: SyncItem) -> torch.Tensor:
-        return gathered(item, [grad_of(self.params[n], n).float() for n in item.names])
+        return gathered_fp32(item, self.params)
 
     def arm(self) -> None:
         self.overlap.arm()

@@ -38,7 +38,7 @@ from hspmd.switch.live import TrainState
 from hspmd.train.config import AdamConfig
 from hspmd.train.optim import Adam
 from hspmd.train.overlap import GradOverlap
-from hspmd.train.sync import SyncItem, gathered, grad_of, scatter_back
+from hspmd.train.sync import SyncItem, gathered, gathered_fp32, grad_of, scatter_back
 
 __all__ = ["MixedPost", "PlainPost", "Post", "SplitPost", "load_adam", "adam_states"]
 
@@ -170,7 +170,7 @@ class MixedPost(MasterAdam):
 
     def _local(self, item: SyncItem) -> torch.Tensor:
         """The fp32 gradients of ``item``: synced in fp32, as the masters' gradients."""
-        return gathered(item, [grad_of(self.params[n], n).float() for n in item.names])
+        return gathered_fp32(item, self.params)
 
     def arm(self) -> None:
         self.overlap.arm()

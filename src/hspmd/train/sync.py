@@ -24,6 +24,7 @@ that ``hspmd.train.overlap`` can issue each as soon as its gradients are final::
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,7 @@ __all__ = [
     "BUCKET_BYTES",
     "SyncItem",
     "gathered",
+    "gathered_fp32",
     "grad_sync_plan",
     "run_grad_sync",
     "scatter_back",
@@ -134,6 +136,12 @@ def run_grad_sync(
 def gathered(item: SyncItem, grads: list[torch.Tensor]) -> torch.Tensor:
     """The tensor ``item``'s plan reduces: the gradients concatenated when ``flat``."""
     return torch.cat([g.reshape(-1) for g in grads]) if item.flat else grads[0]
+
+
+def gathered_fp32(item: SyncItem, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """``item``'s gradients of ``params`` in fp32, concatenated when ``flat``: what a Post
+    whose masters are fp32 syncs."""
+    return gathered(item, [grad_of(params[n], n).float() for n in item.names])
 
 
 def scatter_back(out: torch.Tensor, grads: list[torch.Tensor]) -> None:
