@@ -78,8 +78,8 @@ def test_llama_seconds_and_memory_within_tolerance(
         got = stage_work(cost, measured, tuple(range(tp)), 2, **kw)  # type: ignore[arg-type]
         assert 1.0 <= got.forward_s / want.forward_s < 1.2, (first, last)
         assert 1.0 <= got.backward_s / want.backward_s < 1.2, (first, last)
-        if tp > 1:  # the measured path also counts the vocab-parallel embedding's all-reduce
-            assert 1.0 <= got.tp_comm_s / want.tp_comm_s <= 1.13, (first, last)
+        if tp > 1:  # every collective of the deduced graph, and no other, in the formulas
+            assert got.tp_comm_s == pytest.approx(want.tp_comm_s, rel=1e-3), (first, last)
     kw2 = dict(elt=2, sequence_parallel=sp, recompute=False)
     want_act = activation_bytes_per_layer(config, 1, 4096, tp, **kw2)[0]  # type: ignore[arg-type]
     got_act = activation_bytes_per_layer(measured, 1, 4096, tp, **kw2)[0]  # type: ignore[arg-type]

@@ -20,10 +20,10 @@ TP collective   2 all-reduces of ``n*H`` elements            2 more
 With sequence parallelism the two all-reduces become a reduce-scatter and an all-gather
 each (the same ring bytes), backward gathers each gathered input again (two per layer that
 keeps its activations, and the head's: ``hspmd.runtime.regather``), and norms run on
-``n/t`` tokens. Recompute runs the forward
-again inside the backward. The first stage adds the embedding gather, the last the final
-norm, the head ``2*n*H*V/t`` and a vocab-parallel cross-entropy. Each call pays its cost
-line's overhead, so small models see their launch costs (``hspmd.planner.cost``).
+``n/t`` tokens. Recompute runs the forward again inside the backward. The first stage
+adds the embedding gather and, under TP, the vocab-parallel embedding's all-reduce (a
+reduce-scatter under SP, whose backward all-gathers); the last the final norm, the head
+``2*n*H*V/t`` and a vocab-parallel cross-entropy. Each call pays its cost line's overhead, so small models see their launch costs (``hspmd.planner.cost``).
 
 Any other model (``ModelSpec``) is costed from the figures measured on its graph
 (``hspmd.models.spec.ModelCost``, from ``hspmd.specialize.costs.costed``): per part (pre,
@@ -230,6 +230,12 @@ def stage_work(
     if first:
         fwd += device.seconds("elementwise", n * H * elt)
         bwd += device.seconds("elementwise", 2 * n * H * elt)
+        if tp > 1:  # the vocab-parallel embedding's partial rows, summed over the TP group
+            if sp and cp == 1:  # and scattered to the sequence shards; dX gathered back
+                fwd_comm += link.seconds("reduce-scatter", n * H * elt, tp)
+                bwd_comm += link.seconds("all-gather", n * H * elt, tp)
+            else:  # on whole rows under CP; the backward of a sum is the identity
+                fwd_comm += link.seconds("all-reduce", n * H * elt, tp)
     if last:
         head = 2 * n * H * V / tp
         logits = n * V / tp * 4  # the loss runs in fp32
@@ -237,11 +243,14 @@ def stage_work(
         fwd += 3 * device.seconds("elementwise", logits)
         bwd += device.seconds("norm", 2 * n * H * elt) + 2 * device.seconds("matmul", head)
         bwd += 2 * device.seconds("elementwise", logits)
-        # vocab-parallel cross-entropy: max and sum over the vocabulary shards
-        fwd_comm += 2 * link.seconds("all-reduce", n * 4, tp)
+        # vocab-parallel cross-entropy: the max, the sum of exponentials and the target's
+        # logit over the vocabulary shards (hspmd.runtime.vocab_loss)
+        fwd_comm += 3 * link.seconds("all-reduce", n * 4, tp)
         # dX of the split head: summed over the TP group, and scattered back to the
         # sequence shards under sequence parallelism (the backward of head_in's gather)
         bwd_comm += link.seconds("reduce-scatter" if sp else "all-reduce", n * H * elt, tp)
+        if sp and cp == 1:  # head_in: the sequence shards gathered for the split head
+            fwd_comm += link.seconds("all-gather", n * H * elt, tp)
     comm = fwd_comm + bwd_comm
     return StageWork(fwd + fwd_comm, bwd + bwd_comm, comm, n * H * elt / cp, fwd_comm)
 
