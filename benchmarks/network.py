@@ -26,13 +26,14 @@ link class are the planned transfers classified by the cluster's topology; "veth
 is measured: the bytes every node's shaped link sent (tc counters, headers included).
 
 Part ``sim`` (the planner's simulator on this network): 2 nodes x 2 ranks, ``hspmd
-profile --nproc 4`` of this machine in the cluster file (its compute, the fixed
-cost of its gloo calls, which the veth link keeps beside its measured bandwidth, and the
-core sharing of the 4 ranks, which the namespaces share: ``one_host``), then llama-small
-under three strategies
-(a pipeline with a stage per node, data parallel across nodes, TP 4 across nodes):
-``hspmd.planner.predict`` against the median measured step (steps 3-8) of ``hspmd train
---nnodes 2``, one launcher per node.
+profile --nproc 4`` of this machine in the cluster file (its compute, its gloo calls and
+the core sharing of the 4 ranks, which the namespaces share: ``one_host``), then llama-small
+under three strategies (a pipeline with a stage per node, data parallel across nodes, TP 4
+across nodes): ``hspmd.planner.predict`` against the median measured step (steps 3-8) of
+``hspmd train --nnodes 2``, one launcher per node. Each strategy is priced twice beside the
+same measured steps: with the veth as the cluster file gives it (its measured bandwidth,
+loopback's fixed cost per call) and with the veth's own lines, timed across the nodes by
+``hspmd profile --nnodes 2`` in each namespace.
 
     sudo .venv/bin/python benchmarks/network.py              # ~2-3 min: tables + JSON line
     sudo .venv/bin/python benchmarks/network.py --inter-gbps 0.2
@@ -417,6 +418,28 @@ def _train_across(spec: Any, strategy: str, port: int) -> list[float]:
     return [json.loads(line)["seconds"] for line in outs[0].splitlines() if line.startswith("{")]
 
 
+def _profile_across(spec: Any, base: Path, out: Path, port: int) -> None:
+    """``hspmd profile --nnodes`` in every node: ``base`` plus the veth measured across."""
+    from hspmd.netcluster import run
+
+    argv = [sys.executable, "-m", "hspmd", "profile", "--nproc", str(spec.ranks_per_node),
+            "--nnodes", str(spec.num_nodes), "--master-port", str(port), "--base", str(base),
+            "--link", "veth", "--out", str(out)]  # fmt: skip
+    env = {"PYTHONPATH": f"{ROOT / 'src'}", "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    procs = [run.spawn(i, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+             for i in range(spec.num_nodes)]  # fmt: skip
+    try:
+        outs = [p.communicate(timeout=900)[0] for p in procs]
+    finally:
+        for p in procs:
+            run.stop(p, grace_s=0)
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"profile across nodes failed: {[p.returncode for p in procs]}")
+    # the veth's lines, and loopback's all-reduce beside them (the file's per-call cost)
+    keep = [x for x in outs[0].splitlines() if "veth" in x or x.startswith("all-reduce")]
+    print("\n".join(keep))
+
+
 def sim_part(args: argparse.Namespace) -> dict[str, Any]:
     from hspmd.models import get_config
     from hspmd.netcluster import run
@@ -439,14 +462,22 @@ def sim_part(args: argparse.Namespace) -> dict[str, Any]:
         share = made.core_sharing[-1]
         with run.session(spec):
             cluster = cluster_json(spec, run.measure(spec), memory_mb=4000)
-            cluster["gpu_kinds"][KIND].update(profile=str(profile))
-            path = Path(tmp, "cluster.json")
-            path.write_text(json.dumps(cluster))
-            cost = CostModel.of(load_cluster(path), dtype="fp32")
+            # the veth's own cost lines, timed across the nodes (hspmd profile --nnodes)
+            profiled = Path(tmp, "profile-veth.json")
+            _profile_across(spec, profile, profiled, PORT + 9)
+            costs = {}  # the veth as the file gives it (bandwidth, loopback's fixed costs)
+            for key, file in (("file veth", profile), ("profiled veth", profiled)):
+                cluster["gpu_kinds"][KIND].update(profile=str(file))
+                path = Path(tmp, f"cluster-{key.split()[0]}.json")
+                path.write_text(json.dumps(cluster))
+                costs[key] = CostModel.of(load_cluster(path), dtype="fp32")
             rows = []
             for i, (name, text) in enumerate(SIM_STRATEGIES.items()):
-                predicted = predict(parse_strategy(text), config, cost, seq_len=SIM_SEQ,
-                                    options=StrategyOptions(dtype="fp32")).step_time_s  # fmt: skip
+                predicted = {
+                    key: predict(parse_strategy(text), config, cost, seq_len=SIM_SEQ,
+                                 options=StrategyOptions(dtype="fp32")).step_time_s
+                    for key, cost in costs.items()
+                }  # fmt: skip
                 steps = _train_across(spec, text, PORT + 10 + i)
                 kept = sorted(steps[SIM_WARMUP:])  # the first steps warm caches up
                 measured = kept[len(kept) // 2]
@@ -456,12 +487,22 @@ def sim_part(args: argparse.Namespace) -> dict[str, Any]:
     print(f"simulator on 2 nodes x 2 ranks, veth {m['inter_GBps'] * 1e3:.1f} MB/s, loopback "
           f"{m['loopback_GBps']:.2f} GB/s; llama-small, batch {SIM_BATCH} x {SIM_SEQ}, fp32, "
           f"core sharing x{share:.2f} with 4 processes busy)")  # fmt: skip
-    print(f"{'strategy':22} {'predicted s':>12} {'measured s':>11} {'pred/meas':>10}")
+    keys = list(costs)
+    print(
+        f"{'strategy':22} {'measured s':>11}"
+        + "".join(f" {k + ' s':>17} {'/meas':>6}" for k in keys)
+    )
     for r in rows:
-        print(f"{r['name']:22} {r['predicted_s']:12.3f} {r['measured_s']:11.3f} "
-              f"{r['predicted_s'] / r['measured_s']:10.2f}")  # fmt: skip
+        cells = "".join(
+            f" {r['predicted_s'][k]:17.3f} {r['predicted_s'][k] / r['measured_s']:6.2f}"
+            for k in keys
+        )
+        print(f"{r['name']:22} {r['measured_s']:11.3f}{cells}")
     print()
-    return {r["name"]: round(r["predicted_s"] / r["measured_s"], 3) for r in rows}
+    return {
+        key: {r["name"]: round(r["predicted_s"][key] / r["measured_s"], 3) for r in rows}
+        for key in keys
+    }
 
 
 def main() -> int:

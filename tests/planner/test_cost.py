@@ -160,3 +160,44 @@ def test_a_shared_inter_link_is_split_among_the_flows_leaving_a_node(tmp_path: P
     path.write_text(json.dumps(data))
     with pytest.raises(ClusterError, match="inter_link.shared is 'yes'"):
         load_cluster(path)
+
+
+def _profile_with_link(path: Path, link: str, *, slope: float, overhead: float) -> Path:
+    """A profile whose compute lines are placeholders and whose ``link`` was timed across
+    nodes (``hspmd profile --nnodes``): one line for rings of 4 and of 2."""
+    from hspmd.planner.profile import COLLECTIVE_OPS, COMPUTE_OPS, Fit, LinkFit, Profile
+
+    line = Fit(slope, overhead, 1.0)
+    profile = Profile(
+        kind="cpu", device="cpu", dtype="float32", threads=1, created="-", host={},
+        compute={op: Fit(1e-12, 1e-5, 1.0) for op in COMPUTE_OPS},
+        links={link: {op: LinkFit(line, 4, ((2, line),)) for op in COLLECTIVE_OPS}},
+    )  # fmt: skip
+    path.write_text(profile.to_json())
+    return path
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_link_measured_across_nodes_is_one_flows(tmp_path: Path, shared: bool) -> None:
+    """A file's inter bandwidth is per rank; fits timed across nodes over rings with one
+    flow leaving each node are one flow's: a ring gets them whole, rings side by side split
+    them, and a send gets a rank's share of a shared link."""
+    import json
+
+    path = cluster_file(tmp_path / "c.json", fast=4, slow=0)  # 2 nodes of 2
+    profile = _profile_with_link(tmp_path / "p.json", "ib", slope=1e-9, overhead=2e-3)
+    data = json.loads(path.read_text())
+    data["inter_link"]["shared"] = shared
+    data["gpu_kinds"]["fast"]["profile"] = str(profile)
+    path.write_text(json.dumps(data))
+    cost = CostModel.of(load_cluster(path))
+    moved = 2 * 3 / 4 * 1e9  # ring all-reduce bytes per rank
+    assert cost.collective("all-reduce", 1e9, (0, 1, 2, 3)) == pytest.approx(2e-3 + moved * 1e-9)
+    two = 2 * 1 / 2 * 1e9
+    side_by_side = 2 if shared else 1  # two flows leave each node
+    assert cost.collective("all-reduce", 1e9, (0, 2), 2) == pytest.approx(
+        2e-3 + two * 1e-9 * side_by_side
+    )
+    share = 2 if shared else 1  # a node's two ranks share its one link
+    assert cost.send(1e9, 0, 2) == pytest.approx(2e-3 + 1e9 * 1e-9 * share)
+    assert "profile of fast" in cost.links["ib"].source

@@ -146,3 +146,45 @@ def test_cuda_sizes_are_llama_shapes_up_to_a_gigabyte() -> None:
     full = measure.CUDA_SIZES["bf16", False]
     assert max(full.matmul) == 16384 and max(n for _, _, n in full.skinny) == 28672
     assert max(full.attention) == 16384 and min(m for m, _, _ in full.skinny) == 2048
+
+
+def test_cli_profile_across_nodes_needs_a_base_and_a_link(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["profile", "--nnodes", "2", "--master-addr", "127.0.0.1"]
+    assert main([*args, "--link", "ib"]) == 2
+    assert "give --base PROFILE" in capsys.readouterr().err
+    assert main(["profile", "--link", "ib"]) == 2
+    assert "--base and --link go with --nnodes" in capsys.readouterr().err
+
+
+@pytest.mark.multiproc
+def test_cli_profile_across_two_launchers_adds_the_link(tmp_path: Path) -> None:
+    """Two launchers on this machine acting as two nodes of 2 ranks: node 0 writes the base
+    profile plus link "ib", fitted over every rank (4) and one rank per node (2)."""
+    import subprocess
+    import sys
+
+    from tests.planner.test_cost import _profile_with_link
+
+    base = _profile_with_link(tmp_path / "base.json", "loopback", slope=1e-9, overhead=1e-3)
+    out = tmp_path / "both.json"
+    argv = [sys.executable, "-m", "hspmd", "profile", "--quick", "--nproc", "2", "--nnodes",
+            "2", "--master-addr", "127.0.0.1", "--master-port", "29664", "--base", str(base),
+            "--link", "ib", "--out", str(out)]  # fmt: skip
+    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    procs = [
+        subprocess.Popen([*argv, "--node-rank", str(k)], env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for k in (0, 1)
+    ]  # fmt: skip
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert "node 1: collectives timed across 2 nodes" in outs[1][0]
+    profile = load_profile(out)
+    assert profile.compute == load_profile(base).compute
+    assert set(profile.links) == {"loopback", "ib"}
+    for op, fit in profile.links["ib"].items():
+        assert fit.group_size == 4 and [n for n, _ in fit.groups] == [2], op
+        assert fit.fit.overhead_s > 0 or fit.fit.per_unit_s > 0, op
+    assert "over 2 nodes x 2 processes" in profile.host["collectives (ib)"]

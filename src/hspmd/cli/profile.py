@@ -10,14 +10,28 @@ reduce-scatter, all-to-all and send-recv over ``--nproc`` local gloo processes (
 ``seconds = overhead_s + slope * units`` per family (units in hspmd.planner.profile) and
 writes the profile (format hspmd.profile/1, read back by hspmd.planner.profile.load_profile).
 Prints a table of the fits, or with ``--json`` the profile itself.
+
+Across nodes, one command per node (as ``hspmd train --nnodes``), after a profile of one
+node::
+
+    hspmd profile --nproc 2 --nnodes 2 --node-rank K --master-addr ADDR \
+        --base profile.json --link ib --out profile-2nodes.json
+
+times the same collectives over rings that cross the nodes (every rank, node-major, and
+the first rank of each node: one flow leaving a node at a time), and node 0 writes the base
+profile with those fits as link ``--link`` (the cluster file's inter link): the cost model
+then prices a call across nodes by what it measured, not by the file's bandwidth plus the
+local calls' fixed cost (docs/netcluster.md measures the difference).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from hspmd.cli.paths import check_out_folder, write_out
-from hspmd.planner.profile import COMPUTE_UNIT, Profile, ProfileError
+from hspmd.cli.train import add_node_arguments, node_of
+from hspmd.planner.profile import COMPUTE_UNIT, Profile, ProfileError, load_profile
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,22 +50,65 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--dtype", default="fp32", choices=["fp32", "bf16"], help="the dtype compute is measured in"
     )
     parser.add_argument("--json", action="store_true", help="print the profile as JSON")
+    parser.add_argument(
+        "--base", help="with --nnodes: the one-node profile the measured link is added to"
+    )
+    parser.add_argument(
+        "--link", help="with --nnodes: the inter-node link's name in the cluster file (e.g. ib)"
+    )
+    add_node_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         raise ProfileError(f"--nproc {args.nproc}: give at least 1 (1 measures no collectives)")
+    if args.nnodes > 1:
+        return _across_nodes(args)
+    if args.base or args.link:
+        raise ProfileError("--base and --link go with --nnodes (a link across nodes)")
     check_out_folder(args.out, "--out")  # before a minute of measuring
     from hspmd.planner.measure import profile_machine  # torch: only when measuring
 
-    profile = profile_machine(quick=args.quick, nproc=args.nproc, dtype=args.dtype)
+    return _write(args, profile_machine(quick=args.quick, nproc=args.nproc, dtype=args.dtype))
+
+
+def _write(args: argparse.Namespace, profile: Profile) -> int:
     write_out(args.out, profile.to_json())
     if args.json:
         print(profile.to_json(), end="")
     else:
         print(fits_text(profile))
     return 0
+
+
+def _across_nodes(args: argparse.Namespace) -> int:
+    """One node's part of ``--nnodes`` (module docstring); node 0 writes the profile."""
+    if not args.base or not args.link:
+        raise ProfileError(
+            "--nnodes times a link across nodes: give --base PROFILE (this node's, from "
+            "`hspmd profile`) and --link NAME (the cluster file's inter link, e.g. ib)"
+        )
+    node = node_of(args)
+    assert node is not None
+    base = load_profile(args.base)
+    if node.node_rank == 0:
+        check_out_folder(args.out, "--out")
+    from hspmd.planner.measure import link_fits, measure_across_nodes  # torch
+
+    backend = "nccl" if base.kind == "cuda" else "gloo"
+    by_group = measure_across_nodes(node, args.nproc, quick=args.quick, backend=backend)
+    if node.node_rank != 0:
+        print(f"node {node.node_rank}: collectives timed across {node.num_nodes} nodes; "
+              f"node 0 writes {args.out}")  # fmt: skip
+        return 0
+    where = f"{backend} over {node.num_nodes} nodes x {args.nproc} processes"
+    profile = dataclasses.replace(
+        base,
+        links={**base.links, args.link: link_fits(by_group)},
+        host={**base.host, f"collectives ({args.link})": where},
+    )
+    return _write(args, profile)
 
 
 def fits_text(profile: Profile) -> str:

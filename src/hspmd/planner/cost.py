@@ -106,6 +106,9 @@ class LinkCost:
     fits: Mapping[str, Fit]
     source: str = ""
     by_size: Mapping[str, LinkFit] = field(default_factory=dict)  # measured group sizes
+    # measured rings (a profile): one flow leaving a node had the link; else a file's
+    # bandwidth, which the cluster format counts per rank
+    per_flow: bool = False
 
     def scaled(self, factor: float) -> LinkCost:
         """This link with its bandwidth times ``factor`` (per-call costs unchanged)."""
@@ -117,7 +120,8 @@ class LinkCost:
                         tuple((n, _scaled(g, factor)) for n, g in f.groups))
             for op, f in self.by_size.items()
         }  # fmt: skip
-        return LinkCost(self.name, fits, f"{self.source}, x{factor:g} bandwidth", by_size)
+        source = f"{self.source}, x{factor:g} bandwidth"
+        return LinkCost(self.name, fits, source, by_size, self.per_flow)
 
     def seconds(self, op: str, nbytes: float, group_size: int) -> float:
         """``op`` on ``nbytes`` over ``group_size`` ranks: the fit measured over the nearest
@@ -185,7 +189,10 @@ class CostModel:
         if a == b:
             return _FREE
         if self._nodes[a] != self._nodes[b]:
-            return self.links[self.cluster.inter_link.name]
+            link = self.links[self.cluster.inter_link.name]
+            if link.per_flow and self.cluster.shared_nic:  # a rank's share, as a file's figure
+                return link.scaled(1 / len(self._topology.nodes[self._nodes[a]].ranks))
+            return link
         return self.links[self.cluster.kind(self._kinds[a]).intra_link.name]
 
     def group_link(self, ranks: Sequence[int], concurrent: int = 1) -> LinkCost:
@@ -193,7 +200,8 @@ class CostModel:
         nodes), while ``concurrent`` such rings run side by side (the TP shards of one
         gradient sync). On a shared inter link (``Cluster.shared_nic``) a node's link is
         split among the ring flows leaving it: one flow may use the whole node's, more
-        split it; with a NIC per GPU each flow has its GPU's (the file's figure)."""
+        split it; with a NIC per GPU each flow has its GPU's (the file's figure). A link
+        measured across nodes (``hspmd profile --nnodes``) is already one flow's."""
         if len(ranks) <= 1:
             return _FREE
         nodes = [self.node_of(r) for r in ranks]
@@ -206,8 +214,8 @@ class CostModel:
         for a, b in zip(nodes, [*nodes[1:], nodes[0]], strict=True):
             if a != b:
                 leaving[a] = leaving.get(a, 0) + concurrent
-        per_flow = min(len(self._topology.nodes[n].ranks) / f for n, f in leaving.items())
-        return link.scaled(per_flow)
+        whole = {n: 1 if link.per_flow else len(self._topology.nodes[n].ranks) for n in leaving}
+        return link.scaled(min(whole[n] / f for n, f in leaving.items()))
 
     def collective(
         self, op: str, nbytes: float, ranks: Sequence[int], concurrent: int = 1
@@ -311,7 +319,7 @@ def _link(
         fits = {op: f.fit for op, f in measured[1].items()}
         sizes = sorted({g for f in measured[1].values() for g in (f.group_size, *dict(f.groups))})
         source = f"profile of {measured[0]}, groups of {', '.join(map(str, sizes))}"
-        return LinkCost(cls.name, fits, source, dict(measured[1]))
+        return LinkCost(cls.name, fits, source, dict(measured[1]), per_flow=True)
     slope = 1.0 / cls.bandwidth
     if calls is not None and all(op in calls[1] for op in COLLECTIVE_OPS):
         by_size = {

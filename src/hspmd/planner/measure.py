@@ -21,7 +21,7 @@ calls weigh as much as big ones.
 
 Collectives run on ``nproc`` local gloo processes (``hspmd.runtime.launch``); a sample is
 the slowest rank's mean time per call over rounds of (a little compute, the call), less
-the compute: a collective as a step uses it (``_collective_worker``). On a CUDA host they
+the compute: a collective as a step uses it (``time_collectives``). On a CUDA host they
 run with nccl, one GPU per process (refused with fewer GPUs than ``nproc``); ``nproc=1``
 measures no collectives (the profile's ``host["collectives"]`` says so).
 
@@ -64,7 +64,7 @@ from hspmd.planner.profile import (
     fit_linear,
 )
 from hspmd.runtime.compat import all_gather_single, reduce_scatter_single
-from hspmd.runtime.launch import launch
+from hspmd.runtime.launch import NodeSpec, launch
 
 
 def median_seconds(fn: Callable[[], object], reps: int, *, sync: bool = False) -> float:
@@ -220,12 +220,15 @@ def measure_optimizer(sizes: Sequence[int], reps: int, *, device: str = "cpu") -
     return out
 
 
-def _collective(op: str, nbytes: int, world: Any, n: int, group: Any) -> Callable[[], object]:
-    """One call of ``op`` on ``nbytes`` (of the full tensor) over ranks ``0..n-1``, fp32
-    (``group``: their process group, None for the whole world); other ranks do nothing."""
-    rank = world.rank
-    if rank >= n:
+def _collective(
+    op: str, nbytes: int, world: Any, members: Sequence[int], group: Any
+) -> Callable[[], object]:
+    """One call of ``op`` on ``nbytes`` (of the full tensor) over the ranks ``members``,
+    fp32 (``group``: their process group, None for the whole world); other ranks do
+    nothing."""
+    if world.rank not in members:
         return _nothing
+    n, index = len(members), list(members).index(world.rank)
     numel = max(n, nbytes // 4 // n * n)  # divisible by the group size
     full = torch.ones(numel, device=world.device)
     part = torch.ones(numel // n, device=world.device)
@@ -238,10 +241,10 @@ def _collective(op: str, nbytes: int, world: Any, n: int, group: Any) -> Callabl
     if op == "all-to-all":
         return partial(dist.all_to_all_single, torch.empty_like(full), full, group=group)
     assert op == "send-recv", op
-    peer = rank + 1 if rank % 2 == 0 else rank - 1  # pairs (0, 1), (2, 3)...
-    if peer >= n:
+    pair = index + 1 if index % 2 == 0 else index - 1  # members' pairs (0, 1), (2, 3)...
+    if pair >= n:
         return _nothing  # the odd one out of an odd group
-    return partial(dist.send if rank % 2 == 0 else dist.recv, full, peer)
+    return partial(dist.send if index % 2 == 0 else dist.recv, full, members[pair])
 
 
 def _gap_work(device: torch.device) -> Callable[[], object]:
@@ -255,13 +258,12 @@ def _gap_work(device: torch.device) -> Callable[[], object]:
     return gap
 
 
-def _collective_worker(
-    world: Any, ops: Sequence[str], sizes: Sequence[int], reps: int, groups: Sequence[int],
-    blocks: int = 1,
+def time_collectives(
+    world: Any, ops: Sequence[str], sizes: Sequence[int], reps: int,
+    groups: Sequence[Sequence[int]], blocks: int = 1,
 ) -> list[tuple[str, int, int, float]]:  # fmt: skip
-    """On every rank: (op, group size, nbytes, seconds per call) per op, group size (ranks
-    ``0..n-1``; the others wait) and size: the median over ``blocks`` blocks of the slowest
-    rank's mean.
+    """On every rank: (op, group size, nbytes, seconds per call) per op, group (its ranks;
+    the others wait) and size: the median over ``blocks`` blocks of the slowest rank's mean.
 
     Each call is timed as a training step uses it, between bits of compute: ``reps``
     rounds of (gap compute, call) back to back, less the gap compute alone. On shared CPU
@@ -272,12 +274,13 @@ def _collective_worker(
     of several blocks does not follow one unlucky block."""
     out = []
     wait = torch.cuda.synchronize if world.device.type == "cuda" else _nothing  # nccl: async
-    for n in groups:
-        group = None if n == world.world_size else dist.new_group(list(range(n)))
-        gap = _gap_work(world.device) if world.rank < n else _nothing
+    for members in groups:
+        n = len(members)
+        group = None if n == world.world_size else dist.new_group(list(members))
+        gap = _gap_work(world.device) if world.rank in members else _nothing
         for op in ops:
             for nbytes in sizes:
-                call = _collective(op, nbytes, world, n, group)
+                call = _collective(op, nbytes, world, members, group)
                 call()  # warm-up
                 wait()
                 start = time.perf_counter()
@@ -316,13 +319,60 @@ def measure_collectives(
     sizes_n = sorted({nproc, *(g for g in groups if 2 <= g < nproc)}, reverse=True)
     rounds = max(2 * reps, 12)  # means over rounds: the slow calls are part of the cost
     blocks = 3 if reps >= 5 else 1  # the full profile: the median of three blocks' means
+    groups_n = [tuple(range(n)) for n in sizes_n]
     results = launch(
-        _collective_worker, nproc, args=(tuple(ops), tuple(sizes), rounds, sizes_n, blocks),
+        time_collectives, nproc, args=(tuple(ops), tuple(sizes), rounds, groups_n, blocks),
         backend=backend,
     )  # fmt: skip
     out: dict[int, list[Sample]] = {n: [] for n in sizes_n}
     for op, n, nbytes, s in results[0]:
         out[n].append(Sample(op, bus_bytes(op, nbytes, n), s))
+    return out
+
+
+def node_rings(num_nodes: int, per_node: int) -> tuple[tuple[int, ...], ...]:
+    """The groups ``measure_across_nodes`` times: every rank (node-major ranks, so the ring
+    leaves each node once per direction) and the first rank of each node (when that is
+    another group). Each has one flow leaving a node at a time.
+
+    >>> node_rings(2, 2), node_rings(3, 1)
+    (((0, 1, 2, 3), (0, 2)), ((0, 1, 2),))
+    """
+    every = tuple(range(num_nodes * per_node))
+    leaders = every[::per_node]
+    return (every, leaders) if leaders != every else (every,)
+
+
+def measure_across_nodes(
+    node: NodeSpec, nproc: int, *, quick: bool, backend: str = "gloo"
+) -> dict[int, list[Sample]]:
+    """Every collective over rings that cross the nodes (``node_rings``), timed as
+    ``measure_collectives`` times them, on this node's ``nproc`` ranks of a launch with one
+    launcher per node: samples per group size (every node gets the same ones)."""
+    cuda = backend == "nccl"
+    sizes = CUDA_SIZES["bf16", quick].collective if cuda else NODE_SIZES[quick]
+    rounds, blocks = (6, 1) if quick else (12, 3)
+    groups = node_rings(node.num_nodes, nproc)
+    results = launch(
+        time_collectives, nproc, node=node, backend=backend, timeout_s=1800,
+        args=(COLLECTIVE_OPS, sizes, rounds, groups, blocks),
+    )  # fmt: skip
+    out: dict[int, list[Sample]] = {len(g): [] for g in groups}
+    for op, n, nbytes, s in results[0]:
+        out[n].append(Sample(op, bus_bytes(op, nbytes, n), s))
+    return out
+
+
+def link_fits(by_group: dict[int, list[Sample]]) -> dict[str, LinkFit]:
+    """Per collective, the line of the largest group's samples, the smaller groups' beside
+    it (``LinkFit``)."""
+    largest = max(by_group)
+    out = {}
+    for op in COLLECTIVE_OPS:
+        fits = {n: fit_linear(_points(s, op), relative=True) for n, s in by_group.items()}
+        out[op] = LinkFit(
+            fits[largest], largest, tuple((n, f) for n, f in fits.items() if n != largest)
+        )
     return out
 
 
@@ -479,6 +529,9 @@ CUDA_SIZES = {
                           (1 << 22, 1 << 26), (MiB, 64 * MiB), reps=3,
                           skinny=LLAMA_SKINNY_QUICK[:1], **LLAMA_ATTENTION),
 }  # fmt: skip
+# Across nodes (bytes of the full tensor): a slow emulated link would take minutes over the
+# loopback's sizes; a GPU cluster's inter-node links take the loopback sizes of a GPU.
+NODE_SIZES = {False: (16 * KiB, 64 * KiB, 256 * KiB, MiB), True: (64 * KiB, MiB)}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -541,11 +594,7 @@ def _profile(*, quick: bool, nproc: int, dtype: str, threads: int) -> Profile:
         max(nproc, 2), threads=threads, window_s=0.6 if quick else 1.5
     )  # fmt: skip
     compute = {op: fit_linear(_points(samples, op), relative=True) for op in COMPUTE_OPS}
-    links = (
-        {"loopback": {op: _link_fit(by_group, op, nproc) for op in COLLECTIVE_OPS}}
-        if by_group
-        else {}
-    )
+    links = {"loopback": link_fits(by_group)} if by_group else {}
     return Profile(
         kind="cuda" if cuda else "cpu",
         device=torch.cuda.get_device_name() if cuda else "cpu",
@@ -572,12 +621,6 @@ def _profile(*, quick: bool, nproc: int, dtype: str, threads: int) -> Profile:
         samples=(*samples, *collectives),
         core_sharing=sharing,
     )
-
-
-def _link_fit(by_group: dict[int, list[Sample]], op: str, nproc: int) -> LinkFit:
-    """``op``'s fit over ``nproc`` ranks, with the smaller groups' fits beside it."""
-    fits = {n: fit_linear(_points(s, op), relative=True) for n, s in by_group.items()}
-    return LinkFit(fits[nproc], nproc, tuple((n, f) for n, f in fits.items() if n != nproc))
 
 
 def _points(samples: Sequence[Sample], op: str) -> list[tuple[float, float]]:
