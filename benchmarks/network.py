@@ -418,29 +418,8 @@ def _train_across(spec: Any, strategy: str, port: int) -> list[float]:
     return [json.loads(line)["seconds"] for line in outs[0].splitlines() if line.startswith("{")]
 
 
-def _profile_across(spec: Any, base: Path, out: Path, port: int) -> None:
-    """``hspmd profile --nnodes`` in every node: ``base`` plus the veth measured across."""
-    from hspmd.netcluster import run
-
-    argv = [sys.executable, "-m", "hspmd", "profile", "--nproc", str(spec.ranks_per_node),
-            "--nnodes", str(spec.num_nodes), "--master-port", str(port), "--base", str(base),
-            "--link", "veth", "--out", str(out)]  # fmt: skip
-    env = {"PYTHONPATH": f"{ROOT / 'src'}", "TORCH_CPP_LOG_LEVEL": "ERROR"}
-    procs = [run.spawn(i, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-             for i in range(spec.num_nodes)]  # fmt: skip
-    try:
-        outs = [p.communicate(timeout=900)[0] for p in procs]
-    finally:
-        for p in procs:
-            run.stop(p, grace_s=0)
-    if any(p.returncode for p in procs):
-        raise RuntimeError(f"profile across nodes failed: {[p.returncode for p in procs]}")
-    # the veth's lines, and loopback's all-reduce beside them (the file's per-call cost)
-    keep = [x for x in outs[0].splitlines() if "veth" in x or x.startswith("all-reduce")]
-    print("\n".join(keep))
-
-
 def sim_part(args: argparse.Namespace) -> dict[str, Any]:
+    from hspmd.cli.netcluster import profile_across
     from hspmd.models import get_config
     from hspmd.netcluster import run
     from hspmd.netcluster.describe import KIND, cluster_json
@@ -464,7 +443,10 @@ def sim_part(args: argparse.Namespace) -> dict[str, Any]:
             cluster = cluster_json(spec, run.measure(spec), memory_mb=4000)
             # the veth's own cost lines, timed across the nodes (hspmd profile --nnodes)
             profiled = Path(tmp, "profile-veth.json")
-            _profile_across(spec, profile, profiled, PORT + 9)
+            table = profile_across(spec, profile, profiled, port=PORT + 9)
+            # the veth's lines, and loopback's all-reduce beside them (the file's per-call cost)
+            keep = [x for x in table.splitlines() if "veth" in x or x.startswith("all-reduce")]
+            print("\n".join(keep))
             costs = {}  # the veth as the file gives it (bandwidth, loopback's fixed costs)
             for key, file in (("file veth", profile), ("profiled veth", profiled)):
                 cluster["gpu_kinds"][KIND].update(profile=str(file))

@@ -106,3 +106,42 @@ def test_sigterm_inside_a_session_tears_down(netns) -> None:
         run.down()
     assert proc.returncode == 128 + signal.SIGTERM
     assert run.existing() == ()
+
+
+def test_up_refuses_a_bad_profile_before_building(tmp_path, capsys) -> None:
+    bad = tmp_path / "profile.json"
+    bad.write_text("{}")
+    assert main(["netcluster", "up", "--nodes", "2", "--ranks-per-node", "1", "--inter-gbps",
+                 "0.4", "--profile", str(bad), "--out", str(tmp_path / "c.json")]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "profile.json" in err
+    assert not (tmp_path / "c.json").exists()
+
+
+@pytest.mark.multiproc
+def test_the_veth_timed_across_nodes_prices_calls_in_the_cluster_file(netns, tmp_path) -> None:
+    """``profile_across`` (what ``up --profile`` runs) adds link "veth" to a profile; a
+    cluster file naming it prices a call across the nodes by those lines."""
+    from hspmd.cli.netcluster import profile_across
+    from hspmd.netcluster.describe import KIND, cluster_json
+    from hspmd.planner.cost import CostModel
+    from tests.planner.test_cost import _profile_with_link
+
+    spec = NetSpec(2, 2, 0.4)
+    base = _profile_with_link(tmp_path / "base.json", "loopback", slope=1e-9, overhead=1e-3)
+    both = tmp_path / "both.json"
+    with run.session(spec):
+        table = profile_across(spec, base, both, quick=True)
+        data = cluster_json(spec, run.measure(spec), memory_mb=4000)
+    assert "veth" in table
+    data["gpu_kinds"][KIND]["profile"] = str(both)
+    (tmp_path / "c.json").write_text(json.dumps(data))
+    cost = CostModel.of(load_cluster(tmp_path / "c.json"), dtype="fp32")
+    veth = cost.links["veth"]
+    assert veth.per_flow and "profile of" in veth.source
+    fit = veth.by_size["all-reduce"].for_size(4)
+    assert cost.collective("all-reduce", 1 << 20, (0, 1, 2, 3)) == pytest.approx(
+        fit.seconds(2 * 3 / 4 * (1 << 20))
+    )
+    # the shaped 0.4 Gbit/s: the 1 MiB calls take several ms more than the 64 KiB ones
+    assert fit.per_unit_s > 1 / 0.2e9

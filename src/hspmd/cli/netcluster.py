@@ -10,6 +10,10 @@
 namespace of its own (``hspmd-nc-hub``), addresses 10.213.0.1, 10.213.0.2, ... on the
 bridge, each node's link shaped with tc (htb, netem), measures loopback and inter-node
 throughput, and writes a cluster file (``hspmd.cluster/1``) with the measured figures.
+With ``--profile PROFILE`` (a profile of this machine, ``hspmd profile --nproc N``), ``up``
+also times the veth's collectives across the nodes (``hspmd profile --nnodes`` in each
+namespace) and writes PROFILE plus the veth's lines beside the cluster file, which names
+it as the kind's profile: the file is then ready for ``hspmd simulate`` and ``plan``.
 ``exec NODE -- CMD`` runs CMD inside node NODE with ``GLOO_SOCKET_IFNAME``,
 ``HSPMD_NODE`` and ``HSPMD_MASTER_ADDR`` (node 0's address) set. ``down`` removes every
 ``hspmd-nc-*`` namespace; it is safe to run any time. See docs/netcluster.md.
@@ -24,7 +28,9 @@ import sys
 from pathlib import Path
 
 from hspmd.cli.paths import check_out_folder
+from hspmd.netcluster.describe import KIND
 from hspmd.netcluster.spec import NetClusterError, NetSpec, node_namespace
+from hspmd.planner.profile import load_profile
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -48,6 +54,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="one shaped veth per rank (as one NIC per GPU) instead of one per node",
     )
     up.add_argument("--out", default="cluster.json", help="cluster file to write")
+    up.add_argument(
+        "--profile",
+        help="this machine's profile (hspmd profile): add the veth timed across the nodes",
+    )
     up.set_defaults(func=run_up)
     down = actions.add_parser("down", help="remove every hspmd-nc-* namespace")
     down.set_defaults(func=run_down)
@@ -67,11 +77,17 @@ def run_up(args: argparse.Namespace) -> int:
         args.nodes, args.ranks_per_node, args.inter_gbps, args.latency_ms, args.nic_per_rank
     )
     check_out_folder(args.out, "--out")  # before any namespace is made
+    if args.profile:
+        load_profile(args.profile)  # a bad file: one line before anything is built
     with run.Signals():  # SIGTERM too: measured on the built network, or taken down again
         run.up(spec)
         try:
             measured = run.measure(spec)
             data = cluster_json(spec, measured, memory_mb=run.host_memory_mb() / spec.num_ranks)
+            if args.profile:
+                both = Path(args.out).with_name(f"{Path(args.out).stem}-profile.json")
+                profile_across(spec, Path(args.profile), both)
+                data["gpu_kinds"][KIND]["profile"] = both.name  # beside the cluster file
             Path(args.out).write_text(json.dumps(data, indent=2) + "\n")
         except BaseException:
             run.down()
@@ -85,8 +101,42 @@ def run_up(args: argparse.Namespace) -> int:
         f"{measured.inter_Bps / 1e9:.4f} GB/s ({measured.inter_Bps * 8 / 1e9:.3f} Gbit/s, "
         f"shaped to {spec.inter_gbps:g}): {measured.ratio:.1f}x; cluster file {args.out}"
     )
+    if args.profile:
+        print(f"the veth's collectives timed across the nodes: {both}")
     print("run `hspmd netcluster down` to remove it")
     return 0
+
+
+def profile_across(
+    spec: NetSpec, base: Path, out: Path, *, port: int = 29649, quick: bool = False
+) -> str:
+    """``hspmd profile --nnodes`` in every node of the running network: ``base`` plus the
+    veth's lines into ``out``; node 0's table."""
+    from hspmd.netcluster import run
+
+    argv = [sys.executable, "-m", "hspmd", "profile", "--nproc", str(spec.ranks_per_node),
+            "--nnodes", str(spec.num_nodes), "--master-port", str(port), "--base",
+            str(base.resolve()), "--link", "veth", "--out", str(out.resolve()),
+            *(["--quick"] if quick else [])]  # fmt: skip
+    src = str(Path(__file__).resolve().parents[2])  # hspmd importable as this one is
+    env = {"PYTHONPATH": src, "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    procs = [
+        run.spawn(i, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for i in range(spec.num_nodes)
+    ]
+    try:
+        outs = [p.communicate(timeout=1800) for p in procs]
+    finally:
+        for p in procs:
+            run.stop(p, grace_s=0)
+    failed = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode]
+    if failed:
+        node, code = failed[0]
+        last = (outs[node][1].strip().splitlines() or [""])[-1]
+        raise NetClusterError(
+            f"timing the veth across the nodes failed in node {node} (exit {code}): {last}"
+        )
+    return outs[0][0]
 
 
 def run_down(args: argparse.Namespace) -> int:
