@@ -104,17 +104,9 @@ class ElasticPlan(Predicted):
         return None if self.switch is None else self.switch.moved_bytes
 
     def to_json(self, cost: CostModel) -> dict[str, Any]:
-        p = self.prediction
         return {
-            "strategy": str(p.strategy),
-            "zero1": p.options.zero1,
-            "recompute": any(k for ks in p.strategy.recomputed(p.options) for k in ks),
-            "recompute_layers": [list(ks) for ks in p.strategy.recomputed(p.options)],
-            "sequence_parallel": p.options.sequence_parallel,
-            "micro_batch_size": p.strategy.pipelines[0].micro_batch_size,
-            "step_time_s": p.step_time_s,
+            **self.prediction.plan_json(cost),
             "fastest_step_time_s": self.fastest_step_time_s,
-            "peak_memory_by_kind": p.peak_by_kind(cost),
             "plan_seconds": self.plan_seconds,
             "alive": format_ranks(self.alive),
             "unused_ranks": list(self.unused_ranks),

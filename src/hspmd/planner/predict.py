@@ -109,6 +109,21 @@ class Prediction:
             peaks[kind] = max(peaks.get(kind, 0.0), mem.peak)
         return peaks
 
+    def plan_json(self, cost: CostModel) -> dict[str, Any]:
+        """The plan's fields of ``hspmd plan --json``: the strategy, its options as
+        ``hspmd train`` takes them, the step and the peak memory per kind."""
+        recomputed = self.strategy.recomputed(self.options)
+        return {
+            "strategy": str(self.strategy),
+            "zero1": self.options.zero1,
+            "recompute": any(k for ks in recomputed for k in ks),
+            "recompute_layers": [list(ks) for ks in recomputed],
+            "sequence_parallel": self.options.sequence_parallel,
+            "micro_batch_size": self.strategy.pipelines[0].micro_batch_size,
+            "step_time_s": self.step_time_s,
+            "peak_memory_by_kind": self.peak_by_kind(cost),
+        }
+
     def to_json(self, cost: CostModel) -> dict[str, Any]:
         summary = self.result.to_json()
         return {

@@ -92,19 +92,7 @@ class Plan(Predicted):
     alternatives: tuple[Prediction, ...] = ()  # every simulated plan that fits, fastest first
 
     def to_json(self, cost: CostModel) -> dict[str, Any]:
-        def side(p: Prediction) -> dict[str, Any]:
-            return {
-                "strategy": str(p.strategy),
-                "zero1": p.options.zero1,
-                "recompute": any(k for ks in p.strategy.recomputed(p.options) for k in ks),
-                "recompute_layers": [list(ks) for ks in p.strategy.recomputed(p.options)],
-                "sequence_parallel": p.options.sequence_parallel,
-                "micro_batch_size": p.strategy.pipelines[0].micro_batch_size,
-                "step_time_s": p.step_time_s,
-                "peak_memory_by_kind": p.peak_by_kind(cost),
-            }
-
-        out = side(self.prediction)
+        out = self.prediction.plan_json(cost)
         out |= {
             "schedule": self.options.schedule,
             "dtype": self.options.dtype,
@@ -113,7 +101,7 @@ class Plan(Predicted):
             "memory_cap_by_kind": {k: d.memory_bytes for k, d in cost.devices.items()},
             "plan_seconds": self.plan_seconds,
             "candidates": self.candidates,
-            "homogeneous": side(self.homogeneous) if self.homogeneous else None,
+            "homogeneous": self.homogeneous.plan_json(cost) if self.homogeneous else None,
             "speedup_vs_homogeneous": (
                 self.homogeneous.step_time_s / self.step_time_s if self.homogeneous else None
             ),
