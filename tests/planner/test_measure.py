@@ -156,6 +156,8 @@ def test_cli_profile_across_nodes_needs_a_base_and_a_link(
     assert "give --base PROFILE" in capsys.readouterr().err
     assert main(["profile", "--link", "ib"]) == 2
     assert "--base and --link go with --nnodes" in capsys.readouterr().err
+    assert main(["profile", "--nnodes", "0"]) == 2  # not read as one node
+    assert "--nnodes 0: give the number of nodes" in capsys.readouterr().err
 
 
 @pytest.mark.multiproc

@@ -63,6 +63,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         raise ProfileError(f"--nproc {args.nproc}: give at least 1 (1 measures no collectives)")
+    if args.nnodes < 1:
+        raise ProfileError(f"--nnodes {args.nnodes}: give the number of nodes, at least 1")
     if args.nnodes > 1:
         return _across_nodes(args)
     if args.base or args.link:
