@@ -20,7 +20,8 @@ fewer pipelines (data-parallel redundancy); ``seeds`` are layouts that always re
 Level 2, for the survivors: the ILPs of ``hspmd.planner.ilp`` (layers per stage, then
 micro-batches per pipeline, then layers again for each pipeline's count), then the
 discrete-event simulation of the resulting strategy (``hspmd.planner.predict``); the
-fastest simulated plan that fits memory wins. A plan found with recompute recomputes, per
+fastest simulated plan that fits memory wins, the homogeneous baseline among them (so a
+plan is never slower than it in the simulator, where the ILPs' closed form misjudges). A plan found with recompute recomputes, per
 stage, only the first layers its memory needs (``hspmd.planner.trim``: ``:RC<k>``).
 
 The homogeneous baseline is Megatron's: DP x TP x PP over every rank, even layers, one
@@ -457,10 +458,6 @@ def plan(
         if (strategy, options) not in seen:
             seen.add((strategy, options))
             predictions.append(predict(strategy, config, cost, seq_len=seq_len, options=options))
-    chosen = fastest_fitting(predictions, cost)
-    if chosen is None:
-        count = cost.num_ranks if ranks is None else len(set(ranks))
-        raise PlanError(_nothing_fits(search.shortfall, cost, count))
     base = (
         homogeneous_plan(
             config, cost, global_batch=global_batch, seq_len=seq_len, zero1=zero1, dtype=dtype
@@ -468,6 +465,19 @@ def plan(
         if homogeneous
         else None
     )
+    if (
+        base is not None
+        and ranks is None
+        and len(base.strategy.pipelines) >= min_pipelines
+        and (base.strategy, base.options) not in seen
+    ):
+        # even layers are in the search's space, but its ILPs pick layers by the closed
+        # form: where the simulator disagrees, the baseline itself may be the faster plan
+        predictions.append(base)
+    chosen = fastest_fitting(predictions, cost)
+    if chosen is None:
+        count = cost.num_ranks if ranks is None else len(set(ranks))
+        raise PlanError(_nothing_fits(search.shortfall, cost, count))
     used = set(chosen.strategy.ranks)
     pool = range(cost.num_ranks) if ranks is None else sorted(set(ranks))
     unused = tuple(r for r in pool if r not in used)
