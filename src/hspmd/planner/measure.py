@@ -348,13 +348,14 @@ def measure_across_nodes(
 ) -> dict[int, list[Sample]]:
     """Every collective over rings that cross the nodes (``node_rings``), timed as
     ``measure_collectives`` times them, on this node's ``nproc`` ranks of a launch with one
-    launcher per node: samples per group size (every node gets the same ones)."""
+    launcher per node: samples per group size (every node gets the same ones). A node
+    that never joins ends it after 10 minutes (``LaunchError``)."""
     cuda = backend == "nccl"
     sizes = CUDA_SIZES["bf16", quick].collective if cuda else NODE_SIZES[quick]
     rounds, blocks = (6, 1) if quick else (12, 3)
     groups = node_rings(node.num_nodes, nproc)
     results = launch(
-        time_collectives, nproc, node=node, backend=backend, timeout_s=1800,
+        time_collectives, nproc, node=node, backend=backend, timeout_s=600,
         args=(COLLECTIVE_OPS, sizes, rounds, groups, blocks),
     )  # fmt: skip
     out: dict[int, list[Sample]] = {len(g): [] for g in groups}
