@@ -397,14 +397,14 @@ SIM_STRATEGIES = {
 SIM_BATCH, SIM_SEQ, SIM_STEPS, SIM_WARMUP = 4, 64, 8, 2
 
 
-def _train_across(spec: Any, strategy: str, port: int) -> list[float]:
+def _train_across(spec: Any, strategy: str, port: int, flags: Sequence[str] = ()) -> list[float]:
     """Step seconds of ``hspmd train --nnodes`` (node 0's JSON records)."""
     from hspmd.netcluster import run
 
     argv = [sys.executable, "-m", "hspmd", "train", "--model", "llama-small", "--strategy",
             strategy, "--global-batch", str(SIM_BATCH), "--seq-len", str(SIM_SEQ),
             "--steps", str(SIM_STEPS), "--json", "--nnodes", str(spec.num_nodes),
-            "--master-port", str(port)]  # fmt: skip
+            "--master-port", str(port), *flags]  # fmt: skip
     env = {"PYTHONPATH": f"{ROOT / 'src'}", "TORCH_CPP_LOG_LEVEL": "ERROR"}
     procs = [run.spawn(i, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
              for i in range(spec.num_nodes)]  # fmt: skip
@@ -428,6 +428,7 @@ def sim_part(args: argparse.Namespace) -> dict[str, Any]:
     from hspmd.planner.cost import CostModel
     from hspmd.planner.measure import profile_machine
     from hspmd.planner.predict import predict
+    from hspmd.planner.search import plan
     from hspmd.switch.cluster import load_cluster
 
     spec = NetSpec(2, 2, args.inter_gbps)
@@ -453,14 +454,21 @@ def sim_part(args: argparse.Namespace) -> dict[str, Any]:
                 path = Path(tmp, f"cluster-{key.split()[0]}.json")
                 path.write_text(json.dumps(cluster))
                 costs[key] = CostModel.of(load_cluster(path), dtype="fp32")
+            # and what the planner chooses on the profiled file (ZeRO-1 off, as the others)
+            chosen = plan(config, costs["profiled veth"], global_batch=SIM_BATCH,
+                          seq_len=SIM_SEQ, dtype="fp32", zero1="off")  # fmt: skip
+            runs = {n: (t, StrategyOptions(dtype="fp32")) for n, t in SIM_STRATEGIES.items()}
+            runs["the planner's plan"] = (str(chosen.strategy), chosen.options)
+            print(f"the planner's plan: {chosen.strategy} ({chosen.options})")
             rows = []
-            for i, (name, text) in enumerate(SIM_STRATEGIES.items()):
+            for i, (name, (text, options)) in enumerate(runs.items()):
                 predicted = {
                     key: predict(parse_strategy(text), config, cost, seq_len=SIM_SEQ,
-                                 options=StrategyOptions(dtype="fp32")).step_time_s
+                                 options=options).step_time_s
                     for key, cost in costs.items()
                 }  # fmt: skip
-                steps = _train_across(spec, text, PORT + 10 + i)
+                flags = ["--sequence-parallel"] if options.sequence_parallel else []
+                steps = _train_across(spec, text, PORT + 10 + i, flags)
                 kept = sorted(steps[SIM_WARMUP:])  # the first steps warm caches up
                 measured = kept[len(kept) // 2]
                 rows.append({"name": name, "strategy": text, "predicted_s": predicted,
