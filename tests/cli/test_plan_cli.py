@@ -147,3 +147,14 @@ def test_plan_alive_too_few_is_one_line(tmp_path: Path, capsys: pytest.CaptureFi
             "--seq-len", "32", "--dtype", "fp32", "--alive", "2"]  # fmt: skip
     assert main(argv) == 2
     assert "no elastic strategy for 1 alive ranks" in _err(capsys)
+
+
+def test_simulate_table_columns_fit_long_kind_names(capsys: pytest.CaptureFixture[str]) -> None:
+    """A kind name longer than the column (an emulated network's ``netns-cpu``) widens it
+    instead of running into the layers."""
+    cluster = Path(__file__).parents[1] / "planner" / "data" / "netcluster-2x2.json"
+    assert main(["simulate", "--model", "llama-small", "--cluster", str(cluster), "--strategy",
+                 "4x1: R0-3:L0-7", "--global-batch", "4", "--seq-len", "64", "--dtype",
+                 "fp32"]) == 0  # fmt: skip
+    row = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("p0s0"))
+    assert row.split()[:4] == ["p0s0", "R0-3", "netns-cpu", "0-7"]

@@ -138,21 +138,25 @@ def _rank_names(cost: CostModel) -> dict[int, str]:
 def prediction_text(p: Prediction, cost: CostModel, *, model: str, seq_len: int) -> str:
     """Step time, one row per stage (its ranks are alike), the critical path."""
     tokens = p.strategy.global_batch * seq_len
+    stages = list(p.strategy.stages())
+    # columns as wide as their longest entry (GPU kind names run from "H20" to "netns-cpu")
+    kw = 1 + max(7, *(len(cost.kind_of(st.ranks[0])) for _, _, st in stages))
+    rw = 1 + max(9, *(len(str(st).split(":")[0]) for _, _, st in stages))
     lines = [
         f"{model} on {cost.cluster.name} ({p.strategy.num_ranks} of {cost.num_ranks} ranks), "
         f"seq_len {seq_len}, global batch {p.strategy.global_batch}, {p.options}",
         f"predicted step time: {p.step_time_s:.4g} s ({tokens / p.step_time_s:,.0f} tokens/s)",
-        f"{'stage':<8}{'ranks':<10}{'kind':<8}{'layers':<9}{'F ms':>9}{'B ms':>9}"
+        f"{'stage':<8}{'ranks':<{rw}}{'kind':<{kw}}{'layers':<9}{'F ms':>9}{'B ms':>9}"
         f"{'busy s':>9}{'comm s':>9}{'idle s':>9}{'peak GiB':>10}{'cap GiB':>9}",
     ]
     res = p.result
-    for pi, si, stage in p.strategy.stages():
+    for pi, si, stage in stages:
         r = stage.ranks[0]
         work, mem = p.work[(pi, si)], p.memory[r]
         cap = cost.device_of(r).memory_bytes
         ranks = str(stage).split(":")[0]
         lines.append(
-            f"{f'p{pi}s{si}':<8}{ranks:<10}{cost.kind_of(r):<8}"
+            f"{f'p{pi}s{si}':<8}{ranks:<{rw}}{cost.kind_of(r):<{kw}}"
             f"{f'{stage.first_layer}-{stage.last_layer}':<9}"
             f"{work.forward_s * 1e3:9.2f}{work.backward_s * 1e3:9.2f}"
             f"{res.busy.get(r, 0.0):9.3f}{res.comm.get(r, 0.0):9.3f}"
