@@ -188,11 +188,9 @@ class CostModel:
     def link_between(self, a: int, b: int) -> LinkCost:
         if a == b:
             return _FREE
-        if self._nodes[a] != self._nodes[b]:
-            link = self.links[self.cluster.inter_link.name]
-            if link.per_flow and self.cluster.shared_nic:  # a rank's share, as a file's figure
-                return link.scaled(1 / len(self._topology.nodes[self._nodes[a]].ranks))
-            return link
+        if self._nodes[a] != self._nodes[b]:  # one of the node's rank-many flows at once
+            node = self._nodes[a]
+            return self._inter({node: len(self._topology.nodes[node].ranks)})
         return self.links[self.cluster.kind(self._kinds[a]).intra_link.name]
 
     def group_link(self, ranks: Sequence[int], concurrent: int = 1) -> LinkCost:
@@ -207,13 +205,19 @@ class CostModel:
         nodes = [self.node_of(r) for r in ranks]
         if len(set(nodes)) == 1:
             return self.link_between(ranks[0], ranks[1])
-        link = self.links[self.cluster.inter_link.name]
-        if not self.cluster.shared_nic:
-            return link
         leaving: dict[int, int] = {}
         for a, b in zip(nodes, [*nodes[1:], nodes[0]], strict=True):
             if a != b:
                 leaving[a] = leaving.get(a, 0) + concurrent
+        return self._inter(leaving)
+
+    def _inter(self, leaving: Mapping[int, int]) -> LinkCost:
+        """The inter link for a flow while ``leaving[n]`` flows leave each node ``n``: on a
+        shared NIC the busiest node's link split among its flows (a file's figure is a
+        rank's, a measured line one flow's); else each flow's own NIC."""
+        link = self.links[self.cluster.inter_link.name]
+        if not self.cluster.shared_nic:
+            return link
         whole = {n: 1 if link.per_flow else len(self._topology.nodes[n].ranks) for n in leaving}
         return link.scaled(min(whole[n] / f for n, f in leaving.items()))
 

@@ -324,9 +324,14 @@ def measure_collectives(
         time_collectives, nproc, args=(tuple(ops), tuple(sizes), rounds, groups_n, blocks),
         backend=backend,
     )  # fmt: skip
-    out: dict[int, list[Sample]] = {n: [] for n in sizes_n}
-    for op, n, nbytes, s in results[0]:
-        out[n].append(Sample(op, bus_bytes(op, nbytes, n), s))
+    return _by_group(results[0])
+
+
+def _by_group(timings: Sequence[tuple[str, int, int, float]]) -> dict[int, list[Sample]]:
+    """``time_collectives``'s timings as samples per bus byte, per group size."""
+    out: dict[int, list[Sample]] = {}
+    for op, n, nbytes, s in timings:
+        out.setdefault(n, []).append(Sample(op, bus_bytes(op, nbytes, n), s))
     return out
 
 
@@ -358,10 +363,7 @@ def measure_across_nodes(
         time_collectives, nproc, node=node, backend=backend, timeout_s=600,
         args=(COLLECTIVE_OPS, sizes, rounds, groups, blocks),
     )  # fmt: skip
-    out: dict[int, list[Sample]] = {len(g): [] for g in groups}
-    for op, n, nbytes, s in results[0]:
-        out[n].append(Sample(op, bus_bytes(op, nbytes, n), s))
-    return out
+    return _by_group(results[0])
 
 
 def link_fits(by_group: dict[int, list[Sample]]) -> dict[str, LinkFit]:

@@ -21,8 +21,9 @@ Level 2, for the survivors: the ILPs of ``hspmd.planner.ilp`` (layers per stage,
 micro-batches per pipeline, then layers again for each pipeline's count), then the
 discrete-event simulation of the resulting strategy (``hspmd.planner.predict``); the
 fastest simulated plan that fits memory wins, the homogeneous baseline among them (so a
-plan is never slower than it in the simulator, where the ILPs' closed form misjudges). A plan found with recompute recomputes, per
-stage, only the first layers its memory needs (``hspmd.planner.trim``: ``:RC<k>``).
+plan is never slower than it in the simulator, where the ILPs' closed form misjudges). A
+plan found with recompute recomputes, per stage, only the first layers its memory needs
+(``hspmd.planner.trim``: ``:RC<k>``).
 
 The homogeneous baseline is Megatron's: DP x TP x PP over every rank, even layers, one
 micro-batch size, ranks in Megatron's order (TP, then DP, then PP) or pipeline-major,
