@@ -24,10 +24,45 @@ gradient is resharded to ``x``'s annotation without partial axes (docs/deduction
 
 from __future__ import annotations
 
+import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.fx
 
-__all__ = ["ALIGN_TARGET", "MARKER_TARGET", "align", "is_align_node", "is_reshard_node", "reshard"]
+__all__ = [
+    "ALIGN_TARGET",
+    "MARKER_TARGET",
+    "align",
+    "capturing",
+    "is_align_node",
+    "is_reshard_node",
+    "reshard",
+]
+
+_CAPTURING = contextvars.ContextVar("hspmd_capturing", default=False)
+
+
+@torch.library.custom_op("hspmd::marker", mutates_args=())
+def _marker_op(x: torch.Tensor, name: str) -> torch.Tensor:
+    """A marker as an ATen-level op, so that ``torch.export`` records it (capture only)."""
+    return x.clone()
+
+
+@_marker_op.register_fake
+def _(x: torch.Tensor, name: str) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@contextmanager
+def capturing() -> Iterator[None]:
+    """Within: ``reshard`` records itself as ``torch.ops.hspmd.marker`` (``graph.export``)."""
+    token = _CAPTURING.set(True)
+    try:
+        yield
+    finally:
+        _CAPTURING.reset(token)
 
 
 def reshard(x: torch.Tensor, name: str) -> torch.Tensor:
@@ -40,6 +75,8 @@ def reshard(x: torch.Tensor, name: str) -> torch.Tensor:
     """
     if isinstance(x, torch.fx.Proxy):
         return x.tracer.create_proxy("call_function", reshard, (x, name), {})
+    if _CAPTURING.get():
+        return _marker_op(x, name)
     return x
 
 

@@ -33,6 +33,7 @@ def run(module: nn.Module, targets: str = "[0,1]{D:2}"):
         marker_annotations={"logits": A("[0,1]{2:2}")},
         input_shapes={"x": (2, 4, 8), "targets": (2, 4)},
         input_dtypes={"x": torch.float32},
+        strict=True,  # the rules' own refusals (the fallback: test_fallback.py)
     )
 
 

@@ -20,6 +20,7 @@ def run(module, *, inputs, params, markers=None, shapes, dtypes=None):
         marker_annotations={k: A(v) for k, v in (markers or {}).items()},
         input_shapes=shapes,
         input_dtypes={k: torch.float32 for k in shapes} if dtypes is None else dtypes,
+        strict=True,  # the rules' own refusals (the fallback: test_fallback.py)
     )
 
 

@@ -23,20 +23,22 @@ import torch.fx
 from torch import nn
 
 from hspmd.annotation import Annotation
-from hspmd.deduce import contract, layers, misc, pointwise, reduce, views  # noqa: F401  (rules)
+from hspmd.deduce import aten, contract, layers, misc, pointwise, reduce, views  # noqa: F401  (rules)
 from hspmd.deduce.align import insert_alignments
 from hspmd.deduce.backward import AlignNeed, AlignSite, ReshardSite, backward_annotations
-from hspmd.deduce.forward import forward_annotations
+from hspmd.deduce.fallback import insert_gathers
+from hspmd.deduce.forward import Fallback, ForwardResult, forward_annotations
 from hspmd.deduce.result import AnnotatedGraph
 from hspmd.deduce.rules import DeductionError, NoRuleError
 from hspmd.graph.capture import capture
-from hspmd.graph.shapes import TensorSpec, propagate_shapes
+from hspmd.graph.shapes import ShapeInfo, TensorSpec, propagate_shapes
 
 __all__ = [
     "AlignNeed",
     "AlignSite",
     "AnnotatedGraph",
     "DeductionError",
+    "Fallback",
     "NoRuleError",
     "ReshardSite",
     "deduce",
@@ -52,6 +54,7 @@ def deduce(
     marker_annotations: Mapping[str, Annotation],
     input_shapes: Mapping[str, Sequence[int]],
     input_dtypes: Mapping[str, torch.dtype] | None = None,
+    strict: bool = False,
 ) -> AnnotatedGraph:
     """Capture (unless given a GraphModule), propagate global shapes, deduce annotations.
 
@@ -61,6 +64,10 @@ def deduce(
 
     ``input_shapes`` are global per-micro-batch shapes; ``input_dtypes`` default to int64
     (token ids). Parameters are named as in ``named_parameters()``; markers by their name.
+
+    An op whose rule refuses its inputs' layouts (or that has no rule) runs whole on
+    gathered inputs (``ag.fallbacks``, ``hspmd.deduce.fallback``); ``strict=True`` raises
+    the rule's ``DeductionError`` instead.
     """
     gm = module_or_graph if isinstance(module_or_graph, torch.fx.GraphModule) else None
     gm = gm or capture(module_or_graph)
@@ -70,16 +77,26 @@ def deduce(
         for name, shape in input_shapes.items()
     }
     info = propagate_shapes(gm, specs)
-    leaves = {
-        "input_annotations": input_annotations,
-        "param_annotations": param_annotations,
-        "marker_annotations": marker_annotations,
-    }
-    fwd = forward_annotations(gm, info, **leaves)
+    markers = dict(marker_annotations)
+
+    def forward(gm: torch.fx.GraphModule, info: ShapeInfo) -> ForwardResult:
+        return forward_annotations(
+            gm, info, input_annotations=input_annotations, param_annotations=param_annotations,
+            marker_annotations=markers, strict=strict,
+        )  # fmt: skip
+
+    fwd = forward(gm, info)
+    fallbacks = fwd.fallbacks
+    if fallbacks:  # ops no rule covers: gather their inputs, then deduce the new graph
+        gm, info, gathers = insert_gathers(gm, info, fallbacks, fwd.annotations)
+        markers.update(gathers)
+        fwd = forward(gm, info)
+        if fwd.fallbacks:
+            raise DeductionError(f"gathered inputs still have no layout: {fwd.fallbacks[0]}")
     bwd = backward_annotations(gm, info, fwd)
     if bwd.needs:  # consumers disagree on a gradient: align, then deduce the new graph
         gm, info = insert_alignments(gm, info, bwd.needs)
-        fwd = forward_annotations(gm, info, **leaves)
+        fwd = forward(gm, info)
         bwd = backward_annotations(gm, info, fwd)
         assert not bwd.needs, f"alignment left consumers disagreeing: {bwd.needs}"
     param_grads = {fwd.params[n]: bwd.grads[n] for n in fwd.params if n in bwd.grads}
@@ -95,4 +112,5 @@ def deduce(
         reshards=bwd.reshards,
         alignments=bwd.alignments,
         loss=bwd.loss,
+        fallbacks=fallbacks,
     )

@@ -21,7 +21,13 @@ import torch
 import torch.fx
 
 from hspmd.annotation import DUP, Annotation
-from hspmd.deduce.axes import AxesError, axis_placements, common_degrees, merge_axes
+from hspmd.deduce.axes import (
+    AxesError,
+    all_duplicate,
+    axis_placements,
+    common_degrees,
+    merge_axes,
+)
 from hspmd.deduce.rules import (
     DeductionError,
     NoRuleError,
@@ -37,7 +43,22 @@ from hspmd.graph.capture import source_line
 from hspmd.graph.shapes import ShapeInfo
 from hspmd.markers import is_align_node, is_reshard_node
 
-RULES_HOME = "src/hspmd/deduce/ (pointwise.py, contract.py, views.py, reduce.py, misc.py)"
+
+@dataclass(frozen=True, slots=True)
+class Fallback:
+    """An op no rule covers for its inputs' layouts: its ``gathered`` inputs are resharded
+    to duplicate within their groups first, and the op runs whole on every rank of them
+    (always correct). ``why``: the rule's refusal, or that the op has none."""
+
+    node: str
+    op: str
+    where: str | None  # the user's file:line
+    gathered: tuple[str, ...]
+    why: str
+
+    def __str__(self) -> str:
+        at = f" at {self.where}" if self.where else ""
+        return f"{self.op}{at}: gathers {', '.join(self.gathered)} ({self.why})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +66,7 @@ class ForwardResult:
     annotations: dict[str, Annotation | None]  # tensor nodes; None = constant
     params: dict[str, str]  # get_attr node name -> parameter name
     inputs: dict[str, tuple[str, ...]]  # node name -> names of its data inputs
+    fallbacks: tuple[Fallback, ...] = ()  # ops whose inputs must be gathered first
 
 
 def _node_text(node: torch.fx.Node) -> str:
@@ -170,7 +192,9 @@ def deduce_node(
         out = apply_rule(entry, call, anns)
         out.check_shape(call.out_shape)
     except RuleError as error:
-        raise DeductionError(_fail(node, data, anns, f"{error.reason}. Fix: {error.fix}")) from None
+        failed = DeductionError(_fail(node, data, anns, f"{error.reason}. Fix: {error.fix}"))
+        failed.reason = error.reason  # type: ignore[attr-defined]  # for a Fallback's why
+        raise failed from None
     except (AxesError, AnnotationError) as error:
         raise DeductionError(
             _fail(node, data, anns, f"{error}. Fix: add a reshard marker before this op")
@@ -222,12 +246,15 @@ def forward_annotations(
     input_annotations: Mapping[str, Annotation],
     param_annotations: Mapping[str, Annotation],
     marker_annotations: Mapping[str, Annotation],
+    strict: bool = False,
 ) -> ForwardResult:
-    """Annotate every tensor node of ``gm`` (shapes from ``propagate_shapes``)."""
+    """Annotate every tensor node of ``gm`` (shapes from ``propagate_shapes``). An op no
+    rule covers is a ``Fallback`` (its inputs gathered), or with ``strict`` an error."""
     known: dict[str, Annotation | None] = {}
     params: dict[str, str] = {}
     inputs: dict[str, tuple[str, ...]] = {}
     memo: dict[Any, Annotation] = {}
+    fallbacks: list[Fallback] = []
     for node in gm.graph.nodes:
         if node.name not in info.specs:
             continue  # sizes and other non-tensor values; the output node
@@ -246,13 +273,18 @@ def forward_annotations(
             if entry is None and _constant_inputs(node, info, known):
                 known[node.name] = None  # made from sizes and buffers only: a constant
                 continue
-            if entry is None:
-                raise NoRuleError(
-                    f"{_node_text(node)}: no deduction rule for {target_text(node.target)}. "
-                    f"Fix: register one in {RULES_HOME} (see hspmd.deduce.rules.register)"
-                )
-            data = _data_inputs(node, entry, info)
-            ann = deduce_node(node, data, entry, info, known, memo)
+            data = _data_inputs(node, entry or _EVERY_TENSOR, info)
+            try:
+                if entry is None:
+                    raise NoRuleError(
+                        f"{_node_text(node)}: no deduction rule for {target_text(node.target)}. "
+                        "Fix: register one in src/hspmd/deduce/ (hspmd.deduce.rules.register)"
+                    )
+                ann = deduce_node(node, data, entry, info, known, memo)
+            except DeductionError as error:
+                if strict:
+                    raise
+                ann = _fallback(node, data, known, error, fallbacks)
             inputs[node.name] = tuple(n.name for n in data)
         if ann is not None:
             try:
@@ -260,4 +292,33 @@ def forward_annotations(
             except AnnotationError as error:
                 raise DeductionError(f"{_node_text(node)}: {error}") from None
         known[node.name] = ann
-    return ForwardResult(known, params, inputs)
+    return ForwardResult(known, params, inputs, tuple(fallbacks))
+
+
+_EVERY_TENSOR = RuleEntry(lambda call, placements: DUP)  # data inputs of an op with no rule
+
+
+def _fallback(
+    node: torch.fx.Node,
+    data: list[torch.fx.Node],
+    known: Mapping[str, Annotation | None],
+    error: DeductionError,
+    fallbacks: list[Fallback],
+) -> Annotation:
+    """The always-correct layout of an op no rule covers: every input duplicate within
+    its groups, the op computed whole. Records which inputs must be gathered; refuses
+    (re-raises) where the inputs already are duplicate and a rule still says no (dropout
+    with p > 0: each rank would draw its own mask), or where they live on different groups."""
+    live = [(n, known[n.name]) for n in data if known[n.name] is not None]
+    if not live or any(a.groups != live[0][1].groups for _, a in live):  # type: ignore[union-attr]
+        raise error
+    dup = all_duplicate(live[0][1])  # type: ignore[arg-type]
+    gathered = tuple(n.name for n, a in live if a != dup)
+    if not gathered:
+        if isinstance(error, NoRuleError):
+            return dup  # duplicate inputs: the op runs whole on every rank
+        raise error
+    why = getattr(error, "reason", "no deduction rule")
+    op = target_text(node.target).removeprefix("torch.ops.")
+    fallbacks.append(Fallback(node.name, op, source_line(node), gathered, why))
+    return dup

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +11,7 @@ import torch.fx
 
 from hspmd.annotation import Annotation
 from hspmd.deduce.backward import AlignSite, ReshardSite
+from hspmd.deduce.forward import Fallback
 from hspmd.deduce.rules import target_text
 from hspmd.graph.shapes import TensorSpec
 
@@ -41,6 +43,15 @@ class AnnotatedGraph:
     reshards: tuple[ReshardSite, ...]
     alignments: tuple[AlignSite, ...]
     loss: str
+    fallbacks: tuple[Fallback, ...] = ()  # ops computed whole on gathered inputs
+
+    def fallback_bytes(self, fallback: Fallback) -> int:
+        """Bytes of the inputs ``fallback`` gathers, at the deduced (micro-batch) shapes."""
+        total = 0
+        for name in fallback.gathered:
+            spec = self.specs[name]
+            total += math.prod(spec.shape) * spec.dtype.itemsize
+        return total
 
     def shape(self, node_name: str) -> tuple[int, ...]:
         return self.specs[node_name].shape
@@ -77,4 +88,5 @@ class AnnotatedGraph:
         parts = self.lines()
         parts += [f"reshard {site}" for site in self.reshards]
         parts += [str(site) for site in self.alignments]
+        parts += [f"fallback {f}" for f in self.fallbacks]
         return "\n".join(parts)

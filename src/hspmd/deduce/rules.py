@@ -31,6 +31,7 @@ from hspmd.errors import HspmdError
 
 __all__ = [
     "DUP",
+    "FAMILIES",
     "PARTIAL",
     "RULES",
     "DeductionError",
@@ -106,6 +107,10 @@ class RuleEntry:
 RULES: dict[Any, RuleEntry] = {}
 """fx target -> rule; filled by the family modules when ``hspmd.deduce`` is imported."""
 
+FAMILIES: list[Callable[[Any], RuleEntry | None]] = []
+"""Rules found from what an op is rather than its name (``hspmd.deduce.aten``: torch's
+pointwise tag); asked in order when ``RULES`` has no entry."""
+
 
 def register(*targets: Any, inputs: Sequence[int] | None = None) -> Callable[[Rule], Rule]:
     """Decorator: register ``fn`` for every target (functions and method-name strings)."""
@@ -124,7 +129,12 @@ def lookup(target: Any) -> RuleEntry | None:
     """The rule of an fx target; ``"Tensor.silu"`` finds the method ``"silu"``."""
     if isinstance(target, str):
         target = target.removeprefix("Tensor.")
-    return RULES.get(target)
+    found = RULES.get(target)
+    for family in FAMILIES if found is None else ():
+        found = family(target)
+        if found is not None:
+            break
+    return found
 
 
 def target_text(target: Any) -> str:

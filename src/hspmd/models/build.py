@@ -23,6 +23,7 @@ from hspmd.models.spec import ModelSpec, ModelSpecError, ModuleModel
 
 __all__ = [
     "constant", "initial_parameter", "model_graph", "params_before_first_block", "plain_model",
+    "step_loss",
 ]  # fmt: skip
 
 
@@ -97,6 +98,18 @@ def plain_model(model: ModelSpec, *, seed: int) -> nn.Module:
     from hspmd.models.module import plain_module
 
     return plain_module(_module(model), seed)
+
+
+def step_loss(
+    model: ModelSpec, module: nn.Module, tokens: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    """The loss of one step of ``plain_model(model)`` on ``(tokens, targets)``, called the
+    way the model is called (``hspmd.models.calling``: positional or Hugging Face)."""
+    if isinstance(model, ModuleModel):
+        from hspmd.models.calling import call_step
+
+        return call_step(module, tokens, targets, model.convention)  # type: ignore[arg-type]
+    return module(tokens, targets)
 
 
 def _module(model: ModelSpec) -> ModuleModel:

@@ -42,12 +42,13 @@ from typing import Any
 
 import torch
 import torch.fx
-import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from hspmd.graph.capture import CaptureError, InliningTracer, source_line
+from hspmd.graph.capture import CaptureError, source_line
+from hspmd.graph.export import ExportError, capture_step
 from hspmd.markers import is_reshard_node, reshard
+from hspmd.models.calling import convention_of, step_call
 from hspmd.models.spec import (
     NO_LIMIT,
     TP_KINDS,
@@ -190,22 +191,17 @@ def _blocks(module: nn.Module, source: str) -> tuple[str, nn.ModuleList]:
     return best[0]
 
 
-class _BlockTracer(InliningTracer):
-    """Inserts ``layers.{i}.input`` on the first argument of block ``i``'s call."""
-
-    def __init__(self, blocks: nn.ModuleList) -> None:
-        super().__init__(user_lines=True)
-        self._index = {id(block): i for i, block in enumerate(blocks)}
-
-    def call_module(self, m: nn.Module, forward: Any, args: Any, kwargs: Any) -> Any:
-        i = self._index.get(id(m))
-        if i is not None and args and isinstance(args[0], torch.fx.Proxy):
-            args = (reshard(args[0], f"layers.{i}.input"), *args[1:])  # type: ignore[arg-type]
-        return super().call_module(m, forward, args, kwargs)
-
-
 def _prefix(param: str) -> str:
     return param.rsplit(".", 1)[0] if "." in param else param
+
+
+_LINEAR = torch.ops.aten.linear.default
+_EMBEDDING = torch.ops.aten.embedding.default
+
+
+def _weight_of(user: torch.fx.Node) -> Any:
+    """The weight argument of a linear (``(x, w, b)``) or an embedding (``(w, ids)``)."""
+    return user.args[1] if user.target is _LINEAR else user.args[0]
 
 
 def _insert_tp_markers(gm: torch.fx.GraphModule, kinds: Mapping[str, str], source: str) -> None:
@@ -218,9 +214,9 @@ def _insert_tp_markers(gm: torch.fx.GraphModule, kinds: Mapping[str, str], sourc
             continue
         for user in list(node.users):
             _check_tp_use(node, user, kind, source)
-            if user.target is F.linear and user.args[1] is not node:
+            if _weight_of(user) is not node:
                 continue  # the bias of a column layer: split with its weight, nothing to add
-            if kind == "row" or user.target is F.embedding:
+            if kind == "row" or user.target is _EMBEDDING:
                 _mark_output(graph, user, f"{_prefix(str(node.target))}.tp_out")
             else:  # column, or a vocab-parallel head: its input is duplicate in the stage
                 x = user.args[0]
@@ -237,7 +233,7 @@ def _insert_tp_markers(gm: torch.fx.GraphModule, kinds: Mapping[str, str], sourc
 
 
 def _check_tp_use(param: torch.fx.Node, user: torch.fx.Node, kind: str, source: str) -> None:
-    allowed = (F.linear,) if kind == "row" else (F.linear, F.embedding)
+    allowed = (_LINEAR,) if kind == "row" else (_LINEAR, _EMBEDDING)
     if user.target in allowed:
         return
     where = source_line(user) or source
@@ -250,10 +246,8 @@ def _check_tp_use(param: torch.fx.Node, user: torch.fx.Node, kind: str, source: 
 
 def _mark_output(graph: torch.fx.Graph, user: torch.fx.Node, name: str) -> None:
     """``reshard(user, name)`` in place of ``user``; a row layer's bias moves after it."""
-    bias = (
-        user.args[2] if user.target is F.linear and len(user.args) > 2 else user.kwargs.get("bias")
-    )
-    if user.target is F.linear and bias is not None:
+    bias = user.args[2] if user.target is _LINEAR and len(user.args) > 2 else None
+    if user.target is _LINEAR and bias is not None:
         user.args = (user.args[0], user.args[1])
         user.kwargs = {}
     with graph.inserting_after(user):
@@ -261,22 +255,8 @@ def _mark_output(graph: torch.fx.Graph, user: torch.fx.Node, name: str) -> None:
     last = marked
     if isinstance(bias, torch.fx.Node):
         with graph.inserting_after(marked):
-            last = graph.call_function(torch.add, (marked, bias))
+            last = graph.call_function(torch.ops.aten.add.Tensor, (marked, bias))
     user.replace_all_uses_with(last, delete_user_cb=lambda n: n is not marked)
-
-
-def _name_inputs(graph: torch.fx.Graph, source: str) -> None:
-    """forward's two inputs are hspmd's ``tokens`` and ``targets``, whatever their names."""
-    inputs = [n for n in graph.nodes if n.op == "placeholder"]
-    if len(inputs) != 2:
-        raise ModelSpecError(
-            f"{source}: forward takes {[str(n.target) for n in inputs]}; it must take "
-            "(tokens, targets) and return the loss"
-        )
-    for node, name in zip(inputs, ("tokens", "targets"), strict=True):
-        if node.target != name:
-            node.target = name
-            node._rename(name)
 
 
 def capture_model(
@@ -284,28 +264,15 @@ def capture_model(
 ) -> tuple[torch.fx.GraphModule, bool]:
     """The module's graph with hspmd's markers; True if the module placed its own."""
     _, blocks = _blocks(module, source)
-    tracer = _BlockTracer(blocks)
-    own = False
+    call = step_call(convention_of(module))
     try:
-        graph = tracer.trace(module)
-    except ModelSpecError:
-        raise
-    except Exception as error:
-        hint = (
-            "slice a tensor by a traced size with torch.narrow(t, dim, 0, T), not t[:T]"
-            if "slice indices" in str(error)
-            else "keep data-dependent control flow and asserts on sizes out of forward"
-        )
-        raise CaptureError(
-            f"torch.fx cannot trace {source} ({type(module).__name__}.forward): {error}: {hint}"
-        ) from error
-    names = [str(n.args[1]) for n in graph.nodes if is_reshard_node(n)]
-    if len(names) != len(set(names)):  # the module's own layers.{i}.input and ours
-        own = True
-        plain = InliningTracer(user_lines=True)
-        graph = plain.trace(module)
-    _name_inputs(graph, source)
-    gm = torch.fx.GraphModule(module, graph, class_name=type(module).__name__)
+        gm = capture_step(module, call=call, blocks=list(blocks))
+    except ExportError as error:
+        raise CaptureError(f"{source}: {error}") from error
+    names = [str(n.args[1]) for n in gm.graph.nodes if is_reshard_node(n)]
+    own = len(names) != len(set(names))  # the module's own layers.{i}.input and ours
+    if own:
+        gm = capture_step(module, call=call)
     _insert_tp_markers(gm, kinds, source)
     return gm, own
 
@@ -313,11 +280,39 @@ def capture_model(
 # -- metadata ------------------------------------------------------------------------------------
 
 
+# Megatron's layout by the projection names most decoder families use (Llama, Mistral,
+# Qwen2, Gemma; nanoGPT's and GPT-2's MLP), for a model that gives no tp_rules. Only a
+# parameter of an nn.Linear (or nn.Embedding for vocab) takes its kind: HF GPT-2's Conv1D
+# of the same name stays replicate, and fused projections (c_attn, qkv_proj) are not named.
+COMMON_TP_RULES: tuple[tuple[str, str], ...] = (
+    ("*.q_proj.*", "column"), ("*.k_proj.*", "column"), ("*.v_proj.*", "column"),
+    ("*.o_proj.weight", "row"),
+    ("*.gate_proj.*", "column"), ("*.up_proj.*", "column"), ("*.down_proj.weight", "row"),
+    ("*.mlp.c_fc.*", "column"), ("*.mlp.c_proj.weight", "row"),
+    ("*embed_tokens.weight", "vocab"), ("lm_head.weight", "vocab"), ("*.wte.weight", "vocab"),
+)  # fmt: skip
+
+
 def _rules(module: nn.Module, source: str) -> tuple[tuple[str, str], ...]:
-    rules = getattr(module, "tp_rules", None) or {}
+    rules = getattr(module, "tp_rules", None)
+    if rules is None:
+        return _common_rules(module)
     if not isinstance(rules, Mapping):
         raise ModelSpecError(f"{source}: tp_rules must be a dict of pattern -> kind, not {rules!r}")
     return _checked(tuple((str(p), str(k)) for p, k in rules.items()), source)
+
+
+def _common_rules(module: nn.Module) -> tuple[tuple[str, str], ...]:
+    """``COMMON_TP_RULES`` as exact names, kept where the parameter's module is one hspmd
+    splits (``nn.Linear``; ``nn.Embedding`` or ``nn.Linear`` for a vocab weight)."""
+    found = []
+    for name, _ in module.named_parameters():
+        kind = kind_by_rules(name, COMMON_TP_RULES)
+        owner = module.get_submodule(_prefix(name)) if "." in name else module
+        fits = isinstance(owner, nn.Linear) or (kind == "vocab" and isinstance(owner, nn.Embedding))
+        if kind != "replicate" and fits:
+            found.append((name, kind))
+    return tuple(found)
 
 
 def _checked(rules: tuple[tuple[str, str], ...], source: str) -> tuple[tuple[str, str], ...]:
@@ -401,8 +396,7 @@ def _load(
     kinds = {n: kind_by_rules(n, rules) for n in names}
     gm, own = _capture(source, kwargs, rules)
     num_layers = len(blocks)
-    max_len = getattr(module, "max_seq_len", None)
-    max_len = max_len if isinstance(max_len, int) else NO_LIMIT
+    max_len = _max_len(module)
     shapes = _shapes(gm, 2, min(8, max_len))
     markers = []
     for node in gm.graph.nodes:
@@ -442,7 +436,23 @@ def _load(
         tie_embeddings=shared,
         user_markers=own,
         blocks=path,
+        convention=convention_of(module),
     )
+
+
+_LENGTH_FIELDS = ("max_seq_len", "max_position_embeddings", "n_positions", "block_size")
+
+
+def _max_len(module: nn.Module) -> int:
+    """The longest sequence the module takes: its ``max_seq_len`` attribute, or its
+    config's (Hugging Face's ``max_position_embeddings``/``n_positions``, nanoGPT's
+    ``block_size``); no limit if it states none."""
+    for owner in (module, getattr(module, "config", None)):
+        for name in _LENGTH_FIELDS:
+            value = getattr(owner, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+    return NO_LIMIT
 
 
 def _marker_spec(name: str, trailing: tuple[int, ...], layers: Mapping[str, int]) -> MarkerSpec:
@@ -460,12 +470,14 @@ def _marker_spec(name: str, trailing: tuple[int, ...], layers: Mapping[str, int]
 
 def _vocab_size(module: nn.Module, gm: torch.fx.GraphModule) -> int:
     size = getattr(module, "vocab_size", None)
+    if size is None:
+        size = getattr(getattr(module, "config", None), "vocab_size", None)
     if isinstance(size, int):
         return size
     tokens = next(n for n in gm.graph.nodes if n.op == "placeholder")
     for user in tokens.users:
-        if user.target is F.embedding:
-            weight = user.args[1]
+        if user.target is _EMBEDDING:
+            weight = user.args[0]
             assert isinstance(weight, torch.fx.Node)
             return int(gm.get_parameter(str(weight.target)).shape[0])
     return 256

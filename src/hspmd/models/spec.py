@@ -251,6 +251,7 @@ class ModuleModel:
     config_only: bool = False
     user_markers: bool = False  # the module places its own ``layers.{i}.input`` markers
     blocks: str = "layers"  # the path of the blocks' ModuleList
+    convention: str = "positional"  # how a step calls it (hspmd.models.calling)
     cost: ModelCost | None = None  # filled by hspmd.specialize.costs.costed (the planner's)
     _by_name: dict[str, ParamInfo] = field(
         default_factory=dict, init=False, compare=False, hash=False, repr=False

@@ -74,9 +74,14 @@ from hspmd.plan.strategy import StrategyOptions, parse_strategy
 
 __all__ = ["costed", "model_cost", "planning_model", "tp_probe"]
 
+aten = torch.ops.aten
 NORMS = (F.layer_norm, F.group_norm, F.batch_norm, F.instance_norm) + (
     (F.rms_norm,) if hasattr(F, "rms_norm") else ()
-)
+) + (
+    aten.layer_norm.default, aten.rms_norm.default, aten.group_norm.default,
+    aten.batch_norm.default, aten.instance_norm.default,
+)  # fmt: skip
+LOSSES = (F.cross_entropy, aten.cross_entropy_loss.default)
 CAUSAL = ("hspmd.attention", "causal_attention")  # hspmd's own, by name (the layering)
 RMS_NORM = ("hspmd.ops", "rms_norm")
 COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all")
@@ -347,7 +352,7 @@ def _split_nodes(
         comm += _collectives(part, True, sp, align.grad_from, align.grad_to, align.shape, per_token)
     vocab = False
     for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is F.cross_entropy:
+        if node.op == "call_function" and node.target in LOSSES:
             logits = node.args[0]
             if isinstance(logits, torch.fx.Node) and _is_split(ag.annotations.get(logits.name)):
                 vocab = True
@@ -371,7 +376,7 @@ def _collectives(
 
 def _attention_kind(target: Any) -> str | None:
     """ "causal" for hspmd's causal attention, "sdpa" for F.scaled_dot_product_attention."""
-    if target is F.scaled_dot_product_attention:
+    if target in (F.scaled_dot_product_attention, aten.scaled_dot_product_attention.default):
         return "sdpa"
     if _named(target) == CAUSAL:
         return "causal"

@@ -155,7 +155,9 @@ def _check_swap(node: torch.fx.Node, keep: set[torch.fx.Node], start: Any) -> No
     for user in node.users:
         if user not in keep:
             continue
-        shape_read = user.target is getattr and user.args[1] == "shape"
+        shape_read = (user.target is getattr and user.args[1] in ("shape", "device")) or (
+            user.target is torch.ops.aten.sym_size.int
+        )
         dtype_read = user.target == "type_as" and user.args[1] is node
         if not (shape_read or dtype_read):
             raise ExecutableError(

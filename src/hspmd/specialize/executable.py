@@ -89,6 +89,12 @@ __all__ = [
 
 Runner = Callable[[torch.Tensor, CommPlan, CommPlan], torch.Tensor]
 
+aten = torch.ops.aten
+_SIZED = frozenset(
+    {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.expand.default}
+)  # ATen ops whose second argument lists the output's sizes
+_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}  # cross_entropy_loss's enum
+
 SEQ_DIM = 1
 """The sequence dim of tokens (B, T) and activations (B, T, H): the symbolic length."""
 
@@ -252,6 +258,10 @@ class _Builder:
             if user.target is getattr and user.args[1] == "shape":
                 shape = self._elsewhere_shape(node)
                 self.env[user] = self.graph.call_function(stage_shape, (x, shape, x_length))
+            elif user.target is aten.sym_size.int:  # a captured graph's size read
+                shape = self._elsewhere_shape(node)
+                sizes = self.graph.call_function(stage_shape, (x, shape, x_length))
+                self.env[user] = self.graph.call_function(operator.getitem, (sizes, user.args[1]))
 
     def _elsewhere_shape(self, node: torch.fx.Node) -> tuple[int, ...]:
         """The local shape of a tensor an earlier stage holds (the same on its ranks)."""
@@ -277,9 +287,13 @@ class _Builder:
             self.align(node)
         elif node.op == "call_method" and node.target in ("view", "reshape"):
             self.view(node)
+        elif node.target in _SIZED:
+            self.sized(node)
         elif node.target is F.embedding:
             self.embedding(node)
-        elif node.target is F.cross_entropy:
+        elif node.target is aten.embedding.default:
+            self.embedding(node, weight_first=True)
+        elif node.target in (F.cross_entropy, aten.cross_entropy_loss.default):
             self.cross_entropy(node)
         else:
             self.env[node] = self.graph.node_copy(node, self.env.__getitem__)
@@ -343,6 +357,23 @@ class _Builder:
         args = (self.env[source], *new_sizes)  # type: ignore[index]
         self.env[node] = self.graph.call_method(str(node.target), args, {})
 
+    def sized(self, node: torch.fx.Node) -> None:
+        """An ATen view/reshape/expand: ``view``'s localization of its size list."""
+        source, sizes, *rest = node.args
+        assert isinstance(sizes, list | tuple)
+        full, here = self.ag.shape(node.name), self.local_shape(node)
+        mapped = torch.fx.node.map_arg(
+            list(local_view_sizes(sizes, full, here)), self.env.__getitem__
+        )
+        local: list[Any] = list(mapped)
+        for dim, size in enumerate(sizes):
+            if isinstance(size, torch.fx.Node) and full[dim] != here[dim] and self._whole(size):
+                local[dim] = self.graph.call_function(
+                    operator.floordiv, (self.env[size], full[dim] // here[dim])
+                )
+        args = (self.env[source], local, *rest)  # type: ignore[index]
+        self.env[node] = self.graph.call_function(node.target, args, dict(node.kwargs))  # type: ignore[arg-type]
+
     def _whole(self, size: torch.fx.Node) -> bool:
         """True if ``size`` reads a dim of a tensor that is whole on this rank (``x.size()[i]``,
         ``x.size(i)``, ``x.shape[i]``): its runtime value is then the global size."""
@@ -355,15 +386,22 @@ class _Builder:
                 or (parent.target is getattr and parent.args[1] == "shape")
             ):
                 source, dim = parent.args[0], size.args[1]
-        elif size.op == "call_method" and size.target == "size" and len(size.args) == 2:
+        elif (
+            size.op == "call_method"
+            and size.target == "size"
+            and len(size.args) == 2
+            or size.target is aten.sym_size.int
+        ):
             source, dim = size.args[0], size.args[1]
         if not isinstance(source, torch.fx.Node) or not isinstance(dim, int):
             return False
         shape = self.ag.shape(source.name)
         return self.local_shape(source)[dim] == shape[dim]
 
-    def embedding(self, node: torch.fx.Node) -> None:
+    def embedding(self, node: torch.fx.Node, *, weight_first: bool = False) -> None:
         tokens, weight = node.args[0], node.args[1]
+        if weight_first:  # aten.embedding(weight, ids)
+            tokens, weight = weight, tokens
         assert isinstance(weight, torch.fx.Node) and isinstance(tokens, torch.fx.Node)
         piece = self.pieces[self.ag.params[weight.name]]
         if piece.shape == self.ag.shape(weight.name):
@@ -380,13 +418,13 @@ class _Builder:
         ann = self.ag.annotations.get(logits.name)
         shard = None
         if ann is not None and self.ag.shape(logits.name)[1:2]:
-            kwargs = node.kwargs
+            ignore_index, reduction = _loss_options(node)
             shard = vocab_shard(
                 ann,
                 self.ag.shape(logits.name),
                 self.rank,
-                ignore_index=int(kwargs.get("ignore_index", -100)),  # type: ignore[arg-type]
-                reduction=str(kwargs.get("reduction", "mean")),
+                ignore_index=ignore_index,
+                reduction=reduction,
             )
         if shard is None:
             self.env[node] = self.graph.node_copy(node, self.env.__getitem__)
@@ -396,6 +434,18 @@ class _Builder:
         self.comm.append(f"loss: {shard}")
         args = torch.fx.node.map_arg(node.args[:2], self.env.__getitem__)
         self.env[node] = self.graph.call_module("vocab_parallel_loss", args)
+
+
+def _loss_options(node: torch.fx.Node) -> tuple[int, str]:
+    """``(ignore_index, reduction)`` of ``F.cross_entropy`` or ``aten.cross_entropy_loss``."""
+    if node.target is aten.cross_entropy_loss.default:
+        defaults = (None, None, None, 1, -100)  # (x, t, weight, reduction, ignore_index)
+        args = (*node.args, *defaults[len(node.args) :])
+        reduction = node.kwargs.get("reduction", args[3])
+        ignore_index = node.kwargs.get("ignore_index", args[4])
+        return int(ignore_index), _REDUCTIONS[int(reduction)]  # type: ignore[arg-type]
+    kwargs = node.kwargs
+    return int(kwargs.get("ignore_index", -100)), str(kwargs.get("reduction", "mean"))  # type: ignore[arg-type]
 
 
 @paused_gc()  # millions of objects that live on: hspmd.comm.gcpause

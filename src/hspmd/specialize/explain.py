@@ -213,6 +213,7 @@ class Explanation:
     post_examples: tuple[tuple[str, str], ...] = field(default=())  # (param, plan text)
     # (first layer, last layer, gradient sync kinds of their parameters), consecutive ranges
     layer_sync: tuple[tuple[int, int, tuple[str, ...]], ...] = field(default=())
+    fallbacks: tuple[str, ...] = ()  # ops computed whole on gathered inputs (no rule fits)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -226,6 +227,7 @@ class Explanation:
                 for first, last, kinds in self.layer_sync
             ],
             "ranks": [r.to_json() for r in self.ranks],
+            "fallbacks": list(self.fallbacks),
         }
 
 
@@ -278,12 +280,14 @@ def explain(
     device (``deduced_sites``)."""
     options = options or StrategyOptions()
     ops: dict[tuple[int, int], int] | None = None
+    fallbacks: tuple[str, ...] = ()
     if isinstance(config, LlamaConfig) and not by_deduction:
         sites = llama_sites(strategy, config, options, seq_len=seq_len)
         params = llama_params(strategy, config, options)
     else:
         found = deduced_sites(strategy, config, options, seq_len=seq_len)
         sites, params, ops = found.sites, found.params, found.num_ops
+        fallbacks = found.fallbacks
     forward = [(s.name, s.forward_plan()) for s in sites]
     layout = construct_pipelines(forward, ranks=strategy.ranks)
     check_pipelines(layout, strategy)
@@ -311,6 +315,7 @@ def explain(
         tuple(sorted(kinds.items())),
         examples,
         _layer_sync(post, config),
+        fallbacks,
     )
 
 
@@ -488,6 +493,9 @@ def render(
     lines += [f"  e.g. {name}: {text}" for name, text in e.post_examples]
     by_layers = "; ".join(f"L{a}-{b} {' + '.join(kinds) or '-'}" for a, b, kinds in e.layer_sync)
     lines.append(f"  by layers: {by_layers}")
+    if e.fallbacks:
+        lines.append("ops no rule covers, computed whole on gathered inputs (always correct):")
+        lines += [f"  {line}" for line in e.fallbacks]
     lines.append("")
     chosen = [r for r in e.ranks if rank is None or r.rank == rank]
     if rank is not None and not chosen:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from hspmd.annotation import DUP, PARTIAL, Annotation, DeviceGroup, DistributedStates
 from hspmd.comm.plan import CommPlan
 from hspmd.comm.resolve import resolve
+from hspmd.deduce import AnnotatedGraph, Fallback
 from hspmd.models.config import LlamaConfig
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import stage_states
@@ -204,6 +205,7 @@ class DeducedSites:
     sites: tuple[Site, ...]
     params: dict[str, ParamLayout]
     num_ops: dict[tuple[int, int], int]
+    fallbacks: tuple[str, ...] = ()  # one line per op computed whole on gathered inputs
 
 
 def deduced_sites(
@@ -219,8 +221,10 @@ def deduced_sites(
     sites: list[Site] = []
     inner: dict[tuple[str, tuple[int, ...]], DistributedStates] = {}
     num_ops: dict[tuple[int, int], int] = {}
+    fallbacks: list[str] = []
     for p, pipeline in enumerate(strategy.pipelines):
         ag = deduce_pipeline(config, pipeline, options, seq_len=seq_len)
+        fallbacks += [fallback_line(ag, f, pipeline=p) for f in ag.fallbacks]
         for site in ag.reshards:
             grad_out = site.dst if site.grad_out is None else site.grad_out
             grad_in = site.dst if site.grad_in is None else site.grad_in
@@ -244,7 +248,18 @@ def deduced_sites(
         )
         hdim = PARTIAL if ann.hsize > 1 else DUP
         params[name] = ParamLayout(name, spec.shape, ann, Annotation(ann.groups, states, hdim=hdim))
-    return DeducedSites(tuple(sites), params, num_ops)
+    return DeducedSites(tuple(sites), params, num_ops, tuple(fallbacks))
+
+
+def fallback_line(ag: AnnotatedGraph, fallback: Fallback, *, pipeline: int) -> str:
+    """``pipeline 0: aten.cumsum.default at net.py:11: gathers up (1.5 KiB per micro-batch;
+    no deduction rule ...)``: one op computed whole on gathered inputs, and its cost."""
+    kib = ag.fallback_bytes(fallback) / 1024
+    at = f" at {fallback.where}" if fallback.where else ""
+    return (
+        f"pipeline {pipeline}: {fallback.op}{at} gathers {', '.join(fallback.gathered)} "
+        f"({kib:.1f} KiB per micro-batch): {fallback.why}"
+    )
 
 
 def _cp_partial(ds: DistributedStates, stage: Stage) -> DistributedStates:

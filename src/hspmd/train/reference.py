@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hspmd.models.build import plain_model
+from hspmd.models.build import plain_model, step_loss
 from hspmd.plan.strategy import parse_strategy
 from hspmd.train.batches import step_batches
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
@@ -68,6 +68,7 @@ def run_reference(
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     model = build_reference_model(config).to(device)
+    spec = config.model_config()
     a = config.adam
     optimizer = torch.optim.Adam(
         model.parameters(),
@@ -85,7 +86,8 @@ def run_reference(
             loss, fields = _packed_step(model, batch, device), record_fields(batch)
         else:
             tokens, targets = (t.to(device) for t in batch)
-            value = model(tokens, targets)  # mean over every token of the global batch
+            # mean over every token of the global batch
+            value = step_loss(spec, model, tokens, targets)
             value.backward()
             loss, fields = float(value.detach()), {}
         optimizer.step()

@@ -1,0 +1,322 @@
+"""Capture below Python: a training step's forward as a graph of ATen ops (DESIGN decision 1).
+
+``capture_step(module, call=...)`` runs the module's real forward once on meta tensors
+under ``torch.export`` (non-strict, training IR: ATen ops before autograd, without
+decompositions), so Python control flow (``if targets is None``, asserts on sizes,
+``x.device``) is evaluated, not traced, and ``split``/``chunk``/rotary code/HF masks are
+recorded as the ops they run. The batch and sequence dims are symbolic: sizes are
+``aten.sym_size.int`` nodes of the inputs, so one graph serves every length.
+
+The graph is then put in the form the rest of hspmd reads:
+
+    export's form                              hspmd's form
+    placeholder p_model_h_0_w (PARAMETER)      get_attr h.0.w  (the module's own name)
+    placeholders of user inputs                placeholders tokens, targets
+    torch.ops.hspmd.marker(x, name)            hspmd.markers.reshard(x, name)
+    split(x, 64, 2) + getitem(.., i)           slice(x, 2, 64 i, 64 (i + 1))
+    unbind(x, d) + getitem(.., i)              select(x, d, i)
+    device(type='meta') arguments              getattr(tokens, "device")
+    _assert_tensor_metadata                    (dropped)
+
+>>> import torch
+>>> net = torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.Linear(4, 8))
+>>> def step(m, tokens, targets):
+...     return torch.nn.functional.cross_entropy(m(tokens).flatten(0, 1), targets.flatten())
+>>> with torch.device("meta"):
+...     net = torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.Linear(4, 8))
+>>> gm = capture_step(net, call=step)
+>>> [str(n.target) for n in gm.graph.nodes if n.op == "get_attr"]
+['0.weight', '1.weight', '1.bias']
+>>> [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+['tokens', 'targets']
+"""
+
+from __future__ import annotations
+
+import operator
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.fx
+from torch import nn
+
+from hspmd.errors import HspmdError
+from hspmd.markers import capturing, reshard
+
+__all__ = ["ExportError", "StepCall", "capture_step", "user_frame"]
+
+StepCall = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+"""How one training step calls the module: ``(module, tokens, targets) -> scalar loss``."""
+
+SAMPLE_BATCH, SAMPLE_LENGTH = 3, 7
+"""The meta inputs' sizes at capture: odd primes, so that no model constant is mistaken
+for a symbolic size (export gives equal sizes one symbol)."""
+
+_ASSERTS = frozenset(
+    {
+        torch.ops.aten._assert_tensor_metadata.default,
+        torch.ops.aten._assert_scalar.default,
+        torch.ops.aten.sym_constrain_range_for_size.default,
+    }
+)
+
+
+class ExportError(HspmdError, ValueError):
+    """A forward that torch.export cannot run on meta tensors (names the user's line)."""
+
+
+class _Step(nn.Module):
+    """The module and its calling convention as one ``forward(tokens, targets) -> loss``."""
+
+    def __init__(self, model: nn.Module, call: StepCall) -> None:
+        super().__init__()
+        self.model = model
+        self._call = call
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self._call(self.model, tokens, targets)
+
+
+def user_frame(error: BaseException) -> str | None:
+    """``file:line`` of the innermost frame of ``error``'s traceback outside torch and hspmd."""
+    found = None
+    for frame in traceback.extract_tb(error.__traceback__):
+        name = frame.filename
+        if "/torch/" not in name and "/hspmd/" not in name and "<" not in name:
+            found = f"{name}:{frame.lineno}"
+    return found
+
+
+@contextmanager
+def _block_markers(blocks: Sequence[nn.Module] | None) -> Iterator[None]:
+    """Mark block ``i``'s first argument ``layers.{i}.input`` (pipeline cuts go there)."""
+    handles = []
+    for i, block in enumerate(blocks or ()):
+
+        def mark(_: nn.Module, args: tuple[Any, ...], i: int = i) -> tuple[Any, ...] | None:
+            if args and isinstance(args[0], torch.Tensor):
+                return (reshard(args[0], f"layers.{i}.input"), *args[1:])
+            return None
+
+        handles.append(block.register_forward_pre_hook(mark))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def capture_step(
+    module: nn.Module,
+    *,
+    call: StepCall,
+    blocks: Sequence[nn.Module] | None = None,
+) -> torch.fx.GraphModule:
+    """The ATen graph of ``call(module, tokens, targets)`` (module docstring); ``blocks``
+    get ``layers.{i}.input`` markers on their first argument. ``module`` may live on meta."""
+    step = _Step(module, call)
+    tokens = torch.zeros(SAMPLE_BATCH, SAMPLE_LENGTH, dtype=torch.long, device="meta")
+    targets = torch.zeros(SAMPLE_BATCH, SAMPLE_LENGTH, dtype=torch.long, device="meta")
+    auto = torch.export.Dim.AUTO
+    dims = ({0: auto, 1: auto}, {0: auto, 1: auto})
+    try:
+        with capturing(), _block_markers(blocks):
+            program = torch.export.export(
+                step, (tokens, targets), dynamic_shapes=dims, strict=False
+            )
+    except HspmdError:
+        raise
+    except Exception as error:
+        where = user_frame(error)
+        at = f" at {where}" if where else ""
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ExportError(
+            f"{type(module).__name__}.forward cannot be captured{at}: {first}. The forward "
+            "must run on meta tensors of any batch and length (no .item(), no data-dependent "
+            "shapes)"
+        ) from error
+    return _normalize(program, module)
+
+
+# -- from export's form to hspmd's -------------------------------------------------------------
+
+
+def _names(module: nn.Module) -> dict[int, str]:
+    """Tensor id -> its first qualified name (tied weights take the first)."""
+    found: dict[int, str] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        found.setdefault(id(param), name)
+    for name, buffer in module.named_buffers(remove_duplicate=False):
+        found.setdefault(id(buffer), name)
+    return found
+
+
+def _normalize(program: torch.export.ExportedProgram, module: nn.Module) -> torch.fx.GraphModule:
+    source = program.graph_module.graph
+    names = _names(module)
+    root: dict[str, Any] = {}
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, Any] = {}
+    user_inputs = iter(("tokens", "targets"))
+    specs = {spec.arg.name: spec for spec in program.graph_signature.input_specs}
+    user = torch.export.graph_signature.InputKind.USER_INPUT
+    placeholders = [n for n in source.nodes if n.op == "placeholder"]
+    for node in placeholders:  # the inputs first: fx code takes them as arguments
+        if specs[node.name].kind == user:
+            env[node] = graph.placeholder(next(user_inputs))
+            env[node].meta = dict(node.meta)
+    device = graph.call_function(getattr, (env[placeholders[-2]], "device"))
+    for node in source.nodes:
+        if node.op == "placeholder":
+            spec = specs[node.name]
+            if spec.kind == user:
+                continue
+            target = str(spec.target).removeprefix("model.")
+            value = _lifted(program, module, spec)
+            target = names.get(id(value), target) if spec.kind.name != "CONSTANT_TENSOR" else target
+            target = target if spec.kind.name != "CONSTANT_TENSOR" else "_constants." + target
+            root[target] = value
+            env[node] = graph.get_attr(target)
+            env[node].meta = dict(node.meta)
+        elif node.op == "output":
+            (loss,) = node.args[0]
+            graph.output(env[loss])
+        elif node.target in _ASSERTS:
+            continue
+        else:
+            _copy(graph, node, env, device)
+    _split_to_slices(graph)
+    graph.eliminate_dead_code()
+    graph.lint()
+    return torch.fx.GraphModule(root, graph, class_name=type(module).__name__)
+
+
+def _lifted(program: torch.export.ExportedProgram, module: nn.Module, spec: Any) -> torch.Tensor:
+    target = str(spec.target)
+    if spec.kind.name in ("PARAMETER", "BUFFER"):
+        name = target.removeprefix("model.")
+        obj: Any = module
+        for part in name.split("."):
+            obj = getattr(obj, part)
+        return obj
+    value = program.constants[target]
+    assert isinstance(value, torch.Tensor), f"constant {target} is a {type(value).__name__}"
+    return value
+
+
+def _copy(
+    graph: torch.fx.Graph,
+    node: torch.fx.Node,
+    env: Mapping[torch.fx.Node, Any],
+    device: torch.fx.Node,
+) -> None:
+    def arg(value: Any) -> Any:
+        if isinstance(value, torch.fx.Node):
+            return env[value]
+        if isinstance(value, torch.device) and value.type == "meta":
+            return device
+        if isinstance(value, list | tuple):
+            return type(value)(arg(v) for v in value)
+        if isinstance(value, dict):
+            return {k: arg(v) for k, v in value.items()}
+        return value
+
+    args, kwargs = arg(node.args), arg(node.kwargs)
+    if node.target is torch.ops.hspmd.marker.default:
+        new = graph.call_function(reshard, args, kwargs)
+    else:
+        new = graph.call_function(node.target, args, kwargs)  # type: ignore[arg-type]
+    new.meta = dict(node.meta)
+    stack = node.meta.get("nn_module_stack")
+    if stack is not None:
+        new.meta["nn_module_stack"] = _module_stack(stack)
+    new.name = node.name
+    env[node] = new  # type: ignore[index]
+
+
+def _module_stack(stack: Mapping[str, tuple[str, Any]]) -> dict[str, tuple[str, Any]]:
+    """Export's stack (keys ``L__self__model.h.0``, paths under the ``_Step`` wrapper) as
+    the user's module paths: ``{"h.0": ("h.0", Block)}``, the wrapper and the root left out."""
+    out = {}
+    for path, kind in stack.values():
+        if path.startswith("model."):
+            name = path.removeprefix("model.")
+            out[name] = (name, kind)
+    return out
+
+
+_SPLITS = {
+    torch.ops.aten.split.Tensor,
+    torch.ops.aten.split_with_sizes.default,
+    torch.ops.aten.unbind.int,
+    torch.ops.aten.chunk.default,
+}
+
+
+def _split_to_slices(graph: torch.fx.Graph) -> None:
+    """Multi-output splits become one single-output ``slice`` (or ``select``) per getitem,
+    so that every tensor is one node with one annotation."""
+    for node in list(graph.nodes):
+        if node.target not in _SPLITS:
+            continue
+        x = node.args[0]
+        assert isinstance(x, torch.fx.Node)
+        shape = tuple(x.meta["val"].shape)
+        bounds = _bounds(node, shape)
+        if bounds is None:
+            continue  # a split along a symbolic dim: left to the fallback
+        dim, parts = bounds
+        for user in list(node.users):
+            if user.target is not operator.getitem:
+                break
+            i = user.args[1]
+            assert isinstance(i, int)
+            with graph.inserting_before(user):
+                if parts is None:
+                    new = graph.call_function(torch.ops.aten.select.int, (x, dim, i))
+                else:
+                    start, stop = parts[i]
+                    new = graph.call_function(torch.ops.aten.slice.Tensor, (x, dim, start, stop))
+            new.meta = dict(user.meta)
+            user.replace_all_uses_with(new)
+            graph.erase_node(user)
+        if not node.users:
+            graph.erase_node(node)
+
+
+def _bounds(
+    node: torch.fx.Node, shape: tuple[Any, ...]
+) -> tuple[int, list[tuple[int, int]] | None] | None:
+    """``(dim, [(start, stop)] per output)``, ``(dim, None)`` for unbind; None if symbolic."""
+    ndim = len(shape)
+    if node.target is torch.ops.aten.unbind.int:
+        dim = _int_arg(node, 1, "dim") % ndim
+        return (dim, None) if isinstance(shape[dim], int) else None
+    dim = _int_arg(node, 2, "dim") % ndim
+    length = shape[dim]
+    if not isinstance(length, int):
+        return None
+    how = node.args[1]
+    if node.target is torch.ops.aten.chunk.default:
+        assert isinstance(how, int)
+        size = -(-length // how)
+        sizes = [min(size, length - s) for s in range(0, length, size)]
+    elif isinstance(how, int):
+        sizes = [min(how, length - s) for s in range(0, length, how)]
+    else:
+        assert isinstance(how, list | tuple)
+        sizes = [int(s) for s in how]  # type: ignore[arg-type]
+    parts, start = [], 0
+    for size in sizes:
+        parts.append((start, start + size))
+        start += size
+    return dim, parts
+
+
+def _int_arg(node: torch.fx.Node, position: int, name: str, default: int = 0) -> int:
+    value = node.args[position] if len(node.args) > position else node.kwargs.get(name, default)
+    assert isinstance(value, int), f"{node.format_node()}: {name} is {value!r}"
+    return value

@@ -1,0 +1,93 @@
+"""How a training step calls a user's model, and where its loss is in what it returns.
+
+Two conventions, told apart by the module itself (``convention_of``):
+
+    convention   call                                                  loss
+    positional   module(tokens, targets)                               the output, or the one
+                                                                       scalar of a tuple
+                                                                       (nanoGPT: (logits, loss)),
+                                                                       or output["loss"]
+    hf           module(input_ids=tokens, labels=targets,              output.loss
+                        shift_labels=targets, use_cache=False)
+
+hspmd's batches hold ``targets`` already shifted (the next token of each position), so a
+Hugging Face causal LM gets them as ``shift_labels``: its loss is then the mean over every
+position, the same loss as a positional model's.
+
+>>> import torch
+>>> loss_of((torch.ones(2, 3), torch.tensor(0.5)))
+tensor(0.5000)
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from hspmd.models.spec import ModelSpecError
+
+__all__ = ["Convention", "call_step", "convention_of", "loss_of", "step_call"]
+
+Convention = Literal["positional", "hf"]
+
+
+def convention_of(module: nn.Module) -> Convention:
+    """``hf`` for a Hugging Face model whose forward takes ``input_ids`` and ``labels``."""
+    try:
+        params = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return "positional"
+    hf = hasattr(module, "config") and "input_ids" in params and "labels" in params
+    return "hf" if hf else "positional"
+
+
+def loss_of(out: Any) -> torch.Tensor:
+    """The scalar loss in a forward's output (module docstring)."""
+    if isinstance(out, torch.Tensor):
+        if out.dim() != 0:
+            raise ModelSpecError(
+                f"the forward returned a tensor of shape {list(out.shape)}, not a scalar "
+                "loss: return the mean loss of the batch (or a tuple holding it)"
+            )
+        return out
+    loss = None
+    if isinstance(out, Mapping) or hasattr(out, "loss"):
+        loss = (
+            out["loss"]
+            if isinstance(out, Mapping) and "loss" in out
+            else getattr(out, "loss", None)
+        )
+    elif isinstance(out, list | tuple):
+        scalars = [v for v in out if isinstance(v, torch.Tensor) and v.dim() == 0]
+        loss = scalars[0] if len(scalars) == 1 else None
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        raise ModelSpecError(
+            f"the forward returned {type(out).__name__} with no single scalar loss in it: "
+            "return the loss, a tuple with exactly one scalar (logits, loss), or an object "
+            "with .loss"
+        )
+    return loss
+
+
+def call_step(
+    module: nn.Module, tokens: torch.Tensor, targets: torch.Tensor, convention: Convention
+) -> torch.Tensor:
+    """One training step's loss of ``module`` on ``(tokens, targets)``."""
+    if convention == "hf":
+        out = module(input_ids=tokens, labels=targets, shift_labels=targets, use_cache=False)
+    else:
+        out = module(tokens, targets)
+    return loss_of(out)
+
+
+def step_call(convention: Convention) -> Any:
+    """``call_step`` with the convention bound: ``(module, tokens, targets) -> loss``."""
+
+    def call(module: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return call_step(module, tokens, targets, convention)
+
+    return call

@@ -1,0 +1,49 @@
+"""The always-correct fallback: an op no rule covers runs whole on gathered inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hspmd.annotation import parse_annotation as A
+from hspmd.comm.resolve import resolve
+from hspmd.deduce import NoRuleError, deduce
+
+
+class Cumulative(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(8, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cumsum(F.linear(x, self.w), dim=-1).sum()
+
+
+def _run(*, strict: bool = False):
+    return deduce(
+        Cumulative(),
+        input_annotations={"x": A("[0,1]{D:2}")},
+        param_annotations={"w": A("[0,1]{0:2}")},  # column-parallel: output split on dim -1
+        marker_annotations={},
+        input_shapes={"x": (3, 4)},
+        input_dtypes={"x": torch.float32},
+        strict=strict,
+    )
+
+
+def test_an_op_without_a_rule_gathers_its_split_input() -> None:
+    ag = _run()
+    (fallback,) = ag.fallbacks
+    assert fallback.op == "torch.cumsum" and fallback.gathered == ("linear",)
+    site = ag.reshard("cumsum.gather.linear")
+    assert (str(site.src), str(site.dst)) == ("[0,1]{1:2}", "[0,1]{D:2}")
+    assert resolve(site.src, site.dst, site.shape).kinds == ("all-gather",)
+    assert str(ag.annotations["cumsum"]) == "[0,1]{D:2}"
+    assert ag.fallback_bytes(fallback) == 3 * 8 * 4  # the gathered (3, 8) fp32 input
+
+
+def test_strict_deduction_refuses_instead() -> None:
+    with pytest.raises(NoRuleError, match="cumsum"):
+        _run(strict=True)

@@ -1,0 +1,2 @@
+# model files the tests name with --model: loaded by hspmd, not collected by pytest
+collect_ignore = ["data"]

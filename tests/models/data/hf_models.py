@@ -1,0 +1,30 @@
+"""Hugging Face causal LMs as their authors ship them, built from a config (random init,
+no download): the factories the tests name with --model FILE.py:FACTORY."""
+
+import transformers
+
+SMALL = dict(
+    num_hidden_layers=4, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+    intermediate_size=64, vocab_size=256, max_position_embeddings=64,
+)  # fmt: skip
+
+
+def llama(**overrides):
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**SMALL, **overrides}))
+
+
+def mistral(**overrides):
+    return transformers.MistralForCausalLM(transformers.MistralConfig(**{**SMALL, **overrides}))
+
+
+def qwen2(**overrides):
+    config = {**SMALL, "tie_word_embeddings": False, **overrides}
+    return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**config))
+
+
+def gpt2(**overrides):
+    config = dict(
+        n_layer=4, n_embd=32, n_head=4, vocab_size=256, n_positions=64, bos_token_id=0,
+        eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )  # fmt: skip
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(**{**config, **overrides}))

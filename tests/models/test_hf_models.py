@@ -1,0 +1,73 @@
+"""Models as their authors wrote them (issue 35): Hugging Face causal LMs and a nanoGPT-style
+file, captured below Python and trained under DP, PP, TP and heterogeneous strategies,
+equal to the plain module on one process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hspmd.models.module import load_model
+from hspmd.train.config import TrainConfig
+from hspmd.train.reference import run_reference
+from hspmd.train.trainer import train
+
+pytest.importorskip("transformers")
+
+DATA = Path(__file__).parent / "data"
+HF, NANOGPT = f"{DATA / 'hf_models.py'}", f"{DATA / 'nanogpt_style.py'}"
+
+
+def test_a_hugging_face_model_is_read_from_itself() -> None:
+    model = load_model(f"{HF}:llama")
+    assert model.convention == "hf" and model.blocks == "model.layers"
+    assert (model.num_layers, model.hidden_size, model.vocab_size) == (4, 32, 256)
+    assert model.max_seq_len == 64  # its config's max_position_embeddings
+    kinds = {name: model.param_kind(name) for name in model.parameter_shapes()}
+    assert kinds["model.layers.0.self_attn.k_proj.weight"] == "column"  # GQA: 2 kv heads
+    assert kinds["model.layers.3.mlp.down_proj.weight"] == "row"
+    assert kinds["model.embed_tokens.weight"] == kinds["lm_head.weight"] == "vocab"
+    assert kinds["model.norm.weight"] == "replicate"
+    assert model.param_layer("lm_head.weight") == 3 and model.param_layer("model.norm.weight") == 3
+
+
+def test_gpt2s_conv1d_projections_stay_replicate() -> None:
+    model = load_model(f"{HF}:gpt2")
+    assert model.param_kind("transformer.h.0.mlp.c_fc.weight") == "replicate"  # addmm, (in, out)
+    assert model.param_kind("transformer.wte.weight") == "vocab" and model.tie_embeddings
+
+
+def test_nanogpt_as_written_is_read_from_itself() -> None:
+    model = load_model(f"{NANOGPT}:make")
+    assert model.convention == "positional" and model.blocks == "transformer.h"
+    assert model.max_seq_len == 32 and model.tie_embeddings  # config.block_size
+    assert model.param_kind("transformer.h.0.mlp.c_fc.weight") == "column"
+    assert model.param_kind("transformer.h.0.attn.c_attn.weight") == "replicate"  # fused qkv
+
+
+def _equal(model: str, strategy: str, batch: int, **kwargs: object) -> None:
+    config = TrainConfig(model=model, model_overrides=tuple(kwargs.items()), strategy=strategy,
+                         global_batch=batch, seq_len=16, steps=2)  # fmt: skip
+    got, want = train(config).losses, run_reference(config).losses
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5, (got, want)
+
+
+@pytest.mark.multiproc
+def test_hf_llama_trains_under_tp_and_uneven_pp_beside_a_one_rank_pipeline() -> None:
+    _equal(f"{HF}:llama", "2x1: R0-1:L0-2 R2:L3; 1x2: R3:L0-3", 4)
+
+
+@pytest.mark.multiproc
+def test_hf_qwen2_trains_with_a_vocab_parallel_last_stage() -> None:
+    _equal(f"{HF}:qwen2", "1x2: R0:L0-1 R1-2:L2-3", 2)
+
+
+@pytest.mark.multiproc
+def test_hf_gpt2_tied_trains_under_dp() -> None:
+    _equal(f"{HF}:gpt2", "2x1: R0:L0-3; 1x2: R1:L0-3", 4)
+
+
+@pytest.mark.multiproc
+def test_nanogpt_as_written_trains_under_tp_and_dp() -> None:
+    _equal(f"{NANOGPT}:make", "2x1: R0-1:L0-2; 1x2: R2:L0-2", 4)
