@@ -34,7 +34,7 @@ from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.device import backend_of, run_device
 from hspmd.train.elastic import run_rank_elastic
 from hspmd.train.loop import run_rank
-from hspmd.train.packing import packed_steps, planned_steps
+from hspmd.train.packing import check_packing, planned_steps
 from hspmd.train.reference import TrainResult
 
 __all__ = [
@@ -94,7 +94,7 @@ def check_config(config: TrainConfig) -> Strategy:
                 f"rows of --max-seq-len {config.seq_len} hold ({rows * config.seq_len}): "
                 "lower it, raise --max-seq-len, or give the pipelines more micro-batches"
             )
-        next(packed_steps(config, strategy), None)
+        check_packing(config, strategy)  # every step's documents fit the rows
     return strategy
 
 
