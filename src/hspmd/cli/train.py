@@ -227,8 +227,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--plan",
         default=None,
         metavar="FILE.json",
-        help="train this annotation plan (docs/plan-schema.md): its strategy, options, "
-        "sequence length and per-parameter splits; instead of --strategy",
+        help="train this strategy file (hspmd plan --out) or annotation plan (hspmd train "
+        "--save-plan; docs/plan-schema.md): its strategy, options, sequence length (and "
+        "per-parameter splits); instead of --strategy",
     )
     parser.add_argument(
         "--save-plan",
