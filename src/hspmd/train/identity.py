@@ -8,7 +8,7 @@ carry one against it: plan files (``hspmd.train.planfile``) and checkpoints (``-
 
 from __future__ import annotations
 
-from hspmd.checkpoint.store import latest, read_manifest
+from hspmd.checkpoint.store import CheckpointError, latest, read_manifest
 from hspmd.plan.identity import ModelIdentity, check_identity
 from hspmd.train.config import TrainConfig
 
@@ -25,10 +25,14 @@ def model_identity(config: TrainConfig) -> ModelIdentity:
 def check_resume_identity(config: TrainConfig) -> None:
     """With ``config.resume``: the newest checkpoint there must hold this run's model (one
     line naming both, before any process starts); checkpoints saved before identities were
-    recorded are not checked here (their tensors still are, on load)."""
+    recorded, and folders a run earlier in the same launch has yet to fill, are not
+    checked here (their tensors still are, on load)."""
     if not config.resume:
         return
-    folder = latest(config.resume)
+    try:
+        folder = latest(config.resume)
+    except CheckpointError:  # none yet: a run earlier in the same launch saves it
+        return  # (train_many); loading names a folder that stays empty
     saved = read_manifest(folder).identity
     if saved is not None:
         check_identity(
