@@ -33,7 +33,7 @@ def test_compare_trains_both_and_passes_noise_in_a_key_bias(
     (tmp_path / "zero_biases.py").write_text(ZERO_BIASES)
     argv = ["train", "--model", f"{tmp_path / 'zero_biases.py'}:make",
             "--config", '{"tie": false, "num_layers": 2}',
-            "--strategy", "2x1: R0-1:L0 R2:L1; 1x1: R3:L0-1", "--seq-len", "32",
+            "--strategy", "1x1: R0:L0-1; 1x1: R1:L0-1", "--seq-len", "32",
             "--steps", "3", "--lr", "1e-3", "--data-max-bytes", "1048576", "--compare", "--json"]  # fmt: skip
     assert main(argv) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
