@@ -52,6 +52,10 @@ def test_bad_data_and_options_exit_2(tmp_path: Path, capsys: pytest.CaptureFixtu
             ["train", "--strategy", STRATEGY, "--tokens-per-step", "800", "--max-seq-len", "48"],
             "8 rows of --max-seq-len 48 hold (384)",
         ),  # fmt: skip
+        (  # exactly rows x length: whole documents leave gaps (refused before launch)
+            ["train", "--strategy", STRATEGY, "--tokens-per-step", "384", "--max-seq-len", "48"],
+            "at most 200 tokens a step (8 rows x 25) always pack",
+        ),  # fmt: skip
     ]
     for argv, message in cases:
         assert main(argv) == 2, argv

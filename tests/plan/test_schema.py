@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -9,6 +10,7 @@ import pytest
 
 from hspmd.errors import StrategyError
 from hspmd.models import get_config
+from hspmd.plan.identity import ModelIdentity
 from hspmd.plan.schema import (
     FORMAT,
     PLAN_SCHEMA,
@@ -75,6 +77,7 @@ def test_json_round_trip() -> None:
     plan = build_plan(
         HETERO, TINY, seq_len=8, options=StrategyOptions(zero1=True, dtype="bf16"), global_batch=4
     )
+    plan = dataclasses.replace(plan, model=ModelIdentity.of(TINY, source="llama-tiny"))
     data = plan_to_json(plan)
     assert data["format"] == FORMAT and set(data) == set(PLAN_SCHEMA["properties"])
     text = json.dumps(data)
@@ -101,7 +104,7 @@ def _valid() -> dict:
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda d: d.update(format="x"), "expected 'hspmd.plan/1'"),
+        (lambda d: d.update(format="x"), "an annotation plan is 'hspmd.plan/1'"),
         (lambda d: d.update(extra=1), r"unknown plan keys \['extra'\]"),
         (lambda d: d.pop("reshards"), "lacks section"),
         (lambda d: d["optimizer_states"].pop("norm.weight"), r"missing \['norm.weight'\]"),

@@ -8,14 +8,17 @@ from types import ModuleType
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hspmd.attention
 import hspmd.comm.sizing
 import hspmd.data
 import hspmd.train.packing
 from hspmd.data import DocumentStep
-from hspmd.plan.dispatch import balanced
-from hspmd.train.packing import IGNORE, pack
+from hspmd.plan.dispatch import DispatchError, balanced
+from hspmd.plan.strategy import parse_strategy
+from hspmd.train.packing import IGNORE, pack, safe_step_tokens
 
 
 def test_rows_hold_their_documents_and_padding_is_ignored() -> None:
@@ -51,3 +54,32 @@ def test_rows_hold_their_documents_and_padding_is_ignored() -> None:
 )
 def test_doctests(module: ModuleType) -> None:
     assert doctest.testmod(module).failed == 0
+
+
+@given(
+    lengths=st.lists(st.integers(1, 48), min_size=1, max_size=40),
+    slots=st.lists(st.tuples(st.integers(1, 3), st.integers(1, 2)), min_size=1, max_size=3),
+)
+@settings(max_examples=300, deadline=None)
+def test_steps_within_the_safe_bound_always_pack(
+    lengths: list[int], slots: list[tuple[int, int]]
+) -> None:
+    """``safe_step_tokens``: whole documents of any lengths up to that many tokens pack
+    (at least one document per micro-batch, as ``document_steps`` guarantees)."""
+    strategy = parse_strategy("; ".join(f"{m}x{r}: R{p}:L0-1" for p, (m, r) in enumerate(slots)))
+    bound = safe_step_tokens(strategy, 48)
+    kept: list[int] = []
+    for n in lengths:  # a step: documents while they fit the bound
+        if sum(kept) + n > bound:
+            break
+        kept.append(n)
+    if len(kept) < sum(m for m, _ in slots):
+        return  # too few documents for every micro-batch: document_steps would take more
+    balanced(kept, slots=slots, max_len=48)
+
+
+def test_half_a_row_plus_one_is_the_bound() -> None:
+    strategy = parse_strategy("2x1: R0:L0-1; 1x2: R1:L0-1")  # 4 rows
+    assert safe_step_tokens(strategy, 48) == 4 * 25
+    with pytest.raises(DispatchError, match="fits no row"):  # a fifth document of 25
+        balanced([25] * 5, slots=[(2, 1), (1, 2)], max_len=48)

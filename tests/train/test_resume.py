@@ -15,6 +15,7 @@ import pytest
 
 from hspmd.checkpoint import latest, read_manifest
 from hspmd.train.config import AdamConfig, TrainConfig
+from hspmd.train.identity import model_identity
 from hspmd.train.reference import run_reference
 from hspmd.train.trainer import train_many
 
@@ -62,6 +63,7 @@ def test_saving_run_writes_step_2(runs: Any) -> None:
         manifest = read_manifest(latest(cases[name].save))
         assert (manifest.step, manifest.adam_step, manifest.data_position) == (2, 2, 2)
         assert manifest.strategy == cases[name].strategy
+        assert manifest.identity == model_identity(BASE)  # a resume of another model: refused
 
 
 @pytest.mark.parametrize(

@@ -52,6 +52,7 @@ from hspmd.checkpoint.store import (
     staging_dir,
     write_shard,
 )
+from hspmd.plan.identity import ModelIdentity
 from hspmd.plan.params import ParamSpec
 
 __all__ = ["RankState", "commit_rank_states", "load_rank_state", "save_rank_state", "state_specs"]
@@ -119,13 +120,15 @@ def commit_rank_states(
     data_position: Any,
     keep: int = 1,
     run: Mapping[str, Any] | None = None,
+    identity: ModelIdentity | None = None,
 ) -> Path:
     """Turn the shards every rank wrote for ``step`` into a complete checkpoint (one process);
-    ``run`` records what made the data stream (see ``Manifest.run``)."""
+    ``run`` records what made the data stream (see ``Manifest.run``), ``identity`` the
+    model's structure (``hspmd.plan.identity``; a resume checks it)."""
     specs = state_specs(param_specs, optimizer_specs)
     return commit(
         directory, step=step, model=model, strategy=strategy, specs=specs,
-        data_position=data_position, adam_step=adam_step, keep=keep, run=run,
+        data_position=data_position, adam_step=adam_step, keep=keep, run=run, identity=identity,
     )  # fmt: skip
 
 

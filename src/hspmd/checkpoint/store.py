@@ -54,6 +54,7 @@ from hspmd.comm.bsr import BsrEntry, BsrTable, schedule
 from hspmd.comm.plan import local_box
 from hspmd.comm.slices import holders_table
 from hspmd.errors import AnnotationError, HspmdError
+from hspmd.plan.identity import ModelIdentity
 from hspmd.plan.params import ParamSpec
 
 __all__ = [
@@ -140,6 +141,8 @@ class Manifest:
     adam_step: int = 0
     # what made the data stream (data, batch, length, seed): a resume that differs is warned
     run: Mapping[str, Any] = field(default_factory=dict)
+    # the model's structure (hspmd.plan.identity): a resume of another model is refused
+    identity: ModelIdentity | None = None
 
     def entry(self, name: str) -> TensorEntry:
         for entry in self.tensors:
@@ -159,6 +162,7 @@ class Manifest:
             "data_position": self.data_position,
             "adam_step": self.adam_step,
             "run": dict(self.run),
+            **({"model_identity": self.identity.to_json()} if self.identity else {}),
             "tensors": {t.name: t.to_json() for t in self.tensors},
         }
 
@@ -218,14 +222,16 @@ def commit(
     adam_step: int = 0,
     keep: int = 1,
     run: Mapping[str, Any] | None = None,
+    identity: ModelIdentity | None = None,
 ) -> Path:
     """Finish a save after every rank's ``write_shard``: check the shards, write the manifest,
     fsync, rename ``.partial-step-N`` to ``step-N``, prune. Called by one process."""
     folder, staging = Path(directory), staging_dir(directory, step)
     entries = [_checked_entry(staging, name, spec) for name, spec in specs.items()]
     manifest = Manifest(
-        step, model, strategy, tuple(entries), data_position, adam_step, dict(run or {})
-    )
+        step, model, strategy, tuple(entries), data_position, adam_step, dict(run or {}),
+        identity,
+    )  # fmt: skip
     needed = {shard_name(rank) for e in entries for rank, _ in e.shards}
     for stale in staging.glob("rank-*.safetensors"):
         if stale.name not in needed:
@@ -280,6 +286,7 @@ def save(
     keep: int = 1,
     on_shard: Callable[[int], None] | None = None,
     run: Mapping[str, Any] | None = None,
+    identity: ModelIdentity | None = None,
 ) -> Path:
     """Save every rank's local tensors from one process (``write_shard`` per rank, then
     ``commit``). ``on_shard(rank)`` runs after each shard (tests inject failures there)."""
@@ -290,7 +297,7 @@ def save(
             on_shard(rank)
     return commit(
         directory, step=step, model=model, strategy=strategy, specs=specs,
-        data_position=data_position, adam_step=adam_step, keep=keep, run=run,
+        data_position=data_position, adam_step=adam_step, keep=keep, run=run, identity=identity,
     )  # fmt: skip
 
 
@@ -322,9 +329,15 @@ def read_manifest(checkpoint: str | Path) -> Manifest:
             int(data["step"]), str(data["model"]), str(data["strategy"]), tensors,
             data.get("data_position", 0), int(data.get("adam_step", 0)),
             dict(data.get("run", {})),
+            _identity(data.get("model_identity"), path),
         )  # fmt: skip
     except (KeyError, TypeError, ValueError, AttributeError, AnnotationError) as error:
         raise CheckpointError(f"corrupt checkpoint manifest {path}: {error!r}") from None
+
+
+def _identity(data: Any, path: Path) -> ModelIdentity | None:
+    """The manifest's model identity (None in checkpoints saved before they were kept)."""
+    return None if data is None else ModelIdentity.from_json(data, where=str(path))
 
 
 def _entry(name: str, data: dict[str, Any]) -> TensorEntry:

@@ -71,6 +71,6 @@ def run(args: argparse.Namespace) -> int:
     device = run_device(config, num_ranks=num_processes(config))
     with progress(config, title="reference", as_json=args.json) as on_step:
         reference = run_reference(dataclasses.replace(config, device=device), on_step=on_step)
-    report = compare(result, reference)
+    report = compare(result, reference, config=config)
     console.print(str(report))
     return 0 if report.ok else 1

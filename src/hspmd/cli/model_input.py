@@ -101,9 +101,9 @@ def add_model_arguments(
             "--plan",
             default=None,
             metavar="FILE.json",
-            help="an annotation plan (docs/plan-schema.md, e.g. from hspmd train --save-plan): "
-            "its strategy, options, sequence length and per-parameter splits; instead of "
-            "--strategy",
+            help="a strategy file (hspmd plan --out) or an annotation plan (hspmd train "
+            "--save-plan; docs/plan-schema.md): its strategy, options, sequence length (and "
+            "per-parameter splits); instead of --strategy",
         )
 
 
@@ -133,15 +133,17 @@ def read_run(args: argparse.Namespace, options: StrategyOptions) -> Run:
         return Run(read_model(args), args.strategy, options, getattr(args, "seq_len", None))
     if args.strategy is not None:
         raise ModelSpecError("--plan carries the strategy: drop --strategy (or drop --plan)")
+    from hspmd.plan.schema import Plan
     from hspmd.train.config import TrainConfig
     from hspmd.train.planfile import check_plan, config_from_plan, read_plan
 
     plan = read_plan(path)
-    tokens = next((t for t in plan.inputs if t.name == "tokens" and len(t.shape) == 2), None)
-    base = TrainConfig(
-        model=args.model, model_overrides=model_kwargs(args.config),
-        seq_len=tokens.shape[1] if tokens is not None else 64,
-    )  # fmt: skip
+    if isinstance(plan, Plan):
+        tokens = next((t for t in plan.inputs if t.name == "tokens" and len(t.shape) == 2), None)
+        seq_len = tokens.shape[1] if tokens is not None else 64
+    else:  # a strategy file of hspmd plan --out
+        seq_len = plan.seq_len or 64
+    base = TrainConfig(model=args.model, model_overrides=model_kwargs(args.config), seq_len=seq_len)
     config = config_from_plan(plan, base)
     check_plan(plan, config)
     assert config.strategy is not None

@@ -2,8 +2,8 @@
 
     hspmd plan --model llama-70b --cluster hetu-h800-h20 --global-batch 64 --seq-len 4096
     hspmd plan ... --json                       # one JSON object (strategy, step_time_s, ...)
-    hspmd plan ... --out plan.json              # the same object, written to a file
-    hspmd train --strategy "$(hspmd plan ... --json | jq -r .strategy)" ...
+    hspmd plan ... --out strategy.json          # the same object, written to a file
+    hspmd train --plan strategy.json ...        # trains it (its options, length, batch)
     hspmd plan ... --alive 0-14,16-39 --current "33x1: ...; 31x1: ..."   # elastic re-plan
 
 Searches pipeline configurations (TP degree per GPU kind, pipelines, stage order, which
@@ -25,8 +25,12 @@ import json
 from typing import Any
 
 from hspmd.cli.flags import HelpFormatter
+from hspmd.cli.model_input import model_kwargs
 from hspmd.cli.paths import check_out_folder, write_out
 from hspmd.cli.simulate import GIB, add_common, setup
+from hspmd.models.spec import ModelSpec
+from hspmd.plan.choice import choice_fields
+from hspmd.plan.identity import ModelIdentity
 from hspmd.plan.strategy import format_ranks, parse_ranks, parse_strategy
 from hspmd.planner.cost import CostModel
 from hspmd.planner.elastic import replan
@@ -52,7 +56,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--no-homogeneous", action="store_true", help="skip the homogeneous baseline"
     )
-    parser.add_argument("--out", default=None, help="also write the JSON object to this file")
+    parser.add_argument(
+        "--out", default=None,
+        help="also write the JSON object to this file: a strategy file that hspmd train, "
+        "explain and simulate take as --plan",
+    )  # fmt: skip
     elastic = parser.add_argument_group("elastic re-planning (docs/elastic-planning.md)")
     elastic.add_argument(
         "--alive", default=None, help="cluster ranks usable now, e.g. 0-14,16-39 (default: all)"
@@ -93,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         config, cost, global_batch=args.global_batch, seq_len=seq_len, zero1=args.zero1,
         dtype=args.dtype, time_limit=args.time_limit, homogeneous=not args.no_homogeneous,
     )  # fmt: skip
-    data = chosen.to_json(cost)
+    data = strategy_file(args, chosen.to_json(cost), chosen, model=config, seq_len=seq_len)
     if args.out:
         write_out(args.out, json.dumps(data, indent=1) + "\n")
     if args.json:
@@ -101,6 +109,21 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(plan_text(chosen, cost, model=config.name, seq_len=seq_len))
     return 0
+
+
+def strategy_file(
+    args: argparse.Namespace, data: dict[str, Any], chosen: Plan | Any, *, model: ModelSpec,
+    seq_len: int,
+) -> dict[str, Any]:  # fmt: skip
+    """The planner's JSON as a strategy file (``hspmd.plan.choice``): its format, the
+    model's identity, the length and batch planned for and the options ``hspmd train
+    --plan`` takes, then the planner's own fields."""
+    identity = ModelIdentity.of(model, source=args.model, kwargs=dict(model_kwargs(args.config)))
+    head = choice_fields(
+        strategy=str(chosen.strategy), options=chosen.options, model=identity, seq_len=seq_len,
+        global_batch=chosen.strategy.global_batch,
+    )  # fmt: skip
+    return head | {k: v for k, v in data.items() if k not in head}
 
 
 def _run_elastic(
@@ -113,7 +136,7 @@ def _run_elastic(
         seq_len=seq_len, dtype=args.dtype, min_replicas=args.min_replicas,
         time_limit=args.time_limit,
     )  # fmt: skip
-    data = chosen.to_json(cost)
+    data = strategy_file(args, chosen.to_json(cost), chosen, model=config, seq_len=seq_len)
     if args.out:
         write_out(args.out, json.dumps(data, indent=1) + "\n")
     if args.json:

@@ -1,12 +1,15 @@
 """`hspmd train`: train a Llama preset under a strategy on local processes.
 
     hspmd train --model llama-tiny --strategy "2x2: R0-1:L0-3; 4x1: R2:L0-3" \\
-        --global-batch 8 --seq-len 64 --steps 5 --seed 0 [--json] [--reference] \\
+        --global-batch 8 --seq-len 64 --steps 5 --seed 0 [--json] [--reference | --compare] \\
         [--switch 3="2x4: R0-1:L0-1 R2:L2-3" ...] [--save DIR --save-every N] [--resume DIR]
 
 The strategy is checked before any process starts. ``--json`` prints one JSON object per
 step (``step``, ``loss``: the global mean token loss, ``tokens``, ``seconds``);
-``--reference`` trains the plain model on this process instead, on the same data.
+``--reference`` trains the plain model on this process instead, on the same data;
+``--compare`` trains both, the run then the reference (on the ranks' device), and prints
+the comparison (losses, and each parameter within a tolerance scaled to it and to its
+update: ``hspmd.train.compare``); the exit status is 1 when they differ.
 ``--switch STEP="STRATEGY"`` moves weights and Adam states in memory to STRATEGY before
 STEP (one process per rank of the largest strategy); the step's record carries
 ``switch_seconds``; with ``--switch-mode weights`` the states stay put and only the compute
@@ -40,6 +43,7 @@ the node rank and the master address default to the emulated node's (docs/netclu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -57,6 +61,7 @@ from hspmd.data import DEFAULT_MAX_BYTES, data_warnings
 from hspmd.plan.strategy import parse_strategy
 from hspmd.runtime.launch import NodeSpec
 from hspmd.runtime.members import how_lost
+from hspmd.train.compare import compare
 from hspmd.train.config import (
     AdamConfig,
     StepRecord,
@@ -227,8 +232,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--plan",
         default=None,
         metavar="FILE.json",
-        help="train this annotation plan (docs/plan-schema.md): its strategy, options, "
-        "sequence length and per-parameter splits; instead of --strategy",
+        help="train this strategy file (hspmd plan --out) or annotation plan (hspmd train "
+        "--save-plan; docs/plan-schema.md): its strategy, options, sequence length (and "
+        "per-parameter splits); instead of --strategy",
     )
     parser.add_argument(
         "--save-plan",
@@ -239,6 +245,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object per step")
     parser.add_argument(
         "--reference", action="store_true", help="plain model on one process, no hspmd"
+    )
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="train the run, then the reference, and print the comparison (exit 1 if they differ)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress output")
     parser.add_argument(
@@ -495,6 +506,8 @@ def planned_config(args: argparse.Namespace) -> TrainConfig:
 
 def run(args: argparse.Namespace) -> int:
     config = planned_config(args)
+    if args.compare:
+        check_compare(args, config, node_of(args))
     if getattr(args, "save_plan", None):
         check_out_folder(args.save_plan, "--save-plan")
         data = write_plan(config, args.save_plan)
@@ -540,4 +553,31 @@ def run(args: argparse.Namespace) -> int:
     saved = [r.step for r in result.records if r.step % config.save_every == 0]
     if config.save and not args.reference and saved:
         print(f"checkpoint of step {saved[-1]} saved in {latest(config.save)}", file=sys.stderr)
-    return 0
+    return compare_with_reference(args, config, result) if args.compare else 0
+
+
+def check_compare(args: argparse.Namespace, config: TrainConfig, node: NodeSpec | None) -> None:
+    """``--compare`` beside what it cannot compare (one line, before any work)."""
+    clashes = [
+        ("--reference", args.reference, "--compare runs the reference too"),
+        ("--resume", bool(config.resume), "the reference trains from step 1"),
+        ("--nnodes", node is not None, "each node holds only its ranks' parameters"),
+    ]
+    for flag, given, why in clashes:
+        if given:
+            raise TrainError(f"--compare does not take {flag} ({why}): drop one of them")
+
+
+def compare_with_reference(
+    args: argparse.Namespace, config: TrainConfig, result: TrainResult
+) -> int:
+    """``--compare``: the reference on the ranks' device, then the comparison (stdout;
+    one JSON object with ``--json``); 1 if the run differs from it."""
+    device = run_device(config, num_ranks=num_processes(config) + config.spares)
+    reference = run_config(
+        dataclasses.replace(config, device=device), reference=True, as_json=False,
+        quiet=args.json or getattr(args, "quiet", False),
+    )  # fmt: skip
+    report = compare(result, reference, config=config)
+    print(json.dumps({"comparison": report.to_json()}) if args.json else str(report), flush=True)
+    return 0 if report.ok else 1

@@ -8,6 +8,8 @@ docs/plan-schema.md; ``PLAN_SCHEMA`` is the JSON Schema)::
      "strategy": "1x2: R0-1:L0-3; 2x1: R2:L0-3",       # informational, may be null
      "options": {"zero1": false, "sequence_parallel": false, "recompute": false, "recompute_layers": 0,
                  "schedule": "1f1b", "dtype": "fp32"},
+     "model": {"source": "llama-tiny", "kwargs": {}, "num_params": 39,   # optional
+               "fingerprint": "..."},                   # (hspmd.plan.identity)
      "inputs":           {"tokens": {"shape": [3, 16], "annotation": "h0(2,1): [0,1]{D:2} [2]{}"}, ...},
      "parameters":       {"embed.weight": {"shape": [256, 64], "annotation": "..."}, ...},
      "optimizer_states": {...same keys as parameters...},
@@ -34,6 +36,7 @@ from typing import Any
 from hspmd.annotation import DUP, Annotation, DeviceGroup
 from hspmd.errors import AnnotationError, StrategyError
 from hspmd.models.spec import ModelSpec
+from hspmd.plan.identity import ModelIdentity
 from hspmd.plan.params import ParamSpec, parameter_annotations, stage_states, state_annotations
 from hspmd.plan.strategy import Stage, Strategy, StrategyOptions, check_strategy
 
@@ -76,6 +79,18 @@ PLAN_SCHEMA: dict[str, Any] = {
     "properties": {
         "format": {"const": FORMAT},
         "strategy": {"type": ["string", "null"], "description": "the strategy string, if any"},
+        "model": {
+            "type": "object",
+            "description": "the model the plan is for (hspmd.plan.identity): checked on load",
+            "required": ["source", "kwargs", "num_params", "fingerprint"],
+            "additionalProperties": False,
+            "properties": {
+                "source": {"type": "string"},
+                "kwargs": {"type": "object"},
+                "num_params": {"type": "integer", "minimum": 0},
+                "fingerprint": {"type": "string"},
+            },
+        },
         "options": {
             "type": "object",
             "additionalProperties": False,
@@ -107,6 +122,7 @@ class Plan:
     reshards: tuple[ParamSpec, ...]
     strategy: str | None = None
     options: StrategyOptions = field(default_factory=StrategyOptions)
+    model: ModelIdentity | None = None  # whose parameters these are (None: not recorded)
 
     def table(self, section: str) -> dict[str, ParamSpec]:
         """The specs of ``section`` (one of ``SECTIONS``) by name."""
@@ -256,6 +272,8 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
     """The plan as a JSON-ready dict (``json.dumps`` it); ``plan_from_json`` reads it back."""
     out: dict[str, Any] = {"format": FORMAT, "strategy": plan.strategy}
     out["options"] = asdict(plan.options)
+    if plan.model is not None:
+        out["model"] = plan.model.to_json()
     for section in SECTIONS:
         out[section] = {
             spec.name: {"shape": list(spec.shape), "annotation": str(spec.annotation)}
@@ -279,8 +297,11 @@ def plan_from_json(data: Mapping[str, Any] | str) -> Plan:
     if not isinstance(data, Mapping):
         raise StrategyError(f"a plan is a JSON object, not {type(data).__name__}")
     if data.get("format") != FORMAT:
-        raise StrategyError(f"plan format is {data.get('format')!r}: expected {FORMAT!r}")
-    unknown = set(data) - {"format", "strategy", "options", *SECTIONS}
+        raise StrategyError(
+            f"plan format is {data.get('format')!r}: an annotation plan is {FORMAT!r} "
+            "(hspmd train --save-plan writes one; hspmd.plan.choice lists the formats)"
+        )
+    unknown = set(data) - {"format", "strategy", "options", "model", *SECTIONS}
     if unknown:
         allowed = ", ".join(PLAN_SCHEMA["properties"])
         raise StrategyError(f"unknown plan keys {sorted(unknown)}: allowed are {allowed}")
@@ -298,7 +319,11 @@ def plan_from_json(data: Mapping[str, Any] | str) -> Plan:
     strategy = data.get("strategy")
     if strategy is not None and not isinstance(strategy, str):
         raise StrategyError(f"plan strategy must be a string or null, not {strategy!r}")
-    return Plan(**sections, strategy=strategy, options=_read_options(data.get("options") or {}))
+    model = data.get("model")
+    return Plan(
+        **sections, strategy=strategy, options=_read_options(data.get("options") or {}),
+        model=None if model is None else ModelIdentity.from_json(model, where="the plan"),
+    )  # fmt: skip
 
 
 def _read_options(data: Any) -> StrategyOptions:

@@ -51,7 +51,14 @@ def load_plans(data: Any, where: str) -> tuple[list[LengthStrategy], list[list[f
     """The strategies of a plans file (``plans_json``) and its switch matrix."""
     from hspmd.plan.strategy import StrategyError, parse_strategy
 
-    if not isinstance(data, dict) or data.get("format") != "hspmd.length-plans":
+    kind = data.get("format") if isinstance(data, dict) else None
+    planned = isinstance(data, dict) and kind is None and "step_time_s" in data  # older files
+    if kind in ("hspmd.plan/1", "hspmd.strategy/1") or planned:
+        what = "an annotation plan" if kind == "hspmd.plan/1" else "a strategy file"
+        raise LengthPlanError(
+            f"{where} is {what} (format {kind}), not length plans: give it as --plan instead"
+        )
+    if kind != "hspmd.length-plans":
         raise LengthPlanError(
             f"{where}: not a plans file (format hspmd.length-plans): write one with "
             "`hspmd plan --data PATH --max-seq-len L --tokens-per-step N --out FILE`"

@@ -1,9 +1,12 @@
-"""The Python API: ``hspmd.fit(model, strategy=..., ...)``, which the CLI mirrors.
+"""The Python API of a run: ``hspmd.fit(model, strategy, ...)``, which the CLI mirrors, and
+``train_config``, the one place its typed keywords become a ``TrainConfig``.
 
 ``model`` is a preset name (``"llama-tiny"``), a factory's source (``"my_model.py:make"``,
 ``"package.module:make"``) or the factory itself (a module-level function: processes
-rebuild the model from its module, or from the file of ``__main__``). Keyword arguments
-are ``TrainConfig``'s fields; ``model_kwargs`` go to the factory::
+rebuild the model from its module, or from the file of ``__main__``). The keywords are
+``RunOptions``: ``TrainConfig``'s fields by name, typed, plus ``lr`` (the learning rate of
+``adam``) and ``model_kwargs`` (the factory's keyword arguments); ``global_batch``
+defaults to the strategy's (its sum of COUNT x SIZE)::
 
     import hspmd
 
@@ -11,24 +14,83 @@ are ``TrainConfig``'s fields; ``model_kwargs`` go to the factory::
         return MyModel(width=64)
 
     if __name__ == "__main__":          # the ranks are spawned processes
-        result = hspmd.fit(make, strategy="2x1: R0-1:L0-1; 2x1: R2:L0-1", steps=10)
+        result = hspmd.fit(make, "2x1: R0-1:L0-1; 2x1: R2:L0-1", steps=10, lr=1e-3)
         print(result.losses)
 
 ``reference=True`` trains the plain module on this process instead (same data).
+
+>>> config = train_config("llama-tiny", "2x1: R0:L0-3; 1x2: R1:L0-3", lr=1e-3,
+...                       model_kwargs={"num_layers": 2})
+>>> config.global_batch, config.adam.lr, config.model_overrides
+(4, 0.001, (('num_layers', 2),))
+>>> train_config("llama-tiny", learning_rate=1e-3)
+Traceback (most recent call last):
+...
+hspmd.train.config.TrainError: unknown option 'learning_rate': give one of strategy, ...
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack, get_type_hints
 
-from hspmd.train.config import TrainConfig, TrainError
+from hspmd.plan.strategy import Dtype, Schedule, Strategy, parse_strategy
+from hspmd.train.config import (
+    AdamConfig,
+    Device,
+    StepRecord,
+    SwitchAlgo,
+    SwitchMode,
+    TrainConfig,
+    TrainError,
+)
 from hspmd.train.reference import TrainResult, run_reference
-from hspmd.train.trainer import train as train_config
+from hspmd.train.trainer import train
 
-__all__ = ["fit", "model_source"]
+__all__ = ["RunOptions", "fit", "model_source", "train_config"]
+
+REFERENCE_BATCH = 8  # sequences a step without a strategy (a reference run), as the CLI
+
+
+class RunOptions(TypedDict, total=False):
+    """The typed keywords of ``fit``, ``build`` and ``train_config``: ``TrainConfig``'s
+    fields (docs/api.md lists them with their meaning), ``lr`` and ``model_kwargs``."""
+
+    model_kwargs: Mapping[str, Any]
+    global_batch: int | None
+    seq_len: int
+    steps: int
+    seed: int
+    lr: float
+    adam: AdamConfig
+    data: str | None
+    data_max_bytes: int | None
+    schedule: Schedule
+    dtype: Dtype
+    zero1: bool
+    sequence_parallel: bool
+    recompute: bool
+    recompute_layers: int
+    overlap: bool
+    switches: Sequence[tuple[int, str | Strategy]]
+    switch_mode: SwitchMode
+    switch_algo: SwitchAlgo
+    cluster: str | None
+    ranks_per_node: int | None
+    save: str | None
+    save_every: int
+    resume: str | None
+    slowdown: Sequence[tuple[int, float]]
+    elastic: bool
+    hang_timeout: float
+    spares: int
+    grow: Sequence[tuple[int, int]]
+    step_tokens: int | None
+    long_docs: str
+    device: Device
 
 
 def model_source(model: str | Callable[..., Any]) -> str:
@@ -53,14 +115,56 @@ def model_source(model: str | Callable[..., Any]) -> str:
     return f"{module}:{name}"
 
 
+def _frozen(value: Any) -> Any:
+    """Lists and dicts as tuples (a config is a hashable value)."""
+    if isinstance(value, list | tuple):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _frozen(v)) for k, v in value.items()))
+    return value
+
+
+def train_config(
+    model: str | Callable[..., Any] = "llama-tiny",
+    strategy: str | Strategy | None = None,
+    **options: Unpack[RunOptions],
+) -> TrainConfig:
+    """The ``TrainConfig`` of ``fit(model, strategy, **options)`` (module docstring)."""
+    unknown = sorted(set(options) - set(get_type_hints(RunOptions)))
+    if unknown:
+        allowed = ", ".join(["strategy", *get_type_hints(RunOptions)])
+        raise TrainError(f"unknown option {unknown[0]!r}: give one of {allowed}")
+    fields: dict[str, Any] = dict(options)
+    text = None if strategy is None else str(strategy)
+    kwargs = fields.pop("model_kwargs", None) or {}
+    lr = fields.pop("lr", None)
+    if lr is not None:
+        fields["adam"] = dataclasses.replace(fields.get("adam") or AdamConfig(), lr=lr)
+    if fields.get("global_batch") is None:
+        fields["global_batch"] = (
+            REFERENCE_BATCH if text is None else parse_strategy(text).global_batch
+        )
+    if "switches" in fields:
+        fields["switches"] = tuple((int(step), str(s)) for step, s in fields["switches"])
+    for name in ("slowdown", "grow"):
+        if name in fields:
+            fields[name] = _frozen(fields[name])
+    return TrainConfig(
+        model=model_source(model), model_overrides=_frozen(dict(kwargs)), strategy=text, **fields
+    )
+
+
 def fit(
     model: str | Callable[..., Any] = "llama-tiny",
+    strategy: str | Strategy | None = None,
     *,
-    model_kwargs: Mapping[str, Any] | None = None,
     reference: bool = False,
-    **config: Any,
+    on_step: Callable[[StepRecord], None] | None = None,
+    **options: Unpack[RunOptions],
 ) -> TrainResult:
-    """Train ``model`` as ``TrainConfig(**config)`` says; see the module docstring."""
-    items = tuple(sorted((model_kwargs or {}).items()))
-    run = TrainConfig(model=model_source(model), model_overrides=items, **config)
-    return run_reference(run) if reference else train_config(run)
+    """Train ``model`` under ``strategy`` on local processes (module docstring), or with
+    ``reference=True`` the plain model on this process; ``on_step(record)`` after each step."""
+    config = train_config(model, strategy, **options)
+    if reference:
+        return run_reference(config, on_step=on_step)
+    return train(config, on_step=on_step)

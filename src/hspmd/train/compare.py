@@ -1,53 +1,105 @@
 """Compare a run with the reference: loss per step and parameters at the end.
 
+Losses: ``|loss - ref| / |ref|`` per step, at most ``LOSS_RTOL``. Parameters: each one's
+difference ``||p - ref||`` within its own tolerance, scaled to the parameter and to how
+far the optimizer could move it in the run (docs/runtime.md, "Equal to the reference")::
+
+    tolerance(p) = max(PARAM_RTOL x ||ref||,  UPDATE_RTOL x lr x steps x sqrt(numel))
+
+Adam moves an element by about ``lr`` a step at most, so the second term is a thousandth
+of the largest distance the run could move ``p``. It matters for a parameter whose gradient
+is zero in exact arithmetic (GPT-2's key bias: the softmax ignores it): its updates are
+fp32 noise that Adam scales up by ``1 / eps``, so its norm and its change over the run
+(both about 1e-6) are as large as its difference between two runs, while a wrong gradient
+moves it by a good fraction of ``lr x steps x sqrt(numel)``. Without ``config`` the second
+term is 0: relative differences only.
+
 >>> import torch
->>> from hspmd.train.config import StepRecord
+>>> from hspmd.train.config import AdamConfig, StepRecord
 >>> rec = lambda loss: StepRecord(step=1, loss=loss, tokens=8, seconds=0.1)
->>> a = TrainResult((rec(2.0),), {"w": torch.ones(2)})
->>> b = TrainResult((rec(2.0 + 2e-7),), {"w": torch.ones(2)})
->>> print(compare(a, b))
-max relative loss difference 1.0e-07 over 1 steps; max relative parameter difference 0.0e+00 (w): equal to the reference (fp32 tolerances 1e-05 / 1e-04)
+>>> a = TrainResult((rec(2.0),), {"w": torch.ones(4), "b": torch.full((4,), 2.5e-7)})
+>>> b = TrainResult((rec(2.0 + 2e-7),), {"w": torch.ones(4), "b": torch.full((4,), -2.5e-7)})
+>>> print(compare(a, b))  # no config: b differs by twice its norm
+losses 1.0e-07 (relative, over 1 steps); parameters 2.0e+04 of their tolerance (b: difference 1.0e-06, tolerance 5.0e-11): DIFFERENT from the reference
+>>> print(compare(a, b, config=TrainConfig(adam=AdamConfig(lr=1e-3))))
+losses 1.0e-07 (relative, over 1 steps); parameters 5.0e-01 of their tolerance (b: difference 1.0e-06, tolerance 2.0e-06): equal to the reference
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
+from hspmd.train.config import TrainConfig
 from hspmd.train.reference import TrainResult
 
-__all__ = ["Comparison", "compare"]
+__all__ = ["LOSS_RTOL", "PARAM_RTOL", "UPDATE_RTOL", "Comparison", "compare"]
 
 LOSS_RTOL = 1e-5
 PARAM_RTOL = 1e-4
+UPDATE_RTOL = 1e-3
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Comparison:
+    """``max_loss_rel``: the largest relative loss difference; ``score``: the largest
+    parameter difference over its tolerance (``worst``: that parameter, ``difference`` and
+    ``tolerance``: its figures); ``max_param_rel`` and ``worst_param``: the largest
+    relative parameter difference, as reported before tolerances had two terms."""
+
     max_loss_rel: float
+    steps: int
+    score: float
+    worst: str
+    difference: float
+    tolerance: float
     max_param_rel: float
     worst_param: str
-    steps: int
 
     @property
     def ok(self) -> bool:
-        return self.max_loss_rel <= LOSS_RTOL and self.max_param_rel <= PARAM_RTOL
+        return self.max_loss_rel <= LOSS_RTOL and self.score <= 1.0
 
     def __str__(self) -> str:
         verdict = "equal to the reference" if self.ok else "DIFFERENT from the reference"
         return (
-            f"max relative loss difference {self.max_loss_rel:.1e} over {self.steps} steps; "
-            f"max relative parameter difference {self.max_param_rel:.1e} ({self.worst_param}): "
-            f"{verdict} (fp32 tolerances {LOSS_RTOL:.0e} / {PARAM_RTOL:.0e})"
+            f"losses {self.max_loss_rel:.1e} (relative, over {self.steps} steps); parameters "
+            f"{self.score:.1e} of their tolerance ({self.worst}: difference "
+            f"{self.difference:.1e}, tolerance {self.tolerance:.1e}): {verdict}"
         )
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok, "max_loss_rel": self.max_loss_rel, "steps": self.steps,
+            "param_score": self.score, "worst_param": self.worst,
+            "param_difference": self.difference, "param_tolerance": self.tolerance,
+            "max_param_rel": self.max_param_rel, "worst_relative_param": self.worst_param,
+        }  # fmt: skip
 
-def compare(result: TrainResult, reference: TrainResult) -> Comparison:
-    """Relative differences: |loss - ref| / |ref| per step; ||p - ref|| / ||ref|| per param."""
+
+def compare(
+    result: TrainResult, reference: TrainResult, *, config: TrainConfig | None = None
+) -> Comparison:
+    """``result`` against ``reference`` (module docstring); ``config``: the run's, whose
+    learning rate and step count scale the update term of the parameters' tolerance."""
     losses = [abs(a - b) / abs(b) for a, b in zip(result.losses, reference.losses, strict=True)]
-    worst, worst_name = 0.0, "-"
+    moved = config.adam.lr * len(losses) if config is not None else 0.0  # per element
+    score, worst = -1.0, ("-", 0.0, 0.0)
+    rel, rel_name = -1.0, "-"
     for name, want in reference.params.items():
-        got = result.params[name]
-        error = float((got - want.detach()).norm() / want.detach().norm())
-        if error >= worst:
-            worst, worst_name = error, name
-    return Comparison(max(losses), worst, worst_name, len(losses))
+        want = want.detach()
+        difference = float((result.params[name] - want).norm())
+        norm = float(want.norm())
+        tolerance = max(PARAM_RTOL * norm, UPDATE_RTOL * moved * math.sqrt(want.numel()))
+        here = difference / tolerance if tolerance > 0 else (0.0 if difference == 0 else math.inf)
+        if here >= score:
+            score, worst = here, (name, difference, tolerance)
+        relative = difference / norm if norm > 0 else (0.0 if difference == 0 else math.inf)
+        if relative >= rel:
+            rel, rel_name = relative, name
+    return Comparison(
+        max_loss_rel=max(losses), steps=len(losses), score=max(score, 0.0), worst=worst[0],
+        difference=worst[1], tolerance=worst[2], max_param_rel=max(rel, 0.0),
+        worst_param=rel_name,
+    )  # fmt: skip

@@ -58,6 +58,7 @@ from hspmd.train.batches import step_batches
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.faults import inject
 from hspmd.train.home import home_annotations, run_ranks
+from hspmd.train.identity import model_identity
 from hspmd.train.layout import Layout, Role
 from hspmd.train.packing import (
     PackedStep,
@@ -301,6 +302,7 @@ def save_checkpoint(
         commit_rank_states(
             directory, step=step, model=config.model, strategy=active.text,
             param_specs=specs, adam_step=steps, data_position=step, run=config.data_identity(),
+            identity=model_identity(config),
         )  # fmt: skip
     world.wait([dist.barrier(async_op=True)])
 

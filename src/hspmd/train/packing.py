@@ -39,11 +39,11 @@ from hspmd.data import DEFAULT_MAX_BYTES, DocumentStep, document_steps
 from hspmd.plan.dispatch import Assignment, Dispatcher, DispatchError, balanced
 from hspmd.plan.strategy import Strategy
 from hspmd.planner.lengths import LengthStrategy, assignment_seconds, fixed_dispatcher, load_plans
-from hspmd.train.config import TrainConfig
+from hspmd.train.config import TrainConfig, TrainError
 
 __all__ = [
-    "MicroBatch", "PackedStep", "length_multiple", "length_plans", "pack", "packed_steps",
-    "plan_schedule", "planned_steps", "record_fields",
+    "MicroBatch", "PackedStep", "check_packing", "length_multiple", "length_plans", "pack",
+    "packed_steps", "plan_schedule", "planned_steps", "record_fields", "safe_step_tokens",
 ]  # fmt: skip
 
 IGNORE = -100
@@ -128,6 +128,14 @@ def packed_steps(
 
     ``dispatch(lengths, slots=, max_len=, multiple=)`` places each step's documents: the
     hook for a length-aware planner's dispatcher."""
+    for step, assignment in _dispatched(config, strategy, dispatch=dispatch):
+        yield pack(step, assignment)
+
+
+def _dispatched(
+    config: TrainConfig, strategy: Strategy, *, dispatch: Dispatcher = balanced
+) -> Iterator[tuple[DocumentStep, Assignment]]:
+    """Each step's documents and where ``dispatch`` puts them (``packed_steps``, unpacked)."""
     assert config.step_tokens is not None
     slots = [(p.num_micro_batches, p.micro_batch_size) for p in strategy.pipelines]
     multiple = length_multiple(strategy, sequence_parallel=config.sequence_parallel)
@@ -141,8 +149,45 @@ def packed_steps(
         max_bytes=config.data_max_bytes or DEFAULT_MAX_BYTES,
     )
     for step in islice(stream, config.steps):
-        assignment = dispatch(step.lengths, slots=slots, max_len=config.seq_len, multiple=multiple)
-        yield pack(step, assignment)
+        yield step, dispatch(step.lengths, slots=slots, max_len=config.seq_len, multiple=multiple)
+
+
+def safe_step_tokens(strategy: Strategy, max_len: int) -> int:
+    """The most tokens a step may hold such that its whole documents always pack into
+    ``strategy``'s rows of ``max_len`` tokens, whatever their lengths: rows x
+    ceil((max_len + 1) / 2).
+
+    Why: documents go longest first to any row they fit (``balanced``). One of ``n`` tokens
+    fits no row only when every row holds more than ``max_len - n`` tokens, and, if ``n``
+    is over half a row, a document at least as long as itself; so every row holds at least
+    ceil((max_len + 1) / 2) tokens already. Documents of half a row plus one reach it: one
+    a row, whatever the row's length.
+
+    >>> from hspmd.plan.strategy import parse_strategy
+    >>> safe_step_tokens(parse_strategy("2x1: R0:L0-3; 1x2: R1:L0-3"), 64)  # 4 rows
+    132
+    """
+    rows = sum(p.batch_size for p in strategy.pipelines)
+    return rows * ((max_len + 2) // 2)
+
+
+def check_packing(config: TrainConfig, strategy: Strategy) -> None:
+    """Dispatch every step of the run (no tensors) before any process starts: a step whose
+    documents do not pack is a ``TrainError`` naming it and the bound that always packs."""
+    done = 0  # steps dispatched
+    try:
+        for _ in _dispatched(config, strategy):
+            done += 1
+    except DispatchError as error:
+        bound = safe_step_tokens(strategy, config.seq_len)
+        rows = sum(p.batch_size for p in strategy.pipelines)
+        raise TrainError(
+            f"--tokens-per-step {config.step_tokens}: the documents of step {done + 1} "
+            f"do not pack into the strategy's {rows} rows of --max-seq-len {config.seq_len} "
+            f"({error}); whole documents leave gaps in rows: at most {bound} tokens a step "
+            f"({rows} rows x {(config.seq_len + 2) // 2}) always pack, or raise "
+            "--max-seq-len or the pipelines' micro-batches"
+        ) from None
 
 
 def length_plans(config: TrainConfig) -> tuple[list[LengthStrategy], list[list[float]]]:

@@ -1,6 +1,11 @@
-"""A plan file (``hspmd.plan/1`` JSON, docs/plan-schema.md) as the one input of a run.
+"""A plan file as the one input of a run: an annotation plan (``hspmd.plan/1`` JSON,
+docs/plan-schema.md) or a strategy file of ``hspmd plan --out`` (``hspmd.strategy/1``,
+``hspmd.plan.choice``). Both name their model (``hspmd.plan.identity``): a plan for another
+model is refused in one line naming both, before any entry is compared.
 
-``hspmd train --plan plan.json`` trains what the plan says: its strategy, its options, its
+``hspmd train --plan strategy.json`` trains the planner's strategy with its options, length
+and global batch. ``hspmd train --plan plan.json`` trains what the plan says: its strategy,
+its options, its
 sequence length, and the split of every parameter inside a stage, read from the plan's
 per-parameter annotations (``{0:t}`` column, ``{1:t}`` row, ``{D:t}`` replicate: one rule
 per parameter, ahead of the model's own ``tp_rules``, which still decide the parameters
@@ -20,17 +25,25 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from hspmd.annotation import DUP
 from hspmd.errors import StrategyError
+from hspmd.plan.choice import STRATEGY_FORMAT, StrategyChoice, choice_from_json
+from hspmd.plan.identity import check_identity
 from hspmd.plan.params import ParamSpec
-from hspmd.plan.schema import SECTIONS, Plan, build_plan, plan_from_json, plan_to_json
+from hspmd.plan.schema import FORMAT, SECTIONS, Plan, build_plan, plan_from_json, plan_to_json
 from hspmd.plan.strategy import parse_strategy
 from hspmd.train.active import options_of
 from hspmd.train.config import TrainConfig, TrainError
+from hspmd.train.identity import model_identity
 
-__all__ = ["check_plan", "config_from_plan", "kind_of", "read_plan", "write_plan"]
+__all__ = [
+    "PlanFile", "check_plan", "config_from_plan", "kind_of", "read_plan", "write_plan",
+]  # fmt: skip
+
+PlanFile: TypeAlias = Plan | StrategyChoice
+"""What ``--plan`` reads: an annotation plan or a planner's strategy."""
 
 
 def kind_of(spec: ParamSpec) -> str | None:
@@ -53,16 +66,42 @@ def kind_of(spec: ParamSpec) -> str | None:
     return "replicate" if many else None
 
 
-def read_plan(path: str) -> Plan:
+def read_plan(path: str, *, flag: str = "--plan") -> PlanFile:
+    """The plan file at ``path`` by its ``format``; another hspmd file is refused with the
+    flag that takes it (a ``hspmd plan`` file from before formats were named reads as a
+    strategy file)."""
     try:
-        text = Path(path).read_text()
+        data = json.loads(Path(path).read_text())
     except OSError as error:
-        raise TrainError(f"--plan {path}: cannot read it ({error.strerror})") from None
-    return plan_from_json(text)
+        raise TrainError(f"{flag} {path}: cannot read it ({error.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise TrainError(f"{flag} {path}: not JSON ({error})") from None
+    kind = data.get("format") if isinstance(data, dict) else None
+    if kind == FORMAT:
+        return plan_from_json(data)
+    if kind == STRATEGY_FORMAT or (kind is None and "step_time_s" in data and "strategy" in data):
+        return choice_from_json(data, where=f"{flag} {path}")
+    if kind == "hspmd.length-plans":
+        raise TrainError(
+            f"{flag} {path} is a length-plans file (hspmd plan --data): give it to "
+            f"hspmd train as --plans {path}"
+        )
+    raise TrainError(
+        f"{flag} {path}: format {kind!r} is not a plan: give a strategy file ({STRATEGY_FORMAT}, "
+        f"from hspmd plan --out) or an annotation plan ({FORMAT}, from hspmd train --save-plan)"
+    )
 
 
-def config_from_plan(plan: Plan, config: TrainConfig) -> TrainConfig:
-    """``config`` with the plan's strategy, options, sequence length and TP kinds."""
+def config_from_plan(plan: PlanFile, config: TrainConfig) -> TrainConfig:
+    """``config`` with the plan's strategy, options and sequence length (an annotation plan's
+    TP kinds too); a plan of another model is refused naming both."""
+    if plan.model is not None:
+        check_identity(
+            plan.model, model_identity(config), what="the plan",
+            fix=f"give --model {plan.model.source} (and its --config), or plan for this model",
+        )  # fmt: skip
+    if isinstance(plan, StrategyChoice):
+        return _config_from_choice(plan, config)
     if plan.strategy is None:
         raise TrainError(
             "the plan names no strategy: hspmd trains plans written from one "
@@ -90,16 +129,36 @@ def config_from_plan(plan: Plan, config: TrainConfig) -> TrainConfig:
     )
 
 
+def _config_from_choice(choice: StrategyChoice, config: TrainConfig) -> TrainConfig:
+    options = choice.options
+    return dataclasses.replace(
+        config,
+        strategy=choice.strategy,
+        global_batch=parse_strategy(choice.strategy).global_batch,
+        seq_len=choice.seq_len or config.seq_len,
+        zero1=options.zero1,
+        sequence_parallel=options.sequence_parallel,
+        recompute=options.recompute,
+        recompute_layers=options.recompute_layers,
+        schedule=options.schedule,
+        dtype=options.dtype,
+    )
+
+
 def derived_plan(config: TrainConfig) -> Plan:
-    """The plan hspmd derives for ``config``'s starting strategy."""
-    return build_plan(
+    """The plan hspmd derives for ``config``'s starting strategy, naming its model."""
+    plan = build_plan(
         parse_strategy(config.require_strategy()), config.model_config(),
         seq_len=config.seq_len, options=options_of(config), global_batch=config.global_batch,
     )  # fmt: skip
+    return dataclasses.replace(plan, model=model_identity(config))
 
 
-def check_plan(plan: Plan, config: TrainConfig) -> None:
-    """StrategyError naming the first entry of ``plan`` that ``config`` would not train."""
+def check_plan(plan: PlanFile, config: TrainConfig) -> None:
+    """StrategyError naming the first entry of ``plan`` that ``config`` would not train (a
+    strategy file has no entries: it trains as hspmd derives it)."""
+    if isinstance(plan, StrategyChoice):
+        return
     want = plan_to_json(derived_plan(config))
     got = plan_to_json(plan)
     for section in SECTIONS:

@@ -33,8 +33,9 @@ from hspmd.train.active import options_of
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.device import backend_of, run_device
 from hspmd.train.elastic import run_rank_elastic
+from hspmd.train.identity import check_resume_identity
 from hspmd.train.loop import run_rank
-from hspmd.train.packing import packed_steps, planned_steps
+from hspmd.train.packing import check_packing, planned_steps
 from hspmd.train.reference import TrainResult
 
 __all__ = [
@@ -82,6 +83,7 @@ def check_config(config: TrainConfig) -> Strategy:
             f"0..{len(used) - 1}): drop them or pick ranks of the strategy"
         )
     _check_elastic(config, strategy, used)
+    check_resume_identity(config)  # the checkpoint holds this model
     if config.save:
         _check_writable(config.save)
     if config.length_plans is not None:  # the data and the first step's choice, up front
@@ -94,7 +96,7 @@ def check_config(config: TrainConfig) -> Strategy:
                 f"rows of --max-seq-len {config.seq_len} hold ({rows * config.seq_len}): "
                 "lower it, raise --max-seq-len, or give the pipelines more micro-batches"
             )
-        next(packed_steps(config, strategy), None)
+        check_packing(config, strategy)  # every step's documents fit the rows
     return strategy
 
 

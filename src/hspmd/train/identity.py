@@ -1,0 +1,41 @@
+"""The identity of a run's model (``hspmd.plan.identity``), and the checks of files that
+carry one against it: plan files (``hspmd.train.planfile``) and checkpoints (``--resume``).
+
+>>> config = TrainConfig(model_overrides=(("num_layers", 2),))
+>>> str(model_identity(config))
+"llama-tiny {'num_layers': 2} (21 parameters, fingerprint a21a568118c16226)"
+"""
+
+from __future__ import annotations
+
+from hspmd.checkpoint.store import CheckpointError, latest, read_manifest
+from hspmd.plan.identity import ModelIdentity, check_identity
+from hspmd.train.config import TrainConfig
+
+__all__ = ["check_resume_identity", "model_identity"]
+
+
+def model_identity(config: TrainConfig) -> ModelIdentity:
+    """``config``'s model: its source, keyword arguments and structural fingerprint."""
+    return ModelIdentity.of(
+        config.model_config(), source=config.model, kwargs=dict(config.model_overrides)
+    )
+
+
+def check_resume_identity(config: TrainConfig) -> None:
+    """With ``config.resume``: the newest checkpoint there must hold this run's model (one
+    line naming both, before any process starts); checkpoints saved before identities were
+    recorded, and folders a run earlier in the same launch has yet to fill, are not
+    checked here (their tensors still are, on load)."""
+    if not config.resume:
+        return
+    try:
+        folder = latest(config.resume)
+    except CheckpointError:  # none yet: a run earlier in the same launch saves it
+        return  # (train_many); loading names a folder that stays empty
+    saved = read_manifest(folder).identity
+    if saved is not None:
+        check_identity(
+            saved, model_identity(config), what=f"checkpoint {folder}",
+            fix="resume with its --model and --config",
+        )  # fmt: skip

@@ -1,0 +1,66 @@
+"""The public API (``hspmd.api``, docs/api.md): typed keywords, the exported names, the
+verbs without processes, and docs/api.md's examples as doctests."""
+
+from __future__ import annotations
+
+import dataclasses
+import doctest
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import pytest
+
+import hspmd
+import hspmd.api
+from hspmd.train.api import RunOptions
+from hspmd.train.config import TrainConfig, TrainError
+
+DOCS = Path(__file__).parents[1] / "docs" / "api.md"
+
+
+def test_docs_api_examples() -> None:
+    flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+    result = doctest.testfile(str(DOCS), module_relative=False, optionflags=flags)
+    assert result.failed == 0 and result.attempted > 10, result
+
+
+def test_every_public_name_loads_from_hspmd() -> None:
+    assert set(hspmd.__all__) == {*hspmd.api.__all__, "__version__"}
+    for name in hspmd.api.__all__:
+        assert getattr(hspmd, name) is getattr(hspmd.api, name), name
+
+
+def test_run_options_are_train_config_fields_with_their_types() -> None:
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    hints = get_type_hints(TrainConfig)
+    for name, kind in get_type_hints(RunOptions).items():
+        if name in ("lr", "model_kwargs"):
+            continue
+        assert name in fields, f"RunOptions.{name} is no TrainConfig field"
+        if name not in ("global_batch", "switches", "slowdown", "grow"):  # widened on input
+            assert kind == hints[name], (name, kind, hints[name])
+    documented = DOCS.read_text()
+    missing = [n for n in get_type_hints(RunOptions) if f"`{n}`" not in documented]
+    assert not missing, f"docs/api.md does not list {missing}"
+
+
+def test_fit_takes_lr_and_the_strategys_batch() -> None:
+    """The docstring example of fit (issue 36): a heterogeneous strategy's global batch and
+    ``lr`` by keyword."""
+    config = hspmd.train_config("llama-tiny", "2x1: R0-1:L0-1; 2x1: R2:L0-1", steps=10,
+                                lr=1e-3, model_kwargs={"num_layers": 2})  # fmt: skip
+    assert config.global_batch == 4 and config.adam.lr == 1e-3
+    from hspmd.train.trainer import check_config
+
+    check_config(config)  # the strategy trains this config (no StrategyError)
+    with pytest.raises(TrainError, match="unknown option 'learning_rate'"):
+        hspmd.train_config("llama-tiny", learning_rate=1e-3)  # type: ignore[call-arg]
+
+
+def test_build_refuses_what_only_fit_runs() -> None:
+    class NoWorld:  # refused before the world is used
+        rank, world_size = 0, 2
+
+    options: dict[str, Any] = {"switches": ((2, "1x1: R0-1:L0-3"),)}
+    with pytest.raises(TrainError, match="build does not take switches"):
+        hspmd.build("llama-tiny", "2x1: R0:L0-3", world=NoWorld(), **options)  # type: ignore[arg-type]
