@@ -364,11 +364,11 @@ def run_rank(
     # every rank reads the stream: a rank idle now may train after a switch; under length
     # plans a worker thread plans the next steps while this one trains
     ahead = PlanAhead(planned_steps(config)) if config.length_plans else None
-    data: Iterator[Batch] = islice(
-        ahead or (packed_steps(config, active.layout.strategy) if config.packed
-                  else step_batches(config)),
-        first - 1, None,
-    )  # fmt: skip
+    data: Iterator[Batch] = (
+        islice(ahead or packed_steps(config, active.layout.strategy), first - 1, None)
+        if ahead or config.packed
+        else step_batches(config, first=first)  # drawn by step: nothing replayed
+    )
     texts = _plan_texts(config)
     records, executables = [], set()  # executables: one per strategy, whatever the lengths
     slow = slowdown_of(config.slowdown, world.rank, device=world.device)
