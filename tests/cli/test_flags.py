@@ -39,6 +39,8 @@ DIFFERENT = {
                     "--cluster": "the cluster estimated on"},
     "profile": {"--dtype": "the dtype compute is measured in"},
     "partition-capture": {"--device": "the roofline device a capture is costed for"},
+    "tokenize": {"--tokenizer": "the tokenizer that writes the file (required)",
+                 "--eod-id": "the id written after each document"},
 }  # fmt: skip
 
 
@@ -100,6 +102,10 @@ SAMPLES: dict[str, list[str]] = {
     "--lr": ["--lr", "0.01"],
     "--data": ["--data", "corpus.txt"],
     "--data-max-bytes": ["--data-max-bytes", "100"],
+    "--data-dtype": ["--data-dtype", "uint32"],
+    "--eod-id": ["--eod-id", "0"],
+    "--tokenizer": ["--tokenizer", "tokenizer.json"],
+    "--data-cache": ["--data-cache", "cache"],
     "--schedule": ["--schedule", "gpipe"],
     "--dtype": ["--dtype", "bf16"],
     "--zero1": ["--zero1"],

@@ -20,6 +20,7 @@ COMMANDS = (
     "reshard",
     "partition",
     "partition_capture",
+    "tokenize",
     "train",
     "demo",
     "explain",

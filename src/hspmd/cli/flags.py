@@ -27,6 +27,7 @@ from typing import Any
 
 from hspmd.cli.model_input import model_argument
 from hspmd.data import LONG_DOCS
+from hspmd.data.tokens import TOKEN_DTYPES
 from hspmd.models.llama import PRESETS
 from hspmd.train.config import AdamConfig, TrainConfig
 
@@ -107,8 +108,21 @@ TRAIN_FLAGS: tuple[Flag, ...] = (
     Flag("--seed", "seed", type=int, default=_default("seed"),
          help="seed of weights and data order"),
     Flag("--lr", "adam.lr", type=float, default=AdamConfig().lr, help="Adam learning rate"),
-    Flag("--data", "data", help="text or JSONL file (default: stdlib)"),
+    Flag("--data", "data",
+         help="text or JSONL file or a directory, or a token file: flat .bin, Megatron "
+         ".bin/.idx, .npy (docs/data.md) (default: stdlib)"),
     Flag("--data-max-bytes", "data_max_bytes", type=int, help="read at most this much text"),
+    Flag("--data-dtype", "data_dtype", choices=TOKEN_DTYPES,
+         help="the ids of a flat .bin token file (default: uint16, as nanoGPT writes)"),
+    Flag("--eod-id", "eod_id", type=int, metavar="ID",
+         help="the end-of-document id of a flat or .npy token file: --tokens-per-step splits "
+         "documents there (default: the tokenizer's)"),
+    Flag("--tokenizer", "tokenizer", metavar="PATH",
+         help="tokenizer.json or a local Hugging Face tokenizer folder: --data text is "
+         "tokenized once into the cache (docs/data.md)"),
+    Flag("--data-cache", "data_cache", metavar="DIR",
+         help="where tokenized text and token-file scans are kept (default: $HSPMD_CACHE or "
+         "~/.cache/hspmd)"),
     Flag("--schedule", "schedule", default=_default("schedule"), choices=_choices("schedule"),
          help="pipeline schedule"),
     Flag("--dtype", "dtype", default=_default("dtype"), choices=_choices("dtype"),

@@ -57,11 +57,14 @@ from hspmd.cli.model_input import model_kwargs
 from hspmd.cli.paths import check_out_folder
 from hspmd.cli.progress import PlainProgress, switch_line
 from hspmd.cli.timeline import check_trace_flags, write_outputs
+from hspmd.cli.tokenize import byte_progress
 from hspmd.data import DEFAULT_MAX_BYTES, data_warnings
+from hspmd.data.source import spec_warnings
 from hspmd.plan.strategy import parse_strategy
 from hspmd.runtime.launch import NodeSpec
 from hspmd.runtime.members import how_lost
 from hspmd.train.compare import compare
+from hspmd.train.batches import check_data
 from hspmd.train.config import (
     AdamConfig,
     StepRecord,
@@ -141,6 +144,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         adam=AdamConfig(lr=args.lr),
         data=args.data,
         data_max_bytes=args.data_max_bytes,
+        data_dtype=getattr(args, "data_dtype", None),
+        eod_id=getattr(args, "eod_id", None),
+        tokenizer=getattr(args, "tokenizer", None),
+        data_cache=getattr(args, "data_cache", None),
         schedule=args.schedule,
         dtype=args.dtype,
         zero1=args.zero1,
@@ -198,13 +205,16 @@ def warnings_of(args: argparse.Namespace, config: TrainConfig) -> list[str]:
         out.append(
             f"--save-every {config.save_every} is past --steps {config.steps}: nothing is saved"
         )
-    out += data_warnings(
-        config.data,
-        # a fixed batch reads seq_len + 1 bytes a row; packed steps up to step_tokens
-        step_bytes=config.step_tokens or config.global_batch * (config.seq_len + 1),
-        steps=config.steps,
-        max_bytes=config.data_max_bytes or DEFAULT_MAX_BYTES,
-    )
+    spec = config.data_spec
+    out += spec_warnings(spec, step_tokens=config.tokens_per_step, steps=config.steps)
+    if not spec.tokenized:
+        out += data_warnings(
+            config.data,
+            # a fixed batch reads seq_len + 1 bytes a row; packed steps up to step_tokens
+            step_bytes=config.step_tokens or config.global_batch * (config.seq_len + 1),
+            steps=config.steps,
+            max_bytes=config.data_max_bytes or DEFAULT_MAX_BYTES,
+        )
     if config.packed and args.global_batch is not None:
         out.append(
             f"--global-batch {args.global_batch} does nothing with --tokens-per-step: a step "
@@ -518,6 +528,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for warning in warnings_of(args, config):
         print(f"hspmd {args.command}: warning: {warning}", file=sys.stderr)
+    if config.data_spec.kind == "text":  # tokenized once, here, into the cache ranks read
+        with byte_progress("tokenizing --data", quiet=getattr(args, "quiet", False)) as bar:
+            check_data(config, on_progress=bar)
     if not args.reference and (done := resumed_step(config)) >= config.steps:
         print(
             f"nothing to do: checkpoint is at step {done} (in {config.resume}) and --steps is "

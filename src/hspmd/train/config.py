@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from hspmd.data.source import DataSpec
+from hspmd.data.tokens import TOKEN_DTYPES
 from hspmd.errors import HspmdError
 from hspmd.models.llama import get_config
 from hspmd.models.spec import ModelSpec, ModuleModel
@@ -67,8 +69,14 @@ class TrainConfig:
     steps: int = 5
     seed: int = 0
     adam: AdamConfig = field(default_factory=AdamConfig)
-    data: str | None = None  # a text or JSONL file or a directory; None: the stdlib sources
+    # a text or JSONL file, a directory, or a token file (.bin, .idx, .npy: docs/data.md);
+    # None: the stdlib sources
+    data: str | None = None
     data_max_bytes: int | None = None  # read at most this much text (None: hspmd.data's default)
+    data_dtype: str | None = None  # a flat token file's ids: uint16 (None) or uint32
+    eod_id: int | None = None  # a token file's end-of-document id (packed steps split there)
+    tokenizer: str | None = None  # tokenizer.json or a local HF folder: text is tokenized
+    data_cache: str | None = None  # tokenizations' cache (None: $HSPMD_CACHE, ~/.cache/hspmd)
     schedule: Schedule = "1f1b"  # or "gpipe"
     dtype: Dtype = "fp32"  # compute dtype; masters are fp32
     zero1: bool = False
@@ -123,6 +131,7 @@ class TrainConfig:
                 f"--data-max-bytes {self.data_max_bytes}: give a positive size in bytes (leave "
                 "it out for the default)"
             )
+        self._check_data()
         steps = [step for step, _ in self.switches]
         if steps != sorted(set(steps)) or (steps and steps[0] < 2):
             raise TrainError(
@@ -230,6 +239,22 @@ class TrainConfig:
             if given:
                 raise TrainError(f"--elastic does not take {flag} ({why}): drop {flag}")
 
+    def _check_data(self) -> None:
+        if self.data_dtype is not None and self.data_dtype not in TOKEN_DTYPES:
+            raise TrainError(
+                f"--data-dtype {self.data_dtype}: choose one of {', '.join(TOKEN_DTYPES)}"
+            )
+        if self.eod_id is not None and self.eod_id < 0:
+            raise TrainError(f"--eod-id {self.eod_id}: give a token id (>= 0)")
+
+    @property
+    def data_spec(self) -> DataSpec:
+        """The data flags as one value (``hspmd.data.source``); reads nothing."""
+        return DataSpec(
+            path=self.data, dtype=self.data_dtype, eod_id=self.eod_id, tokenizer=self.tokenizer,
+            cache=self.data_cache, max_bytes=self.data_max_bytes,
+        )  # fmt: skip
+
     def _check_slowdown(self) -> None:
         ranks = [rank for rank, _ in self.slowdown]
         if len(set(ranks)) != len(ranks):
@@ -291,6 +316,9 @@ class TrainConfig:
         return {
             "--data": self.data or "(the Python standard library sources)",
             "--data-max-bytes": self.data_max_bytes,
+            "--data-dtype": self.data_dtype,
+            "--eod-id": self.eod_id,
+            "--tokenizer": self.tokenizer,
             "--global-batch": self.global_batch,
             "--seq-len": self.seq_len,  # the maximum length with --tokens-per-step
             "--seed": self.seed,

@@ -36,7 +36,6 @@ import json
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import islice
 from typing import Any, cast
 
 import torch
@@ -118,7 +117,7 @@ def run_rank_elastic(world: World, config: TrainConfig) -> dict[str, Any]:
         run = _Run(config, world, watch, active, tuple(range(world.world_size)), gen=0, builds=1)
         if config.resume:
             _resume(run, config.resume)
-        data = islice(step_batches(config), run.step - 1, None)
+        data = step_batches(config, first=run.step)
         batch = next(data, None)  # None: a checkpoint at --steps leaves nothing to do
     try:
         while run.step <= config.steps:
@@ -194,7 +193,7 @@ def _spare(world: World, config: TrainConfig, watch: Watch) -> tuple[_Run, Any, 
         gen=request["gen"], step=request["step"], adam_steps=request["adam_steps"],
         grown=list(request["grown"]),
     )  # fmt: skip
-    data = islice(step_batches(config), run.step - 1, None)
+    data = step_batches(config, first=run.step)
     return run, data, next(data)
 
 
@@ -312,7 +311,7 @@ def _recover(run: _Run, failure: PeerFailure, data: Any, batch: Any) -> tuple[An
             detected = again.detected_at
     used = set(parse_strategy(pending.strategy).ranks)
     if pending.moved_bytes is None:  # states lost: the checkpoint's steps come again
-        data = islice(step_batches(config), run.step - 1, None)
+        data = step_batches(config, first=run.step)
         batch = next(data)
     run.notify(
         "event",

@@ -363,14 +363,19 @@ def run_rank(
     else:
         active, first, adam_steps = activate(world, config, first_strategy), 1, 0
     switches = dict(config.switches)
-    # every rank reads the stream: a rank idle now may train after a switch; under length
-    # plans a worker thread plans the next steps while this one trains
+    # every rank reads the stream: a rank idle now may train after a switch. A worker thread
+    # draws the next steps' data while this one trains (a step's data depends on its number
+    # only, not on when it is drawn); under length plans it also plans them
     ahead = PlanAhead(planned_steps(config)) if config.length_plans else None
-    data: Iterator[Batch] = islice(
-        ahead or (packed_steps(config, active.layout.strategy) if config.packed
-                  else step_batches(config)),
-        first - 1, None,
-    )  # fmt: skip
+    drawn: PlanAhead[Batch] | None = None
+    if ahead is not None:
+        data: Iterator[Batch] = islice(ahead, first - 1, None)
+    else:
+        data = drawn = PlanAhead(
+            islice(packed_steps(config, active.layout.strategy), first - 1, None)
+            if config.packed
+            else step_batches(config, first=first)  # drawn by step: nothing replayed
+        )
     texts = _plan_texts(config)
     records, executables = [], set()  # executables: one per strategy, whatever the lengths
     slow = slowdown_of(config.slowdown, world.rank, device=world.device)
@@ -430,8 +435,9 @@ def run_rank(
             # numpy, not tensors: tensors would travel as shared-memory fds
             pieces[name] = (active.exe.pieces[name].region, p.detach().float().cpu().numpy().copy())
     world.tracer = None
-    if ahead is not None:
-        ahead.close()
+    for worker in (ahead, drawn):
+        if worker is not None:
+            worker.close()
     peak = torch.cuda.max_memory_allocated(world.device) if cuda else None
     return {"pieces": pieces, "records": records, "builds": len(executables),
             "rank": world.rank, "peak_memory": peak}  # fmt: skip

@@ -1,9 +1,10 @@
 """Variable-length steps: documents packed into each pipeline's micro-batches.
 
 With ``TrainConfig.step_tokens`` a step is whole documents of about that many tokens
-(``hspmd.data.document_steps``), dispatched to the strategy's pipelines, micro-batches and
-rows (``hspmd.plan.dispatch``; ``balanced`` unless another dispatcher is given) and packed:
-each row holds its documents back to back, then padding to the micro-batch's length::
+(``hspmd.train.batches.step_documents``: the byte corpus's or a token file's), dispatched
+to the strategy's pipelines, micro-batches and rows (``hspmd.plan.dispatch``; ``balanced``
+unless another dispatcher is given) and packed: each row holds its documents back to back,
+then padding to the micro-batch's length::
 
     row      doc 3 (5 tokens)   doc 8 (2)   padding
     tokens   t t t t t          t t         0 0 0
@@ -35,10 +36,11 @@ from typing import Any
 
 import torch
 
-from hspmd.data import DEFAULT_MAX_BYTES, DocumentStep, document_steps
+from hspmd.data import DocumentStep
 from hspmd.plan.dispatch import Assignment, Dispatcher, DispatchError, balanced
 from hspmd.plan.strategy import Strategy
 from hspmd.planner.lengths import LengthStrategy, assignment_seconds, fixed_dispatcher, load_plans
+from hspmd.train.batches import step_documents
 from hspmd.train.config import TrainConfig, TrainError
 
 __all__ = [
@@ -139,14 +141,8 @@ def _dispatched(
     assert config.step_tokens is not None
     slots = [(p.num_micro_batches, p.micro_batch_size) for p in strategy.pipelines]
     multiple = length_multiple(strategy, sequence_parallel=config.sequence_parallel)
-    stream = document_steps(
-        config.step_tokens,
-        config.seed,
-        max_len=config.seq_len,
-        long_docs=config.long_docs,
-        min_documents=max(config.min_documents, sum(m for m, _ in slots)),
-        path=config.data,
-        max_bytes=config.data_max_bytes or DEFAULT_MAX_BYTES,
+    stream = step_documents(
+        config, min_documents=max(config.min_documents, sum(m for m, _ in slots))
     )
     for step in islice(stream, config.steps):
         yield step, dispatch(step.lengths, slots=slots, max_len=config.seq_len, multiple=multiple)
@@ -218,11 +214,9 @@ def _planned(config: TrainConfig) -> Iterator[tuple[PackedStep, float]]:
     plans, switch = length_plans(config)
     strategies = [p.strategy for p in plans]
     multiples = [length_multiple(s, sequence_parallel=config.sequence_parallel) for s in strategies]
-    stream = document_steps(
-        config.step_tokens, config.seed, max_len=config.seq_len, long_docs=config.long_docs,
-        min_documents=max(config.min_documents, min(len(s.pipelines) for s in strategies)),
-        path=config.data, max_bytes=config.data_max_bytes or DEFAULT_MAX_BYTES,
-    )  # fmt: skip
+    stream = step_documents(
+        config, min_documents=max(config.min_documents, min(len(s.pipelines) for s in strategies))
+    )
     current: int | None = None
     for step in islice(stream, config.steps):
         best: tuple[float, int, Assignment, float, float] | None = None

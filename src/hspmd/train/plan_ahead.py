@@ -17,7 +17,10 @@ strategy) is raised by ``next`` at the step it belongs to.
     ([0, 1, 2, 3, 4], 5)
 
 Torch releases the GIL in its kernels, so the thread plans while the step computes;
-the training loop itself is unchanged but for reading its steps from the queue.
+the training loop itself is unchanged but for reading its steps from the queue. Without
+length plans the loop draws its data through a ``PlanAhead`` too (fixed batches and packed
+steps: a step's data depends on its number only, not on when it is drawn), so drawing it
+is off the step's critical path (docs/data.md).
 """
 
 from __future__ import annotations

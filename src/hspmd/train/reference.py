@@ -26,7 +26,7 @@ from torch import nn
 
 from hspmd.models.build import plain_model, step_loss
 from hspmd.plan.strategy import parse_strategy
-from hspmd.train.batches import step_batches
+from hspmd.train.batches import check_data, step_batches
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.device import reference_device
 from hspmd.train.packing import PackedStep, packed_steps, planned_steps, record_fields
@@ -63,6 +63,7 @@ def run_reference(
     """Train the plain model for ``config.steps`` steps on the whole global batch, on
     ``reference_device(config)`` (CUDA when there is a GPU, unless ``device="cpu"``); the
     weights start on CPU from the seed (DESIGN decision 5) and the result is on CPU."""
+    check_data(config)  # bad data: one line, not a traceback from the first step
     device = reference_device(config)
     cuda = device.type == "cuda"
     if cuda:

@@ -30,6 +30,7 @@ from hspmd.runtime.launch import ElasticLaunch, NodeSpec, launch
 from hspmd.runtime.trace import NULL, Recorder, chrome_trace, gather_parts
 from hspmd.runtime.world import World
 from hspmd.train.active import options_of
+from hspmd.train.batches import check_data
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.device import backend_of, run_device
 from hspmd.train.elastic import run_rank_elastic
@@ -86,6 +87,7 @@ def check_config(config: TrainConfig) -> Strategy:
     check_resume_identity(config)  # the checkpoint holds this model
     if config.save:
         _check_writable(config.save)
+    check_data(config)  # one line before launch: empty, too short, ids past the vocabulary
     if config.length_plans is not None:  # the data and the first step's choice, up front
         next(planned_steps(dataclasses.replace(config, steps=1)), None)
     elif config.packed:  # the data and the first step's dispatch, before any process starts

@@ -44,17 +44,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hspmd.errors import HspmdError
+from hspmd.data.errors import DataError
+from hspmd.data.steps import LONG_DOCS, DocumentStep, document_steps_of
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
-    "LONG_DOCS",
-    "DataError",
-    "DocumentStep",
+    "ByteDocuments",
     "batches",
     "data_warnings",
     "document_steps",
     "documents",
+    "data_files",
+    "jsonl_text",
     "load_documents",
     "split_documents",
 ]
@@ -66,10 +67,6 @@ SEPARATOR = 0
 """The byte between documents."""
 
 
-class DataError(HspmdError, ValueError):
-    """A data file that is missing, empty, unreadable, or too short for the request."""
-
-
 def load_documents(path: str | Path | None = None, *, max_bytes: int = DEFAULT_MAX_BYTES) -> list[bytes]:  # fmt: skip
     """Documents as UTF-8 bytes, in a fixed order (module docstring).
 
@@ -77,19 +74,7 @@ def load_documents(path: str | Path | None = None, *, max_bytes: int = DEFAULT_M
     >>> len(docs) > 100, min(map(len, docs)) < 2000 < max(map(len, docs))
     (True, True)
     """
-    if path is None:
-        stdlib = Path(sysconfig.get_paths()["stdlib"])
-        files = sorted(stdlib.glob("*.py"))
-        if not files:
-            raise DataError(f"no *.py files in the standard library at {stdlib}: give a path")
-    else:
-        root = Path(path)
-        if not root.exists():
-            raise DataError(
-                f"data path {str(root)!r} does not exist: give a text file, a JSONL file "
-                '(one {"text": ...} per line) or a directory of text files'
-            )
-        files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+    files = data_files(path)
     docs: list[bytes] = []
     total = 0
     for file in files:
@@ -104,6 +89,41 @@ def load_documents(path: str | Path | None = None, *, max_bytes: int = DEFAULT_M
     return docs
 
 
+def data_files(path: str | Path | None) -> list[Path]:
+    """The files a corpus reads, in order: the standard library's ``*.py`` (None), the file,
+    or a directory's files (sorted, recursively)."""
+    if path is None:
+        stdlib = Path(sysconfig.get_paths()["stdlib"])
+        files = sorted(stdlib.glob("*.py"))
+        if not files:
+            raise DataError(f"no *.py files in the standard library at {stdlib}: give a path")
+        return files
+    root = Path(path)
+    if not root.exists():
+        raise DataError(
+            f"data path {str(root)!r} does not exist: give a text file, a JSONL file "
+            '(one {"text": ...} per line), a directory of text files, or a token file '
+            "(.bin, .idx, .npy)"
+        )
+    return sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+
+
+def jsonl_text(line: str, *, file: Path, number: int) -> str | None:
+    """The ``"text"`` of one JSONL line (None for a blank line); errors name the line."""
+    if not line.strip():
+        return None
+    try:
+        record = json.loads(line)
+        text = record["text"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise DataError(
+            f'{file}:{number}: expected a JSON object with a "text" field, got {line[:60]!r}'
+        ) from None
+    if not isinstance(text, str):
+        raise DataError(f'{file}:{number}: "text" must be a string, not {type(text).__name__}')
+    return text
+
+
 def _read_file(file: Path) -> list[bytes]:
     try:
         raw = file.read_bytes()
@@ -113,18 +133,9 @@ def _read_file(file: Path) -> list[bytes]:
         return [raw]
     docs = []
     for number, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            text = record["text"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise DataError(
-                f'{file}:{number}: expected a JSON object with a "text" field, got {line[:60]!r}'
-            ) from None
-        if not isinstance(text, str):
-            raise DataError(f'{file}:{number}: "text" must be a string, not {type(text).__name__}')
-        docs.append(text.encode("utf-8"))
+        text = jsonl_text(line, file=file, number=number)
+        if text is not None:
+            docs.append(text.encode("utf-8"))
     return docs
 
 
@@ -217,7 +228,7 @@ def data_warnings(
     docs = load_documents(path, max_bytes=max_bytes)
     total = sum(map(len, docs)) + len(docs)
     need = steps * step_bytes
-    if need > total:
+    if need > total >= step_bytes:  # under one step is an error (hspmd.train.batches)
         out.append(
             f"the data holds {total:,} bytes and {steps} steps of {step_bytes:,} need "
             f"{need:,}: it is reused {need / total:.1f} times (reshuffled each pass); give "
@@ -239,9 +250,6 @@ def _looks_like_jsonl(file: Path) -> bool:
 
 # -- documents and steps of variable-length training ------------------------------------------
 
-LONG_DOCS = ("truncate", "drop", "error")
-"""What ``document_steps`` does with a document longer than ``max_len`` tokens."""
-
 _BLOCK = re.compile(rb"\n(?:[ \t]*\n)+(?=\S)")  # blank lines, then an unindented line
 
 
@@ -254,22 +262,27 @@ def split_documents(docs: list[bytes]) -> list[bytes]:
     return [part for doc in docs for part in _BLOCK.split(doc) if part.strip()]
 
 
-@dataclass(frozen=True, slots=True)
-class DocumentStep:
-    """One step's documents (1-D int64: the bytes, then the 0 byte) and what was cut."""
+@dataclass(frozen=True, slots=True, eq=False)
+class ByteDocuments:
+    """UTF-8 documents as ``hspmd.data.steps.Documents``: a document of ``n`` bytes is
+    ``n + 1`` ids (its bytes, then the 0 byte); epochs reshuffle with ``seed + epoch``."""
 
-    documents: tuple[torch.Tensor, ...]
-    truncated: int = 0  # documents of this step cut to max_len
-    dropped: int = 0  # documents left out before this step for being too long
-
-    @property
-    def lengths(self) -> tuple[int, ...]:
-        """Tokens of each document (its ids minus one)."""
-        return tuple(len(d) - 1 for d in self.documents)
+    docs: list[bytes]
+    where: str
 
     @property
-    def tokens(self) -> int:
-        return sum(self.lengths)
+    def lengths(self) -> np.ndarray:
+        return np.fromiter(map(len, self.docs), dtype=np.int64, count=len(self.docs))
+
+    def ids(self, index: int, max_len: int | None) -> torch.Tensor:
+        doc = self.docs[index] if max_len is None else self.docs[index][:max_len]
+        ids = np.frombuffer(doc + bytes([SEPARATOR]), dtype=np.uint8).astype(np.int64)
+        return torch.from_numpy(ids)
+
+    def order(self, seed: int, epoch: int) -> list[int]:
+        order = list(range(len(self.docs)))
+        random.Random(seed + epoch).shuffle(order)
+        return order
 
 
 def document_steps(
@@ -283,79 +296,14 @@ def document_steps(
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> Iterator[DocumentStep]:
     """Endless steps of whole documents, at most ``tokens_per_step`` tokens each (module
-    docstring); a step holds at least ``min_documents`` documents (it goes over the token
-    count if it must). Reshuffled each epoch (seed + epoch); same seed, same steps."""
-    if long_docs not in LONG_DOCS:
+    docstring, ``hspmd.data.steps.document_steps_of``); a step holds at least
+    ``min_documents`` documents (it goes over the token count if it must). Reshuffled each
+    epoch (seed + epoch); same seed, same steps."""
+    if long_docs not in LONG_DOCS:  # before reading any text
         raise DataError(f"long_docs={long_docs!r}: choose one of {', '.join(LONG_DOCS)}")
-    if tokens_per_step < 1 or max_len < 1 or min_documents < 1:
-        raise DataError(
-            f"{tokens_per_step=}, {max_len=} and {min_documents=} must all be at least 1"
-        )
-    if max_len > tokens_per_step:
-        raise DataError(
-            f"max_len={max_len} is more than tokens_per_step={tokens_per_step}: a step could "
-            "not hold a document of the maximum length; raise the tokens per step"
-        )
     docs = split_documents(load_documents(path, max_bytes=max_bytes))
     where = str(path) if path is not None else "the standard library sources"
-    long = [i for i, d in enumerate(docs) if len(d) > max_len]
-    if long and long_docs == "error":
-        raise DataError(
-            f"document {long[0]} of {where} has {len(docs[long[0]])} tokens, more than the "
-            f"maximum sequence length {max_len} ({len(long)} such documents): use --long-docs "
-            "truncate or drop, or a larger --max-seq-len"
-        )
-    kept = len(docs) - (len(long) if long_docs == "drop" else 0)
-    if kept < min_documents:
-        raise DataError(
-            f"{where} has {kept} usable documents, fewer than the {min_documents} one step "
-            "needs (one per micro-batch): use more text or fewer micro-batches"
-        )
-    return _steps(docs, tokens_per_step, seed, max_len, long_docs, min_documents)
-
-
-def _document_stream(
-    docs: list[bytes], seed: int, max_len: int, long_docs: str
-) -> Iterator[tuple[bytes | None, bool]]:
-    """``(document, truncated)`` forever; ``(None, False)`` for a dropped one."""
-    epoch = 0
-    while True:
-        order = list(range(len(docs)))
-        random.Random(seed + epoch).shuffle(order)
-        for i in order:
-            doc = docs[i]
-            if len(doc) <= max_len:
-                yield doc, False
-            elif long_docs == "drop":
-                yield None, False
-            else:
-                yield doc[:max_len], True
-        epoch += 1
-
-
-def _as_ids(doc: bytes) -> torch.Tensor:
-    ids = np.frombuffer(doc + bytes([SEPARATOR]), dtype=np.uint8).astype(np.int64)
-    return torch.from_numpy(ids)
-
-
-def _steps(
-    docs: list[bytes], tokens_per_step: int, seed: int, max_len: int, long_docs: str,
-    min_documents: int,
-) -> Iterator[DocumentStep]:  # fmt: skip
-    stream = _document_stream(docs, seed, max_len, long_docs)
-    pending = next(stream)
-    while True:
-        chosen: list[torch.Tensor] = []
-        total = truncated = dropped = 0
-        while True:
-            doc, cut = pending
-            if doc is None:
-                dropped += 1
-            elif total + len(doc) > tokens_per_step and len(chosen) >= min_documents:
-                break  # the next step starts with it
-            else:
-                chosen.append(_as_ids(doc))
-                total += len(doc)
-                truncated += cut
-            pending = next(stream)
-        yield DocumentStep(tuple(chosen), truncated=truncated, dropped=dropped)
+    return document_steps_of(
+        ByteDocuments(docs, where), tokens_per_step, seed, max_len=max_len,
+        long_docs=long_docs, min_documents=min_documents,
+    )  # fmt: skip
