@@ -20,7 +20,8 @@ summed in fp64), one all-reduce over the world sums the ranks' (idle ranks give 
 every rank scales all its gradients by ``min(max_norm / (norm + 1e-6), 1)``, as
 ``torch.nn.utils.clip_grad_norm_`` does; the optimizer then steps on the clipped
 gradients. The all-reduce goes through ``World.wait``: elastic runs watch it for failures
-(it runs in the step's sync phase, before the commit).
+(it runs in the step's sync phase, before the commit). The training loop's loss sum rides
+in the same all-reduce (``carry``), so clipping adds no collective to a step.
 
 >>> from hspmd.models.llama import get_config
 >>> from hspmd.plan.params import parameter_annotations
@@ -87,15 +88,24 @@ def square_sum(post: Clippable | None, device: torch.device) -> torch.Tensor:
 
 
 @torch.no_grad()
-def clip_gradients(post: Clippable | None, world: World, *, max_norm: float) -> float:
+def clip_gradients(
+    post: Clippable | None, world: World, *, max_norm: float, carry: torch.Tensor | None = None
+) -> torch.Tensor:
     """Clip ``post``'s gradients to the global norm ``max_norm``, on every rank of the world
-    (``post`` None on ranks idle under the strategy); returns the norm before clipping."""
-    square = square_sum(post, world.device)
-    world.record("all_reduce", group=tuple(range(world.world_size)), nbytes=8)
-    world.wait([dist.all_reduce(square, async_op=True)])
-    total = square.sqrt().float()
+    (``post`` None on ranks idle under the strategy); returns the norm before clipping (a
+    0-dim fp32 tensor on the world's device: reading it waits for the device).
+
+    ``carry``: a 1-element fp64 tensor on the world's device summed over the world by the
+    same all-reduce, in place (the training loop's loss: one collective for both)."""
+    square = square_sum(post, world.device).reshape(1)
+    both = square if carry is None else torch.cat([square, carry])
+    world.record("all_reduce", group=tuple(range(world.world_size)), nbytes=both.nbytes)
+    world.wait([dist.all_reduce(both, async_op=True)])
+    if carry is not None:
+        carry.copy_(both[1:])
+    total = both[0].sqrt().float()
     coef = torch.clamp(max_norm / (total + EPS), max=1.0)
     if post is not None:
         for grad in post.grads().values():
             grad.mul_(coef.to(grad.device))
-    return float(total)
+    return total

@@ -225,7 +225,7 @@ def _step(run: _Run, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
     else:
         phase("sync")
     if config.clip_grad_norm is not None:  # every rank, before the commit: watched
-        run.grad_norm = clip_gradients(post, world, max_norm=config.clip_grad_norm)
+        run.grad_norm = float(clip_gradients(post, world, max_norm=config.clip_grad_norm))
     _commit(run)
     phase("optimizer")
     if post is not None:

@@ -286,16 +286,19 @@ def switch_to(
     return new, log.counts().get("send", 0)
 
 
-def post_step(post: Post | None, world: World, config: TrainConfig) -> float | None:
+def post_step(
+    post: Post | None, world: World, config: TrainConfig, *, loss: torch.Tensor
+) -> torch.Tensor | None:
     """Post of one step on every rank of the world (``post`` None: idle under the
     strategy): the gradient sync, clipping to ``config.clip_grad_norm`` (one all-reduce
-    over the world: ``hspmd.train.clip``), the optimizer. Returns the global gradient norm
-    before clipping (None without clipping)."""
+    over the world, ``hspmd.train.clip``, which sums ``loss`` over the world too), the
+    optimizer. Returns the global gradient norm before clipping (None without clipping:
+    then ``loss`` is still this rank's)."""
     if post is not None:
         post.finish_sync()
     norm = None
     if config.clip_grad_norm is not None:
-        norm = clip_gradients(post, world, max_norm=config.clip_grad_norm)
+        norm = clip_gradients(post, world, max_norm=config.clip_grad_norm, carry=loss)
     if post is not None:
         post.apply()
     return norm
@@ -442,21 +445,23 @@ def run_rank(
             if role.is_last and role.rank == role.tp_ranks[0]:  # one reporter per pipeline
                 loss += value
             with slow:
-                grad_norm = post_step(post, world, config)
+                grad_norm = post_step(post, world, config, loss=loss)
             end_post()
         else:  # an idle rank: its home shards (switch_mode="weights"), the clipping norm
             grad_norm = None
             if post is not None or config.clip_grad_norm is not None:
                 with rec.span("Post", cat="post"), slow:
-                    grad_norm = post_step(post, world, config)
+                    grad_norm = post_step(post, world, config, loss=loss)
         adam_steps += 1
         with rec.span("loss all-reduce", cat="wait"):  # waits for the slowest rank
-            dist.all_reduce(loss)
+            if grad_norm is None:  # else summed with the norm's squares (hspmd.train.clip)
+                dist.all_reduce(loss)
             total = float(loss)  # on CUDA: waits for the step's kernels too
         end_step()
         record = StepRecord(
             step=step, loss=total, seconds=time.perf_counter() - start,
-            lr=learning_rate(config.optimizer, adam_steps), grad_norm=grad_norm,
+            lr=learning_rate(config.optimizer, adam_steps),
+            grad_norm=None if grad_norm is None else float(grad_norm),
             switch_seconds=switched, switch_messages=messages,
             strategy=active.text if switched is not None else None,
             **{"tokens": config.tokens_per_step, **_record_fields(batch)},
