@@ -16,7 +16,7 @@ import pytest
 from hspmd.cli import build_parser
 from hspmd.cli.flags import FLAGS, NOT_FLAGS, TRAIN_FLAGS
 from hspmd.cli.train import config_from_args
-from hspmd.train.config import TrainConfig
+from hspmd.train.config import AdamConfig, TrainConfig
 
 DOCS = Path(__file__).parents[2] / "docs" / "cli.md"
 
@@ -55,8 +55,10 @@ def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
 
 
 def test_every_field_has_exactly_one_flag() -> None:
-    fields = [f.name for f in dataclasses.fields(TrainConfig)]
-    named = [flag.field.split(".")[0] for flag in TRAIN_FLAGS if flag.field is not None]
+    # TrainConfig's fields, with its AdamConfig's as adam.<field>
+    fields = [f.name for f in dataclasses.fields(TrainConfig) if f.name != "adam"]
+    fields += [f"adam.{f.name}" for f in dataclasses.fields(AdamConfig)]
+    named = [flag.field for flag in TRAIN_FLAGS if flag.field is not None]
     for name in fields:
         count = named.count(name) + (name in NOT_FLAGS)
         assert count == 1, f"TrainConfig.{name}: {count} flags; add one to TRAIN_FLAGS"
@@ -100,6 +102,16 @@ SAMPLES: dict[str, list[str]] = {
     "--steps": ["--steps", "7"],
     "--seed": ["--seed", "3"],
     "--lr": ["--lr", "0.01"],
+    "--lr-schedule": ["--lr-schedule", "cosine"],
+    "--warmup-steps": ["--warmup-steps", "2"],
+    "--decay-steps": ["--decay-steps", "4"],
+    "--min-lr": ["--min-lr", "1e-5"],
+    "--weight-decay": ["--weight-decay", "0.1"],
+    "--no-decay": ["--no-decay", "*.bias"],
+    "--betas": ["--betas", "0.8,0.95"],
+    "--eps": ["--eps", "1e-6"],
+    "--clip-grad-norm": ["--clip-grad-norm", "1.0"],
+    "--grad-accum": ["--grad-accum", "2"],
     "--data": ["--data", "corpus.txt"],
     "--data-max-bytes": ["--data-max-bytes", "100"],
     "--data-dtype": ["--data-dtype", "uint32"],

@@ -1,4 +1,4 @@
-"""Unit tests without processes: per-slice Adam, rank roles, refusing bad strategies."""
+"""Unit tests without processes: per-slice AdamW, rank roles, refusing bad strategies."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def test_adam_equals_torch_adam_bitwise_on_every_slice() -> None:
     theirs = full.clone().requires_grad_()
     config = AdamConfig(lr=1e-2, weight_decay=0.1)
     ours = Adam(ours_pieces, config)
-    torch_adam = torch.optim.Adam(
+    torch_adam = torch.optim.AdamW(  # decoupled weight decay
         [theirs], lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1, foreach=False
     )
     for _ in range(4):

@@ -7,8 +7,9 @@ the strategy options' flags by name (``add_flags``), so the same flag has the sa
 default and choices everywhere. Defaults and choices come from ``TrainConfig`` (its field
 defaults and ``Literal`` types) where the flag sets the field as given; a flag whose
 default means something else (``--global-batch``: the strategy's sum) says so in its help.
-``tests/cli/test_flags.py`` checks that every field of ``TrainConfig`` has exactly one flag
-here (or is named in ``NOT_FLAGS`` with the reason) and that the parsers use these.
+``tests/cli/test_flags.py`` checks that every field of ``TrainConfig`` (and of its
+``AdamConfig``, as ``adam.<field>``) has exactly one flag here (or is named in ``NOT_FLAGS``
+with the reason) and that the parsers use these.
 
 >>> FLAGS["--schedule"].choices, FLAGS["--schedule"].default
 (('1f1b', 'gpipe'), '1f1b')
@@ -29,7 +30,7 @@ from hspmd.cli.model_input import model_argument
 from hspmd.data import LONG_DOCS
 from hspmd.data.tokens import TOKEN_DTYPES
 from hspmd.models.llama import PRESETS
-from hspmd.train.config import AdamConfig, TrainConfig
+from hspmd.train.config import AdamConfig, LrSchedule, TrainConfig
 
 __all__ = [
     "FLAGS", "NOT_FLAGS", "STRATEGY_FLAGS", "TRAIN_FLAGS", "Flag", "HelpFormatter", "add_flags",
@@ -107,7 +108,30 @@ TRAIN_FLAGS: tuple[Flag, ...] = (
          help="last step (counts from the start)"),
     Flag("--seed", "seed", type=int, default=_default("seed"),
          help="seed of weights and data order"),
-    Flag("--lr", "adam.lr", type=float, default=AdamConfig().lr, help="Adam learning rate"),
+    Flag("--lr", "adam.lr", type=float, default=AdamConfig().lr,
+         help="peak learning rate of AdamW (after --warmup-steps; docs/recipe.md)"),
+    Flag("--lr-schedule", "adam.lr_schedule", default=AdamConfig().lr_schedule,
+         choices=typing.get_args(LrSchedule),
+         help="after the warm-up: constant, or cosine / linear decay to --min-lr at --decay-steps"),
+    Flag("--warmup-steps", "adam.warmup_steps", type=int, default=AdamConfig().warmup_steps,
+         metavar="N", help="linear warm-up from --lr/N to --lr over the first N steps"),
+    Flag("--decay-steps", "adam.decay_steps", type=int, metavar="N",
+         help="the step the decay reaches --min-lr (default: --steps)"),
+    Flag("--min-lr", "adam.min_lr", type=float, default=AdamConfig().min_lr,
+         help="learning rate at the end of the decay"),
+    Flag("--weight-decay", "adam.weight_decay", type=float, default=AdamConfig().weight_decay,
+         help="decoupled weight decay (AdamW) of the decayed parameters"),
+    Flag("--no-decay", "adam.no_decay", metavar="PATTERNS",
+         help="comma-separated name patterns (fnmatch) exempt from weight decay, '' for none "
+         "(default: parameters of fewer than 2 dims: biases, norm weights)"),
+    Flag("--betas", "adam.beta1", metavar="B1,B2",
+         help=f"AdamW's betas (default: {AdamConfig().beta1},{AdamConfig().beta2})"),
+    Flag("--eps", "adam.eps", type=float, default=AdamConfig().eps, help="AdamW's epsilon"),
+    Flag("--clip-grad-norm", "clip_grad_norm", type=float, metavar="NORM",
+         help="clip the gradients to this global norm (the single-device norm under any "
+         "strategy); inf: report the norm without clipping"),
+    Flag("--grad-accum", "grad_accum", type=int, default=_default("grad_accum"), metavar="N",
+         help="accumulate the gradients of N global batches per optimizer step"),
     Flag("--data", "data",
          help="text or JSONL file or a directory, or a token file: flat .bin, Megatron "
          ".bin/.idx, .npy (docs/data.md) (default: stdlib)"),
@@ -198,6 +222,7 @@ NOT_FLAGS = {
     "tp_rules": "a user module's TP kinds come from a plan file: --plan (hspmd.train.planfile)",
     "bucket_bytes": "a tuning knob of the library API (TrainConfig.bucket_bytes), no flag",
     "min_documents": "aligns the steps of runs under different strategies (benchmarks), no flag",
+    "adam.beta2": "set with beta1 by --betas B1,B2",
 }
 
 

@@ -56,6 +56,7 @@ from hspmd.cli.flags import FLAGS, REFERENCE_BATCH, TRAIN_FLAGS, HelpFormatter
 from hspmd.cli.model_input import model_kwargs
 from hspmd.cli.paths import check_out_folder
 from hspmd.cli.progress import PlainProgress, switch_line
+from hspmd.cli.recipe import adam_from_args
 from hspmd.cli.timeline import check_trace_flags, write_outputs
 from hspmd.cli.tokenize import byte_progress
 from hspmd.data import DEFAULT_MAX_BYTES, data_warnings
@@ -63,10 +64,9 @@ from hspmd.data.source import spec_warnings
 from hspmd.plan.strategy import parse_strategy
 from hspmd.runtime.launch import NodeSpec
 from hspmd.runtime.members import how_lost
-from hspmd.train.compare import compare
 from hspmd.train.batches import check_data
+from hspmd.train.compare import compare
 from hspmd.train.config import (
-    AdamConfig,
     StepRecord,
     TrainConfig,
     TrainError,
@@ -141,7 +141,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         long_docs=getattr(args, "long_docs", "truncate"),
         steps=args.steps,
         seed=args.seed,
-        adam=AdamConfig(lr=args.lr),
+        adam=adam_from_args(args),
+        clip_grad_norm=getattr(args, "clip_grad_norm", None),
+        grad_accum=getattr(args, "grad_accum", 1),
         data=args.data,
         data_max_bytes=args.data_max_bytes,
         data_dtype=getattr(args, "data_dtype", None),
@@ -372,16 +374,22 @@ def resumed_step(config: TrainConfig) -> int:
 
 
 def resume_warnings(config: TrainConfig) -> list[str]:
-    """Where this run's data flags differ from those of the run that saved the checkpoint."""
+    """Where this run's data and recipe flags differ from those of the run that saved the
+    checkpoint."""
     if not config.resume:
         return []
     saved = read_manifest(latest(config.resume)).run
-    now = config.data_identity()
+    now, recipe = config.data_identity(), config.recipe_identity()
     return [
         f"resuming with {flag} {now[flag]} where the checkpoint was saved with {old}: the "
         "remaining steps see other samples than the saved run would have"
         for flag, old in saved.items()
         if flag in now and now[flag] != old
+    ] + [
+        f"resuming with {flag} {recipe[flag]} where the checkpoint was saved with {old}: the "
+        "remaining steps follow another optimizer recipe than the saved run would have"
+        for flag, old in saved.items()
+        if flag in recipe and recipe[flag] != old
     ]
 
 

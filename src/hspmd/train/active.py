@@ -7,7 +7,7 @@ training loop (``hspmd.train.loop``) and the elastic loop (``hspmd.train.elastic
     role    this rank's stage, micro-batch rows and TP group (None: idle under it)
     exe     its executable graph, bound to the world (hspmd.specialize.executable)
     plans   the boundary plans of its stage (hspmd.specialize.boundary)
-    post    its Post: gradient sync and Adam (PlainPost, MixedPost or ZeroOne;
+    post    its Post: gradient sync and AdamW (PlainPost, MixedPost or ZeroOne;
             HomePost under ``switch_mode="weights"``, on idle ranks too)
 
 A switch builds a new ``Active`` (``hspmd.train.loop.switch_to``); ``switch_weights`` is the
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hspmd.plan.params import parameter_annotations
 from hspmd.plan.strategy import Strategy, StrategyOptions, parse_strategy
 from hspmd.runtime.counting import count_comm
 from hspmd.runtime.executable import bind_executable
@@ -31,6 +32,7 @@ from hspmd.specialize.boundary import BoundaryPlans, boundary_plans
 from hspmd.specialize.executable import Executable, build_executable
 from hspmd.specialize.grad_sync import StageGradSync
 from hspmd.switch.weights import plan_weight_switch, run_weight_switch
+from hspmd.train.clip import owned_names
 from hspmd.train.config import TrainConfig
 from hspmd.train.home import HomePost, HomeState, home_post
 from hspmd.train.layout import Layout, Role
@@ -119,14 +121,16 @@ def _plan_recompute(plans: str) -> dict[str, tuple[bool, int]]:
 def _post(
     config: TrainConfig, params: dict[str, torch.Tensor], sync: tuple[SyncItem, ...],
     zero: dict[str, ZeroItem], world: World, *, stage_sync: tuple[StageGradSync, ...],
+    strategy: Strategy,
 ) -> Post:  # fmt: skip
+    model, adam = config.model_config(), config.optimizer
     if zero:
-        model = config.model_config()
-        return ZeroOne(zero, params, config=model, seed=config.seed, adam=config.adam,
+        return ZeroOne(zero, params, config=model, seed=config.seed, adam=adam,
                        world=world, stage_sync=stage_sync)  # fmt: skip
-    if config.dtype == "bf16":
-        return MixedPost(params, sync, adam=config.adam, world=world, stage_sync=stage_sync)
-    return PlainPost(params, sync, adam=config.adam, world=world, stage_sync=stage_sync)
+    # the pieces of the parameters this rank counts in the global gradient norm
+    owned = owned_names(parameter_annotations(strategy, model), world.rank)
+    kind = MixedPost if config.dtype == "bf16" else PlainPost
+    return kind(params, sync, adam=adam, world=world, stage_sync=stage_sync, owned=owned)
 
 
 def activate(
@@ -182,7 +186,8 @@ def activate(
         if built is not None and post is not None:
             built.posts[key] = post
     else:  # Post also sums the gradients still partial inside the stage (SP norm weights)
-        post = _post(config, exe.params, sync, zero, world, stage_sync=exe.grad_sync)
+        post = _post(config, exe.params, sync, zero, world, stage_sync=exe.grad_sync,
+                     strategy=layout.strategy)  # fmt: skip
     return Active(text, layout, role, exe, plans, post, built)
 
 

@@ -5,7 +5,9 @@ Every rank and the reference draw the same steps from the run's corpus
 (``TrainConfig.data_spec``: the stdlib sources by default, ``--data`` text, a token file, or
 text with ``--tokenizer``), then take their rows; so data never depends on the plan. Step
 ``k``'s batch is a function of the seed, the data flags and ``k`` alone: token files compute
-it directly (``hspmd.data.windows``), the byte corpus replays its stream from step 1.
+it directly (``hspmd.data.windows``), the byte corpus replays its stream from step 1. With gradient
+accumulation (``grad_accum`` N) a step is N consecutive global batches stacked, N *
+global_batch rows: pass k of the step takes rows [k * global_batch, (k + 1) * global_batch).
 
 >>> from hspmd.train.config import TrainConfig
 >>> config = TrainConfig(global_batch=2, seq_len=4, steps=2, data_max_bytes=1 << 16)
@@ -29,27 +31,51 @@ from hspmd.data.steps import document_steps_of
 from hspmd.data.windows import TokenWindows
 from hspmd.train.config import TrainConfig
 
-__all__ = ["check_data", "step_batches", "step_documents"]
+__all__ = ["accumulation_passes", "check_data", "step_batches", "step_documents"]
 
 
 def step_batches(
     config: TrainConfig, *, first: int = 1
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """The global batches of steps ``first`` .. ``config.steps``, in order."""
+    """The batches of steps ``first`` .. ``config.steps``, in order (``grad_accum`` global
+    batches each, stacked)."""
+    n = config.grad_accum
     spec = config.data_spec
+    stream: Iterator[tuple[torch.Tensor, torch.Tensor]]
     if spec.tokenized:
         file = open_tokens(spec)
         windows = TokenWindows(file.ids, config.global_batch, config.seq_len, config.seed,
                                where=str(spec.path or file.path))  # fmt: skip
-        return islice(windows.stream(first), max(config.steps - first + 1, 0))
-    stream = batches(
-        config.global_batch,
-        config.seq_len,
-        config.seed,
-        path=config.data,
-        max_bytes=config.data_max_bytes or DEFAULT_MAX_BYTES,
-    )
-    return islice(stream, first - 1, config.steps)
+        stream = windows.stream((first - 1) * n + 1)
+    else:
+        stream = islice(
+            batches(
+                config.global_batch,
+                config.seq_len,
+                config.seed,
+                path=config.data,
+                max_bytes=config.data_max_bytes or DEFAULT_MAX_BYTES,
+            ),
+            (first - 1) * n,
+            None,
+        )
+    count = max(config.steps - first + 1, 0)
+    if n == 1:
+        return islice(stream, count)
+    return (_stacked(list(islice(stream, n))) for _ in range(count))
+
+
+def _stacked(group: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.cat([t for t, _ in group]), torch.cat([t for _, t in group])
+
+
+def accumulation_passes(
+    batch: tuple[torch.Tensor, torch.Tensor], config: TrainConfig
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A step's batch cut into its ``grad_accum`` global batches (module docstring)."""
+    size = config.global_batch
+    return [(batch[0][k * size : (k + 1) * size], batch[1][k * size : (k + 1) * size])
+            for k in range(config.grad_accum)]  # fmt: skip
 
 
 def step_documents(config: TrainConfig, *, min_documents: int) -> Iterator[DocumentStep]:

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 from hspmd.data.source import DataSpec
@@ -20,10 +20,12 @@ from hspmd.plan.strategy import Dtype, Schedule
 from hspmd.train.faults import Injection
 
 __all__ = [
-    "AdamConfig", "Device", "StepRecord", "SwitchAlgo", "SwitchMode", "TrainConfig", "TrainError",
+    "AdamConfig", "Device", "LrSchedule", "StepRecord", "SwitchAlgo", "SwitchMode", "TrainConfig",
+    "TrainError",
 ]  # fmt: skip
 
 SwitchMode = Literal["states", "weights"]
+LrSchedule = Literal["constant", "cosine", "linear"]
 SwitchAlgo = Literal["fused", "relay"]
 Device = Literal["auto", "cpu", "cuda"]
 
@@ -34,17 +36,75 @@ class TrainError(HspmdError, ValueError):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AdamConfig:
-    """Adam hyperparameters; the defaults are the paper's (Table 6)."""
+    """AdamW hyperparameters and the learning-rate schedule (docs/recipe.md); the defaults
+    are the paper's Adam (Table 6): no weight decay, a constant learning rate.
 
-    lr: float = 1e-4
+    ``weight_decay`` is decoupled (AdamW: ``p *= 1 - lr * weight_decay`` before the Adam
+    update), applied to the parameters ``hspmd.train.optim.decays`` names: by default those
+    of two or more dims (biases and norm weights exempt, as nanoGPT does); ``no_decay``
+    (name patterns, ``fnmatch``) replaces that rule. The learning rate of each step is
+    ``hspmd.train.lr.learning_rate(config, step)``, a pure function of the step.
+    """
+
+    lr: float = 1e-4  # the peak learning rate (after warm-up)
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
     weight_decay: float = 0.0
+    # exempt from weight decay: parameters matching any pattern; None: those of ndim < 2
+    no_decay: tuple[str, ...] | None = None
+    lr_schedule: LrSchedule = "constant"
+    warmup_steps: int = 0  # linear warm-up from lr / warmup_steps to lr over these steps
+    decay_steps: int | None = None  # the step the decay reaches min_lr (None: the run's steps)
+    min_lr: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.lr >= 0:  # also NaN
             raise TrainError(f"--lr {self.lr}: give a learning rate of at least 0, e.g. 1e-4")
+        for name, value in (("beta1", self.beta1), ("beta2", self.beta2)):
+            if not 0 <= value < 1:
+                raise TrainError(
+                    f"--betas: {name}={value} must be in [0, 1), e.g. --betas 0.9,0.95"
+                )
+        if not self.eps >= 0:
+            raise TrainError(f"--eps {self.eps}: give a small positive number, e.g. 1e-8")
+        if not 0 <= self.weight_decay < float("inf"):
+            raise TrainError(
+                f"--weight-decay {self.weight_decay}: give a finite number >= 0, e.g. 0.1"
+            )
+        if self.lr_schedule not in get_args(LrSchedule):
+            raise TrainError(
+                f"--lr-schedule {self.lr_schedule!r}: choose one of "
+                f"{', '.join(get_args(LrSchedule))}"
+            )
+        if self.warmup_steps < 0:
+            raise TrainError(f"--warmup-steps {self.warmup_steps}: give a count of at least 0")
+        if not 0 <= self.min_lr <= self.lr:
+            raise TrainError(
+                f"--min-lr {self.min_lr}: give a learning rate between 0 and --lr {self.lr}"
+            )
+        if self.decay_steps is not None and self.decaying and self.decay_steps <= self.warmup_steps:
+            raise TrainError(
+                f"--decay-steps {self.decay_steps} is not past --warmup-steps "
+                f"{self.warmup_steps}: the {self.lr_schedule} decay needs steps after the "
+                "warm-up; raise --decay-steps (default: --steps) or lower --warmup-steps"
+            )
+
+    @property
+    def decaying(self) -> bool:
+        """The schedule decays after the warm-up (cosine, linear)."""
+        return self.lr_schedule != "constant"
+
+    def identity(self) -> dict[str, Any]:
+        """The recipe by ``hspmd train`` flag; saved in checkpoints so that a resume with
+        another recipe is warned about."""
+        return {
+            "--lr": self.lr, "--betas": [self.beta1, self.beta2], "--eps": self.eps,
+            "--weight-decay": self.weight_decay,
+            "--no-decay": None if self.no_decay is None else list(self.no_decay),
+            "--lr-schedule": self.lr_schedule, "--warmup-steps": self.warmup_steps,
+            "--decay-steps": self.decay_steps, "--min-lr": self.min_lr,
+        }  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +129,12 @@ class TrainConfig:
     steps: int = 5
     seed: int = 0
     adam: AdamConfig = field(default_factory=AdamConfig)
+    # clip the gradients to this global norm before each optimizer step (None: no clipping;
+    # inf: measure the norm only); the norm is the single-device one (hspmd.train.clip)
+    clip_grad_norm: float | None = None
+    # optimizer steps accumulate the gradients of this many global batches (each step then
+    # reads grad_accum global batches; the loss is their mean)
+    grad_accum: int = 1
     # a text or JSONL file, a directory, or a token file (.bin, .idx, .npy: docs/data.md);
     # None: the stdlib sources
     data: str | None = None
@@ -123,7 +189,8 @@ class TrainConfig:
     device: Device = "auto"
 
     def __post_init__(self) -> None:
-        for name in ("global_batch", "seq_len", "steps", "save_every", "bucket_bytes"):
+        for name in ("global_batch", "seq_len", "steps", "save_every", "bucket_bytes",
+                     "grad_accum"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise TrainError(f"{name}={getattr(self, name)} must be at least 1")
         if self.data_max_bytes is not None and self.data_max_bytes < 1:
@@ -143,6 +210,7 @@ class TrainConfig:
                 f"--recompute-layers {self.recompute_layers}: give a count of at least 0, "
                 "with --recompute (0: every layer of a stage)"
             )
+        self._check_recipe()
         self._check_slowdown()
         self._check_elastic()
         self._check_packed()
@@ -255,6 +323,45 @@ class TrainConfig:
             cache=self.data_cache, max_bytes=self.data_max_bytes,
         )  # fmt: skip
 
+    def _check_recipe(self) -> None:
+        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
+            raise TrainError(
+                f"--clip-grad-norm {self.clip_grad_norm}: give a positive norm, e.g. 1.0 "
+                "(inf measures the norm without clipping)"
+            )
+        if (
+            self.adam.decaying
+            and self.adam.decay_steps is None
+            and self.steps <= self.adam.warmup_steps
+        ):
+            raise TrainError(
+                f"--warmup-steps {self.adam.warmup_steps} is not below --steps {self.steps}: "
+                f"the {self.adam.lr_schedule} decay (to --decay-steps, default --steps) needs "
+                "steps after the warm-up; lower --warmup-steps or give --decay-steps"
+            )
+        if self.grad_accum > 1 and self.step_tokens is not None:
+            raise TrainError(
+                f"--grad-accum {self.grad_accum} with --tokens-per-step: packed steps weigh "
+                "their documents within one step; drop --grad-accum or raise --tokens-per-step"
+            )
+
+    @property
+    def optimizer(self) -> AdamConfig:
+        """``adam`` with ``decay_steps`` resolved (None: the run's ``steps``): what every
+        optimizer of the run and the reference step with."""
+        if self.adam.decay_steps is not None:
+            return self.adam
+        return replace(self.adam, decay_steps=self.steps)
+
+    def recipe_identity(self) -> dict[str, Any]:
+        """The optimizer recipe by ``hspmd train`` flag (checkpoints: a resume that differs
+        is warned about)."""
+        return {
+            **self.optimizer.identity(),
+            "--clip-grad-norm": self.clip_grad_norm,
+            "--grad-accum": self.grad_accum,
+        }
+
     def _check_slowdown(self) -> None:
         ranks = [rank for rank, _ in self.slowdown]
         if len(set(ranks)) != len(ranks):
@@ -307,8 +414,9 @@ class TrainConfig:
 
     @property
     def tokens_per_step(self) -> int:
-        """Tokens per step: ``global_batch * seq_len``, or at most ``step_tokens``."""
-        return self.step_tokens or self.global_batch * self.seq_len
+        """Tokens per optimizer step: ``global_batch * seq_len * grad_accum``, or at most
+        ``step_tokens``."""
+        return self.step_tokens or self.global_batch * self.seq_len * self.grad_accum
 
     def data_identity(self) -> dict[str, Any]:
         """What decides the data stream and the steps' samples, by ``hspmd train`` flag;
@@ -369,6 +477,8 @@ class StepRecord:
     dropped: int | None = None
     plan: int | None = None  # with --plans: the strategy chosen for this step
     predicted_seconds: float | None = None  # and its predicted step time
+    lr: float | None = None  # the step's learning rate (hspmd.train.lr)
+    grad_norm: float | None = None  # with --clip-grad-norm: the global norm before clipping
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -387,4 +497,8 @@ class StepRecord:
             out["truncated"], out["dropped"] = self.truncated, self.dropped
         if self.plan is not None:
             out["plan"], out["predicted_seconds"] = self.plan, self.predicted_seconds
+        if self.lr is not None:
+            out["lr"] = self.lr
+        if self.grad_norm is not None:
+            out["grad_norm"] = self.grad_norm
         return out

@@ -4,7 +4,8 @@ The loop of ``hspmd.train.loop`` with a commit point and a recovery (``--resume`
 step after the newest checkpoint, loaded onto the first strategy). Every step::
 
     forward, backward        run_step (tensor-parallel and boundary waits are watched)
-    sync                     post.finish_sync(); the pipeline's loss -> store
+    sync                     post.finish_sync(); the pipeline's loss -> store; with
+                             --clip-grad-norm the norm's all-reduce and the clipping
     commit                   store counter commit/G/S += 1; wait until every rank of G is in
     optimizer                post.apply() (local); the loss = the reporters' sum (store)
     save                     every --save-every steps
@@ -36,7 +37,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -53,11 +54,12 @@ from hspmd.switch.live import run_switch
 from hspmd.switch.survivors import lost_states, plan_survivor_switch, renumber_strategy
 from hspmd.train.active import Active, activate, options_of
 from hspmd.train.batches import step_batches
+from hspmd.train.clip import clip_gradients
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.faults import inject
 from hspmd.train.layout import Layout
 from hspmd.train.loop import load_checkpoint, prepare_strategies, run_step, save_checkpoint
-from hspmd.train.post import SplitPost
+from hspmd.train.lr import learning_rate
 from hspmd.train.slowdown import slowdown_of
 
 __all__ = ["run_rank_elastic"]
@@ -81,6 +83,7 @@ class _Run:
     grown: list[int] = field(default_factory=list)  # --grow steps served
     builds: int = 0  # executables built on this rank (TrainResult.builds)
     records: list[StepRecord] = field(default_factory=list)
+    grad_norm: float | None = None  # of the step in flight, once clipped
 
     def store(self, fn: Any) -> Any:
         return self.watch.store_call(fn)
@@ -215,15 +218,17 @@ def _step(run: _Run, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
             slow=slowdown_of(config.slowdown, member), on_action=phase,
         )  # fmt: skip
         phase("sync")
-        cast(SplitPost, post).finish_sync()
+        post.finish_sync()
         if world.rank in _reporters(active):
             run.store(lambda s: s.set(key("loss", run.gen, step, world.rank), repr(value)))
     else:
         phase("sync")
+    if config.clip_grad_norm is not None:  # every rank, before the commit: watched
+        run.grad_norm = float(clip_gradients(post, world, max_norm=config.clip_grad_norm))
     _commit(run)
     phase("optimizer")
     if post is not None:
-        cast(SplitPost, post).apply()
+        post.apply()
     run.applied = True
     run.adam_steps += 1
     _record(run, seconds=time.perf_counter() - begin)
@@ -249,8 +254,10 @@ def _record(run: _Run, *, seconds: float) -> None:
         for r in _reporters(run.active)
     ]
     record = StepRecord(
-        step=run.step, loss=float(sum(losses)), tokens=run.config.tokens_per_step, seconds=seconds
-    )
+        step=run.step, loss=float(sum(losses)), tokens=run.config.tokens_per_step,
+        seconds=seconds, lr=learning_rate(run.config.optimizer, run.adam_steps),
+        grad_norm=run.grad_norm,
+    )  # fmt: skip
     run.records.append(record)
     run.notify("step", record)
 
@@ -338,8 +345,8 @@ def _settle(run: _Run, data: Any, batch: Any) -> Any:
     """The step in flight: finished if it committed (apply, record, save), else left to
     redo. Returns the batch to run next."""
     if not run.applied and _count(run, "commit", run.gen, run.step) >= len(run.members):
-        if run.active.post is not None:  # every rank had synced: apply here too
-            cast(SplitPost, run.active.post).apply()
+        if run.active.post is not None:  # every rank had synced and clipped: apply here too
+            run.active.post.apply()
         run.applied = True
         run.adam_steps += 1
         _record(run, seconds=0.0)

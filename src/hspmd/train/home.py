@@ -49,6 +49,7 @@ from hspmd.runtime.world import World
 from hspmd.specialize.grad_sync import StageGradSync
 from hspmd.specialize.localize import local_slice
 from hspmd.switch.live import TrainState
+from hspmd.train.clip import owned_names
 from hspmd.train.config import AdamConfig, TrainConfig
 from hspmd.train.optim import Adam
 from hspmd.train.overlap import GradOverlap
@@ -146,7 +147,8 @@ class HomeState:
             piece = spec.annotation.piece(rank, spec.shape)
             full = initial_parameter(config, name, seed=seed).to(dtype).float()  # CPU
             self.masters[name] = local_slice(full, piece).to(device or torch.device("cpu"))
-        self.adam = Adam(list(self.masters.values()), adam)
+        self.adam = Adam(list(self.masters.values()), adam, names=list(self.masters))
+        self.owned = owned_names(self.homes, rank)  # all of them: home pieces are disjoint
 
     def state(self) -> TrainState:
         names = list(self.masters)
@@ -178,9 +180,23 @@ class HomePost:
     def arm(self) -> None:
         self.overlap.arm()
 
+    @property
+    def owned(self) -> frozenset[str]:
+        return self.home.owned
+
+    def grads(self) -> dict[str, torch.Tensor]:
+        """The home shards' gradients (after ``finish_sync``)."""
+        return {n: m.grad for n, m in self.home.masters.items() if m.grad is not None}
+
     @torch.no_grad()
     def step(self) -> None:
         """Sync grads, move them to home, Adam on home, move the new weights back."""
+        self.finish_sync()
+        self.apply()
+
+    @torch.no_grad()
+    def finish_sync(self) -> None:
+        """Sync grads and move them to home (the home masters' gradients)."""
         synced = self.overlap.results()
         grads = {n: grad_of(p, n).float() for n, p in self.params.items()}
         for item, out in synced:
@@ -189,6 +205,10 @@ class HomePost:
         moved = run_fused_bsr(self.plan.grad_transfers, self.plan.grads, local, self.world)
         for index, grad in moved.items():
             self.home.masters[self.plan.names[index]].grad = grad
+
+    @torch.no_grad()
+    def apply(self) -> None:
+        """Adam on home, then the new compute weights moved back."""
         self.home.adam.step()
         self.refresh()
 
@@ -241,7 +261,7 @@ def home_post(
     dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
     if home is None:
         home = HomeState(
-            model, rank=world.rank, num_ranks=num_ranks, seed=config.seed, adam=config.adam,
+            model, rank=world.rank, num_ranks=num_ranks, seed=config.seed, adam=config.optimizer,
             dtype=dtype, device=world.device,
         )  # fmt: skip
     plan = home_plan(strategy, model, num_ranks=num_ranks, itemsize=_size(dtype))

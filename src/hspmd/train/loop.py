@@ -10,9 +10,15 @@ the rank's schedule (``hspmd.specialize.schedule``)::
     B m   the last stage backpropagates its scaled loss; the others backpropagate the
           gradient received from the next stage; all but stage 0 send their input's grad
     Post  gradients synchronized across pipelines by resolved plans (hspmd.train.sync:
-          all-reduce / split-all-reduce), then Adam on the local parameters; the plans
-          start during the rank's last B, as gradients become final (hspmd.train.overlap;
-          ``TrainConfig.overlap=False``: all after it)
+          all-reduce / split-all-reduce), clipped to the global norm (hspmd.train.clip;
+          with ``clip_grad_norm``), then AdamW on the local parameters at the step's
+          learning rate (hspmd.train.lr); the plans start during the rank's last B, as
+          gradients become final (hspmd.train.overlap; ``TrainConfig.overlap=False``: all
+          after it)
+
+With ``TrainConfig.grad_accum`` N the schedule runs N times per step, once per global
+batch, the gradients adding up (each micro-batch's loss weighted by 1/N more); Post runs
+once, after the last.
 
 With ``TrainConfig.step_tokens`` each step is packed documents of varying length
 (``hspmd.train.packing``): the executable and boundary plans are built once, at the maximum
@@ -54,12 +60,14 @@ from hspmd.specialize.executable import executable_groups
 from hspmd.specialize.schedule import Action, Schedule, make_schedule
 from hspmd.switch.live import plan_switch, run_switch, switch_topology
 from hspmd.train.active import Active, activate, switch_weights
-from hspmd.train.batches import step_batches
+from hspmd.train.batches import accumulation_passes, step_batches
+from hspmd.train.clip import clip_gradients
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
 from hspmd.train.faults import inject
 from hspmd.train.home import home_annotations, run_ranks
 from hspmd.train.identity import model_identity
 from hspmd.train.layout import Layout, Role
+from hspmd.train.lr import learning_rate
 from hspmd.train.packing import (
     PackedStep,
     length_plans,
@@ -79,6 +87,7 @@ __all__ = [
     "save_checkpoint",
     "prepare_all",
     "prepare_strategies",
+    "post_step",
     "run_rank",
     "switch_to",
 ]
@@ -106,10 +115,10 @@ def _micro_batch(batch: Batch, role: Role, config: TrainConfig, m: int) -> Micro
     if isinstance(batch, PackedStep):
         mb = batch.micro_batches[role.pipeline][m]
         return mb.tokens, mb.targets, mb.segments, batch.scale(role.pipeline, m)
-    tokens, targets = batch
+    tokens, targets = batch  # one global batch (an accumulation pass)
     size = role.micro_batch_size
     rows = slice(role.row_offset + m * size, role.row_offset + (m + 1) * size)
-    return tokens[rows], targets[rows], None, size / config.global_batch
+    return tokens[rows], targets[rows], None, size / (config.global_batch * config.grad_accum)
 
 
 @dataclass(slots=True)
@@ -164,13 +173,32 @@ def run_step(
     rec: Spans = NULL,
     on_action: Callable[[str], None] | None = None,
 ) -> float:  # fmt: skip
-    """Every F and B of the rank's schedule on one global batch; the scaled loss sum.
+    """Every F and B of the rank's schedule on one step's batch, once per accumulation
+    pass (``config.grad_accum``: the gradients add up); the scaled loss sum.
 
-    With ``post`` (and ``config.overlap``), ``post.arm()`` runs before the last B. With
-    ``slow``, each F and B compute is followed by its sleep (``hspmd.train.slowdown``).
-    ``rec`` records a span per F and B (``hspmd.runtime.trace``).
-    ``on_action("forward" | "backward")`` runs before each action (elastic runs: phase
-    tracking and fault injection)."""
+    With ``post`` (and ``config.overlap``), ``post.arm()`` runs before the last B of the
+    last pass. With ``slow``, each F and B compute is followed by its sleep
+    (``hspmd.train.slowdown``). ``rec`` records a span per F and B
+    (``hspmd.runtime.trace``). ``on_action("forward" | "backward")`` runs before each
+    action (elastic runs: phase tracking and fault injection)."""
+    if isinstance(batch, PackedStep) or config.grad_accum == 1:
+        passes: list[Batch] = [batch]
+    else:
+        passes = list(accumulation_passes(batch, config))
+    total = 0.0
+    for k, part in enumerate(passes):
+        last = k == len(passes) - 1
+        total += _run_pass(program, role, plans, config, world, part, post=post if last else None,
+                           slow=slow, rec=rec, on_action=on_action)  # fmt: skip
+    return total
+
+
+def _run_pass(
+    program: StageProgram, role: Role, plans: BoundaryPlans, config: TrainConfig,
+    world: World, batch: Batch, *, post: Post | None, slow: Slowdown | None, rec: Spans,
+    on_action: Callable[[str], None] | None,
+) -> float:  # fmt: skip
+    """One pass of ``run_step``: the schedule on one global batch."""
     schedule = _without_empty(
         make_schedule(config.schedule, role.num_stages, role.stage, role.micro_batches),
         batch, role,
@@ -259,6 +287,24 @@ def switch_to(
     return new, log.counts().get("send", 0)
 
 
+def post_step(
+    post: Post | None, world: World, config: TrainConfig, *, loss: torch.Tensor
+) -> torch.Tensor | None:
+    """Post of one step on every rank of the world (``post`` None: idle under the
+    strategy): the gradient sync, clipping to ``config.clip_grad_norm`` (one all-reduce
+    over the world, ``hspmd.train.clip``, which sums ``loss`` over the world too), the
+    optimizer. Returns the global gradient norm before clipping (None without clipping:
+    then ``loss`` is still this rank's)."""
+    if post is not None:
+        post.finish_sync()
+    norm = None
+    if config.clip_grad_norm is not None:
+        norm = clip_gradients(post, world, max_norm=config.clip_grad_norm, carry=loss)
+    if post is not None:
+        post.apply()
+    return norm
+
+
 def _timed_switch(
     world: World, config: TrainConfig, active: Active, text: str, *, steps: int
 ) -> tuple[Active, float, int]:
@@ -301,7 +347,8 @@ def save_checkpoint(
     if world.rank == 0:
         commit_rank_states(
             directory, step=step, model=config.model, strategy=active.text,
-            param_specs=specs, adam_step=steps, data_position=step, run=config.data_identity(),
+            param_specs=specs, adam_step=steps, data_position=step,
+            run={**config.data_identity(), **config.recipe_identity()},
             identity=model_identity(config),
         )  # fmt: skip
     world.wait([dist.barrier(async_op=True)])
@@ -405,18 +452,23 @@ def run_rank(
             if role.is_last and role.rank == role.tp_ranks[0]:  # one reporter per pipeline
                 loss += value
             with slow:
-                post.step()
+                grad_norm = post_step(post, world, config, loss=loss)
             end_post()
-        elif post is not None:  # an idle rank's home shards (switch_mode="weights")
-            with rec.span("Post", cat="post"), slow:
-                post.step()
+        else:  # an idle rank: its home shards (switch_mode="weights"), the clipping norm
+            grad_norm = None
+            if post is not None or config.clip_grad_norm is not None:
+                with rec.span("Post", cat="post"), slow:
+                    grad_norm = post_step(post, world, config, loss=loss)
         adam_steps += 1
         with rec.span("loss all-reduce", cat="wait"):  # waits for the slowest rank
-            dist.all_reduce(loss)
+            if grad_norm is None:  # else summed with the norm's squares (hspmd.train.clip)
+                dist.all_reduce(loss)
             total = float(loss)  # on CUDA: waits for the step's kernels too
         end_step()
         record = StepRecord(
             step=step, loss=total, seconds=time.perf_counter() - start,
+            lr=learning_rate(config.optimizer, adam_steps),
+            grad_norm=None if grad_norm is None else float(grad_norm),
             switch_seconds=switched, switch_messages=messages,
             strategy=active.text if switched is not None else None,
             **{"tokens": config.tokens_per_step, **_record_fields(batch)},

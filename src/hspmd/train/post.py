@@ -12,10 +12,14 @@ ZeRO-1         masters and Adam states sharded over the pipelines (hspmd.train.z
 =============  =============================================================================
 
 Every variant issues its gradient plans through a ``GradOverlap`` (``hspmd.train.overlap``):
-``arm()`` before the step's last backward starts them as gradients become final; ``step()``
-issues the rest, waits, and continues. Without ``arm()`` the plans all run in ``step()``.
-Post owns every gradient sync of the step, the in-stage one of gradients still partial
-after backward (sequence-parallel norm weights: ``stage_sync``) included.
+``arm()`` before the step's last backward starts them as gradients become final;
+``finish_sync()`` issues the rest and waits: then ``grads()`` are final (the step's
+gradient clipping, ``hspmd.train.clip``, scales them in place, counting the ``owned``
+ones); ``apply()`` steps AdamW (``hspmd.train.optim``) and brings the compute weights up
+to date. ``step()`` is the two without clipping. Without ``arm()`` the plans all run in
+``finish_sync()``. Post owns every gradient sync of the step, the in-stage one of
+gradients still partial after backward (sequence-parallel norm weights: ``stage_sync``)
+included.
 
 >>> import torch
 >>> from hspmd.train.config import AdamConfig
@@ -40,15 +44,34 @@ from hspmd.train.optim import Adam
 from hspmd.train.overlap import GradOverlap
 from hspmd.train.sync import SyncItem, gathered, gathered_fp32, grad_of, scatter_back
 
-__all__ = ["MixedPost", "PlainPost", "Post", "SplitPost", "load_adam", "adam_states"]
+__all__ = ["MixedPost", "PlainPost", "Post", "load_adam", "adam_states"]
 
 
 class Post(Protocol):
+    """A step's Post, split in two: ``finish_sync`` (communication; optimizer states
+    untouched, so that a failure during the sync leaves a step that can be redone exactly)
+    then ``apply`` (the optimizer; ZeRO-1's and the home layout's weight gathers)."""
+
+    @property
+    def owned(self) -> frozenset[str]:
+        """The names of ``grads()`` this rank counts in the global norm."""
+        ...
+
     def arm(self) -> None:
         """The next backward is the step's last: overlap the gradient sync with it."""
         ...
 
-    def step(self) -> None: ...
+    def step(self) -> None:
+        """``finish_sync`` then ``apply`` (no clipping)."""
+        ...
+
+    def finish_sync(self) -> None: ...
+
+    def grads(self) -> dict[str, torch.Tensor]:
+        """The gradients the optimizer steps on, by name (final after ``finish_sync``)."""
+        ...
+
+    def apply(self) -> None: ...
 
     def zero_grad(self) -> None: ...
 
@@ -62,16 +85,6 @@ class Post(Protocol):
         """Take over moved or loaded state; the compute weights follow from the masters
         (``compute``: ZeRO-1's whole pieces, when they came with the state)."""
         ...
-
-
-class SplitPost(Post, Protocol):
-    """A Post whose step splits in two (``PlainPost``, ``MixedPost``): ``finish_sync``
-    (communication; optimizer states untouched) then ``apply`` (local), so that a failure
-    during the sync leaves a step that can be redone exactly."""
-
-    def finish_sync(self) -> None: ...
-
-    def apply(self) -> None: ...
 
 
 def adam_states(adam: Adam, names: list[str]) -> TrainState:
@@ -91,15 +104,22 @@ def load_adam(adam: Adam, names: list[str], state: TrainState, steps: int) -> No
     adam.steps = steps
 
 
+def _grads(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {n: t.grad for n, t in tensors.items() if t.grad is not None}
+
+
 class PlainPost:
-    """fp32: sync the local gradients, then Adam on the local parameters."""
+    """fp32: sync the local gradients, then Adam on the local parameters. ``owned``: the
+    names this rank counts in the global gradient norm (None: all, one rank)."""
 
     def __init__(
         self, params: dict[str, torch.Tensor], sync: tuple[SyncItem, ...], *,
         adam: AdamConfig, world: Any, stage_sync: tuple[StageGradSync, ...] = (),
+        owned: frozenset[str] | None = None,
     ) -> None:  # fmt: skip
         self.params, self.sync, self.world = params, sync, world
-        self.adam = Adam(list(params.values()), adam)
+        self.owned = frozenset(params) if owned is None else owned
+        self.adam = Adam(list(params.values()), adam, names=list(params))
         self.overlap = GradOverlap(
             sync, params, world, local=self._local, donate=True, stage_sync=stage_sync
         )
@@ -121,6 +141,9 @@ class PlainPost:
         step whose sync failed)."""
         for item, out in self.overlap.results():
             scatter_back(out, [grad_of(self.params[n], n) for n in item.names])
+
+    def grads(self) -> dict[str, torch.Tensor]:
+        return _grads(self.params)
 
     @torch.no_grad()
     def apply(self) -> None:
@@ -145,6 +168,21 @@ class MasterAdam:
     params: dict[str, torch.Tensor]
     masters: dict[str, torch.Tensor]
     adam: Adam
+    owned: frozenset[str]
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self.finish_sync()
+        self.apply()
+
+    def finish_sync(self) -> None:
+        raise NotImplementedError
+
+    def apply(self) -> None:
+        raise NotImplementedError
+
+    def grads(self) -> dict[str, torch.Tensor]:
+        return _grads(self.masters)
 
     def zero_grad(self) -> None:
         for param in self.params.values():
@@ -155,15 +193,18 @@ class MasterAdam:
 
 
 class MixedPost(MasterAdam):
-    """bf16 compute parameters with fp32 masters of the same annotation."""
+    """bf16 compute parameters with fp32 masters of the same annotation (``owned``: as
+    ``PlainPost``'s)."""
 
     def __init__(
         self, params: dict[str, torch.Tensor], sync: tuple[SyncItem, ...], *,
         adam: AdamConfig, world: Any, stage_sync: tuple[StageGradSync, ...] = (),
+        owned: frozenset[str] | None = None,
     ) -> None:  # fmt: skip
         self.params, self.sync, self.world = params, sync, world
+        self.owned = frozenset(params) if owned is None else owned
         self.masters = {n: p.detach().float().clone() for n, p in params.items()}
-        self.adam = Adam(list(self.masters.values()), adam)
+        self.adam = Adam(list(self.masters.values()), adam, names=list(self.masters))
         self.overlap = GradOverlap(
             sync, params, world, local=self._local, donate=True, stage_sync=stage_sync
         )
@@ -174,11 +215,6 @@ class MixedPost(MasterAdam):
 
     def arm(self) -> None:
         self.overlap.arm()
-
-    @torch.no_grad()
-    def step(self) -> None:
-        self.finish_sync()
-        self.apply()
 
     @torch.no_grad()
     def finish_sync(self) -> None:

@@ -4,8 +4,13 @@ Variable-length steps (``TrainConfig.step_tokens``) run every micro-batch of the
 strategy's packing here, one after another, weighted as the distributed run weighs them.
 
 Every distributed run must equal this one (first-step loss to 1e-5 relative, parameters
-after a few Adam steps to 1e-4 relative in fp32). It uses ``torch.optim.Adam`` itself,
-not our per-slice Adam, so it is an independent oracle for the optimizer too.
+after a few Adam steps to 1e-4 relative in fp32). It runs the recipe with torch's own
+parts, not ours: ``torch.optim.AdamW`` with two parameter groups (decayed and exempt, by
+``hspmd.train.optim.decays``), ``torch.nn.utils.clip_grad_norm_`` on the whole module,
+and the learning rate of ``hspmd.train.lr.learning_rate`` set in the groups before each
+step; gradient accumulation is ``grad_accum`` backward passes of loss / grad_accum. So it
+is an independent oracle for the optimizer, the clipping norm and accumulation (the
+schedule is checked against torch's schedulers in tests/train/test_recipe.py).
 
 >>> config = TrainConfig(global_batch=2, seq_len=8, steps=1,
 ...                      model_overrides=(("num_layers", 1),))
@@ -26,12 +31,14 @@ from torch import nn
 
 from hspmd.models.build import plain_model, step_loss
 from hspmd.plan.strategy import parse_strategy
-from hspmd.train.batches import check_data, step_batches
-from hspmd.train.config import StepRecord, TrainConfig, TrainError
+from hspmd.train.batches import accumulation_passes, check_data, step_batches
+from hspmd.train.config import AdamConfig, StepRecord, TrainConfig, TrainError
 from hspmd.train.device import reference_device
+from hspmd.train.lr import learning_rate
+from hspmd.train.optim import decays
 from hspmd.train.packing import PackedStep, packed_steps, planned_steps, record_fields
 
-__all__ = ["TrainResult", "run_reference"]
+__all__ = ["TrainResult", "param_groups", "run_reference"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,27 +77,33 @@ def run_reference(
         torch.cuda.reset_peak_memory_stats(device)
     model = build_reference_model(config).to(device)
     spec = config.model_config()
-    a = config.adam
-    optimizer = torch.optim.Adam(
-        model.parameters(),
-        lr=a.lr,
-        betas=(a.beta1, a.beta2),
-        eps=a.eps,
-        weight_decay=a.weight_decay,
-        foreach=False,
+    a = config.optimizer
+    optimizer = torch.optim.AdamW(
+        param_groups(model, a), lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps, foreach=False
     )
     records = []
     start = time.perf_counter()
     for step, batch in enumerate(_batches(config), start=1):
         optimizer.zero_grad(set_to_none=True)
+        fields: dict[str, Any] = {}
         if isinstance(batch, PackedStep):
             loss, fields = _packed_step(model, batch, device), record_fields(batch)
         else:
-            tokens, targets = (t.to(device) for t in batch)
-            # mean over every token of the global batch
-            value = step_loss(spec, model, tokens, targets)
-            value.backward()
-            loss, fields = float(value.detach()), {}
+            loss = 0.0
+            for part in accumulation_passes(batch, config):
+                tokens, targets = (t.to(device) for t in part)
+                # mean over every token of the global batch, over the passes
+                value = step_loss(spec, model, tokens, targets) / config.grad_accum
+                value.backward()
+                loss += float(value.detach())
+        if config.clip_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(
+                model.parameters(), config.clip_grad_norm, foreach=False
+            )
+            fields["grad_norm"] = float(norm)
+        fields["lr"] = learning_rate(a, step)
+        for group in optimizer.param_groups:
+            group["lr"] = fields["lr"]
         optimizer.step()
         if cuda:  # the step's kernels are asynchronous: its time ends when they are done
             torch.cuda.synchronize(device)
@@ -107,6 +120,17 @@ def run_reference(
     params = {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
     peak = {0: torch.cuda.max_memory_allocated(device)} if cuda else {}
     return TrainResult(records=tuple(records), params=params, peak_memory=peak)
+
+
+def param_groups(model: nn.Module, adam: AdamConfig) -> list[dict[str, Any]]:
+    """``model``'s parameters as AdamW's groups: decayed, and exempt (``decays``)."""
+    decayed: list[nn.Parameter] = []
+    exempt: list[nn.Parameter] = []
+    for name, param in model.named_parameters():
+        (decayed if decays(name, param.ndim, adam.no_decay) else exempt).append(param)
+    groups = [{"params": decayed, "weight_decay": adam.weight_decay},
+              {"params": exempt, "weight_decay": 0.0}]  # fmt: skip
+    return [g for g in groups if g["params"]]
 
 
 def _batches(config: TrainConfig) -> Iterator[tuple[torch.Tensor, torch.Tensor] | PackedStep]:

@@ -5,7 +5,8 @@ the replicas split a dim their stage does not split, as the top tier). Post is t
 resolved reshards around a per-shard Adam, for every parameter the rank holds::
 
     grad  hP: [stage ranks of each pipeline]  --reduce-->  state  h<d>: ...   (RS / SplitRS)
-    Adam on the rank's state shard (master, exp_avg, exp_avg_sq: one slice each)
+    (clipping: the global norm over the state shards' gradients, hspmd.train.clip)
+    AdamW on the rank's state shard (master, exp_avg, exp_avg_sq: one slice each)
     state h<d>: ...                           --gather-->  param  hD: ...     (AG / SplitAG)
 
 Masters start as the state slice of the plan-free initial value (DESIGN decision 5), so
@@ -32,13 +33,14 @@ from hspmd.comm.plan import CommPlan
 from hspmd.comm.resolve import resolve
 from hspmd.models.build import initial_parameter
 from hspmd.models.spec import ModelSpec
-from hspmd.plan.params import parameter_annotations, state_annotations
+from hspmd.plan.params import ParamSpec, parameter_annotations, state_annotations
 from hspmd.plan.strategy import Strategy
 from hspmd.runtime.execute import run_plan
 from hspmd.runtime.world import World
 from hspmd.specialize.grad_sync import StageGradSync
 from hspmd.specialize.localize import local_slice
 from hspmd.switch.live import TrainState
+from hspmd.train.clip import owned_names
 from hspmd.train.config import AdamConfig
 from hspmd.train.optim import Adam
 from hspmd.train.overlap import GradOverlap
@@ -87,7 +89,10 @@ class ZeroOne(MasterAdam):
             piece = item.reduce.dst.piece(world.rank, item.shape)
             full = initial_parameter(config, item.name, seed=seed)  # on CPU, from the seed
             self.masters[item.name] = local_slice(full, piece).to(world.device)
-        self.adam = Adam(list(self.masters.values()), adam)
+        self.adam = Adam(list(self.masters.values()), adam, names=list(self.masters))
+        # the state shards' owners count them in the global gradient norm (hspmd.train.clip)
+        shards = {i.name: ParamSpec(i.name, i.shape, i.reduce.dst) for i in self.items}
+        self.owned = owned_names(shards, world.rank)
         # every rank's reduces in reverse model order (the order backward finishes them)
         reduces = [SyncItem((i.name,), i.reduce, False) for i in reversed(items.values())]
         self.overlap = GradOverlap(reduces, params, world, local=self._local, stage_sync=stage_sync)
@@ -101,10 +106,14 @@ class ZeroOne(MasterAdam):
         self.overlap.arm()
 
     @torch.no_grad()
-    def step(self) -> None:
-        """Reduce every gradient to its shard, step Adam on the shards, gather the params."""
+    def finish_sync(self) -> None:
+        """Reduce every gradient to its shard (the masters' gradients)."""
         for reduced, out in self.overlap.results():
             self.masters[reduced.names[0]].grad = out
+
+    @torch.no_grad()
+    def apply(self) -> None:
+        """Adam on the shards, then gather the parameters."""
         self.adam.step()
         for item in self.items:
             value = run_plan(item.gather, self.masters[item.name], self.world)
