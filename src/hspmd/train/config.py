@@ -97,13 +97,15 @@ class AdamConfig:
 
     def identity(self) -> dict[str, Any]:
         """The recipe by ``hspmd train`` flag; saved in checkpoints so that a resume with
-        another recipe is warned about."""
+        another recipe is warned about. A constant schedule has no decay to compare."""
+        decay = (
+            {"--decay-steps": self.decay_steps, "--min-lr": self.min_lr} if self.decaying else {}
+        )
         return {
             "--lr": self.lr, "--betas": [self.beta1, self.beta2], "--eps": self.eps,
             "--weight-decay": self.weight_decay,
             "--no-decay": None if self.no_decay is None else list(self.no_decay),
-            "--lr-schedule": self.lr_schedule, "--warmup-steps": self.warmup_steps,
-            "--decay-steps": self.decay_steps, "--min-lr": self.min_lr,
+            "--lr-schedule": self.lr_schedule, "--warmup-steps": self.warmup_steps, **decay,
         }  # fmt: skip
 
 
