@@ -75,7 +75,14 @@ from hspmd.train.device import gpu_count, reference_device, run_device, where
 from hspmd.train.faults import parse_injections
 from hspmd.train.planfile import check_plan, config_from_plan, read_plan, write_plan
 from hspmd.train.reference import TrainResult, run_reference
-from hspmd.train.trainer import check_config, node_share, num_processes, train, train_elastic
+from hspmd.train.trainer import (
+    check_config,
+    fallbacks,
+    node_share,
+    num_processes,
+    train,
+    train_elastic,
+)
 
 DEFAULT_SEQ_LEN = FLAGS["--seq-len"].default
 
@@ -536,6 +543,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for warning in warnings_of(args, config):
         print(f"hspmd {args.command}: warning: {warning}", file=sys.stderr)
+    if not args.reference:
+        for line in fallbacks(config):  # deduced before launch: also a model that cannot train
+            print(f"hspmd {args.command}: note: computed whole: {line}", file=sys.stderr)
     if config.data_spec.kind == "text":  # tokenized once, here, into the cache ranks read
         with byte_progress("tokenizing --data", quiet=getattr(args, "quiet", False)) as bar:
             check_data(config, on_progress=bar)

@@ -45,8 +45,9 @@ import torch.fx
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from hspmd.errors import HspmdError
 from hspmd.graph.capture import CaptureError, source_line
-from hspmd.graph.export import ExportError, capture_step
+from hspmd.graph.export import ExportError, capture_step, user_frame
 from hspmd.markers import is_reshard_node, reshard
 from hspmd.models.calling import convention_of, step_call
 from hspmd.models.spec import (
@@ -100,6 +101,8 @@ def _load_file(path: Path) -> Any:
     name = "hspmd_user_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
     if name in sys.modules:
         return sys.modules[name]
+    if str(path.parent) not in sys.path:  # the file may import the files beside it
+        sys.path.append(str(path.parent))
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -158,6 +161,14 @@ def build_module(source: str, kwargs: Mapping[str, Any]) -> nn.Module:
         raise ModelSpecError(
             f"--model {source}: the factory rejected {dict(kwargs)}: {error}"
         ) from None
+    except HspmdError:
+        raise
+    except Exception as error:
+        where = user_frame(error)
+        raise ModelSpecError(
+            f"--model {source}: the factory raised {type(error).__name__}: {error}"
+            f"{f' at {where}' if where else ''}"
+        ) from error
     if not isinstance(module, nn.Module):
         raise ModelSpecError(
             f"--model {source}: the factory returned a {type(module).__name__}, not an nn.Module"

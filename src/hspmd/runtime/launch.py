@@ -50,12 +50,14 @@ import multiprocessing as mp
 import os
 import socket
 import sys
+import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -416,11 +418,38 @@ def _take(
         results[rank] = payload
         return True
     kind, text, trace = payload
+    where = _user_line(trace)
+    at = f" at {where}" if where else ""
+    log = _write_log(name, trace)
     raise LaunchError(
-        f"rank {name} raised {kind}: {text}\n--- traceback of rank {name} ---\n{trace}",
+        f"rank {name} raised {kind}: {text}{at} (full traceback: {log})",
         rank=name,
         remote_traceback=trace,
     )
+
+
+def _user_line(trace: str) -> str | None:
+    """``file:line`` of the innermost frame of a traceback outside torch and hspmd."""
+    found = None
+    for line in trace.splitlines():
+        line = line.strip()
+        if line.startswith('File "') and "/torch/" not in line and "/hspmd/" not in line:
+            path, _, rest = line[6:].partition('", line ')
+            if not path.startswith("<"):
+                found = f"{path}:{rest.split(',')[0]}"
+    return found
+
+
+def _write_log(rank: int, trace: str) -> str:
+    """The worker's traceback in a file (the one-line error names it)."""
+    folder = Path(tempfile.gettempdir()) / "hspmd-logs"
+    try:
+        folder.mkdir(exist_ok=True)
+        path = folder / f"rank-{rank}-{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}.txt"
+        path.write_text(trace)
+    except OSError:
+        return "not written: the temporary folder is not writable"
+    return str(path)
 
 
 def _check_exit(

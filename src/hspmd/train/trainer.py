@@ -15,6 +15,7 @@ ranks, the rest of every parameter NaN: ``merge`` joins the nodes' results.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import multiprocessing as mp
 import tempfile
 import threading
@@ -25,10 +26,12 @@ from typing import Any
 import torch
 
 from hspmd.errors import StrategyError
-from hspmd.plan.strategy import Strategy, check_strategy, parse_strategy
+from hspmd.models.spec import ModuleModel
+from hspmd.plan.strategy import Strategy, StrategyOptions, check_strategy, parse_strategy
 from hspmd.runtime.launch import ElasticLaunch, NodeSpec, launch
 from hspmd.runtime.trace import NULL, Recorder, chrome_trace, gather_parts
 from hspmd.runtime.world import World
+from hspmd.specialize.sites import deduced_sites
 from hspmd.train.active import options_of
 from hspmd.train.batches import check_data
 from hspmd.train.config import StepRecord, TrainConfig, TrainError
@@ -70,6 +73,7 @@ def check_config(config: TrainConfig) -> Strategy:
                 raise
             raise StrategyError(f"{label}: {error}") from None
         strategies.append(strategy)
+    fallbacks(config)  # a model that cannot specialize: one line now, not from a rank later
     strategy = strategies[0]
     used = sorted({r for s in strategies for r in s.ranks})
     if used != list(range(len(used))):
@@ -100,6 +104,27 @@ def check_config(config: TrainConfig) -> Strategy:
             )
         check_packing(config, strategy)  # every step's documents fit the rows
     return strategy
+
+
+def fallbacks(config: TrainConfig) -> tuple[str, ...]:
+    """Deduce every pipeline of the run's strategies on the meta device, as ``explain``
+    does (user models: the Llama presets are derived by formula and known to deduce), and
+    return the ops computed whole on gathered inputs (``hspmd.deduce.fallback``)."""
+    model = config.model_config()
+    if not isinstance(model, ModuleModel):
+        return ()
+    options = options_of(config)
+    lines: list[str] = []
+    for text in dict.fromkeys(config.strategies):
+        lines += _deduced(text, model, options, config.seq_len)
+    return tuple(dict.fromkeys(lines))
+
+
+@functools.lru_cache(maxsize=8)
+def _deduced(
+    text: str, model: ModuleModel, options: StrategyOptions, seq_len: int
+) -> tuple[str, ...]:
+    return deduced_sites(parse_strategy(text), model, options, seq_len=seq_len).fallbacks
 
 
 def _check_writable(folder: str) -> None:
