@@ -192,7 +192,7 @@ def stack(call: OpCall, placements: tuple[int, ...]) -> int:
 
 @register(
     aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default,
-    aten.full_like.default, aten.rand_like.default, inputs=(0,),
+    aten.full_like.default, inputs=(0,),
 )  # fmt: skip
 def like(call: OpCall, placements: tuple[int, ...]) -> int:
     """A fill shaped like its input: split like it; duplicate where the input was partial."""
