@@ -71,3 +71,9 @@ def test_hf_gpt2_tied_trains_under_dp() -> None:
 @pytest.mark.multiproc
 def test_nanogpt_as_written_trains_under_tp_and_dp() -> None:
     _equal(f"{NANOGPT}:make", "2x1: R0-1:L0-2; 1x2: R2:L0-2", 4)
+
+
+@pytest.mark.multiproc
+def test_untied_gpt2_and_nanogpt_train_under_uneven_pp() -> None:
+    _equal(f"{HF}:gpt2", "2x1: R0:L0 R1:L1-3", 2, tie_word_embeddings=False)
+    _equal(f"{NANOGPT}:make_untied", "2x1: R0:L0-1 R1:L2", 2)

@@ -262,7 +262,6 @@ class TrainConfig:
              "packed documents need the model's attention to take segments"),
             ("--sequence-parallel", self.sequence_parallel,
              "the markers hspmd inserts keep the stream whole"),
-            ("--elastic", self.elastic, "its recovery paths are built and tested for the Llama presets only"),
         ]  # fmt: skip
         for flag, given, why in refused:
             if given:
