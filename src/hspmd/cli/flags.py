@@ -199,7 +199,7 @@ TRAIN_FLAGS: tuple[Flag, ...] = (
     Flag("--inject-failure", "inject", action="append", default=[],
          metavar="RANK@STEP[:PHASE[:kill|hang]]",
          help="fault injection for tests: RANK fails in PHASE (forward, backward, sync, "
-         "optimizer, switch, save; default forward) of STEP by SIGKILL or a hang (repeatable)"),
+         "optimizer, switch, save, eval; default forward) of STEP by SIGKILL or a hang (repeatable)"),
     Flag("--spares", "spares", type=int, default=_default("spares"), metavar="N",
          help="with --elastic: start N more local processes, held back until --grow"),
     Flag("--grow", "grow", action="append", default=[], metavar="STEP=N",

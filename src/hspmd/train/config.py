@@ -144,7 +144,7 @@ class EvalConfig:
 
     def due(self, step: int) -> bool:
         """An evaluation follows ``step``."""
-        return self.every > 0 and step % self.every == 0
+        return self.every > 0 and step > 0 and step % self.every == 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
