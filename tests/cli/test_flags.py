@@ -16,7 +16,7 @@ import pytest
 from hspmd.cli import build_parser
 from hspmd.cli.flags import FLAGS, NOT_FLAGS, TRAIN_FLAGS
 from hspmd.cli.train import config_from_args
-from hspmd.train.config import AdamConfig, TrainConfig
+from hspmd.train.config import AdamConfig, EvalConfig, TrainConfig
 
 DOCS = Path(__file__).parents[2] / "docs" / "cli.md"
 
@@ -55,9 +55,11 @@ def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
 
 
 def test_every_field_has_exactly_one_flag() -> None:
-    # TrainConfig's fields, with its AdamConfig's as adam.<field>
+    # TrainConfig's fields, with its AdamConfig's as adam.<field> (EvalConfig's: evaluation.)
     fields = [f.name for f in dataclasses.fields(TrainConfig) if f.name != "adam"]
+    fields = [f for f in fields if f != "evaluation"]
     fields += [f"adam.{f.name}" for f in dataclasses.fields(AdamConfig)]
+    fields += [f"evaluation.{f.name}" for f in dataclasses.fields(EvalConfig)]
     named = [flag.field for flag in TRAIN_FLAGS if flag.field is not None]
     for name in fields:
         count = named.count(name) + (name in NOT_FLAGS)
@@ -112,6 +114,10 @@ SAMPLES: dict[str, list[str]] = {
     "--eps": ["--eps", "1e-6"],
     "--clip-grad-norm": ["--clip-grad-norm", "1.0"],
     "--grad-accum": ["--grad-accum", "2"],
+    "--eval-every": ["--eval-every", "2", "--eval-split", "0.1"],
+    "--eval-batches": ["--eval-batches", "2"],
+    "--eval-data": ["--eval-data", "held.txt", "--eval-every", "2"],
+    "--eval-split": ["--eval-split", "0.1"],
     "--data": ["--data", "corpus.txt"],
     "--data-max-bytes": ["--data-max-bytes", "100"],
     "--data-dtype": ["--data-dtype", "uint32"],

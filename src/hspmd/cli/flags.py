@@ -30,7 +30,7 @@ from hspmd.cli.model_input import model_argument
 from hspmd.data import LONG_DOCS
 from hspmd.data.tokens import TOKEN_DTYPES
 from hspmd.models.llama import PRESETS
-from hspmd.train.config import AdamConfig, LrSchedule, TrainConfig
+from hspmd.train.config import AdamConfig, EvalConfig, LrSchedule, TrainConfig
 
 __all__ = [
     "FLAGS", "NOT_FLAGS", "STRATEGY_FLAGS", "TRAIN_FLAGS", "Flag", "HelpFormatter", "add_flags",
@@ -132,6 +132,17 @@ TRAIN_FLAGS: tuple[Flag, ...] = (
          "strategy); inf: report the norm without clipping"),
     Flag("--grad-accum", "grad_accum", type=int, default=_default("grad_accum"), metavar="N",
          help="accumulate the gradients of N global batches per optimizer step"),
+    Flag("--eval-every", "evaluation.every", type=int, default=EvalConfig().every, metavar="N",
+         help="after every N-th step, a held-out evaluation: mean loss and perplexity over "
+         "--eval-batches batches, forward only (docs/recipe.md); 0: none"),
+    Flag("--eval-batches", "evaluation.batches", type=int, default=EvalConfig().batches,
+         metavar="K", help="global batches (--global-batch x --seq-len) each evaluation reads, "
+         "the same ones every time"),
+    Flag("--eval-data", "evaluation.data", metavar="PATH",
+         help="held-out data to evaluate on, read as --data is (its flags); or --eval-split"),
+    Flag("--eval-split", "evaluation.split", type=float, default=EvalConfig().split, metavar="F",
+         help="hold out the last fraction F of --data (of its ids, or bytes): never trained "
+         "on, evaluated on"),
     Flag("--data", "data",
          help="text or JSONL file or a directory, or a token file: flat .bin, Megatron "
          ".bin/.idx, .npy (docs/data.md) (default: stdlib)"),
@@ -188,7 +199,7 @@ TRAIN_FLAGS: tuple[Flag, ...] = (
     Flag("--inject-failure", "inject", action="append", default=[],
          metavar="RANK@STEP[:PHASE[:kill|hang]]",
          help="fault injection for tests: RANK fails in PHASE (forward, backward, sync, "
-         "optimizer, switch, save; default forward) of STEP by SIGKILL or a hang (repeatable)"),
+         "optimizer, switch, save, eval; default forward) of STEP by SIGKILL or a hang (repeatable)"),
     Flag("--spares", "spares", type=int, default=_default("spares"), metavar="N",
          help="with --elastic: start N more local processes, held back until --grow"),
     Flag("--grow", "grow", action="append", default=[], metavar="STEP=N",

@@ -1,4 +1,5 @@
-"""The optimizer recipe's flags read into an ``AdamConfig`` (``hspmd train``, ``hspmd demo``).
+"""The optimizer recipe's flags read into an ``AdamConfig``, the evaluation's into an
+``EvalConfig`` (``hspmd train``, ``hspmd demo``).
 
 >>> import argparse
 >>> args = argparse.Namespace(lr=3e-4, betas="0.9,0.95", weight_decay=0.1, no_decay="*.bias, norm.*")
@@ -11,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 
-from hspmd.train.config import AdamConfig, TrainError
+from hspmd.train.config import AdamConfig, EvalConfig, TrainError
 
-__all__ = ["adam_from_args", "parse_betas", "parse_no_decay"]
+__all__ = ["adam_from_args", "eval_from_args", "parse_betas", "parse_no_decay"]
 
 _DEFAULT = AdamConfig()
 
@@ -52,4 +53,16 @@ def adam_from_args(args: argparse.Namespace) -> AdamConfig:
         warmup_steps=getattr(args, "warmup_steps", _DEFAULT.warmup_steps),
         decay_steps=getattr(args, "decay_steps", None),
         min_lr=getattr(args, "min_lr", _DEFAULT.min_lr),
+    )
+
+
+def eval_from_args(args: argparse.Namespace) -> EvalConfig:
+    """The ``EvalConfig`` of ``--eval-every``, ``--eval-batches``, ``--eval-data``,
+    ``--eval-split`` (those a command lacks keep their defaults)."""
+    default = EvalConfig()
+    return EvalConfig(
+        every=getattr(args, "eval_every", default.every),
+        batches=getattr(args, "eval_batches", default.batches),
+        data=getattr(args, "eval_data", default.data),
+        split=getattr(args, "eval_split", default.split),
     )

@@ -55,8 +55,8 @@ from hspmd.checkpoint.store import latest, read_manifest
 from hspmd.cli.flags import FLAGS, REFERENCE_BATCH, TRAIN_FLAGS, HelpFormatter
 from hspmd.cli.model_input import model_kwargs
 from hspmd.cli.paths import check_out_folder
-from hspmd.cli.progress import PlainProgress, switch_line
-from hspmd.cli.recipe import adam_from_args
+from hspmd.cli.progress import PlainProgress, eval_line, switch_line
+from hspmd.cli.recipe import adam_from_args, eval_from_args
 from hspmd.cli.timeline import check_trace_flags, write_outputs
 from hspmd.cli.tokenize import byte_progress
 from hspmd.data import DEFAULT_MAX_BYTES, data_warnings
@@ -66,13 +66,10 @@ from hspmd.runtime.launch import NodeSpec
 from hspmd.runtime.members import how_lost
 from hspmd.train.batches import check_data
 from hspmd.train.compare import compare
-from hspmd.train.config import (
-    StepRecord,
-    TrainConfig,
-    TrainError,
-)
+from hspmd.train.config import EvalConfig, EvalRecord, Record, TrainConfig, TrainError
 from hspmd.train.device import gpu_count, reference_device, run_device, where
 from hspmd.train.faults import parse_injections
+from hspmd.train.logs import RECORDS, RunLog
 from hspmd.train.planfile import check_plan, config_from_plan, read_plan, write_plan
 from hspmd.train.reference import TrainResult, run_reference
 from hspmd.train.trainer import (
@@ -150,6 +147,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         seed=args.seed,
         adam=adam_from_args(args),
         clip_grad_norm=getattr(args, "clip_grad_norm", None),
+        evaluation=eval_from_args(args),
         grad_accum=getattr(args, "grad_accum", 1),
         data=args.data,
         data_max_bytes=args.data_max_bytes,
@@ -231,11 +229,32 @@ def warnings_of(args: argparse.Namespace, config: TrainConfig) -> list[str]:
         )
     if getattr(args, "max_seq_len", None) is not None and args.seq_len != DEFAULT_SEQ_LEN:
         out.append(f"--seq-len {args.seq_len} does nothing with --max-seq-len: drop one")
+    out += _eval_warnings(args, config)
     for step, text in config.switches:
         if step > config.steps:
             out.append(
                 f"--switch {step}={text!r} never runs: step {step} is past --steps {config.steps}"
             )
+    return out
+
+
+def _eval_warnings(args: argparse.Namespace, config: TrainConfig) -> list[str]:
+    """Evaluation flags that do nothing as given."""
+    ev = config.evaluation
+    if ev.every > config.steps:
+        return [f"--eval-every {ev.every} is past --steps {config.steps}: nothing is evaluated"]
+    if ev.every:
+        return []
+    out = []
+    if ev.split:
+        out.append(
+            f"--eval-split {ev.split:g} holds the last {ev.split:g} of the data out of training "
+            "but nothing evaluates it: add --eval-every N"
+        )
+    for flag, given in (("--eval-batches", ev.batches != EvalConfig().batches),
+                        ("--eval-data", ev.data is not None)):  # fmt: skip
+        if given:
+            out.append(f"{flag} does nothing without --eval-every N")
     return out
 
 
@@ -271,6 +290,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="train the run, then the reference, and print the comparison (exit 1 if they differ)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress output")
+    parser.add_argument(
+        "--log-dir",
+        default=None,
+        metavar="DIR",
+        help=f"append the records --json prints to DIR/{RECORDS} and write TensorBoard event "
+        "files there (with the tensorboard package: the logs extra)",
+    )
     parser.add_argument(
         "--trace", default=None, metavar="FILE.json", help="write a Chrome / Perfetto trace"
     )
@@ -328,10 +354,10 @@ def node_of(args: argparse.Namespace) -> NodeSpec | None:
 def progress(
     config: TrainConfig, *, title: str, as_json: bool, done: int = 0, quiet: bool = False,
     terminal: bool | None = None,
-) -> Iterator[Callable[[StepRecord], None]]:  # fmt: skip
-    """A step callback: JSON lines; nothing (``quiet``); on a terminal (``terminal``,
+) -> Iterator[Callable[[Record], None]]:  # fmt: skip
+    """A record callback: JSON lines; nothing (``quiet``); on a terminal (``terminal``,
     default: stdout is one) a rich bar from step ``done`` with loss, tokens/s and ETA;
-    otherwise one plain line per step (``hspmd.cli.progress``)."""
+    otherwise one plain line per step (``hspmd.cli.progress``); a line per evaluation."""
     if as_json:
         yield lambda record: print(json.dumps(record.to_json()), flush=True)
         return
@@ -361,7 +387,10 @@ def progress(
     with Progress(*columns, transient=False) as bar:
         task = bar.add_task(title, total=config.steps, completed=done, loss="-", rate="-")
 
-        def update(record: StepRecord) -> None:
+        def update(record: Record) -> None:
+            if isinstance(record, EvalRecord):
+                bar.console.print(eval_line(record))
+                return
             if record.switch_seconds is not None:
                 bar.console.print(switch_line(record))
             rate = record.tokens / max(record.seconds, 1e-9)
@@ -413,24 +442,57 @@ def resume_text(config: TrainConfig) -> str:
     )
 
 
+@contextmanager
+def run_log(folder: str | None, *, command: str = "train") -> Iterator[RunLog | None]:
+    """``--log-dir``: the ``RunLog`` of ``folder`` (None without it), closed after the run;
+    one note line when TensorBoard is not installed (JSON lines only)."""
+    if folder is None:
+        yield None
+        return
+    with RunLog(folder) as log:
+        if not log.events:
+            print(
+                f"hspmd {command}: note: tensorboard is not installed: --log-dir {folder} gets "
+                f"JSON lines only ({RECORDS}); pip install 'hspmd[logs]' for TensorBoard event "
+                "files",
+                file=sys.stderr,
+            )
+        yield log
+
+
+def _tee(
+    show: Callable[[Record], None], log: Callable[[Record], None] | None
+) -> Callable[[Record], None]:
+    """The record callback that shows a record, then logs it."""
+    if log is None:
+        return show
+
+    def both(record: Record) -> None:
+        show(record)
+        log(record)
+
+    return both
+
+
 def run_config(
     config: TrainConfig, *, reference: bool, as_json: bool, quiet: bool = False,
-    trace: bool = False, node: NodeSpec | None = None,
+    trace: bool = False, node: NodeSpec | None = None, log: RunLog | None = None,
 ) -> TrainResult:  # fmt: skip
-    """Train (or run the reference) with the progress display; the CLI's core."""
+    """Train (or run the reference) with the progress display; the CLI's core. ``log``:
+    ``--log-dir``'s, which gets every record shown."""
     if reference:
         if gpu_count():  # a GPU machine: say which device the reference takes
             print(f"hspmd train: the reference runs {where(reference_device(config))}",
                   file=sys.stderr)  # fmt: skip
         with progress(config, title="reference", as_json=as_json, quiet=quiet) as on_step:
-            return run_reference(config, on_step=on_step)
+            return run_reference(config, on_step=_tee(on_step, log))
     check_config(config)  # before any process starts
     if gpu_count():  # a GPU machine: say where the ranks run (auto may pick CPU)
         local = num_processes(config) // (node.num_nodes if node is not None else 1)
         device = run_device(config, num_ranks=local + config.spares)
         print(f"hspmd train: {where(device, num_ranks=local + config.spares)}", file=sys.stderr)
     if config.elastic:
-        return run_elastic(config, as_json=as_json, quiet=quiet, trace=trace, node=node)
+        return run_elastic(config, as_json=as_json, quiet=quiet, trace=trace, node=node, log=log)
     if node is not None and node.node_rank > 0:  # node 0 shows the steps
         # traced on every node: the clock sync and the gathering of the events are
         # collectives of all ranks (a node that skips them leaves node 0's ranks waiting)
@@ -440,12 +502,13 @@ def run_config(
         title += f" on {node.num_nodes} nodes"
     done = resumed_step(config)  # the bar starts there
     with progress(config, title=title, as_json=as_json, done=done, quiet=quiet) as on_step:
-        return train(config, on_step=on_step, trace=trace, node=node)
+        return train(config, on_step=_tee(on_step, log), trace=trace, node=node)
 
 
 def run_elastic(
-    config: TrainConfig, *, as_json: bool, quiet: bool, trace: bool, node: NodeSpec | None
-) -> TrainResult:
+    config: TrainConfig, *, as_json: bool, quiet: bool, trace: bool, node: NodeSpec | None,
+    log: RunLog | None = None,
+) -> TrainResult:  # fmt: skip
     """``--elastic``: one launcher, or this node's of several (node 0 hosts the store at
     the master address); every node shows the steps and events its launcher hears of
     (the generation's rank 0 reports: node 0's while it has a rank left)."""
@@ -469,7 +532,7 @@ def run_elastic(
     with progress(config, title=title, as_json=as_json, done=done, quiet=quiet) as on_step:
         on_event = print_event if as_json else lambda e: print(event_text(e), flush=True)
         return train_elastic(
-            config, on_step=on_step, on_event=on_event, node=where,
+            config, on_step=_tee(on_step, log), on_event=on_event, node=where,
             serve=node is not None and node.node_rank == 0,
         )  # fmt: skip
 
@@ -565,10 +628,16 @@ def run(args: argparse.Namespace) -> int:
         for warning in resume_warnings(config):
             print(f"hspmd {args.command}: warning: {warning}", file=sys.stderr)
     node = node_of(args)
-    result = run_config(
-        config, reference=args.reference, as_json=args.json, quiet=getattr(args, "quiet", False),
-        trace=wants_trace, node=node,
-    )  # fmt: skip
+    folder = args.log_dir
+    if folder is not None and node is not None and node.node_rank > 0 and not config.elastic:
+        print(f"hspmd {args.command}: note: --log-dir {folder}: node 0 writes the logs (it "
+              "receives the records); this node writes none", file=sys.stderr)  # fmt: skip
+        folder = None
+    with run_log(folder, command=args.command) as log:
+        result = run_config(
+            config, reference=args.reference, as_json=args.json,
+            quiet=getattr(args, "quiet", False), trace=wants_trace, node=node, log=log,
+        )  # fmt: skip
     if node is not None and node.node_rank > 0:
         print(f"node {node.node_rank} of {node.num_nodes}: done", file=sys.stderr)
         return 0

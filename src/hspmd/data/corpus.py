@@ -51,6 +51,7 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "ByteDocuments",
     "batches",
+    "byte_batches",
     "data_warnings",
     "document_steps",
     "documents",
@@ -155,9 +156,15 @@ def batches(
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Endless ``(tokens, targets)``, both ``(global_batch, seq_len)`` int64 (module docstring)."""
+    return byte_batches(load_documents(path, max_bytes=max_bytes), global_batch, seq_len, seed)
+
+
+def byte_batches(
+    docs: list[bytes], global_batch: int, seq_len: int, seed: int = 0
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``batches`` of these documents (a part of a corpus: ``hspmd.data.held_out``)."""
     if global_batch < 1 or seq_len < 1:
         raise DataError(f"{global_batch=} and {seq_len=} must both be at least 1")
-    docs = load_documents(path, max_bytes=max_bytes)
     window = seq_len + 1
     need = global_batch * window
     total = sum(map(len, docs)) + len(docs)
@@ -294,14 +301,18 @@ def document_steps(
     min_documents: int = 1,
     path: str | Path | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    texts: list[bytes] | None = None,
 ) -> Iterator[DocumentStep]:
     """Endless steps of whole documents, at most ``tokens_per_step`` tokens each (module
     docstring, ``hspmd.data.steps.document_steps_of``); a step holds at least
     ``min_documents`` documents (it goes over the token count if it must). Reshuffled each
-    epoch (seed + epoch); same seed, same steps."""
+    epoch (seed + epoch); same seed, same steps. ``texts``: these instead of the
+    documents of ``path`` (a part of them: ``hspmd.data.held_out``)."""
     if long_docs not in LONG_DOCS:  # before reading any text
         raise DataError(f"long_docs={long_docs!r}: choose one of {', '.join(LONG_DOCS)}")
-    docs = split_documents(load_documents(path, max_bytes=max_bytes))
+    if texts is None:
+        texts = load_documents(path, max_bytes=max_bytes)
+    docs = split_documents(texts)
     where = str(path) if path is not None else "the standard library sources"
     return document_steps_of(
         ByteDocuments(docs, where), tokens_per_step, seed, max_len=max_len,

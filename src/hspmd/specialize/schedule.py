@@ -43,6 +43,7 @@ __all__ = [
     "ScheduleError",
     "Timeline",
     "clock_table",
+    "forward_only",
     "gpipe",
     "make_schedule",
     "max_in_flight",
@@ -169,6 +170,18 @@ def one_f_one_b(num_stages: int, stage: int, num_micro_batches: int) -> Schedule
     actions += [Action("B", i) for i in range(num_micro_batches - warmup, num_micro_batches)]
     actions.append(Action("Post"))
     return Schedule("1f1b", num_stages, stage, num_micro_batches, tuple(actions))
+
+
+def forward_only(num_stages: int, stage: int, num_micro_batches: int) -> Schedule:
+    """Every forward in order, no backward and no ``Post``: a held-out evaluation (the
+    same F actions as ``gpipe``'s, so stages send and receive activations in one order).
+
+    >>> print(forward_only(2, 1, 3))
+    Pre F0 F1 F2
+    """
+    _check(num_stages, stage, num_micro_batches)
+    actions = (Action("Pre"), *(Action("F", i) for i in range(num_micro_batches)))
+    return Schedule("forward", num_stages, stage, num_micro_batches, actions)
 
 
 def make_schedule(kind: str, num_stages: int, stage: int, num_micro_batches: int) -> Schedule:

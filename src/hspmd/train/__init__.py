@@ -5,12 +5,21 @@
 512
 """
 
-from hspmd.train.config import AdamConfig, StepRecord, TrainConfig, TrainError
+from hspmd.train.config import (
+    AdamConfig,
+    EvalConfig,
+    EvalRecord,
+    StepRecord,
+    TrainConfig,
+    TrainError,
+)
 from hspmd.train.reference import TrainResult, run_reference
 from hspmd.train.trainer import check_config, train, train_many
 
 __all__ = [
     "AdamConfig",
+    "EvalConfig",
+    "EvalRecord",
     "StepRecord",
     "TrainConfig",
     "TrainError",

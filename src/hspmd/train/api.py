@@ -41,7 +41,8 @@ from hspmd.plan.strategy import Dtype, Schedule, Strategy, parse_strategy
 from hspmd.train.config import (
     AdamConfig,
     Device,
-    StepRecord,
+    EvalConfig,
+    Record,
     SwitchAlgo,
     SwitchMode,
     TrainConfig,
@@ -66,6 +67,7 @@ class RunOptions(TypedDict, total=False):
     seed: int
     lr: float
     adam: AdamConfig
+    evaluation: EvalConfig
     data: str | None
     data_max_bytes: int | None
     schedule: Schedule
@@ -159,11 +161,12 @@ def fit(
     strategy: str | Strategy | None = None,
     *,
     reference: bool = False,
-    on_step: Callable[[StepRecord], None] | None = None,
+    on_step: Callable[[Record], None] | None = None,
     **options: Unpack[RunOptions],
 ) -> TrainResult:
     """Train ``model`` under ``strategy`` on local processes (module docstring), or with
-    ``reference=True`` the plain model on this process; ``on_step(record)`` after each step."""
+    ``reference=True`` the plain model on this process; ``on_step(record)`` after each step
+    and each held-out evaluation (``evaluation=EvalConfig(every=N, ...)``)."""
     config = train_config(model, strategy, **options)
     if reference:
         return run_reference(config, on_step=on_step)

@@ -8,6 +8,9 @@ text with ``--tokenizer``), then take their rows; so data never depends on the p
 it directly (``hspmd.data.windows``), the byte corpus replays its stream from step 1. With gradient
 accumulation (``grad_accum`` N) a step is N consecutive global batches stacked, N *
 global_batch rows: pass k of the step takes rows [k * global_batch, (k + 1) * global_batch).
+With ``--eval-split F`` the last fraction F of the corpus is held out (``hspmd.data.held_out``):
+no step reads it, and ``eval_batches`` draws the evaluations' batches from it (or from
+``--eval-data``).
 
 >>> from hspmd.train.config import TrainConfig
 >>> config = TrainConfig(global_batch=2, seq_len=4, steps=2, data_max_bytes=1 << 16)
@@ -23,15 +26,22 @@ from itertools import islice
 import numpy as np
 import torch
 
-from hspmd.data import DEFAULT_MAX_BYTES, DataError, DocumentStep, batches, document_steps
-from hspmd.data.corpus import load_documents
+from hspmd.data import DEFAULT_MAX_BYTES, DataError, DataSpec, DocumentStep, document_steps
+from hspmd.data.corpus import byte_batches, load_documents
+from hspmd.data.held_out import (
+    byte_eval_batches,
+    clip_documents,
+    split_bytes,
+    split_ids,
+    token_eval_batches,
+)
 from hspmd.data.prepare import Progress
 from hspmd.data.source import check_tokens, open_tokens, token_documents
 from hspmd.data.steps import document_steps_of
 from hspmd.data.windows import TokenWindows
 from hspmd.train.config import TrainConfig
 
-__all__ = ["accumulation_passes", "check_data", "step_batches", "step_documents"]
+__all__ = ["accumulation_passes", "check_data", "eval_batches", "step_batches", "step_documents"]
 
 
 def step_batches(
@@ -43,19 +53,11 @@ def step_batches(
     spec = config.data_spec
     stream: Iterator[tuple[torch.Tensor, torch.Tensor]]
     if spec.tokenized:
-        file = open_tokens(spec)
-        windows = TokenWindows(file.ids, config.global_batch, config.seq_len, config.seed,
-                               where=str(spec.path or file.path))  # fmt: skip
-        stream = windows.stream((first - 1) * n + 1)
+        stream = _windows(config).stream((first - 1) * n + 1)
     else:
+        texts = _byte_texts(config)
         stream = islice(
-            batches(
-                config.global_batch,
-                config.seq_len,
-                config.seed,
-                path=config.data,
-                max_bytes=config.data_max_bytes or DEFAULT_MAX_BYTES,
-            ),
+            byte_batches(texts, config.global_batch, config.seq_len, config.seed),
             (first - 1) * n,
             None,
         )
@@ -63,6 +65,72 @@ def step_batches(
     if n == 1:
         return islice(stream, count)
     return (_stacked(list(islice(stream, n))) for _ in range(count))
+
+
+def _windows(config: TrainConfig) -> TokenWindows:
+    """The fixed windows of a token file's training part (``hspmd.data.held_out``)."""
+    spec = config.data_spec
+    file = open_tokens(spec)
+    ids, _ = split_ids(file.ids, config.evaluation.split)
+    return TokenWindows(ids, config.global_batch, config.seq_len, config.seed,
+                        where=_where(config, str(spec.path or file.path)))  # fmt: skip
+
+
+def _byte_texts(config: TrainConfig) -> list[bytes]:
+    """The byte corpus's documents the run trains on (its training part)."""
+    docs = load_documents(config.data, max_bytes=config.data_max_bytes or DEFAULT_MAX_BYTES)
+    return split_bytes(docs, config.evaluation.split)[0]
+
+
+def _where(config: TrainConfig, name: str) -> str:
+    split = config.evaluation.split
+    return f"{name} (less the {split:g} held out)" if split else name
+
+
+def eval_batches(config: TrainConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The ``config.evaluation.batches`` global batches every evaluation of the run reads:
+    fixed windows of ``--eval-data`` or of the held-out part of ``--data``
+    (``hspmd.data.held_out``); the same at every evaluation."""
+    ev = config.evaluation
+    spec = _eval_spec(config)
+    size, seq_len = config.global_batch, config.seq_len
+    if spec.tokenized:
+        file = open_tokens(spec)
+        ids = file.ids if ev.data is not None else split_ids(file.ids, ev.split)[1]
+        where = _held_where(config, str(spec.path or file.path))
+        return token_eval_batches(ids, count=ev.batches, global_batch=size, seq_len=seq_len,
+                                  where=where)  # fmt: skip
+    docs = load_documents(spec.path, max_bytes=spec.max_bytes or DEFAULT_MAX_BYTES)
+    if ev.data is None:
+        docs = split_bytes(docs, ev.split)[1]
+    where = _held_where(config, spec.path or "the standard library sources")
+    return byte_eval_batches(docs, count=ev.batches, global_batch=size, seq_len=seq_len,
+                             where=where)  # fmt: skip
+
+
+def _eval_spec(config: TrainConfig) -> DataSpec:
+    """The corpus evaluations read: ``--eval-data`` with the run's data flags, else the
+    run's own (its held-out part)."""
+    spec = config.data_spec
+    data = config.evaluation.data
+    if data is None:
+        return spec
+    out = DataSpec(path=data, dtype=spec.dtype, eod_id=spec.eod_id, tokenizer=spec.tokenizer,
+                   cache=spec.cache, max_bytes=spec.max_bytes)  # fmt: skip
+    if out.tokenized != spec.tokenized:
+        what = {"bytes": "text (the byte corpus)", "tokens": "a token file",
+                "text": "text with --tokenizer"}  # fmt: skip
+        raise DataError(
+            f"--eval-data {data} is {what[out.kind]} but --data is {what[spec.kind]}: "
+            "evaluate on data of the same vocabulary (a token file of the same tokenizer, "
+            "or text with the same --tokenizer)"
+        )
+    return out
+
+
+def _held_where(config: TrainConfig, name: str) -> str:
+    split = config.evaluation.split
+    return name if config.evaluation.data is not None else f"the held-out {split:g} of {name}"
 
 
 def _stacked(group: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,41 +152,54 @@ def step_documents(config: TrainConfig, *, min_documents: int) -> Iterator[Docum
     assert config.step_tokens is not None
     spec = config.data_spec
     if spec.tokenized:
+        file = open_tokens(spec)
+        trained, _ = split_ids(file.ids, config.evaluation.split)  # documents end there
         return document_steps_of(
-            token_documents(spec, open_tokens(spec)), config.step_tokens, config.seed,
-            max_len=config.seq_len, long_docs=config.long_docs, min_documents=min_documents,
+            clip_documents(token_documents(spec, file), len(trained)), config.step_tokens,
+            config.seed, max_len=config.seq_len, long_docs=config.long_docs,
+            min_documents=min_documents,
         )  # fmt: skip
     return document_steps(
         config.step_tokens, config.seed, max_len=config.seq_len, long_docs=config.long_docs,
-        min_documents=min_documents, path=config.data,
-        max_bytes=config.data_max_bytes or DEFAULT_MAX_BYTES,
+        min_documents=min_documents, texts=_byte_texts(config),
     )  # fmt: skip
 
 
 def check_data(config: TrainConfig, *, on_progress: Progress | None = None) -> None:
     """One-line errors before any process starts: the corpus is readable and not empty,
     holds one step, its ids are below the model's vocabulary (a tokenizer's vocabulary too);
-    text with a tokenizer is tokenized into the cache here (``on_progress``: its bytes)."""
+    text with a tokenizer is tokenized into the cache here (``on_progress``: its bytes).
+    With evaluations, the same of their data, which must hold ``--eval-batches`` batches."""
     spec = config.data_spec
     vocab = config.model_config().vocab_size
-    if not spec.tokenized:
-        if config.packed:
-            return  # the caller draws the first packed step (hspmd.train.trainer.check_config)
-        max_bytes = config.data_max_bytes or DEFAULT_MAX_BYTES
-        if vocab < 256:
-            docs = load_documents(config.data, max_bytes=max_bytes)
-            largest = int(np.frombuffer(b"".join(docs), dtype=np.uint8).max())
-            if largest >= vocab:
-                raise DataError(
-                    f"the byte corpus holds byte {largest}, not below the model's vocabulary "
-                    f"of {vocab}: the byte corpus needs a vocabulary of 256 (--config "
-                    """'{"vocab_size": 256}'), or give a token file (docs/data.md)"""
-                )
+    if spec.tokenized:
+        check_tokens(spec, vocab_size=vocab, on_progress=on_progress)
+        if not config.packed:
+            _windows(config)  # raises: fewer tokens than one step
+    elif not config.packed:  # packed: the caller draws the first step (trainer.check_config)
+        _check_bytes(config.data, vocab=vocab, max_bytes=config.data_max_bytes)
         # raises before the first batch: an empty corpus, fewer bytes than one step
-        batches(config.global_batch, config.seq_len, config.seed, path=config.data,
-                max_bytes=max_bytes)  # fmt: skip
+        byte_batches(_byte_texts(config), config.global_batch, config.seq_len, config.seed)
+    if not config.evaluation.every:
         return
-    file = check_tokens(spec, vocab_size=vocab, on_progress=on_progress)
-    if not config.packed:
-        TokenWindows(file.ids, config.global_batch, config.seq_len, config.seed,
-                     where=str(spec.path or file.path))  # fmt: skip
+    held = _eval_spec(config)
+    if config.evaluation.data is not None:
+        if held.tokenized:
+            check_tokens(held, vocab_size=vocab, on_progress=on_progress)
+        else:
+            _check_bytes(held.path, vocab=vocab, max_bytes=held.max_bytes)
+    eval_batches(config)  # raises: fewer windows than one evaluation reads
+
+
+def _check_bytes(path: str | None, *, vocab: int, max_bytes: int | None) -> None:
+    """The byte corpus at ``path`` fits the model's vocabulary (bytes are ids 0..255)."""
+    if vocab >= 256:
+        return
+    docs = load_documents(path, max_bytes=max_bytes or DEFAULT_MAX_BYTES)
+    largest = int(np.frombuffer(b"".join(docs), dtype=np.uint8).max())
+    if largest >= vocab:
+        raise DataError(
+            f"the byte corpus holds byte {largest}, not below the model's vocabulary "
+            f"of {vocab}: the byte corpus needs a vocabulary of 256 (--config "
+            """'{"vocab_size": 256}'), or give a token file (docs/data.md)"""
+        )

@@ -1,8 +1,10 @@
 """Compare a run with the reference: loss per step and parameters at the end.
 
-Losses: ``|loss - ref| / |ref|`` per step, at most ``LOSS_RTOL``. Parameters: each one's
-difference ``||p - ref||`` within its own tolerance, scaled to the parameter and to how
-far the optimizer could move it in the run (docs/runtime.md, "Equal to the reference")::
+Losses: ``|loss - ref| / |ref|`` per step, at most ``LOSS_RTOL``; the held-out
+evaluations' losses likewise, by step (a run that evaluates after other steps differs).
+Parameters: each one's difference ``||p - ref||`` within its own tolerance, scaled to the
+parameter and to how far the optimizer could move it in the run (docs/runtime.md, "Equal
+to the reference")::
 
     tolerance(p) = max(PARAM_RTOL x ||ref||,  UPDATE_RTOL x lr x steps x sqrt(numel))
 
@@ -56,16 +58,24 @@ class Comparison:
     tolerance: float
     max_param_rel: float
     worst_param: str
+    max_eval_rel: float = 0.0  # the largest relative difference of evaluation losses
+    evaluations: int = 0
 
     @property
     def ok(self) -> bool:
-        return self.max_loss_rel <= LOSS_RTOL and self.score <= 1.0
+        losses = max(self.max_loss_rel, self.max_eval_rel)
+        return losses <= LOSS_RTOL and self.score <= 1.0
 
     def __str__(self) -> str:
         verdict = "equal to the reference" if self.ok else "DIFFERENT from the reference"
+        evals = (
+            f"; evaluation losses {self.max_eval_rel:.1e} (relative, over {self.evaluations})"
+            if self.evaluations or self.max_eval_rel
+            else ""
+        )
         return (
-            f"losses {self.max_loss_rel:.1e} (relative, over {self.steps} steps); parameters "
-            f"{self.score:.1e} of their tolerance ({self.worst}: difference "
+            f"losses {self.max_loss_rel:.1e} (relative, over {self.steps} steps){evals}; "
+            f"parameters {self.score:.1e} of their tolerance ({self.worst}: difference "
             f"{self.difference:.1e}, tolerance {self.tolerance:.1e}): {verdict}"
         )
 
@@ -75,6 +85,7 @@ class Comparison:
             "param_score": self.score, "worst_param": self.worst,
             "param_difference": self.difference, "param_tolerance": self.tolerance,
             "max_param_rel": self.max_param_rel, "worst_relative_param": self.worst_param,
+            "max_eval_rel": self.max_eval_rel, "evaluations": self.evaluations,
         }  # fmt: skip
 
 
@@ -101,5 +112,16 @@ def compare(
     return Comparison(
         max_loss_rel=max(losses), steps=len(losses), score=max(score, 0.0), worst=worst[0],
         difference=worst[1], tolerance=worst[2], max_param_rel=max(rel, 0.0),
-        worst_param=rel_name,
+        worst_param=rel_name, max_eval_rel=_eval_difference(result, reference),
+        evaluations=len(reference.evaluations),
     )  # fmt: skip
+
+
+def _eval_difference(result: TrainResult, reference: TrainResult) -> float:
+    """The largest relative difference of the evaluation losses, step by step (inf where
+    the two evaluated after different steps)."""
+    got = {e.step: e.loss for e in result.evaluations}
+    want = {e.step: e.loss for e in reference.evaluations}
+    if got.keys() != want.keys():
+        return math.inf
+    return max((abs(got[s] - want[s]) / abs(want[s]) for s in want), default=0.0)

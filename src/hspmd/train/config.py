@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
@@ -20,8 +21,8 @@ from hspmd.plan.strategy import Dtype, Schedule
 from hspmd.train.faults import Injection
 
 __all__ = [
-    "AdamConfig", "Device", "LrSchedule", "StepRecord", "SwitchAlgo", "SwitchMode", "TrainConfig",
-    "TrainError",
+    "AdamConfig", "Device", "EvalConfig", "EvalRecord", "LrSchedule", "Record", "StepRecord",
+    "SwitchAlgo", "SwitchMode", "TrainConfig", "TrainError",
 ]  # fmt: skip
 
 SwitchMode = Literal["states", "weights"]
@@ -110,6 +111,45 @@ class AdamConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class EvalConfig:
+    """A held-out evaluation after every ``every``-th step (0: none; docs/recipe.md): the
+    mean token loss over ``batches`` global batches of ``data`` (a corpus read with the
+    run's data flags), or of the last ``split`` fraction of the run's corpus, which the
+    run then never trains on (``hspmd.data.held_out``)."""
+
+    every: int = 0
+    batches: int = 4
+    data: str | None = None
+    split: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.every < 0 or self.batches < 1:
+            raise TrainError(
+                f"--eval-every {self.every} --eval-batches {self.batches}: give N >= 0 steps "
+                "(0: no evaluation) and K >= 1 batches"
+            )
+        if not 0 <= self.split < 1:
+            raise TrainError(
+                f"--eval-split {self.split}: give the fraction of --data to hold out, in [0, 1)"
+                ", e.g. 0.01"
+            )
+        if self.data is not None and self.split:
+            raise TrainError(
+                f"--eval-data {self.data} and --eval-split {self.split}: evaluate on one of "
+                "them; drop --eval-split (the whole of --data trains) or --eval-data"
+            )
+        if self.every and self.data is None and not self.split:
+            raise TrainError(
+                f"--eval-every {self.every} needs held-out data: give --eval-split 0.01 (the "
+                "last 1% of --data, then never trained on) or --eval-data PATH"
+            )
+
+    def due(self, step: int) -> bool:
+        """An evaluation follows ``step``."""
+        return self.every > 0 and step > 0 and step % self.every == 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TrainConfig:
     """One training run. ``strategy`` is the compact strategy text (None: one rank).
 
@@ -134,6 +174,7 @@ class TrainConfig:
     # clip the gradients to this global norm before each optimizer step (None: no clipping;
     # inf: measure the norm only); the norm is the single-device one (hspmd.train.clip)
     clip_grad_norm: float | None = None
+    evaluation: EvalConfig = field(default_factory=EvalConfig)  # held-out evaluation
     # optimizer steps accumulate the gradients of this many global batches (each step then
     # reads grad_accum global batches; the loss is their mean)
     grad_accum: int = 1
@@ -340,6 +381,12 @@ class TrainConfig:
                 f"the {self.adam.lr_schedule} decay (to --decay-steps, default --steps) needs "
                 "steps after the warm-up; lower --warmup-steps or give --decay-steps"
             )
+        if self.evaluation.every and self.step_tokens is not None:
+            raise TrainError(
+                f"--eval-every {self.evaluation.every} with --tokens-per-step: evaluation "
+                "reads fixed batches of --global-batch x --seq-len, which packed steps do "
+                "not have; drop --eval-every or train fixed batches"
+            )
         if self.grad_accum > 1 and self.step_tokens is not None:
             raise TrainError(
                 f"--grad-accum {self.grad_accum} with --tokens-per-step: packed steps weigh "
@@ -433,6 +480,7 @@ class TrainConfig:
             "--seed": self.seed,
             "--tokens-per-step": self.step_tokens,
             "--long-docs": self.long_docs,
+            "--eval-split": self.evaluation.split,  # its part is never trained on
         }
 
     def require_strategy(self) -> str:
@@ -503,3 +551,34 @@ class StepRecord:
         if self.grad_norm is not None:
             out["grad_norm"] = self.grad_norm
         return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EvalRecord:
+    """One held-out evaluation as reported: after ``step``, the mean token loss over
+    ``batches`` global batches (``tokens`` tokens) and its perplexity.
+
+    >>> EvalRecord(step=4, loss=2.0, batches=2, tokens=128, seconds=0.5).to_json()["eval"]
+    {'loss': 2.0, 'perplexity': 7.38905609893065, 'batches': 2, 'tokens': 128, 'seconds': 0.5}
+    """
+
+    step: int
+    loss: float
+    batches: int
+    tokens: int
+    seconds: float
+
+    @property
+    def perplexity(self) -> float:
+        """``exp(loss)`` (inf past float's range)."""
+        return math.exp(self.loss) if self.loss < 709 else math.inf
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "eval": {
+            "loss": self.loss, "perplexity": self.perplexity, "batches": self.batches,
+            "tokens": self.tokens, "seconds": round(self.seconds, 6),
+        }}  # fmt: skip
+
+
+Record = StepRecord | EvalRecord
+"""What a run reports as it goes: each step, and each evaluation after its step."""

@@ -9,6 +9,7 @@ step after the newest checkpoint, loaded onto the first strategy). Every step::
     commit                   store counter commit/G/S += 1; wait until every rank of G is in
     optimizer                post.apply() (local); the loss = the reporters' sum (store)
     save                     every --save-every steps
+    eval                     every --eval-every steps (hspmd.train.evaluate; watched)
 
 A failure anywhere (``PeerFailure`` from a wait, hspmd.runtime.watch) abandons the step:
 
@@ -20,15 +21,16 @@ A failure anywhere (``PeerFailure`` from a wait, hspmd.runtime.watch) abandons t
    (``local_cost``), warm-started from the current strategy, and publishes it;
 4. move masters and Adam moments from surviving replicas to the new plan, one fused BSR
    (``hspmd.switch.survivors``), build the new executables, load the states;
-5. redo the step (same batch) if it had not committed, else go on with the next one.
+5. redo the step (same batch) if it had not committed, else go on with the next one (its
+   checkpoint and its evaluation, if a failure interrupted them, run on the new plan).
 
 A failure during recovery (phase ``switch``) restarts it from the same source states (the
 move never changes them). Where a layer lost every holder: the newest checkpoint of
 ``--save`` (else of ``--resume``), loaded onto the new plan (steps after it are redone), else a ``TrainError``
 naming the lost layers.
 
-Rank 0 of the current generation reports through ``world.notify``: ``("step", record)``
-and ``("event", {...})`` for ``failure``, ``replan``, ``resumed`` and ``fallback``.
+Rank 0 of the current generation reports through ``world.notify``: ``("step", record)``,
+``("eval", record)`` and ``("event", {...})`` for ``failure``, ``replan``, ``resumed`` and ``fallback``.
 """
 
 from __future__ import annotations
@@ -53,9 +55,10 @@ from hspmd.specialize.costs import planning_model
 from hspmd.switch.live import run_switch
 from hspmd.switch.survivors import lost_states, plan_survivor_switch, renumber_strategy
 from hspmd.train.active import Active, activate, options_of
-from hspmd.train.batches import step_batches
+from hspmd.train.batches import eval_batches, step_batches
 from hspmd.train.clip import clip_gradients
-from hspmd.train.config import StepRecord, TrainConfig, TrainError
+from hspmd.train.config import EvalRecord, StepRecord, TrainConfig, TrainError
+from hspmd.train.evaluate import evaluate_rank
 from hspmd.train.faults import inject
 from hspmd.train.layout import Layout
 from hspmd.train.loop import load_checkpoint, prepare_strategies, run_step, save_checkpoint
@@ -84,6 +87,11 @@ class _Run:
     builds: int = 0  # executables built on this rank (TrainResult.builds)
     records: list[StepRecord] = field(default_factory=list)
     grad_norm: float | None = None  # of the step in flight, once clipped
+    evals: list[EvalRecord] = field(default_factory=list)
+    evaluated: int = 0  # the last step this rank evaluated after
+    reeval: int = 0  # a step whose evaluation a failure interrupted (run after recovery)
+    first: int = 1  # the run's first step here (after --resume: the checkpoint's next)
+    held: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # eval batches
 
     def store(self, fn: Any) -> Any:
         return self.watch.store_call(fn)
@@ -129,6 +137,8 @@ def run_rank_elastic(world: World, config: TrainConfig) -> dict[str, Any]:
                 _step(run, batch)
                 if _save_due(run):
                     _save(run)
+                if _eval_due(run):
+                    _evaluate(run, step=run.step)
             except PeerFailure as failure:
                 data, batch = _recover(run, failure, data, batch)
                 continue
@@ -143,7 +153,7 @@ def run_rank_elastic(world: World, config: TrainConfig) -> dict[str, Any]:
         for name, p in run.active.exe.params.items():
             region = run.active.exe.pieces[name].region
             pieces[name] = (region, p.detach().float().cpu().numpy().copy())
-    return {"pieces": pieces, "records": run.records, "builds": run.builds}
+    return {"pieces": pieces, "records": run.records, "evals": run.evals, "builds": run.builds}
 
 
 def _resume(run: _Run, directory: str) -> None:
@@ -156,6 +166,7 @@ def _resume(run: _Run, directory: str) -> None:
             f"{state.step}: resume from a checkpoint of hspmd train"
         )
     run.step, run.adam_steps, run.saved = state.step + 1, state.adam_step, state.step
+    run.first = run.step
 
 
 def _grow(run: _Run) -> None:
@@ -277,6 +288,44 @@ def _save_due(run: _Run) -> bool:
     return bool(config.save) and run.step % config.save_every == 0 and run.saved != run.step
 
 
+def _eval_due(run: _Run) -> bool:
+    return run.config.evaluation.due(run.step) and run.evaluated != run.step
+
+
+def _evaluate(run: _Run, *, step: int) -> None:
+    """The held-out evaluation after ``step`` (committed) under the active strategy. Every
+    rank that finishes it (its all-reduce had every rank's part) leaves the record in the
+    store: a recovery redoes it only where no rank did (``_settle``)."""
+    run.watch.enter("eval", step)
+    inject(run.config.inject, member=run.world.member, step=step, phase="eval", watch=run.watch)
+    run.held = run.held or eval_batches(run.config)
+    record = evaluate_rank(run.world, run.config, run.active, run.held, step=step)
+    value = json.dumps([record.loss, record.batches, record.tokens, record.seconds])
+    run.store(lambda s: s.set(key("eval", step), value))
+    _keep(run, record)
+
+
+def _keep(run: _Run, record: EvalRecord) -> None:
+    """``record`` is this rank's evaluation of its step (once); rank 0 reports it."""
+    run.evaluated = max(run.evaluated, record.step)
+    if all(e.step != record.step for e in run.evals):
+        run.evals.append(record)
+        run.notify("eval", record)
+
+
+def _eval_settled(run: _Run, step: int) -> bool:
+    """The evaluation after ``step`` is not due or some rank finished it (then this rank
+    keeps its record): nothing to redo."""
+    if step < run.first or not run.config.evaluation.due(step):
+        return True
+    name = key("eval", step)
+    if not run.store(lambda s: s.check([name])):
+        return False
+    loss, batches, tokens, seconds = json.loads(run.store(lambda s: s.get(name)))
+    _keep(run, EvalRecord(step=step, loss=loss, batches=batches, tokens=tokens, seconds=seconds))
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class _Moved:
     """A new generation's state, built and loaded, adopted once every member has it."""
@@ -356,6 +405,9 @@ def _settle(run: _Run, data: Any, batch: Any) -> Any:
         run.applied = False
         if run.step <= run.config.steps:
             batch = next(data)
+    # the last committed step's evaluation: every rank decides alike (by the store), the
+    # ones that finished it and the ones a failure stopped in it
+    run.reeval = 0 if _eval_settled(run, run.step - 1) else run.step - 1
     return batch
 
 
@@ -381,6 +433,9 @@ def _adopt(run: _Run, moved: _Moved) -> None:
         step, run.step = run.step, run.resave
         _save(run)
         run.step, run.resave = step, 0
+    if run.reeval:  # the interrupted evaluation, on the new plan (the same weights)
+        _evaluate(run, step=run.reeval)
+        run.reeval = 0
 
 
 def _report_deaths(
@@ -490,6 +545,11 @@ def _fallback(
     state = load_checkpoint(world, config, active, directory=directory)
     run.step, run.adam_steps, run.applied, run.resave = state.step + 1, state.adam_step, False, 0
     run.records = [r for r in run.records if r.step <= state.step]
+    # steps after the checkpoint come again, with their evaluations; one of the checkpoint's
+    # step that a failure interrupted runs on the loaded weights (the same)
+    run.evals = [e for e in run.evals if e.step <= state.step]
+    run.evaluated = min(run.evaluated, state.step)
+    run.reeval = run.reeval if run.reeval == state.step else 0
     run.notify(
         "event",
         {"event": "fallback", "lost": what, "checkpoint_step": state.step, "strategy": target},

@@ -10,6 +10,7 @@ stuck device: the process stays, its heartbeat goes stale). Phases, in step orde
     optimizer  after the commit, before Adam applies
     switch     while a recovery moves states (a failure during recovery)
     save       before the checkpoint of the step is written
+    eval       before the held-out evaluation after the step (--eval-every)
 
 >>> parse_injections(["2@3", "0@4:sync:hang"])
 (Injection(rank=2, step=3, phase='forward', mode='kill'), Injection(rank=0, step=4, phase='sync', mode='hang'))
@@ -32,7 +33,7 @@ from hspmd.errors import HspmdError
 
 __all__ = ["MODES", "PHASES", "Injection", "inject", "parse_injections"]
 
-PHASES = ("forward", "backward", "sync", "optimizer", "switch", "save")
+PHASES = ("forward", "backward", "sync", "optimizer", "switch", "save", "eval")
 MODES = ("kill", "hang")
 
 

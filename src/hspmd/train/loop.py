@@ -27,6 +27,9 @@ length ``seq_len``, and sized to each micro-batch (``hspmd.comm.sizing``); no re
 With ``TrainConfig.slowdown`` a listed rank sleeps ``(factor - 1)`` times the wall time of
 each F and B compute and of Post's step after it (``hspmd.train.slowdown``).
 
+With ``TrainConfig.evaluation``, every N-th step is followed by a held-out evaluation: the
+forward-only schedule on fixed batches, no backward (``hspmd.train.evaluate``).
+
 The reported loss is one all-reduce (sum) of the scaled losses: the global mean token loss.
 Sends are ``isend`` (waited at the end of the step): 1F1B deadlocks with blocking sends.
 """
@@ -60,9 +63,10 @@ from hspmd.specialize.executable import executable_groups
 from hspmd.specialize.schedule import Action, Schedule, make_schedule
 from hspmd.switch.live import plan_switch, run_switch, switch_topology
 from hspmd.train.active import Active, activate, switch_weights
-from hspmd.train.batches import accumulation_passes, step_batches
+from hspmd.train.batches import accumulation_passes, eval_batches, step_batches
 from hspmd.train.clip import clip_gradients
-from hspmd.train.config import StepRecord, TrainConfig, TrainError
+from hspmd.train.config import EvalRecord, Record, StepRecord, TrainConfig, TrainError
+from hspmd.train.evaluate import evaluate_rank
 from hspmd.train.faults import inject
 from hspmd.train.home import home_annotations, run_ranks
 from hspmd.train.identity import model_identity
@@ -387,12 +391,13 @@ def run_rank(
     world: World,
     config: TrainConfig,
     *,
-    report: Callable[[StepRecord], None] | None = None,
+    report: Callable[[Record], None] | None = None,
     rec: Spans = NULL,
 ) -> dict[str, Any]:
     """Train ``config`` on this rank; ranks outside the strategy only join the loss sum.
 
-    ``report(record)`` is called on rank 0 after each step. Switches (``config.switches``)
+    ``report(record)`` is called on rank 0 after each step, and after each evaluation
+    (``config.evaluation``: every N-th step, ``hspmd.train.evaluate``). Switches (``config.switches``)
     run before their step on every rank. Returns the step records and this rank's
     parameter pieces: name -> (global region, numpy array). ``rec``: a trace
     ``Recorder`` (``hspmd.runtime.trace``) records steps, F, B, Post, switches, saves and
@@ -425,6 +430,8 @@ def run_rank(
         )
     texts = _plan_texts(config)
     records, executables = [], set()  # executables: one per strategy, whatever the lengths
+    evals: list[EvalRecord] = []
+    held: list[tuple[torch.Tensor, torch.Tensor]] = []  # the evaluations' batches, once drawn
     slow = slowdown_of(config.slowdown, world.rank, device=world.device)
     end_setup()
     for step in range(first, config.steps + 1):
@@ -481,6 +488,12 @@ def run_rank(
                 save_checkpoint(
                     world, config, active, directory=config.save, step=step, steps=adam_steps
                 )
+        if config.evaluation.due(step):
+            held = held or eval_batches(config)
+            with rec.span("eval", cat="eval", step=step):
+                evals.append(evaluate_rank(world, config, active, held, step=step))
+            if report is not None and world.rank == 0:
+                report(evals[-1])
     pieces = {}
     if active.exe is not None:
         for name, p in active.exe.params.items():
@@ -491,7 +504,7 @@ def run_rank(
         if worker is not None:
             worker.close()
     peak = torch.cuda.max_memory_allocated(world.device) if cuda else None
-    return {"pieces": pieces, "records": records, "builds": len(executables),
+    return {"pieces": pieces, "records": records, "evals": evals, "builds": len(executables),
             "rank": world.rank, "peak_memory": peak}  # fmt: skip
 
 

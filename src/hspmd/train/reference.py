@@ -31,9 +31,10 @@ from torch import nn
 
 from hspmd.models.build import plain_model, step_loss
 from hspmd.plan.strategy import parse_strategy
-from hspmd.train.batches import accumulation_passes, check_data, step_batches
-from hspmd.train.config import AdamConfig, StepRecord, TrainConfig, TrainError
+from hspmd.train.batches import accumulation_passes, check_data, eval_batches, step_batches
+from hspmd.train.config import AdamConfig, EvalRecord, Record, StepRecord, TrainConfig, TrainError
 from hspmd.train.device import reference_device
+from hspmd.train.evaluate import evaluate_reference
 from hspmd.train.lr import learning_rate
 from hspmd.train.optim import decays
 from hspmd.train.packing import PackedStep, packed_steps, planned_steps, record_fields
@@ -44,7 +45,8 @@ __all__ = ["TrainResult", "param_groups", "run_reference"]
 @dataclass(frozen=True, slots=True)
 class TrainResult:
     """Per-step records and the final parameters at global shapes (name -> fp32 tensor);
-    ``trace``: the run's Chrome trace when it was traced (``hspmd.runtime.trace``)."""
+    ``trace``: the run's Chrome trace when it was traced (``hspmd.runtime.trace``);
+    ``evaluations``: the held-out evaluations (``TrainConfig.evaluation``)."""
 
     records: tuple[StepRecord, ...]
     params: dict[str, torch.Tensor]
@@ -53,6 +55,7 @@ class TrainResult:
     # CUDA runs: torch.cuda.max_memory_allocated of each rank (by rank) over the run, as
     # its process measured it; empty on CPU
     peak_memory: dict[int, int] = field(default_factory=dict)
+    evaluations: tuple[EvalRecord, ...] = ()
 
     @property
     def losses(self) -> tuple[float, ...]:
@@ -65,11 +68,12 @@ def build_reference_model(config: TrainConfig) -> nn.Module:
 
 
 def run_reference(
-    config: TrainConfig, *, on_step: Callable[[StepRecord], None] | None = None
+    config: TrainConfig, *, on_step: Callable[[Record], None] | None = None
 ) -> TrainResult:
     """Train the plain model for ``config.steps`` steps on the whole global batch, on
     ``reference_device(config)`` (CUDA when there is a GPU, unless ``device="cpu"``); the
-    weights start on CPU from the seed (DESIGN decision 5) and the result is on CPU."""
+    weights start on CPU from the seed (DESIGN decision 5) and the result is on CPU.
+    ``on_step(record)`` after each step and each evaluation (``hspmd.train.evaluate``)."""
     check_data(config)  # bad data: one line, not a traceback from the first step
     device = reference_device(config)
     cuda = device.type == "cuda"
@@ -81,7 +85,8 @@ def run_reference(
     optimizer = torch.optim.AdamW(
         param_groups(model, a), lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps, foreach=False
     )
-    records = []
+    records, evals = [], []
+    held = eval_batches(config) if config.evaluation.every else []
     start = time.perf_counter()
     for step, batch in enumerate(_batches(config), start=1):
         optimizer.zero_grad(set_to_none=True)
@@ -116,10 +121,16 @@ def run_reference(
         records.append(record)
         if on_step is not None:
             on_step(record)
+        if config.evaluation.due(step):
+            evals.append(evaluate_reference(config, model, held, step=step, device=device))
+            if on_step is not None:
+                on_step(evals[-1])
         start = time.perf_counter()
     params = {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
     peak = {0: torch.cuda.max_memory_allocated(device)} if cuda else {}
-    return TrainResult(records=tuple(records), params=params, peak_memory=peak)
+    return TrainResult(
+        records=tuple(records), params=params, peak_memory=peak, evaluations=tuple(evals)
+    )
 
 
 def param_groups(model: nn.Module, adam: AdamConfig) -> list[dict[str, Any]]:

@@ -34,7 +34,7 @@ from hspmd.runtime.world import World
 from hspmd.specialize.sites import deduced_sites
 from hspmd.train.active import options_of
 from hspmd.train.batches import check_data
-from hspmd.train.config import StepRecord, TrainConfig, TrainError
+from hspmd.train.config import Record, TrainConfig, TrainError
 from hspmd.train.device import backend_of, run_device
 from hspmd.train.elastic import run_rank_elastic
 from hspmd.train.identity import check_resume_identity
@@ -166,7 +166,7 @@ def num_processes(config: TrainConfig) -> int:
 def _rank_work(
     world: World, configs: Sequence[TrainConfig], events: Any, trace: bool
 ) -> list[dict[str, Any]]:
-    def report_for(index: int) -> Callable[[StepRecord], None]:
+    def report_for(index: int) -> Callable[[Record], None]:
         return lambda record: events.put((index, record))
 
     outcomes = []
@@ -184,7 +184,7 @@ def _rank_work(
 def train_many(
     configs: Sequence[TrainConfig],
     *,
-    on_step: Callable[[int, StepRecord], None] | None = None,
+    on_step: Callable[[int, Record], None] | None = None,
     timeout_s: float = 600.0,
     threads: int | None = None,
     trace: bool = False,
@@ -261,6 +261,7 @@ def _assemble(
             for name, (region, value) in outcome[index]["pieces"].items():
                 _place(params, name, region, torch.from_numpy(value))
         records = tuple(per_rank[0][index]["records"])
+        evals = tuple(per_rank[0][index].get("evals", ()))
         parts = next((o[index]["trace"] for o in per_rank if o[index].get("trace")), None)
         meta = {"model": config.model, "strategy": config.strategy, "steps": config.steps}
         trace = chrome_trace(parts, meta=meta) if parts else None
@@ -269,7 +270,12 @@ def _assemble(
                  if o[index].get("peak_memory") is not None}  # fmt: skip
         results.append(
             TrainResult(
-                records=records, params=params, trace=trace, builds=builds, peak_memory=peaks
+                records=records,
+                params=params,
+                trace=trace,
+                builds=builds,
+                peak_memory=peaks,
+                evaluations=evals,
             )
         )
     return results
@@ -292,7 +298,7 @@ def _place(params: dict[str, torch.Tensor], name: str, region: Any, value: torch
 def train(
     config: TrainConfig,
     *,
-    on_step: Callable[[StepRecord], None] | None = None,
+    on_step: Callable[[Record], None] | None = None,
     threads: int | None = None,
     trace: bool = False,
     node: NodeSpec | None = None,
@@ -317,13 +323,15 @@ def merge(results: Sequence[TrainResult]) -> TrainResult:
                 raise TrainError(f"nodes disagree on {name}: the ranks diverged (report it)")
             full = torch.where(torch.isnan(full), value, full)
         params[name] = full
-    return TrainResult(records=results[0].records, params=params)
+    return TrainResult(
+        records=results[0].records, params=params, evaluations=results[0].evaluations
+    )
 
 
 def train_elastic(
     config: TrainConfig,
     *,
-    on_step: Callable[[StepRecord], None] | None = None,
+    on_step: Callable[[Record], None] | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
     timeout_s: float = 600.0,
     threads: int | None = None,
@@ -347,18 +355,19 @@ def train_elastic(
     if node is not None:
         (store, first, count), total = node, nproc
         nproc = count
-    last = [0]  # a step reported again across a failure (a new rank 0) is dropped
+    # a step (an evaluation) reported again across a failure (a new rank 0) is dropped
+    last = {"step": 0, "eval": 0}
 
     def on_message(_rank: int, payload: Any) -> None:
         kind, value = payload
-        if kind == "step":
-            if value.step > last[0]:
-                last[0] = value.step
+        if kind in last:
+            if value.step > last[kind]:
+                last[kind] = value.step
                 if on_step is not None:
                     on_step(value)
             return
         if value.get("event") == "fallback":
-            last[0] = value["checkpoint_step"]
+            last["step"] = last["eval"] = value["checkpoint_step"]
         if on_event is not None:
             on_event(value)
 
