@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hspmd.models.module import load_model
-from hspmd.train.config import TrainConfig
+from hspmd.train.config import TrainConfig, TrainError
 from hspmd.train.reference import run_reference
 from hspmd.train.trainer import train
 
@@ -74,6 +74,21 @@ def test_nanogpt_as_written_trains_under_tp_and_dp() -> None:
 
 
 @pytest.mark.multiproc
-def test_untied_gpt2_and_nanogpt_train_under_uneven_pp() -> None:
-    _equal(f"{HF}:gpt2", "2x1: R0:L0 R1:L1-3", 2, tie_word_embeddings=False)
-    _equal(f"{NANOGPT}:make_untied", "2x1: R0:L0-1 R1:L2", 2)
+def test_tied_weights_across_stages_sum_their_gradient_between_them() -> None:
+    """nanoGPT's and GPT-2's head is the token embedding: a copy on the first and the last
+    stage, different TP degrees there, gradients summed between them and the pipelines."""
+    _equal(f"{NANOGPT}:make", "2x1: R0-1:L0-1 R2:L2; 1x2: R3:L0-2", 4)
+    _equal(f"{HF}:gpt2", "2x1: R0:L0 R1:L1-3", 2)
+
+
+def test_a_tied_weight_lives_on_both_of_its_stages() -> None:
+    from hspmd.plan.params import parameter_annotations
+    from hspmd.plan.strategy import parse_strategy
+
+    model = load_model(f"{NANOGPT}:make")
+    assert model.tied == (("transformer.wte.weight", 2),)
+    specs = parameter_annotations(parse_strategy("2x1: R0-1:L0-1 R2:L2; 1x2: R3:L0-2"), model)
+    assert str(specs["transformer.wte.weight"].annotation) == "hD: [0,1]{0:2} [2]{} [3]{}"
+    with pytest.raises(TrainError, match="--zero1 does not shard yet"):
+        TrainConfig(model=f"{NANOGPT}:make", strategy="2x1: R0:L0 R1:L1-2", global_batch=2,
+                    seq_len=16, zero1=True).model_config()  # fmt: skip

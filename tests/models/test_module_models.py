@@ -52,10 +52,10 @@ def test_a_model_without_tp_rules_refuses_tp() -> None:
         check_strategy(parse_strategy("1x1: R0-1:L0-1"), model)
 
 
-def test_tied_weights_across_stages_are_refused() -> None:
+def test_tied_weights_across_stages_are_allowed() -> None:
     model = load_model(GPT2, {"num_layers": 2})
-    with pytest.raises(StrategyError, match="untie"):
-        check_strategy(parse_strategy("1x1: R0:L0 R1:L1"), model)
+    assert model.tied == (("wte.weight", 1),)
+    check_strategy(parse_strategy("1x1: R0:L0 R1:L1"), model)
 
 
 def test_executables_of_a_tp_stage_reduce_where_megatron_does() -> None:

@@ -214,6 +214,8 @@ def _leaf(
                 f"{{{node.target!r}: ...}}"
             )
         return inputs[str(node.target)]
+    if node.name in params:  # a tied weight's node on one stage (hspmd.specialize.cut)
+        return params[node.name]
     name = str(node.target)
     if name in params:
         return params[name]

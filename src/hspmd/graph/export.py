@@ -189,6 +189,7 @@ def _normalize(program: torch.export.ExportedProgram, module: nn.Module) -> torc
         else:
             _copy(graph, node, env, device)
     _split_to_slices(graph)
+    _drop_whole_slices(graph)
     graph.eliminate_dead_code()
     graph.lint()
     return torch.fx.GraphModule(root, graph, class_name=type(module).__name__)
@@ -284,6 +285,23 @@ def _split_to_slices(graph: torch.fx.Graph) -> None:
             user.replace_all_uses_with(new)
             graph.erase_node(user)
         if not node.users:
+            graph.erase_node(node)
+
+
+def _drop_whole_slices(graph: torch.fx.Graph) -> None:
+    """``x[:, :, None]`` and HF's ``logits_to_keep=0`` record slices over a whole dim;
+    eager skips them, and each one's backward would write zeros and copy the gradient in."""
+    for node in list(graph.nodes):
+        if node.target is not torch.ops.aten.slice.Tensor:
+            continue
+        defaults: tuple[Any, ...] = (None, 0, None, None, 1)  # (x, dim, start, end, step)
+        x, dim, start, end, step = (*node.args, *defaults[len(node.args) :])
+        assert isinstance(x, torch.fx.Node)
+        shape = x.meta["val"].shape
+        length = shape[int(dim) % len(shape)]
+        whole_end = end is None or (isinstance(end, int) and (end >= 1 << 62 or end == length))
+        if start in (0, None) and step == 1 and whole_end:
+            node.replace_all_uses_with(x)
             graph.erase_node(node)
 
 

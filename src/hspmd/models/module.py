@@ -52,6 +52,7 @@ from hspmd.markers import is_reshard_node, reshard
 from hspmd.models.calling import convention_of, step_call
 from hspmd.models.spec import (
     NO_LIMIT,
+    TIED_LAYER,
     TP_KINDS,
     MarkerSpec,
     ModelSpecError,
@@ -285,7 +286,49 @@ def capture_model(
     if own:
         gm = capture_step(module, call=call)
     _insert_tp_markers(gm, kinds, source)
+    _split_tied(gm)
     return gm, own
+
+
+def _split_tied(gm: torch.fx.GraphModule) -> None:
+    """A weight read both before the first block (the embedding) and after it (a tied
+    head) gets a second ``get_attr`` node for the later reads, so that each stage's copy
+    has a node of its own (``hspmd.specialize.cut.tied_annotations``)."""
+    graph = gm.graph
+    first = next(
+        (n for n in graph.nodes if is_reshard_node(n) and n.args[1] == "layers.0.input"), None
+    )
+    if first is None:
+        return
+    before: set[torch.fx.Node] = set()
+    stack = [first]
+    while stack:
+        node = stack.pop()
+        if node not in before:
+            before.add(node)
+            stack.extend(node.all_input_nodes)
+    params = {name for name, _ in gm.named_parameters()}
+    for node in list(graph.nodes):
+        if node.op != "get_attr" or node not in before or str(node.target) not in params:
+            continue  # buffers (rotary tables) are constants every stage computes
+        later = [user for user in node.users if user not in before]
+        if not later:
+            continue
+        with graph.inserting_after(node):
+            second = graph.get_attr(str(node.target))
+        second.meta = {**node.meta, TIED_LAYER: "last"}
+        for user in later:
+            user.replace_input_with(node, second)
+    graph.lint()
+    gm.recompile()
+
+
+def _tied(gm: torch.fx.GraphModule, num_layers: int) -> tuple[tuple[str, int], ...]:
+    return tuple(
+        (str(n.target), num_layers - 1)
+        for n in gm.graph.nodes
+        if n.op == "get_attr" and n.meta.get(TIED_LAYER) == "last"
+    )
 
 
 # -- metadata ------------------------------------------------------------------------------------
@@ -442,12 +485,15 @@ def _load(
         vocab_size=_vocab_size(module, gm),
         max_seq_len=max_len,
         params=params,
-        marker_specs=tuple(_marker_spec(name, trailing, layers) for name, trailing in markers),
+        marker_specs=tuple(
+            _marker_spec(name, trailing, _marker_layers(gm)) for name, trailing in markers
+        ),
         tp_rules=rules,
         tie_embeddings=shared,
         user_markers=own,
         blocks=path,
         convention=convention_of(module),
+        tied=_tied(gm, num_layers),
     )
 
 
@@ -466,17 +512,24 @@ def _max_len(module: nn.Module) -> int:
     return NO_LIMIT
 
 
+def _marker_layers(gm: torch.fx.GraphModule) -> dict[str, int]:
+    """Each marker's layer by where it runs: that of the last block input before it (0
+    before the first): a tied head's ``tp_in`` is on the last stage, not the embedding's."""
+    out, current = {}, 0
+    for node in gm.graph.nodes:
+        if not is_reshard_node(node):
+            continue
+        name = str(node.args[1])
+        if name.startswith("layers.") and name.endswith(".input"):
+            current = int(name.split(".")[1])
+        out[name] = current
+    return out
+
+
 def _marker_spec(name: str, trailing: tuple[int, ...], layers: Mapping[str, int]) -> MarkerSpec:
     if name.startswith("layers.") and name.endswith(".input"):
         return MarkerSpec(name, int(name.split(".")[1]), "residual", trailing)
-    prefix = name.rsplit(".", 1)[0]
-    layer = next((v for k, v in layers.items() if _prefix(k) == prefix), None)
-    if layer is None:
-        raise ModelSpecError(
-            f"marker {name!r}: hspmd cannot tell which layer's stage it is on; name markers "
-            "layers.{i}.input, or place none and let hspmd insert them"
-        )
-    return MarkerSpec(name, layer, "dup", trailing)
+    return MarkerSpec(name, layers[name], "dup", trailing)
 
 
 def _vocab_size(module: nn.Module, gm: torch.fx.GraphModule) -> int:

@@ -47,6 +47,7 @@ from hspmd.errors import HspmdError
 
 __all__ = [
     "NO_LIMIT",
+    "TIED_LAYER",
     "Amount",
     "CommItem",
     "ModelCost",
@@ -63,6 +64,7 @@ __all__ = [
 ]
 
 NO_LIMIT = 1 << 30  # max_seq_len of a model that states none
+TIED_LAYER = "hspmd_tied_layer"  # fx node meta: a tied weight's node read by the last stage
 TPKind = Literal["column", "row", "vocab", "replicate"]
 TP_KINDS: tuple[str, ...] = get_args(TPKind)
 Placement = Literal["residual", "dup", "heads"] | int
@@ -252,6 +254,9 @@ class ModuleModel:
     user_markers: bool = False  # the module places its own ``layers.{i}.input`` markers
     blocks: str = "layers"  # the path of the blocks' ModuleList
     convention: str = "positional"  # how a step calls it (hspmd.models.calling)
+    # a parameter used on two stages' layers (a head tied to the embedding): name, its
+    # second layer; it lives on both stages, its gradient summed between them
+    tied: tuple[tuple[str, int], ...] = ()
     cost: ModelCost | None = None  # filled by hspmd.specialize.costs.costed (the planner's)
     _by_name: dict[str, ParamInfo] = field(
         default_factory=dict, init=False, compare=False, hash=False, repr=False
@@ -274,6 +279,11 @@ class ModuleModel:
 
     def param_layer(self, name: str) -> int:
         return self._param(name).layer
+
+    def param_layers(self, name: str) -> tuple[int, ...]:
+        """Every layer whose stage holds ``name``: its own, and a tied use's."""
+        own = self._param(name).layer
+        return (own, *(layer for tied, layer in self.tied if tied == name and layer != own))
 
     def markers(self) -> tuple[MarkerSpec, ...]:
         return self.marker_specs

@@ -93,6 +93,27 @@ def _holders(strategy: Strategy, layer: int) -> tuple[Stage, ...]:
     return tuple(p.stage_of_layer(layer) for p in strategy.pipelines)
 
 
+def _layers_of(config: ModelSpec, name: str, layer: int) -> tuple[int, ...]:
+    """The layers whose stages hold ``name``: a tied weight's two (``ModuleModel``)."""
+    layers = getattr(config, "param_layers", None)
+    return (layer,) if layers is None else tuple(layers(name))
+
+
+def _tied_holders(strategy: Strategy, layers: tuple[int, ...]) -> tuple[Stage, ...]:
+    """The stages holding any of ``layers``, pipeline by pipeline, each once: a tied
+    weight (embedding and head) lives on its first and last stage, and its gradient sync
+    sums the two as it sums the pipelines' (Megatron's embedding group)."""
+    if len(layers) == 1:
+        return _holders(strategy, layers[0])
+    found: list[Stage] = []
+    for pipeline in strategy.pipelines:
+        for layer in layers:
+            stage = pipeline.stage_of_layer(layer)
+            if stage not in found:
+                found.append(stage)
+    return tuple(found)
+
+
 def _annotation(stages: tuple[Stage, ...], kind: str) -> Annotation:
     dim = _STAGE_DIM[kind]
     return Annotation(
@@ -115,7 +136,7 @@ def parameter_annotations(strategy: Strategy, config: ModelSpec) -> dict[str, Pa
     'layers.0.attn.wo.weight [64, 64] [0,1]{1:2}'
     """
     check_strategy(strategy, config)
-    cache: dict[tuple[int, str], Annotation] = {}
+    cache: dict[tuple[tuple[int, ...], str], Annotation] = {}
     specs = {}
     for name, shape in config.parameter_shapes().items():
         kind, layer = config.param_kind(name), config.param_layer(name)
@@ -124,9 +145,10 @@ def parameter_annotations(strategy: Strategy, config: ModelSpec) -> dict[str, Pa
                 f"{name} {list(shape)} is 1-D, so it cannot be row-parallel: make it "
                 "replicate (a row-parallel layer's bias is added after the all-reduce)"
             )
-        key = (layer, kind)
+        layers = _layers_of(config, name, layer)
+        key = (layers, kind)
         if key not in cache:
-            cache[key] = _annotation(_holders(strategy, layer), kind)
+            cache[key] = _annotation(_tied_holders(strategy, layers), kind)
         specs[name] = _spec(name, shape, cache[key])
     return specs
 

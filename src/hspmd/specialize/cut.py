@@ -28,7 +28,7 @@ from hspmd.deduce import AnnotatedGraph, deduce
 from hspmd.errors import HspmdError
 from hspmd.markers import is_reshard_node
 from hspmd.models.build import model_graph
-from hspmd.models.spec import ModelSpec
+from hspmd.models.spec import TIED_LAYER, ModelSpec
 from hspmd.plan.params import parameter_annotations
 from hspmd.plan.schema import activation_annotations, input_annotations
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
@@ -83,15 +83,38 @@ def deduce_pipeline(
     }
     if gather_logits:
         markers["logits"] = _gathered_logits(markers["logits"])
+    params = {name: spec.annotation for name, spec in parameter_annotations(sub, config).items()}
+    gm = model_graph(config)
     return deduce(
-        model_graph(config),
+        gm,
         input_annotations={name: spec.annotation for name, spec in inputs.items()},
-        param_annotations={
-            name: spec.annotation for name, spec in parameter_annotations(sub, config).items()
-        },
+        param_annotations={**params, **tied_annotations(gm, pipeline, params, config)},
         marker_annotations=markers,
         input_shapes={name: spec.shape for name, spec in inputs.items()},
     )
+
+
+def tied_annotations(
+    gm: torch.fx.GraphModule,
+    pipeline: Pipeline,
+    params: dict[str, Annotation],
+    config: ModelSpec,
+) -> dict[str, Annotation]:
+    """By ``get_attr`` node name, a tied weight's annotation on the one stage that reads it
+    there: the embedding's node on layer 0's stage, the head's (``TIED_LAYER``) on the last
+    layer's. The weight's own annotation spans both stages (``parameter_annotations``)."""
+    tied = dict(getattr(config, "tied", ()))
+    out = {}
+    for node in gm.graph.nodes:
+        name = str(node.target)
+        if node.op != "get_attr" or name not in tied:
+            continue
+        layer = tied[name] if node.meta.get(TIED_LAYER) == "last" else config.param_layer(name)
+        ranks = pipeline.stage_of_layer(layer).ranks
+        ann = params[name]
+        s = next(i for i, g in enumerate(ann.groups) if g.ranks == ranks)
+        out[node.name] = Annotation((ann.groups[s],), (ann.states[s],), hdim=DUP)
+    return out
 
 
 def _markers(gm: torch.fx.GraphModule) -> dict[str, torch.fx.Node]:

@@ -303,7 +303,7 @@ class _Builder:
         name = self.ag.params.get(node.name)
         if name is None:  # a buffer: the Llama's RoPE tables, say
             self.root[target] = constant(self.config, target, seed=self.seed)
-        else:
+        elif target not in self.root:  # a tied weight's second node reads the same one
             piece = self.ag.annotations[node.name].piece(self.rank, self.ag.shape(node.name))  # type: ignore[union-attr]
             full = initial_parameter(self.config, name, seed=self.seed)
             self.root[target] = nn.Parameter(local_slice(full, piece))
@@ -507,7 +507,7 @@ def build_executable(
         stage=s,
         layers=(stage.first_layer, stage.last_layer),
         comm=tuple(b.comm),
-        grad_sync=_grad_sync(ag, b.pieces),
+        grad_sync=_grad_sync(ag, b.pieces, rank),
         seq_len=seq_len,
     )
 
@@ -521,13 +521,21 @@ def _params_by_target(
         yield by_id.get(id(p), "?"), p
 
 
-def _grad_sync(ag: AnnotatedGraph, pieces: dict[str, Piece]) -> tuple[StageGradSync, ...]:
-    nodes = {name: node for node, name in ag.params.items()}
+def _grad_sync(
+    ag: AnnotatedGraph, pieces: dict[str, Piece], rank: int
+) -> tuple[StageGradSync, ...]:
+    nodes = {}  # a tied weight has a node per stage: the one on this rank's
+    for node, name in ag.params.items():
+        ann = ag.annotations[node]
+        if ann is not None and rank in ann:
+            nodes[name] = node
     table = {}
     for name in pieces:
         ann = ag.annotations[nodes[name]]
         assert ann is not None
-        table[name] = (ag.param_grads[name], ann, ag.shape(nodes[name]))
+        grad = ag.grads.get(nodes[name], ag.param_grads.get(name))
+        assert grad is not None, name
+        table[name] = (grad, ann, ag.shape(nodes[name]))
     return stage_grad_sync(table)
 
 

@@ -17,7 +17,7 @@ from hspmd.data.tokens import TOKEN_DTYPES
 from hspmd.errors import HspmdError
 from hspmd.models.llama import get_config
 from hspmd.models.spec import ModelSpec, ModuleModel
-from hspmd.plan.strategy import Dtype, Schedule
+from hspmd.plan.strategy import Dtype, Schedule, parse_strategy
 from hspmd.train.faults import Injection
 
 __all__ = [
@@ -307,6 +307,11 @@ class TrainConfig:
         for flag, given, why in refused:
             if given:
                 raise TrainError(f"{model.name} cannot train with {flag} ({why}): drop {flag}")
+        if model.tied and self.zero1 and self.strategy is not None and _staged(self.strategies):
+            raise TrainError(
+                f"{model.name} ties {model.tied[0][0]} between its first and last stage, which "
+                "--zero1 does not shard yet: drop --zero1, or put each pipeline on one stage"
+            )
 
     def _check_elastic(self) -> None:
         if not self.hang_timeout > 0:
@@ -582,3 +587,12 @@ class EvalRecord:
 
 Record = StepRecord | EvalRecord
 """What a run reports as it goes: each step, and each evaluation after its step."""
+
+
+def _staged(strategies: tuple[str, ...]) -> bool:
+    """True if a pipeline of one of ``strategies`` has more than one stage."""
+    return any(
+        len(pipeline.stages) > 1
+        for text in strategies
+        for pipeline in parse_strategy(text).pipelines
+    )
