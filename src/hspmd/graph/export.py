@@ -294,8 +294,9 @@ def _drop_whole_slices(graph: torch.fx.Graph) -> None:
     for node in list(graph.nodes):
         if node.target is not torch.ops.aten.slice.Tensor:
             continue
-        defaults: tuple[Any, ...] = (None, 0, None, None, 1)  # (x, dim, start, end, step)
-        x, dim, start, end, step = (*node.args, *defaults[len(node.args) :])
+        args: list[Any] = [*node.args, None, 0, None, None, 1][:5]
+        args[len(node.args) :] = [None, 0, None, None, 1][len(node.args) :]
+        x, dim, start, end, step = args
         assert isinstance(x, torch.fx.Node)
         shape = x.meta["val"].shape
         length = shape[int(dim) % len(shape)]
