@@ -201,7 +201,7 @@ def dropout(
     (0.25, [0.0, 1.3333333730697632])
     """
     keep = keep_mask(key, x.shape, p=p, seed=seed, op=op, block=block, device=x.device)
-    scale = keep.to(x.dtype) * (1.0 / (1.0 - p)) if p < 1.0 else keep.to(x.dtype)
+    scale = keep.to(x.dtype).mul_(1.0 / (1.0 - p)) if p < 1.0 else keep.to(x.dtype)
     return x.mul_(scale) if inplace else x * scale
 
 
@@ -292,6 +292,7 @@ def _arg(node: torch.fx.Node, position: int, name: str, default: Any) -> Any:
     return node.args[position] if len(node.args) > position else node.kwargs.get(name, default)
 
 
+_DROPOUTS = (F.dropout, torch.dropout, torch.dropout_)
 _DROPOUT_ARGS = ("input", "p", "training", "inplace")  # F.dropout's positional arguments
 _VF_DROPOUT_ARGS = ("input", "p", "train")  # torch.dropout's
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
@@ -316,10 +317,10 @@ class _PositionalDropout(TorchFunctionMode):
         args: tuple[Any, ...] = (),
         kwargs: Mapping[str, Any] | None = None,
     ) -> Any:
-        kwargs = dict(kwargs or {})
-        if func in (F.dropout, torch.dropout, torch.dropout_):
+        kwargs = kwargs or {}
+        if func in _DROPOUTS:
             names = _DROPOUT_ARGS if func is F.dropout else _VF_DROPOUT_ARGS
-            bound = dict(zip(names, args, strict=False)) | kwargs
+            bound = dict(zip(names, args, strict=False)) | dict(kwargs)
             p = float(bound.get("p", 0.5))
             training = bound.get("training", bound.get("train", True))
             inplace = bool(bound.get("inplace", func is torch.dropout_))
@@ -327,7 +328,7 @@ class _PositionalDropout(TorchFunctionMode):
                 return dropout(bound["input"], self.key, p=p, seed=self.seed, op=self._next(),
                                inplace=inplace)  # fmt: skip
         elif func is F.scaled_dot_product_attention:
-            bound = dict(zip(_SDPA_ARGS, args, strict=False)) | kwargs
+            bound = dict(zip(_SDPA_ARGS, args, strict=False)) | dict(kwargs)
             if float(bound.get("dropout_p", 0.0)) > 0.0:
                 q, k, v = bound.pop("query"), bound.pop("key"), bound.pop("value")
                 return attention(q, k, v, **bound, key=self.key, seed=self.seed, op=self._next())
