@@ -5,15 +5,17 @@ Two measurements, side by side in one run, methods interleaved in each round (me
 
     mask     forward of one dropout on a (B, T, H) fp32 tensor: ``F.dropout`` vs
              ``hspmd.randomness.dropout`` (the keep bits hashed from each element's place)
-    step     forward + backward of a nanoGPT-style model (tests/models/data/nanogpt_style.py,
-             dropout 0.1 on embeddings, residuals, MLP and attention weights) eager, with
-             torch's dropout and fused SDPA, vs under ``positional_dropout`` (what the
-             reference runs and every rank's executable draws: counter dropout, SDPA's math
-             form where dropout_p > 0)
+    resid    forward + backward of a nanoGPT-style model (tests/models/data/nanogpt_style.py,
+             dropout 0.1 on embeddings, residuals and MLP; none on the attention weights)
+             eager with torch's dropout, vs under ``positional_dropout`` (what the
+             reference runs and every rank's executable draws)
+    all      the same with dropout 0.1 on the attention weights too: torch's fused SDPA
+             vs SDPA's math form with the weights dropped by position
 
 The final JSON line has the ratios counter / torch.
 
-    python benchmarks/dropout.py                    # ~1 min on 2 cores
+    python benchmarks/dropout.py                    # ~1 min; one thread: on a shared machine
+                                                    # two threads wait on each other (8x here)
     python benchmarks/dropout.py --batch 8 --seq-len 256 --repeats 7 --threads 4
 """
 
@@ -56,30 +58,36 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     b, t = args.batch, args.seq_len
     x = torch.randn(b, t, args.hidden)
     key = dropout_key(1, range(b))
-    model = _nanogpt(t)
     tokens = torch.randint(0, 256, (b, t))
     targets = torch.randint(0, 256, (b, t))
+    models = {"resid": _nanogpt(t), "all": _nanogpt(t)}
+    for block in models["resid"].transformer.h:
+        block.attn.dropout = 0.0  # the attention's dropout_p
 
-    def torch_step() -> None:
-        model.zero_grad(set_to_none=True)
-        model(tokens, targets)[1].backward()
+    def step(model: torch.nn.Module, counter: bool) -> Callable[[], None]:
+        def run() -> None:
+            model.zero_grad(set_to_none=True)
+            if counter:
+                with positional_dropout(seed=0, step=1, rows=range(b)):
+                    model(tokens, targets)[1].backward()
+            else:
+                model(tokens, targets)[1].backward()
 
-    def counter_step() -> None:
-        with positional_dropout(seed=0, step=1, rows=range(b)):
-            torch_step()
+        return run
 
     methods: dict[str, Callable[[], object]] = {
         "mask torch": lambda: F.dropout(x, 0.1, True),
         "mask counter": lambda: dropout(x, key, p=0.1, seed=0, op=0),
-        "step torch": torch_step,
-        "step counter": counter_step,
     }
+    for name, model in models.items():
+        methods[f"{name} torch"] = step(model, False)
+        methods[f"{name} counter"] = step(model, True)
     for fn in methods.values():  # warm-up
         fn()
     times: dict[str, list[float]] = {name: [] for name in methods}
@@ -94,8 +102,8 @@ def main() -> None:
         "shape": [b, t, args.hidden], "threads": args.threads,
         "mask_ns_per_element": {k.split()[1]: medians[k] / elements * 1e9
                                 for k in ("mask torch", "mask counter")},
-        "mask_ratio": medians["mask counter"] / medians["mask torch"],
-        "step_ratio": medians["step counter"] / medians["step torch"],
+        **{f"{name}_ratio": medians[f"{name} counter"] / medians[f"{name} torch"]
+           for name in ("mask", "resid", "all")},
     }))  # fmt: skip
 
 
