@@ -155,10 +155,11 @@ def keep_mask(
     factor = global_shape[0] // rows.numel()  # dim 0 holds factor entries of each row
     inner = math.prod(global_shape[1:])
     first = torch.arange(start[0], start[0] + shape[0], dtype=torch.int64, device=device)
-    h = _START
+    prefix = _START
     for value in (seed, op):
-        h = _absorb(h, value)
-    h = _absorb(_absorb(torch.tensor(h, dtype=torch.int64), key[0].to(device)), rows)
+        prefix = _absorb(prefix, value)
+    h = torch.tensor(prefix, dtype=torch.int64, device=device)
+    h = _absorb(_absorb(h, key[0].to(device)), rows)
     h = h[first // factor].view(-1, *(1,) * (len(shape) - 1))  # each element's row's hash
     index = _inner_index(shape[1:], global_shape[1:], start[1:], device)
     if factor > 1:  # the row's entries on dim 0 are part of the index
