@@ -64,7 +64,9 @@ def test_single_stage_tp1_equals_the_plain_model() -> None:
 def test_two_tp1_stages_chained_equal_the_plain_model() -> None:
     want_loss, want_grads = reference()
     first, second = build("1x2: R0:L0 R1:L1", 0), build("1x2: R0:L0 R1:L1", 1)
-    assert "def forward(self, activation, targets, segments = None)" in second.graph_module.code
+    assert "def forward(self, activation, targets, segments = None, key = None)" in (
+        second.graph_module.code
+    )
     tokens, targets = batch()
     out = first.forward(tokens, targets)
     received = out.detach().requires_grad_(True)

@@ -83,3 +83,21 @@ def test_half_a_row_plus_one_is_the_bound() -> None:
     assert safe_step_tokens(strategy, 48) == 4 * 25
     with pytest.raises(DispatchError, match="fits no row"):  # a fifth document of 25
         balanced([25] * 5, slots=[(2, 1), (1, 2)], max_len=48)
+
+
+def test_packed_documents_refuse_a_model_that_drops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dropout masks are keyed by the row of the step's batch (DESIGN decision 17): packed
+    rows have none, so packing a model that drops is one line before launch. (User models
+    do not pack yet, issue 35 item 5: the config's own check is lifted here.)"""
+    from pathlib import Path
+
+    from hspmd.train.config import TrainConfig, TrainError
+    from hspmd.train.packing import check_packed_dropout
+
+    monkeypatch.setattr(TrainConfig, "_check_module", lambda self, model: None)
+    nanogpt = f"{Path(__file__).parents[1] / 'models' / 'data' / 'nanogpt_style.py'}:make"
+    config = TrainConfig(model=nanogpt, model_overrides=(("dropout", 0.1),), step_tokens=64,
+                         seq_len=16, strategy="2x1: R0:L0-2")  # fmt: skip
+    with pytest.raises(TrainError, match=r"drops \(10 dropout ops, the first dropout in "):
+        check_packed_dropout(config)
+    check_packed_dropout(TrainConfig(model=nanogpt, step_tokens=64, seq_len=16))  # p = 0

@@ -63,7 +63,6 @@ register(aten.conv1d.default, aten.conv2d.default)(layers.convolution)
 register(aten.einsum.default)(contract.einsum)
 register(aten.cat.default)(misc.cat)
 register(aten.layer_norm.default, aten.rms_norm.default)(layers.layer_norm)
-register(aten.dropout.default)(layers.dropout)
 register(aten.masked_fill.Scalar, aten.masked_fill.Tensor)(layers.masked_fill)
 register(aten.softmax.int, aten._softmax.default, aten.log_softmax.int, aten._log_softmax.default)(
     reduce.softmax
@@ -126,16 +125,20 @@ def cross_entropy_loss(call: OpCall, placements: tuple[int, ...]) -> int:
     return misc.cross_entropy(dataclasses.replace(call, kwargs=kwargs), placements)
 
 
+@register(aten.dropout.default, aten.dropout_.default)
+def dropout(call: OpCall, placements: tuple[int, ...]) -> int:
+    """Any layout: the executable draws each element's mask bit from its global position
+    (``hspmd.randomness``), so every piece holds one device's bits; a partial sum stays
+    partial (the same mask on every summand)."""
+    return placements[0]
+
+
 @register(aten.scaled_dot_product_attention.default)
 def attention(call: OpCall, placements: tuple[int, ...]) -> int:
     """SDPA on q, k, v (as ``F.scaled_dot_product_attention``); a mask the graph computes
-    from sizes (HF's causal mask) is a constant, broadcast over the split heads dim."""
-    if call.arg(4, "dropout_p", 0.0):
-        raise RuleError(
-            f"scaled_dot_product_attention with dropout_p={call.arg(4, 'dropout_p', 0.0)}: "
-            "its mask is drawn inside the kernel, so no plan can reproduce it",
-            "set the attention dropout to 0 (e.g. attn_pdrop=0.0 / attention_dropout=0.0)",
-        )
+    from sizes (HF's causal mask) is a constant, broadcast over the split heads dim. With
+    ``dropout_p`` the executable runs its math form, the dropout on the attention weights
+    drawn by position (``hspmd.randomness.attention``)."""
     qkv = dataclasses.replace(call, inputs=call.inputs[:3])
     out = misc.attention(qkv, placements[:3])
     for mask, p in zip(call.inputs[3:], placements[3:], strict=True):

@@ -72,3 +72,7 @@ def coverage_markdown() -> str:
         "inputs are gathered to duplicate within their groups, the op runs whole |"
     )
     return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m hspmd.deduce.coverage: the table for docs/models.md
+    print(coverage_markdown())

@@ -42,6 +42,7 @@ from hspmd.errors import AnnotationError
 from hspmd.graph.capture import source_line
 from hspmd.graph.shapes import ShapeInfo
 from hspmd.markers import is_align_node, is_reshard_node
+from hspmd.randomness import seeded_random
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,6 +272,13 @@ def forward_annotations(
             ann = known[node.args[0].name]
             inputs[node.name] = (node.args[0].name,)
         else:
+            if seeded_random(node):  # no layout, nor the fallback, draws one device's numbers
+                raise DeductionError(
+                    f"{_node_text(node)}: {target_text(node.target)} draws from torch's random "
+                    "generator, so each rank would draw other numbers than one device does. "
+                    "Fix: use nn.Dropout or F.dropout, whose masks hspmd draws by position "
+                    '(docs/decisions.md, "Dropout equal under any strategy"), or drop the op'
+                )
             entry = lookup(node.target)
             if entry is None and _constant_inputs(node, info, known):
                 known[node.name] = None  # made from sizes and buffers only: a constant
@@ -309,8 +317,8 @@ def _fallback(
 ) -> Annotation:
     """The always-correct layout of an op no rule covers: every input duplicate within
     its groups, the op computed whole. Records which inputs must be gathered; refuses
-    (re-raises) where the inputs already are duplicate and a rule still says no (dropout
-    with p > 0: each rank would draw its own mask), or where they live on different groups."""
+    (re-raises) where the inputs already are duplicate and a rule still says no, or where
+    they live on different groups."""
     live = [(n, known[n.name]) for n in data if known[n.name] is not None]
     if not live or any(a.groups != live[0][1].groups for _, a in live):  # type: ignore[union-attr]
         raise error

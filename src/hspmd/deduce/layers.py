@@ -17,8 +17,9 @@ duplicate); channels and spatial dims are not (a halo exchange is not a reshard)
     D       D       D
 
 ``rms_norm`` is ``layer_norm`` without the bias. ``dropout`` with ``p=0`` (or not
-training) is the identity; with ``p > 0`` each rank would draw its own mask, so it is
-refused. ``masked_fill(x, mask, value)``: a pointwise op in x (partial refused), the mask
+training) is the identity; with ``p > 0`` in a graph traced at the Python level each rank
+would draw its own mask, so it is refused (a captured graph's ``aten.dropout`` is drawn by
+position and takes any layout: ``hspmd.deduce.aten.dropout``). ``masked_fill(x, mask, value)``: a pointwise op in x (partial refused), the mask
 broadcast like any input.
 
 ``pad(x, pad)``: a split or partial dim passes when it is not padded (zero padding is

@@ -37,7 +37,7 @@ autograd reshard on ``world`` (and moves the graph to the world's device)::
 >>> exe = build_executable(get_config("llama-tiny", num_layers=2),
 ...     parse_strategy("2x1: R0:L0 R1:L1"), StrategyOptions(), 1, seq_len=8, seed=0)
 >>> next(line for line in exe.graph_module.code.splitlines() if "def " in line)
-'def forward(self, activation, targets, segments = None):'
+'def forward(self, activation, targets, segments = None, key = None):'
 >>> sorted(exe.params)[:1]
 ['head.weight']
 """
@@ -65,10 +65,12 @@ from hspmd.comm.sizing import length_multiple
 from hspmd.deduce import AnnotatedGraph
 from hspmd.markers import is_align_node, is_reshard_node
 from hspmd.models.build import constant, initial_parameter
-from hspmd.models.spec import ModelSpec
+from hspmd.models.spec import ModelSpec, ModuleModel
 from hspmd.plan.strategy import Strategy, StrategyOptions
+from hspmd.randomness import draws_mask, mask_ops
 from hspmd.specialize.align import align_plans
 from hspmd.specialize.cut import ExecutableError, cut, deduce_pipeline, locate
+from hspmd.specialize.dropout import counter_call
 from hspmd.specialize.grad_sync import StageGradSync, stage_grad_sync
 from hspmd.specialize.localize import local_slice, local_view_sizes, vocab_parallel_embedding
 from hspmd.specialize.loss import VocabParallelLoss, vocab_shard
@@ -144,10 +146,12 @@ class ReshardModule(nn.Module):
 class Executable:
     """One rank's stage program (``hspmd.train.loop.StageProgram``).
 
-    ``forward(x, targets, segments=None)``: ``x`` is the micro-batch's tokens on stage 0,
-    else the activation received from the previous stage; ``segments`` the document ids of
-    packed rows (``hspmd.attention``); returns the mean token loss of the micro-batch on
-    the last stage, else the residual stream to send on. Any sequence length up to the
+    ``forward(x, targets, segments=None, key=None)``: ``x`` is the micro-batch's tokens on
+    stage 0, else the activation received from the previous stage; ``segments`` the
+    document ids of packed rows (``hspmd.attention``); ``key`` the step and the
+    micro-batch's rows of the global batch, from which dropout draws its masks
+    (``hspmd.randomness.dropout_key``; needed only where the stage drops); returns the
+    mean token loss of the micro-batch on the last stage, else the residual stream to send on. Any sequence length up to the
     ``seq_len`` it was built for runs (a multiple of ``length_multiple``): the graph reads
     lengths from its inputs, and the runtime sizes each plan per call
     (``hspmd.comm.sizing``).
@@ -174,10 +178,14 @@ class Executable:
         return out
 
     def forward(
-        self, x: torch.Tensor, targets: torch.Tensor, segments: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        targets: torch.Tensor,
+        segments: torch.Tensor | None = None,
+        key: torch.Tensor | None = None,
     ) -> torch.Tensor:
         with self.around or nullcontext():
-            out = self.graph_module(x, targets, segments)
+            out = self.graph_module(x, targets, segments, key)
         assert isinstance(out, torch.Tensor)
         return out
 
@@ -229,6 +237,8 @@ class _Builder:
     env: dict[torch.fx.Node, Any] = dataclasses.field(default_factory=dict)
     pieces: dict[str, Piece] = dataclasses.field(default_factory=dict)
     comm: list[str] = dataclasses.field(default_factory=list)
+    key: torch.fx.Node | None = None  # the executable's dropout key input
+    mask_ops: dict[torch.fx.Node, int] = dataclasses.field(default_factory=dict)
 
     def local_shape(self, node: torch.fx.Node) -> tuple[int, ...]:
         ann, shape = self.ag.annotations.get(node.name), self.ag.shape(node.name)
@@ -246,7 +256,8 @@ class _Builder:
         self._copy(node)
         new = self.env[node]
         if isinstance(new, torch.fx.Node) and len(self.graph.nodes) > before:
-            new.meta["layer"] = layer_of(node)  # for recompute per layer
+            blocks = self.config.blocks if isinstance(self.config, ModuleModel) else "layers"
+            new.meta["layer"] = layer_of(node, blocks=blocks)  # for recompute per layer
 
     def swapped(self, node: torch.fx.Node, x: torch.fx.Node, x_length: int) -> None:
         """An earlier stage's tensor read for its shape or dtype: the stage input stands in
@@ -285,6 +296,8 @@ class _Builder:
             self.marker(node)
         elif is_align_node(node):
             self.align(node)
+        elif draws_mask(node):
+            self.dropout(node)
         elif node.op == "call_method" and node.target in ("view", "reshape"):
             self.view(node)
         elif node.target in _SIZED:
@@ -337,6 +350,20 @@ class _Builder:
         self.root["align_" + node.name] = module
         self.comm.append(module.extra_repr())
         self.env[node] = self.graph.call_module("align_" + node.name, (source,))
+
+    def dropout(self, node: torch.fx.Node) -> None:
+        """Dropout, or attention with dropout: drawn by position on the rank's block
+        (``hspmd.specialize.dropout``)."""
+        assert self.key is not None
+        ann, shape = self.ag.annotations.get(node.name), self.ag.shape(node.name)
+        op = self.mask_ops[node]
+        module, args = counter_call(
+            node, self.ag.module.graph, shape_of=self.ag.shape, seed=self.seed, op=op,
+            piece=None if ann is None else ann.piece(self.rank, shape),
+        )  # fmt: skip
+        self.root[f"dropout_{op}"] = module
+        mapped = torch.fx.node.map_arg(args, self.env.__getitem__)
+        self.env[node] = self.graph.call_module(f"dropout_{op}", (*mapped, self.key))
 
     def view(self, node: torch.fx.Node) -> None:
         source, *sizes = node.args
@@ -473,12 +500,13 @@ def build_executable(
     stage = pipeline.stages[s]
     ag = deduce_pipeline(config, pipeline, options, seq_len=seq_len, gather_logits=gather_logits)
     stage_cut = cut(ag, stage, config.num_layers)
-    b = _Builder(ag, config, rank, seed)
+    b = _Builder(ag, config, rank, seed, mask_ops=mask_ops(ag.module.graph))
     x = b.graph.placeholder("tokens" if stage_cut.start is None else "activation")
     inputs = {
         "targets": b.graph.placeholder("targets"),
         "segments": b.graph.placeholder("segments", default_value=None),
     }
+    b.key = b.graph.placeholder("key", default_value=None)
     # the local length of the stage input at seq_len (the sizes of swapped tensors scale by it)
     x_length = seq_len if stage_cut.start is None else b.local_shape(stage_cut.start)[SEQ_DIM]
     for node in ag.module.graph.nodes:

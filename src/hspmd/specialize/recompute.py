@@ -42,14 +42,20 @@ from torch.utils.checkpoint import checkpoint
 
 __all__ = ["CheckpointedLayer", "checkpoint_layers", "layer_of"]
 
-_LAYER = re.compile(r"layers\.(\d+)$")
 
+def layer_of(node: torch.fx.Node, *, blocks: str = "layers") -> int | None:
+    """The transformer layer a defined-graph node belongs to (None: outside the layers):
+    the index under the model's blocks (``layers``; a user model's ``transformer.h``).
 
-def layer_of(node: torch.fx.Node) -> int | None:
-    """The transformer layer a defined-graph node belongs to (None: outside the layers)."""
+    >>> node = torch.fx.Graph().placeholder("x")
+    >>> node.meta["nn_module_stack"] = {p: (p, None) for p in ("transformer.h.2", "transformer.h.2.mlp")}
+    >>> layer_of(node, blocks="transformer.h"), layer_of(node)
+    (2, None)
+    """
+    pattern = re.compile(re.escape(blocks) + r"\.(\d+)")
     stack = node.meta.get("nn_module_stack") or {}
     for path in stack:
-        match = _LAYER.match(str(path))
+        match = pattern.fullmatch(str(path))
         if match:
             return int(match.group(1))
     return None

@@ -225,7 +225,7 @@ def _step(run: _Run, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
     if role is not None and exe is not None and plans is not None and post is not None:
         post.zero_grad()
         value = run_step(
-            exe, role, plans, config, world, batch, post=post,
+            exe, role, plans, config, world, batch, step=step, post=post,
             slow=slowdown_of(config.slowdown, member), on_action=phase,
         )  # fmt: skip
         phase("sync")

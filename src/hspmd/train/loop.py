@@ -6,7 +6,9 @@ the rank's schedule (``hspmd.specialize.schedule``)::
 
     F m   stage 0 feeds micro-batch m's tokens; other stages receive the activation by
           the boundary's resolved plan (send-recv, or BSR between different TP degrees);
-          the last stage's loss is scaled by mb_tokens / global_tokens (decision 6)
+          every stage gets the dropout key: the step and the micro-batch's rows of the
+          step's global batch (decision 17, ``hspmd.randomness``); the last stage's loss
+          is scaled by mb_tokens / global_tokens (decision 6)
     B m   the last stage backpropagates its scaled loss; the others backpropagate the
           gradient received from the next stage; all but stage 0 send their input's grad
     Post  gradients synchronized across pipelines by resolved plans (hspmd.train.sync:
@@ -54,6 +56,7 @@ from hspmd.checkpoint import (
     save_rank_state,
 )
 from hspmd.plan.params import ParamSpec, state_annotations
+from hspmd.randomness import dropout_key
 from hspmd.runtime.boundary import Pending, recv, send
 from hspmd.runtime.counting import count_comm
 from hspmd.runtime.trace import NULL, Recorder, Spans
@@ -99,30 +102,41 @@ __all__ = [
 
 class StageProgram(Protocol):
     """What a rank runs for one micro-batch: ``forward(tokens or activation, targets,
-    segments)`` (segments: packed documents' ids, or None)."""
+    segments, key)`` (segments: packed documents' ids, or None; key: the dropout key,
+    ``hspmd.randomness.dropout_key``)."""
 
     params: dict[str, torch.Tensor]
 
     def forward(
-        self, x: torch.Tensor, targets: torch.Tensor, segments: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        targets: torch.Tensor,
+        segments: torch.Tensor | None = None,
+        key: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
 
 Batch = tuple[torch.Tensor, torch.Tensor] | PackedStep
 """A step's data: the global batch ``(tokens, targets)``, or packed micro-batches."""
-MicroData = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, float]
+MicroData = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, float, range | None]
 
 
-def _micro_batch(batch: Batch, role: Role, config: TrainConfig, m: int) -> MicroData:
+def _micro_batch(
+    batch: Batch, role: Role, config: TrainConfig, m: int, *, first_row: int = 0
+) -> MicroData:
     """Micro-batch ``m`` of the rank's pipeline: tokens, targets, segments, loss weight
-    (its tokens over the step's: DESIGN decision 6)."""
+    (its tokens over the step's: DESIGN decision 6), and its rows of the step's batch
+    (``first_row``: the accumulation pass's first; None for packed documents), which key
+    its dropout masks (decision 17)."""
     if isinstance(batch, PackedStep):
         mb = batch.micro_batches[role.pipeline][m]
-        return mb.tokens, mb.targets, mb.segments, batch.scale(role.pipeline, m)
+        return mb.tokens, mb.targets, mb.segments, batch.scale(role.pipeline, m), None
     tokens, targets = batch  # one global batch (an accumulation pass)
     size = role.micro_batch_size
-    rows = slice(role.row_offset + m * size, role.row_offset + (m + 1) * size)
-    return tokens[rows], targets[rows], None, size / (config.global_batch * config.grad_accum)
+    rows = range(role.row_offset + m * size, role.row_offset + (m + 1) * size)
+    weight = size / (config.global_batch * config.grad_accum)
+    place = range(first_row + rows.start, first_row + rows.stop)
+    return tokens[rows.start : rows.stop], targets[rows.start : rows.stop], None, weight, place
 
 
 @dataclass(slots=True)
@@ -139,12 +153,13 @@ class _Live:
 
 def _forward(
     program: StageProgram, plans: BoundaryPlans, world: World, live: _Live, *,
-    m: int, micro: MicroData, hidden: int, dtype: torch.dtype,
+    m: int, micro: MicroData, hidden: int, dtype: torch.dtype, step: int,
 ) -> None:  # fmt: skip
-    tokens, targets, segments, scale = micro
+    tokens, targets, segments, scale, rows = micro
     # the data is made on CPU (every rank draws the same stream): onto this rank's device
     tokens, targets = tokens.to(world.device), targets.to(world.device)
     segments = None if segments is None else segments.to(world.device)
+    key = None if rows is None else dropout_key(step, rows).to(world.device)
     # boundary plans are resolved at the maximum length: sized to this micro-batch's
     plans = live.plans[m] = sized_boundaries(plans, (*tokens.shape, hidden))
     if plans.incoming is None:
@@ -152,7 +167,7 @@ def _forward(
     else:
         x = recv(plans.incoming.forward, world, dtype=dtype).requires_grad_(True)
     with live.slow:  # the compute only, not the receive
-        out = program.forward(x, targets, segments)  # recompute: per layer, in the executable
+        out = program.forward(x, targets, segments, key)  # recompute: per layer, in the exe
     if plans.outgoing is None:
         out = out * scale
         live.loss += float(out.detach())
@@ -173,12 +188,14 @@ def _backward(world: World, live: _Live, *, m: int) -> None:
 
 def run_step(
     program: StageProgram, role: Role, plans: BoundaryPlans, config: TrainConfig,
-    world: World, batch: Batch, *, post: Post | None = None, slow: Slowdown | None = None,
-    rec: Spans = NULL,
+    world: World, batch: Batch, *, step: int, post: Post | None = None,
+    slow: Slowdown | None = None, rec: Spans = NULL,
     on_action: Callable[[str], None] | None = None,
 ) -> float:  # fmt: skip
     """Every F and B of the rank's schedule on one step's batch, once per accumulation
-    pass (``config.grad_accum``: the gradients add up); the scaled loss sum.
+    pass (``config.grad_accum``: the gradients add up); the scaled loss sum. ``step`` (1,
+    2, ...) keys dropout masks with the rows (``hspmd.randomness``): a redone step draws
+    the same ones.
 
     With ``post`` (and ``config.overlap``), ``post.arm()`` runs before the last B of the
     last pass. With ``slow``, each F and B compute is followed by its sleep
@@ -193,16 +210,18 @@ def run_step(
     for k, part in enumerate(passes):
         last = k == len(passes) - 1
         total += _run_pass(program, role, plans, config, world, part, post=post if last else None,
-                           slow=slow, rec=rec, on_action=on_action)  # fmt: skip
+                           slow=slow, rec=rec, on_action=on_action, step=step,
+                           first_row=k * config.global_batch)  # fmt: skip
     return total
 
 
 def _run_pass(
     program: StageProgram, role: Role, plans: BoundaryPlans, config: TrainConfig,
     world: World, batch: Batch, *, post: Post | None, slow: Slowdown | None, rec: Spans,
-    on_action: Callable[[str], None] | None,
+    on_action: Callable[[str], None] | None, step: int, first_row: int,
 ) -> float:  # fmt: skip
-    """One pass of ``run_step``: the schedule on one global batch."""
+    """One pass of ``run_step``: the schedule on one global batch (``first_row``: its
+    first row's place in the step's rows)."""
     schedule = _without_empty(
         make_schedule(config.schedule, role.num_stages, role.stage, role.micro_batches),
         batch, role,
@@ -215,10 +234,10 @@ def _run_pass(
         if on_action is not None:
             on_action("forward" if action.kind == "F" else "backward")
         if action.kind == "F":
-            micro = _micro_batch(batch, role, config, action.micro_batch)
+            micro = _micro_batch(batch, role, config, action.micro_batch, first_row=first_row)
             with rec.span("F", cat="forward", micro_batch=action.micro_batch, stage=role.stage):
                 _forward(program, plans, world, live, m=action.micro_batch, micro=micro,
-                         hidden=hidden, dtype=dtype)  # fmt: skip
+                         hidden=hidden, dtype=dtype, step=step)  # fmt: skip
         elif action.kind == "B":
             if index == last_b and post is not None and config.overlap:
                 post.arm()
@@ -452,7 +471,7 @@ def run_rank(
         if role is not None and exe is not None and plans is not None and post is not None:
             post.zero_grad()
             value = run_step(
-                exe, role, plans, config, world, batch, post=post, slow=slow, rec=rec
+                exe, role, plans, config, world, batch, step=step, post=post, slow=slow, rec=rec
             )  # fmt: skip
             executables.add(id(exe))
             end_post = rec.begin("Post", cat="post")

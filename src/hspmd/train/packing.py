@@ -37,14 +37,16 @@ from typing import Any
 import torch
 
 from hspmd.data import DocumentStep
+from hspmd.models.build import model_graph
 from hspmd.plan.dispatch import Assignment, Dispatcher, DispatchError, balanced
 from hspmd.plan.strategy import Strategy
 from hspmd.planner.lengths import LengthStrategy, assignment_seconds, fixed_dispatcher, load_plans
+from hspmd.randomness import mask_ops
 from hspmd.train.batches import step_documents
 from hspmd.train.config import TrainConfig, TrainError
 
 __all__ = [
-    "MicroBatch", "PackedStep", "check_packing", "length_multiple", "length_plans", "pack",
+    "MicroBatch", "PackedStep", "check_packed_dropout", "check_packing", "length_multiple", "length_plans", "pack",
     "packed_steps", "plan_schedule", "planned_steps", "record_fields", "safe_step_tokens",
 ]  # fmt: skip
 
@@ -165,6 +167,24 @@ def safe_step_tokens(strategy: Strategy, max_len: int) -> int:
     """
     rows = sum(p.batch_size for p in strategy.pipelines)
     return rows * ((max_len + 2) // 2)
+
+
+def check_packed_dropout(config: TrainConfig) -> None:
+    """Refuse packed documents with a model that drops: its masks are keyed by the row of
+    the step's batch (DESIGN decision 17), and packed rows are laid out per strategy."""
+    if not config.packed:
+        return
+    model = config.model_config()
+    drops = list(mask_ops(model_graph(model).graph))
+    if drops:
+        modules = list(drops[0].meta.get("nn_module_stack") or ())
+        where = f" in {modules[-1]}" if modules else ""
+        raise TrainError(
+            f"--tokens-per-step: {model.name} drops ({len(drops)} dropout ops, the first "
+            f"{drops[0].name}{where}), and hspmd keys dropout masks by the row of the step's "
+            "batch, which packed documents do not have: set its dropout to 0, or train "
+            "without --tokens-per-step"
+        )
 
 
 def check_packing(config: TrainConfig, strategy: Strategy) -> None:

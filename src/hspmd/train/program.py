@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Unpack
 
 import numpy as np
@@ -73,6 +73,7 @@ class RankProgram:
     world: World
     active: Active
     grad_sync: tuple[SyncItem, ...]  # () under ZeRO-1 (its reduce-scatters live in post)
+    _applied: list[int] = field(default_factory=lambda: [0], repr=False)  # ``step`` calls
 
     @property
     def role(self) -> Role | None:
@@ -106,18 +107,23 @@ class RankProgram:
         if self.active.post is not None:
             self.active.post.zero_grad()
 
-    def forward_backward(self, batch: Batch) -> float:
+    def forward_backward(self, batch: Batch, *, step: int | None = None) -> float:
         """F and B of this rank's micro-batches of ``batch`` (with ``config.overlap``, the
-        gradient sync starts during the last B); returns this rank's part of the loss."""
+        gradient sync starts during the last B); returns this rank's part of the loss.
+        ``step`` (1, 2, ...) keys dropout masks (``hspmd.randomness``; default: one more
+        than the ``step()`` calls so far, as ``fit`` counts)."""
         a = self.active
         if a.role is None or a.exe is None or a.plans is None:
             return 0.0
-        value = run_step(a.exe, a.role, a.plans, self.config, self.world, batch, post=a.post)
+        number = self._applied[0] + 1 if step is None else step
+        value = run_step(a.exe, a.role, a.plans, self.config, self.world, batch, step=number,
+                         post=a.post)  # fmt: skip
         reporter = a.role.is_last and a.role.rank == a.role.tp_ranks[0]  # one per pipeline
         return value if reporter else 0.0
 
     def step(self) -> None:
         """Finish the gradient sync across pipelines, then Adam on the local slices."""
+        self._applied[0] += 1
         if self.active.post is not None and self.active.role is not None:
             self.active.post.step()
 

@@ -3,6 +3,10 @@
 Variable-length steps (``TrainConfig.step_tokens``) run every micro-batch of the
 strategy's packing here, one after another, weighted as the distributed run weighs them.
 
+Dropout and attention dropout draw their masks by position (``hspmd.randomness``): the
+step, the rows of the global batch (pass k of gradient accumulation: rows from
+``k * global_batch``) and the call's number in the forward, as every strategy draws them.
+
 Every distributed run must equal this one (first-step loss to 1e-5 relative, parameters
 after a few Adam steps to 1e-4 relative in fp32). It runs the recipe with torch's own
 parts, not ours: ``torch.optim.AdamW`` with two parameter groups (decayed and exempt, by
@@ -31,13 +35,20 @@ from torch import nn
 
 from hspmd.models.build import plain_model, step_loss
 from hspmd.plan.strategy import parse_strategy
+from hspmd.randomness import positional_dropout
 from hspmd.train.batches import accumulation_passes, check_data, eval_batches, step_batches
 from hspmd.train.config import AdamConfig, EvalRecord, Record, StepRecord, TrainConfig, TrainError
 from hspmd.train.device import reference_device
 from hspmd.train.evaluate import evaluate_reference
 from hspmd.train.lr import learning_rate
 from hspmd.train.optim import decays
-from hspmd.train.packing import PackedStep, packed_steps, planned_steps, record_fields
+from hspmd.train.packing import (
+    PackedStep,
+    check_packed_dropout,
+    packed_steps,
+    planned_steps,
+    record_fields,
+)
 
 __all__ = ["TrainResult", "param_groups", "run_reference"]
 
@@ -95,10 +106,13 @@ def run_reference(
             loss, fields = _packed_step(model, batch, device), record_fields(batch)
         else:
             loss = 0.0
-            for part in accumulation_passes(batch, config):
+            for k, part in enumerate(accumulation_passes(batch, config)):
                 tokens, targets = (t.to(device) for t in part)
-                # mean over every token of the global batch, over the passes
-                value = step_loss(spec, model, tokens, targets) / config.grad_accum
+                # dropout by position: the pass's rows of the step (DESIGN decision 17)
+                rows = range(k * config.global_batch, (k + 1) * config.global_batch)
+                with positional_dropout(seed=config.seed, step=step, rows=rows):
+                    # mean over every token of the global batch, over the passes
+                    value = step_loss(spec, model, tokens, targets) / config.grad_accum
                 value.backward()
                 loss += float(value.detach())
         if config.clip_grad_norm is not None:
@@ -147,6 +161,7 @@ def param_groups(model: nn.Module, adam: AdamConfig) -> list[dict[str, Any]]:
 def _batches(config: TrainConfig) -> Iterator[tuple[torch.Tensor, torch.Tensor] | PackedStep]:
     if not config.packed:
         return step_batches(config)
+    check_packed_dropout(config)
     if config.strategy is None:
         raise TrainError(
             "--tokens-per-step packs documents as a strategy's pipelines and micro-batches "

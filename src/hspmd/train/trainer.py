@@ -39,7 +39,7 @@ from hspmd.train.device import backend_of, run_device
 from hspmd.train.elastic import run_rank_elastic
 from hspmd.train.identity import check_resume_identity
 from hspmd.train.loop import run_rank
-from hspmd.train.packing import check_packing, planned_steps
+from hspmd.train.packing import check_packed_dropout, check_packing, planned_steps
 from hspmd.train.reference import TrainResult
 
 __all__ = [
@@ -92,6 +92,7 @@ def check_config(config: TrainConfig) -> Strategy:
     if config.save:
         _check_writable(config.save)
     check_data(config)  # one line before launch: empty, too short, ids past the vocabulary
+    check_packed_dropout(config)  # packed rows have no batch rows to key dropout by
     if config.length_plans is not None:  # the data and the first step's choice, up front
         next(planned_steps(dataclasses.replace(config, steps=1)), None)
     elif config.packed:  # the data and the first step's dispatch, before any process starts
