@@ -27,9 +27,31 @@ preset's longest sequence (at most 4096) that ``model_cost(load_model(hf llama))
 over the Llama formulas' (``hspmd.planner.workload``): a block's matmuls, its attention,
 the head's matmul; the hspmd preset measured the same way beside it.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/models.py            # about 4 minutes
-    PYTHONPATH=src .venv/bin/python benchmarks/models.py --profile  # + per-op differences
+``--profile`` adds, per family, the ATen ops whose self CPU time per step differs most
+between the two sides (torch's profiler: the calls per step are exact, the times move with
+the machine's load), the captured graph's slices, and the attention of the HF families
+alone (SDPA forward + backward) as the exported graph runs it over as HF runs it eagerly.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/models.py            # about 5 minutes
+    PYTHONPATH=src .venv/bin/python benchmarks/models.py --profile  # about 8 minutes
     PYTHONPATH=src .venv/bin/python benchmarks/models.py --quick    # tiny sizes (the test)
+
+What the executable runs beyond eager comes from the captured graph, not from hspmd's
+runtime (one rank: no marker is left, the graph is straight-line code):
+
+- HF under torch.export: ``masking_utils._ignore_causal_mask_sdpa`` returns False while
+  ``torch.compiler.is_exporting()``, so the graph builds a boolean (B, 1, T, T) causal mask
+  and calls SDPA with it and without ``is_causal``; with a mask, ``use_gqa_in_sdpa`` is
+  False and GQA runs by ``repeat_kv`` (k and v copied to every query head, summed back in
+  backward). The fused kernel then computes the blocks above the diagonal too, and
+  ``model_cost`` counts that attention whole: 2x the formulas' causal FLOPs;
+- export records ``x[:, :, None]`` (``repeat_kv``) and ``hidden_states[:, slice(0, None)]``
+  (``slice_logits_to_keep``) as ``aten.slice`` over whole dims, and hspmd's capture turns
+  ``split`` (nanoGPT's and GPT-2's fused qkv) into slices: each slice's backward writes
+  zeros of its input and copies the gradient in, where eager skips whole slices and
+  ``split``'s backward is one ``cat``;
+- a row-parallel layer's bias is added after its marker (``addmm`` becomes ``mm`` +
+  ``add``), as TP needs (nanoGPT's ``mlp.c_proj``).
 
 Prints the tables, then one JSON line.
 """
@@ -231,6 +253,54 @@ def profile_diff(ours: Step, theirs: Step, *, count: int, top: int) -> list[dict
     return sorted(rows, key=lambda r: (-abs(r["ms"]), r["op"]))[:top]
 
 
+def full_slices(model: ModuleModel) -> tuple[int, int]:
+    """(``aten.slice`` nodes, those over a whole dim) in the captured graph: export records
+    ``x[:, :, None]`` and ``x[:, slice(0, None)]`` as slices, and each one's backward writes
+    zeros of its input and copies the gradient in (``split`` becomes slices too)."""
+    nodes = [n for n in model_graph(model).graph.nodes if n.target is torch.ops.aten.slice.Tensor]
+    whole = [n for n in nodes if n.args[2:3] in ((), (0,), (None,)) and _to_end(n.args[3:4])]
+    return len(nodes), len(whole)
+
+
+def _to_end(end: tuple[Any, ...]) -> bool:
+    return end in ((), (None,)) or (isinstance(end[0], int) and end[0] >= 2**62)
+
+
+def attention_paths(s: Sizes, *, rounds: int) -> dict[str, float]:
+    """SDPA forward + backward at the HF families' shapes here, as HF runs it eagerly
+    (``is_causal=True``, ``enable_gqa=True``) and as the graph torch.export captures runs it
+    (under export HF's ``_ignore_causal_mask_sdpa`` is False: a boolean causal mask, so no
+    ``is_causal``, and GQA by ``repeat_kv``): exported / eager, per round, alternating."""
+    import torch.nn.functional as F
+
+    b, heads, kv, t, d = s.batch, s.heads, s.heads // 2, s.seq, s.hidden // s.heads
+    q = torch.randn(b, heads, t, d, requires_grad=True)
+    k, v = (torch.randn(b, kv, t, d, requires_grad=True) for _ in range(2))
+
+    def eager() -> None:
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).sum().backward()
+
+    def exported() -> None:
+        i = torch.arange(t)
+        mask = (i[None, :] <= i[:, None]).expand(b, 1, t, t)
+        kk, vv = (
+            x[:, :, None].expand(b, kv, heads // kv, t, d).reshape(b, heads, t, d) for x in (k, v)
+        )
+        F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask).sum().backward()
+
+    ratios = []
+    for r in range(rounds + 1):  # round 0: warm-up
+        times = {}
+        for f in (eager, exported) if r % 2 == 0 else (exported, eager):
+            start = time.perf_counter()
+            for _ in range(3):
+                f()
+            times[f] = time.perf_counter() - start
+        if r:
+            ratios.append(times[exported] / times[eager])
+    return spread(ratios)
+
+
 # -- the model-cost check on the HF Llama --------------------------------------------------------
 
 
@@ -318,6 +388,10 @@ def print_families(rows: dict[str, dict[str, Any]]) -> None:
               f"{ranged(r['ratio']):>22}{r['loss_diff']:>10.1e}")  # fmt: skip
         for line in r["fallbacks"]:
             print(f"    fallback: {line}")
+        if "slices" in r:
+            print(
+                f"    captured: {r['slices']} aten.slice, {r['whole_slices']} of them over a whole dim"
+            )
         for p in r.get("profile", []):
             print(f"    {p['op']:<48} {p['ms']:+8.2f} ms/step ({p['hspmd_ms']:.2f} vs "
                   f"{p['eager_ms']:.2f}), {p['calls']:+.0f} calls/step")  # fmt: skip
@@ -357,14 +431,20 @@ def main() -> None:
         rows[name] |= step_ratio(ours, theirs, rounds=rounds, per_round=args.per_round)
         if args.profile:
             rows[name]["profile"] = profile_diff(ours, theirs, count=5, top=10)
+            rows[name]["slices"], rows[name]["whole_slices"] = full_slices(model)
+    attention = attention_paths(sizes, rounds=rounds) if args.profile else None
     costs = cost_check(("llama-tiny",) if args.quick else ("llama-small", "llama-32b", "llama-70b"))
     print(f"{sizes}, one torch thread; first capture in the process {warmup_s:.2f} s (apart)")
     print_families(rows)
+    if attention is not None:
+        print(
+            f"HF attention (SDPA forward + backward, GQA) as exported / as eager: {ranged(attention)}"
+        )
     print_costs(costs)
     print(json.dumps({
         "benchmark": "models", "sizes": str(sizes), "warmup_capture_s": round(warmup_s, 2),
-        "families": rounded(rows),
-        "cost": costs,
+        "families": rounded(rows), "cost": costs,
+        **({"attention_exported_over_eager": rounded(attention)} if attention else {}),
     }))  # fmt: skip
 
 
