@@ -18,7 +18,9 @@ one micro-batch of 4 x 256 tokens, fp32, one torch thread. Per family:
                 communicate, so no process is needed) with hspmd's Adam, over the module in
                 plain eager PyTorch with ``torch.optim.AdamW(foreach=False)`` at weight decay
                 0 (the same numbers); rounds alternate which side runs first, the ratio of
-                each round is hspmd's median step over eager's; median [min, max] of rounds
+                each round is hspmd's median step over eager's, in wall time and in the
+                process's CPU time (``time.process_time``: less moved by the other processes
+                of a shared machine); median [min, max] of the rounds
     loss diff   max |hspmd loss - eager loss| over the steps (same weights, same batches)
 
 Then the cost check of benchmarks/model_cost.py on the HF Llama: for llama-small, -32b
@@ -194,34 +196,43 @@ def steps(model: ModuleModel, s: Sizes) -> tuple[Step, Step]:
     return hspmd_step, eager_step
 
 
-def timed(step: Step, count: int, seconds: list[float], losses: list[float]) -> None:
+Times = tuple[list[float], list[float]]  # wall seconds, CPU seconds of the process
+
+
+def timed(step: Step, count: int, times: Times, losses: list[float]) -> None:
     for _ in range(count):
-        start = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.process_time()
         losses.append(step())
-        seconds.append(time.perf_counter() - start)
+        times[0].append(time.perf_counter() - wall)
+        times[1].append(time.process_time() - cpu)
 
 
 def step_ratio(ours: Step, theirs: Step, *, rounds: int, per_round: int) -> dict[str, Any]:
     """Alternate the two sides (first one, then the other); per round, hspmd's median step
-    time over eager's. One warm-up step each first."""
+    time over eager's, in wall time and in the process's CPU time (less moved by other
+    processes on a shared machine). One warm-up step each first."""
     losses: dict[str, list[float]] = {"hspmd": [], "eager": []}
-    timed(ours, 1, [], losses["hspmd"])
-    timed(theirs, 1, [], losses["eager"])
-    ratios, ours_s, theirs_s = [], [], []
+    timed(ours, 1, ([], []), losses["hspmd"])
+    timed(theirs, 1, ([], []), losses["eager"])
+    ratios: Times = ([], [])
+    all_ours: Times = ([], [])
+    all_theirs: Times = ([], [])
     for r in range(rounds):
-        mine: list[float] = []
-        other: list[float] = []
+        mine: Times = ([], [])
+        other: Times = ([], [])
         order = [(ours, mine, "hspmd"), (theirs, other, "eager")]
         for step, out, side in order if r % 2 == 0 else order[::-1]:
             timed(step, per_round, out, losses[side])
-        ratios.append(statistics.median(mine) / statistics.median(other))
-        ours_s += mine
-        theirs_s += other
+        for kind in (0, 1):
+            ratios[kind].append(statistics.median(mine[kind]) / statistics.median(other[kind]))
+            all_ours[kind].extend(mine[kind])
+            all_theirs[kind].extend(other[kind])
     diff = max(abs(a - b) for a, b in zip(losses["hspmd"], losses["eager"], strict=True))
     return {
-        "ratio": spread(ratios),
-        "hspmd_ms": statistics.median(ours_s) * 1e3,
-        "eager_ms": statistics.median(theirs_s) * 1e3,
+        "ratio": spread(ratios[0]),
+        "cpu_ratio": spread(ratios[1]),
+        "hspmd_ms": statistics.median(all_ours[0]) * 1e3,
+        "eager_ms": statistics.median(all_theirs[0]) * 1e3,
         "loss_diff": diff,
     }
 
@@ -380,12 +391,13 @@ def ranged(v: dict[str, float], fmt: str = ".3f") -> str:
 
 def print_families(rows: dict[str, dict[str, Any]]) -> None:
     print(f"{'family':<11}{'capture s':>22}{'ATen ops':>9}{'split':>6}{'fallbacks':>10}"
-          f"{'KiB':>6}{'hspmd ms':>9}{'eager ms':>9}{'step ratio':>22}{'loss diff':>10}")  # fmt: skip
+          f"{'KiB':>6}{'hspmd ms':>9}{'eager ms':>9}{'step ratio':>22}{'CPU time ratio':>22}"
+          f"{'loss diff':>10}")  # fmt: skip
     for name, r in rows.items():
         print(f"{name:<11}{ranged(r['capture_s'], '.2f'):>22}{r['aten_ops']:>9}"
               f"{r['tp2_split_params']:>6}{len(r['fallbacks']):>10}"
               f"{r['fallback_bytes'] / 1024:>6.1f}{r['hspmd_ms']:>9.1f}{r['eager_ms']:>9.1f}"
-              f"{ranged(r['ratio']):>22}{r['loss_diff']:>10.1e}")  # fmt: skip
+              f"{ranged(r['ratio']):>22}{ranged(r['cpu_ratio']):>22}{r['loss_diff']:>10.1e}")  # fmt: skip
         for line in r["fallbacks"]:
             print(f"    fallback: {line}")
         if "slices" in r:
