@@ -16,7 +16,9 @@ def test_the_docs_table_is_generated_from_the_code() -> None:
     text = DOC.read_text()
     begin, end = "<!-- coverage:begin -->\n", "\n<!-- coverage:end -->"
     table = text[text.index(begin) + len(begin) : text.index(end)]
-    assert table == coverage_markdown(), "paste `python -m hspmd.deduce.coverage` between the markers"
+    assert table == coverage_markdown(), (
+        "paste `python -m hspmd.deduce.coverage` between the markers"
+    )
 
 
 def test_every_listed_op_has_its_rule_and_pointwise_ops_theirs() -> None:

@@ -32,16 +32,6 @@ NODES = ["--nnodes", "2", "--master-addr", "127.0.0.1"]
             ["--elastic", "--nnodes", "3", "--master-addr", "127.0.0.1"],
             "2 ranks do not split evenly over 3 nodes",
         ),
-        (
-            [
-                "--elastic",
-                "--model",
-                "hspmd.models.examples:gpt2",
-                "--config",
-                '{"num_layers": 2, "tie": false}',
-            ],
-            "cannot train with --elastic",
-        ),
         (["--elastic", "--grow", "3=1"], "--grow adds 1 ranks but --spares is 0"),
     ],
 )
