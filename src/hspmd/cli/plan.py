@@ -27,6 +27,7 @@ from typing import Any
 from hspmd.cli.flags import HelpFormatter
 from hspmd.cli.paths import check_out_folder, write_out
 from hspmd.cli.simulate import GIB, add_common, setup
+from hspmd.cli.strategy_arg import strategy_argument
 from hspmd.plan.strategy import format_ranks, parse_ranks, parse_strategy
 from hspmd.planner.cost import CostModel
 from hspmd.planner.elastic import replan
@@ -58,8 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--alive", default=None, help="cluster ranks usable now, e.g. 0-14,16-39 (default: all)"
     )
     elastic.add_argument(
-        "--current", default=None, help="the strategy running now (the warm start)"
-    )
+        "--current", default=None, type=strategy_argument,
+        help="the strategy running now (the warm start), or @FILE holding it",
+    )  # fmt: skip
     elastic.add_argument(
         "--min-replicas", type=int, default=2, help="pipelines that hold every layer"
     )
