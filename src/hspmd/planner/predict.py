@@ -43,7 +43,7 @@ __all__ = ["Prediction", "Segment", "predict", "segments", "step_tasks"]
 @dataclass(frozen=True, slots=True)
 class Segment:
     """Layers ``first..last`` held by the same stage of every pipeline (``holders``: one
-    ``(pipeline, stage)`` per pipeline), with ``params`` parameters including the embedding
+    ``(pipeline, stage)`` per pipeline, in pipeline order), with ``params`` parameters including the embedding
     or head where the segment holds them."""
 
     first: int
@@ -174,7 +174,8 @@ def _last_b_pieces(
 ) -> list[tuple[str, int]]:
     """The last backward of stage ``s`` of pipeline ``p`` cut at its segments, in the
     order backward runs them (last layers first): (task id, layers) per piece."""
-    mine = sorted((g for g in segs if (p, s) in g.holders), key=lambda g: -g.first)
+    # holders[p] is pipeline p's (segments): one lookup, not a scan of every pipeline's
+    mine = sorted((g for g in segs if g.holders[p] == (p, s)), key=lambda g: -g.first)
     return [(_piece_of(p, s, pipe, g), g.last - g.first + 1) for g in mine]
 
 
