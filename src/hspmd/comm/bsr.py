@@ -119,18 +119,38 @@ def schedule(
     if method not in METHODS:
         raise ResolutionError(f"unknown BSR method {method!r}: use one of {', '.join(METHODS)}")
     topology = topology or Topology.flat()
+    # (sender, receiver, tensor) as one int, (src * ranks + dst) * tensors + tensor: sorted
+    # as the tuples would be, several times faster (a million keys at 4096 ranks)
+    ranks = 1 + max(
+        (max(max(e.owners, default=0), max(e.needers, default=0))
+         for t in tables for e in t.entries), default=0,
+    )  # fmt: skip
+    low = min((t.tensor for t in tables), default=0)
+    tensors = 1 + max((t.tensor for t in tables), default=0) - low
+    picked = _pick(tables, topology, method=method, fused=fused, ranks=ranks, tensors=tensors)
+    out = []
+    for key in sorted(picked):
+        boxes = picked[key]
+        pair, tensor = divmod(key, tensors)
+        src, dst = divmod(pair, ranks)
+        for box in merge_boxes(boxes) if type(boxes) is list else (boxes,):
+            out.append(Transfer(src, dst, box, tensor + low))
+    return tuple(out)
+
+
+def _pick(
+    tables: Sequence[BsrTable], topology: Topology, *, method: str, fused: bool, ranks: int,
+    tensors: int,
+) -> dict[int, Any]:  # fmt: skip
+    """``schedule``'s choice of sender per (slice, needer): key (sender, receiver, tensor)
+    as one int -> its region, or a list of its regions where there are several (most have
+    one: no list per key, 10 million at 65,536 ranks)."""
     node = functools.cache(topology.node_of)  # TopologyError for a rank on no node
     links = _Links(tables, topology) if method == "heuristic" else None
     loads = [0.0] * (links.num_ranks if links else 0)  # bytes sent so far (rule 3)
     heaps: dict[int, tuple[tuple[int, ...], list[tuple[float, int]]]] = {}
-    # (sender, receiver, tensor) as one int, (src * ranks + dst) * tensors + tensor: sorted
-    # as the tuples would be, several times faster (a million keys at 4096 ranks)
-    ranks = 1 + max(
-        (r for t in tables for e in t.entries for r in (*e.owners, *e.needers)), default=0
-    )
     low = min((t.tensor for t in tables), default=0)
-    tensors = 1 + max((t.tensor for t in tables), default=0) - low
-    picked: dict[int, list[Region]] = defaultdict(list)
+    picked: dict[int, Any] = {}
     for table in tables:
         if not fused:
             loads = [0.0] * len(loads)
@@ -154,15 +174,15 @@ def schedule(
                         loads[owner] += size
                     else:
                         owner = _least_loaded(ints, loads, heaps, size)
-                picked[(owner * ranks + needer) * tensors + tensor - low].append(region)
-    out = []
-    for key in sorted(picked):
-        boxes = picked[key]
-        pair, tensor = divmod(key, tensors)
-        src, dst = divmod(pair, ranks)
-        for box in boxes if len(boxes) == 1 else merge_boxes(boxes):
-            out.append(Transfer(src, dst, box, tensor + low))
-    return tuple(out)
+                key = (owner * ranks + needer) * tensors + tensor - low
+                had = picked.get(key)
+                if had is None:
+                    picked[key] = region
+                elif type(had) is list:
+                    had.append(region)
+                else:
+                    picked[key] = [had, region]
+    return picked
 
 
 def _least_loaded(
