@@ -8,15 +8,17 @@ target with twice the pipelines and half the stages (the same ranks):
     48       3 x 4 stages x TP4  6 x 2 stages x TP4
     512      8 x 8 stages x TP8  16 x 4 stages x TP8
     4096     64 x 8 stages x TP8 128 x 4 stages x TP8
+    65536    1024 x 8 stages x TP8 2048 x 4 stages x TP8
 
 Each command runs in a process of its own, so ``peak_MB`` (the process's maximum RSS,
 ``os.wait4``'s rusage; torch's import is in it) is that command's alone:
 
-- ``explain``: ``hspmd explain --model llama-70b --strategy S --rank 0 --seq-len 4096 --json``
-  (the per-rank graph, communication and schedule summary of rank 0);
+- ``explain``: ``hspmd explain --model llama-70b --strategy @S --rank 0 --seq-len 4096 --json``
+  (the per-rank graph, communication and schedule summary of rank 0; every strategy is
+  passed as ``@FILE``, as 65,536 ranks written out exceed one command-line argument);
 - ``simulate``: ``hspmd simulate ... --strategy S --json``, one simulated step of every rank;
 - ``plan``: ``hspmd plan ... --global-batch 1024 --json`` on the size's cluster (the
-  heterogeneous search and the homogeneous baseline);
+  heterogeneous search and the homogeneous baseline; 16384 at 65,536 ranks);
 - ``switch``: ``hspmd switch-cost --from S --to TARGET --algo fused --json`` (fp32 masters and
   Adam states);
 - ``executable``: ``build_executable`` of rank 0 on the meta device (nothing allocated;
@@ -32,7 +34,9 @@ its subcommands, torch included), ``wall_s`` the whole process from the parent's
 (interpreter start, imports, the command, exit): what a user waits for.
 
 Goals (issue 12): each command under 30 s at 4096 ranks, one rank's executable under 2 s,
-peak memory under 4 GiB. Run: ``python benchmarks/metadata_scale.py [--sizes 48 512 4096]``.
+peak memory under 4 GiB; issue 39: each under 60 s and 4 GiB at 65,536 ranks. Run:
+``python benchmarks/metadata_scale.py [--sizes 48 512 4096 65536]`` (the default leaves
+65,536 out: minutes).
 """
 
 from __future__ import annotations
@@ -49,10 +53,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-SIZES = {48: (3, 4, 4), 512: (8, 8, 8), 4096: (64, 8, 8)}
+SIZES = {48: (3, 4, 4), 512: (8, 8, 8), 4096: (64, 8, 8), 65536: (1024, 8, 8)}
+DEFAULT_SIZES = (48, 512, 4096)
 MODEL = "llama-70b"
 SEQ_LEN = 4096
-GLOBAL_BATCH = 1024
+GLOBAL_BATCH = {48: 1024, 512: 1024, 4096: 1024, 65536: 16384}
 COMMANDS = ("explain", "simulate", "plan", "switch", "executable")
 
 
@@ -89,23 +94,35 @@ def cluster_json(num_ranks: int) -> dict[str, Any]:
     }
 
 
-def cli_args(command: str, num_ranks: int, cluster: str) -> list[str]:
-    """The ``hspmd`` command line of ``command`` at ``num_ranks`` (cluster: a file)."""
+def strategy_files(num_ranks: int, cluster: str) -> tuple[str, str]:
+    """The strategy and the switch target at ``num_ranks``, as files beside ``cluster``."""
     from hspmd.models.config import get_config
 
     layers = get_config(MODEL).num_layers
     p, s, t = SIZES[num_ranks]
-    text = strategy_text(p, s, t, layers)
+    paths = []
+    for name, text in (("from", strategy_text(p, s, t, layers)),
+                       ("to", strategy_text(2 * p, s // 2, t, layers))):  # fmt: skip
+        path = Path(cluster).with_name(f"{name}{num_ranks}.txt")
+        path.write_text(text)
+        paths.append(str(path))
+    return paths[0], paths[1]
+
+
+def cli_args(command: str, num_ranks: int, cluster: str) -> list[str]:
+    """The ``hspmd`` command line of ``command`` at ``num_ranks`` (cluster: a file; the
+    strategies: files beside it)."""
+    source, target = strategy_files(num_ranks, cluster)
+    text = f"@{source}"
     common = ["--model", MODEL, "--seq-len", str(SEQ_LEN)]
     if command == "explain":
         return ["explain", *common, "--strategy", text, "--rank", "0", "--dtype", "bf16", "--json"]
     if command == "simulate":
         return ["simulate", *common, "--cluster", cluster, "--strategy", text, "--json"]
     if command == "plan":
-        batch = ["--global-batch", str(GLOBAL_BATCH)]
+        batch = ["--global-batch", str(GLOBAL_BATCH[num_ranks])]
         return ["plan", *common, "--cluster", cluster, *batch, "--json"]
-    target = strategy_text(2 * p, s // 2, t, layers)
-    return ["switch-cost", "--model", MODEL, "--from", text, "--to", target, "--cluster",
+    return ["switch-cost", "--model", MODEL, "--from", text, "--to", f"@{target}", "--cluster",
             cluster, "--algo", "fused", "--json"]  # fmt: skip
 
 
@@ -186,7 +203,7 @@ def run_child(num_ranks: int, command: str, cluster: str) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--sizes", type=int, nargs="+", default=sorted(SIZES), choices=sorted(SIZES)
+        "--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES), choices=sorted(SIZES)
     )
     parser.add_argument(
         "--commands", nargs="+", default=list(COMMANDS), choices=COMMANDS,
@@ -233,7 +250,7 @@ def main() -> None:
         "largest_slowest_command_s": max(largest[c + "_s"] for c in args.commands),
         "largest_slowest_wall_s": max(largest[c + "_wall_s"] for c in args.commands),
         "largest_peak_MB": max(largest[c + "_peak_MB"] for c in args.commands),
-        "goal_command_s": 30.0,
+        "goal_command_s": 60.0 if largest["ranks"] > 4096 else 30.0,  # issue 39 / issue 12
         "goal_executable_s": 2.0,
         "goal_peak_MB": 4096.0,
     }

@@ -180,6 +180,11 @@ class Annotation:
     _memo: dict[tuple[int, ...], dict[int, Piece]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    # rank -> (subgroup, position), on the object for the same reason (filled on first use;
+    # 65,536 ranks: a module cache compared 8,192 groups per membership test)
+    _index: dict[int, tuple[int, int]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __hash__(self) -> int:
         return self._hash
@@ -300,9 +305,13 @@ class Annotation:
             ) from error
 
 
-@functools.cache
 def _rank_index(annotation: Annotation) -> dict[int, tuple[int, int]]:
-    return {r: (s, i) for s, g in enumerate(annotation.groups) for i, r in enumerate(g.ranks)}
+    index = annotation._index
+    if not index:  # every annotation has a rank: empty means not filled yet
+        index.update(
+            (r, (s, i)) for s, g in enumerate(annotation.groups) for i, r in enumerate(g.ranks)
+        )
+    return index
 
 
 @functools.cache

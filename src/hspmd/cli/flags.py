@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hspmd.cli.model_input import model_argument
+from hspmd.cli.strategy_arg import strategy_argument, switch_argument
 from hspmd.data import LONG_DOCS
 from hspmd.data.tokens import TOKEN_DTYPES
 from hspmd.models.llama import PRESETS
@@ -97,8 +98,9 @@ TRAIN_FLAGS: tuple[Flag, ...] = (
     Flag("--config", "model_overrides",
          help="JSON object (or a .json file): the factory's keyword arguments, or preset "
          """fields to override, e.g. '{"num_layers": 2}'"""),
-    Flag("--strategy", "strategy",
-         help="pipelines 'COUNTxSIZE: R<ranks>:L<first>-<last> ...' separated by ';'"),
+    Flag("--strategy", "strategy", type=strategy_argument,
+         help="pipelines 'COUNTxSIZE: R<ranks>:L<first>-<last> ...' separated by ';', "
+         "N*(PIPELINE) for N shifted copies, or @FILE holding the strategy"),
     Flag("--global-batch", "global_batch", type=int,
          help="sequences per step (default: the strategy's sum of COUNT x SIZE; "
          f"{REFERENCE_BATCH} without a strategy)"),
@@ -174,7 +176,8 @@ TRAIN_FLAGS: tuple[Flag, ...] = (
     Flag("--no-overlap", "overlap", action="store_true",
          help="sync gradients after the last backward instead of during it (debugging)"),
     Flag("--switch", "switches", action="append", default=[], metavar='STEP="STRATEGY"',
-         help="switch to STRATEGY in memory before step STEP (repeatable)"),
+         type=switch_argument,
+         help="switch to STRATEGY (or STEP=@FILE) in memory before step STEP (repeatable)"),
     Flag("--switch-mode", "switch_mode", default=_default("switch_mode"),
          choices=_choices("switch_mode"),
          help="what a switch moves: fp32 masters and Adam states (states, for unstable "

@@ -28,6 +28,7 @@ from hspmd.cli.flags import HelpFormatter
 from hspmd.cli.model_input import model_kwargs
 from hspmd.cli.paths import check_out_folder, write_out
 from hspmd.cli.simulate import GIB, add_common, setup
+from hspmd.cli.strategy_arg import strategy_argument
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.choice import choice_fields
 from hspmd.plan.identity import ModelIdentity
@@ -66,8 +67,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--alive", default=None, help="cluster ranks usable now, e.g. 0-14,16-39 (default: all)"
     )
     elastic.add_argument(
-        "--current", default=None, help="the strategy running now (the warm start)"
-    )
+        "--current", default=None, type=strategy_argument,
+        help="the strategy running now (the warm start), or @FILE holding it",
+    )  # fmt: skip
     elastic.add_argument(
         "--min-replicas", type=int, default=2, help="pipelines that hold every layer"
     )

@@ -20,6 +20,7 @@ import argparse
 import json
 
 from hspmd.cli.flags import add_flags
+from hspmd.cli.strategy_arg import strategy_argument
 from hspmd.plan.strategy import parse_ranks
 from hspmd.switch.cluster import Cluster, load_cluster
 from hspmd.switch.cost import ALGOS, STATES, SwitchCost, switch_cost
@@ -39,8 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="model preset, e.g. llama-32b, or an nn.Module's FILE.py:FUNCTION (docs/models.md)",
     )
     parser.add_argument("--config", default=None, help="JSON: the factory's keyword arguments")
-    parser.add_argument("--from", dest="source", required=True, help="old strategy string")
-    parser.add_argument("--to", dest="target", required=True, help="new strategy string")
+    for flag, dest, which in (("--from", "source", "old"), ("--to", "target", "new")):
+        parser.add_argument(flag, dest=dest, required=True, type=strategy_argument,
+                            help=f"{which} strategy string, or @FILE holding it")  # fmt: skip
     parser.add_argument("--cluster", required=True, help="cluster file or shipped name")
     parser.add_argument("--algo", choices=ALGOS, default="fused", help="BSR scheme")
     parser.add_argument(

@@ -24,9 +24,11 @@ by all tensors, so the load balances over the whole switch, and messages are cou
 from __future__ import annotations
 
 import functools
+import heapq
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -102,10 +104,12 @@ def schedule(
 
     The heuristic's rule 2 depends only on the slice's owners and the needer's node, so the
     fastest owners are found once per owner set and node, whatever the slice or tensor
-    (``_Links.of``); rules 3 and 4 are then one ``argmin`` over their loads (owners in rank
-    order: the first minimum is the lowest rank). At 4096 ranks (llama-70b, 64 -> 128
-    pipelines, benchmarks/metadata_scale.py) a slice has 64 owners and the switch 740,352
-    (slice, needer) pairs; rule 2 is computed 72 times (once per slice and node: 520,768).
+    (``_Links.of``); rules 3 and 4 then take the top of a heap of (load, rank) per such set
+    of owners (``_least_loaded``). At 4096 ranks (llama-70b, 64 -> 128 pipelines,
+    benchmarks/metadata_scale.py) a slice has 64 owners and the switch 740,352 (slice,
+    needer) pairs; rule 2 is computed 72 times (once per slice and node: 520,768). At
+    65,536 ranks a slice has 1024 owners and the switch 10 million pairs: a scan of the
+    owners' loads per pair took most of a minute.
 
     >>> from hspmd.annotation import parse_annotation as A
     >>> t = BsrTable.between(A("[0,1]{D:2}"), A("[2,3]{0:2}"), (4,))
@@ -115,20 +119,42 @@ def schedule(
     if method not in METHODS:
         raise ResolutionError(f"unknown BSR method {method!r}: use one of {', '.join(METHODS)}")
     topology = topology or Topology.flat()
-    node = functools.cache(topology.node_of)  # TopologyError for a rank on no node
-    links = _Links(tables, topology) if method == "heuristic" else None
-    loads = np.zeros(links.num_ranks if links else 0)
     # (sender, receiver, tensor) as one int, (src * ranks + dst) * tensors + tensor: sorted
     # as the tuples would be, several times faster (a million keys at 4096 ranks)
     ranks = 1 + max(
-        (r for t in tables for e in t.entries for r in (*e.owners, *e.needers)), default=0
-    )
+        (max(max(e.owners, default=0), max(e.needers, default=0))
+         for t in tables for e in t.entries), default=0,
+    )  # fmt: skip
     low = min((t.tensor for t in tables), default=0)
     tensors = 1 + max((t.tensor for t in tables), default=0) - low
-    picked: dict[int, list[Region]] = defaultdict(list)
+    picked = _pick(tables, topology, method=method, fused=fused, ranks=ranks, tensors=tensors)
+    out = []
+    for key in sorted(picked):
+        boxes = picked[key]
+        pair, tensor = divmod(key, tensors)
+        src, dst = divmod(pair, ranks)
+        for box in merge_boxes(boxes) if type(boxes) is list else (boxes,):
+            out.append(Transfer(src, dst, box, tensor + low))
+    return tuple(out)
+
+
+def _pick(
+    tables: Sequence[BsrTable], topology: Topology, *, method: str, fused: bool, ranks: int,
+    tensors: int,
+) -> dict[int, Any]:  # fmt: skip
+    """``schedule``'s choice of sender per (slice, needer): key (sender, receiver, tensor)
+    as one int -> its region, or a list of its regions where there are several (most have
+    one: no list per key, 10 million at 65,536 ranks)."""
+    node = functools.cache(topology.node_of)  # TopologyError for a rank on no node
+    links = _Links(tables, topology) if method == "heuristic" else None
+    loads = [0.0] * (links.num_ranks if links else 0)  # bytes sent so far (rule 3)
+    heaps: dict[int, tuple[tuple[int, ...], list[tuple[float, int]]]] = {}
+    low = min((t.tensor for t in tables), default=0)
+    picked: dict[int, Any] = {}
     for table in tables:
         if not fused:
-            loads[:] = 0.0
+            loads = [0.0] * len(loads)
+            heaps.clear()
         tensor = table.tensor
         for entry in table.entries:
             region, owners = entry.region, entry.owners
@@ -142,18 +168,43 @@ def schedule(
                 elif fastest is None:
                     owner = owners[0]
                 else:
-                    ints, array = fastest[node(needer)]
-                    owner = ints[0] if len(ints) == 1 else ints[int(loads[array].argmin())]
-                    loads[owner] += size
-                picked[(owner * ranks + needer) * tensors + tensor - low].append(region)
-    out = []
-    for key in sorted(picked):
-        boxes = picked[key]
-        pair, tensor = divmod(key, tensors)
-        src, dst = divmod(pair, ranks)
-        for box in boxes if len(boxes) == 1 else merge_boxes(boxes):
-            out.append(Transfer(src, dst, box, tensor + low))
-    return tuple(out)
+                    ints = fastest[node(needer)]
+                    if len(ints) == 1:
+                        owner = ints[0]
+                        loads[owner] += size
+                    else:
+                        owner = _least_loaded(ints, loads, heaps, size)
+                key = (owner * ranks + needer) * tensors + tensor - low
+                had = picked.get(key)
+                if had is None:
+                    picked[key] = region
+                elif type(had) is list:
+                    had.append(region)
+                else:
+                    picked[key] = [had, region]
+    return picked
+
+
+def _least_loaded(
+    ints: tuple[int, ...], loads: list[float], heaps: dict[int, Any], size: int
+) -> int:
+    """Rules 3 and 4 among ``ints``: the least-loaded rank, the lowest of equals; its load
+    grows by ``size``. ``heaps[id(ints)]`` keeps one (load, rank) entry per rank of
+    ``ints``; loads only grow, so an entry is at most its rank's load: the first entry
+    that surfaces equal to it is the minimum, the stale ones above it are refreshed."""
+    found = heaps.get(id(ints))
+    if found is None:
+        heap = [(loads[r], r) for r in ints]
+        heapq.heapify(heap)
+        heaps[id(ints)] = (ints, heap)  # ints kept alive: its id stays its own
+    else:
+        heap = found[1]
+    while heap[0][0] != loads[heap[0][1]]:
+        heapq.heapreplace(heap, (loads[heap[0][1]], heap[0][1]))
+    owner = heap[0][1]
+    loads[owner] += size
+    heapq.heapreplace(heap, (loads[owner], owner))
+    return owner
 
 
 class _Links:
@@ -197,8 +248,8 @@ class _Links:
         return ranks[bandwidth == bandwidth.max()]
 
 
-Candidates = tuple[tuple[int, ...], np.ndarray]
-"""Owners on the fastest link, as ints (to pick from) and as an array (to index loads)."""
+Candidates = tuple[int, ...]
+"""Owners on the fastest link, in rank order."""
 
 
 class _Fastest(dict[int, Candidates]):
@@ -224,7 +275,7 @@ class _Fastest(dict[int, Candidates]):
 
 
 def _candidates(ranks: np.ndarray) -> Candidates:
-    return tuple(int(r) for r in ranks), ranks
+    return tuple(int(r) for r in ranks)
 
 
 def bsr_step(

@@ -102,7 +102,9 @@ def _as_all_reduce(before: Annotation, regions: dict[int, Region]) -> AllReduce 
     by_region: dict[Region, list[list[int]]] = {}
     for index, group in enumerate(before.groups):
         for rank in sorted(group.ranks):
-            holders = by_region.setdefault(regions[rank], [[] for _ in before.groups])
+            holders = by_region.get(regions[rank])
+            if holders is None:  # not setdefault: its default costs hsize lists per rank
+                holders = by_region[regions[rank]] = [[] for _ in before.groups]
             holders[index].append(rank)
     groups: list[tuple[int, ...]] = []
     for holders in by_region.values():

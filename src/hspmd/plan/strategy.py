@@ -13,9 +13,15 @@ last layer's. The paper's C2 on 31 ranks::
     0         33 x 1         4:0-14  4:15-29  4:30-44  4:45-59
     1         31 x 1         4:0-15  4:16-31  4:32-47  2:48-55  1:56-59
 
+Many pipelines that are one pipeline shifted by a rank offset are written once:
+``1024*(4x1: R0-7:L0-39 R8-15:L40-79)`` is 1024 pipelines on 16,384 ranks, copy ``k`` on
+ranks ``16k`` up (``hspmd.plan.repeat``; `` stride N`` after the parenthesis for another
+shift).
+
 ``str(parse_strategy(text))`` is the canonical text: ``"; "`` between pipelines, one
-space between stages, consecutive ascending ranks as ``a-b``, layers always ``a-b``.
-``parse_strategy`` also accepts ``L5`` for one layer and any spacing.
+space between stages, consecutive ascending ranks as ``a-b``, layers always ``a-b``, runs
+of 8 or more shifted copies in the repeat form. ``parse_strategy`` also accepts ``L5`` for
+one layer and any spacing, newlines included.
 
 Context parallelism: a stage may end in ``:C<degree>`` (``R0-3:L0-7:C2``). Its ranks then
 form TP x CP: groups of ``degree`` consecutive ranks split the sequence (the CP groups, CP
@@ -41,6 +47,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from hspmd.errors import StrategyError
+from hspmd.plan.repeat import expand, format_pipelines
 
 if TYPE_CHECKING:
     from hspmd.models.spec import ModelSpec
@@ -139,6 +146,16 @@ class Pipeline:
                 return stage
         raise StrategyError(f"no stage of pipeline {self} holds layer {layer}")
 
+    def shifted(self, offset: int) -> Pipeline:
+        """The same pipeline on ranks ``offset`` higher (the repeat form's copies)."""
+        # built directly: dataclasses.replace costs 3x as much (65,536 copies in a repeat)
+        stages = tuple(
+            Stage(tuple(r + offset for r in st.ranks), st.first_layer, st.last_layer, st.cp,
+                  st.recompute)
+            for st in self.stages
+        )  # fmt: skip
+        return Pipeline(self.num_micro_batches, self.micro_batch_size, stages)
+
     def __str__(self) -> str:
         stages = " ".join(map(str, self.stages))
         return f"{self.num_micro_batches}x{self.micro_batch_size}: {stages}"
@@ -215,7 +232,7 @@ class Strategy:
                 yield p, s, stage
 
     def __str__(self) -> str:
-        return "; ".join(map(str, self.pipelines))
+        return format_pipelines(self.pipelines)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -335,24 +352,69 @@ def parse_ranks(text: str) -> tuple[int, ...]:
 
 _HEAD = re.compile(r"\s*(\d+)\s*x\s*(\d+)\s*:")
 _STAGE = re.compile(r"R([0-9,\-]+):L(\d+)(?:-(\d+))?(?::C(\d+))?(?::RC(\d+))?")
+_REPEAT = re.compile(r"\s*(\d+)\s*\*\s*\(")  # COUNT*( opens the repeat form (plan.repeat)
+_STRIDE = re.compile(r"\s*(?:stride\s*(\d+))?\s*")  # what may follow its ')'
 _EXAMPLE = "e.g. '4x2: R0-3:L0-11 R4-7:L12-23; 8x1: R8,9:L0-23'"
+_SHOWN = 120  # an error quotes at most this much of a line of the text
 
 
 def _syntax_error(text: str, column: int, what: str, *, hint: str = "") -> StrategyError:
-    pointer = " " * column + "^"
+    """``what`` at offset ``column`` of ``text``, its line quoted (a window of it where it is
+    long: a strategy read from a file may be megabytes) with a pointer under the column."""
+    start = text.rfind("\n", 0, column) + 1
+    end = len(text) if (found := text.find("\n", column)) < 0 else found
+    line, col = text[start:end], column - start
+    where = f"column {col}" if "\n" not in text else f"line {text.count(chr(10), 0, start) + 1}, column {col}"  # fmt: skip
+    if len(line) > _SHOWN:
+        low = max(0, min(col - _SHOWN // 2, len(line) - _SHOWN))
+        left = "..." if low else ""
+        right = "..." if low + _SHOWN < len(line) else ""
+        line, col = f"{left}{line[low : low + _SHOWN]}{right}", col - low + len(left)
+    pointer = " " * col + "^"
     last = f"{hint}; {_EXAMPLE}" if hint else _EXAMPLE
-    return StrategyError(f"{what} at column {column}:\n  {text}\n  {pointer}\n{last}")
+    return StrategyError(f"{what} at {where}:\n  {line}\n  {pointer}\n{last}")
 
 
 def parse_strategy(text: str) -> Strategy:
-    """Parse the strategy string (module docstring); syntax only, see ``check_strategy``."""
+    """Parse the strategy string (module docstring; ``COUNT*(PIPELINE)``: ``plan.repeat``);
+    syntax only, see ``check_strategy``."""
     if not text.strip():
         raise StrategyError(f"empty strategy: give at least one pipeline, {_EXAMPLE}")
-    pipelines, offset = [], 0
+    pipelines: list[Pipeline] = []
+    offset = 0
     for part in text.split(";"):
-        pipelines.append(_parse_pipeline(text, part, offset))
+        pipelines.extend(_parse_part(text, part, offset))
         offset += len(part) + 1
     return Strategy(tuple(pipelines))
+
+
+def _parse_part(text: str, part: str, offset: int) -> list[Pipeline]:
+    """One ``;``-separated part at ``offset``: a pipeline, or ``COUNT*(PIPELINE) [stride N]``."""
+    repeat = _REPEAT.match(part)
+    if not repeat:
+        return [_parse_pipeline(text, part, offset)]
+    count, close = int(repeat.group(1)), part.rfind(")")
+    if count < 1:
+        raise _syntax_error(text, offset + repeat.start(1), f"repeat count {count}",
+                            hint="give at least 1 copy, or drop the pipeline")  # fmt: skip
+    if close < 0:
+        raise _syntax_error(text, offset + repeat.end() - 1, "repeat without its ')'",
+                            hint="write COUNT*(PIPELINE), one pipeline in parentheses")  # fmt: skip
+    inner, tail = part[repeat.end() : close], part[close + 1 :]
+    if not inner.strip():
+        raise _syntax_error(text, offset + repeat.end(), "empty repeat",
+                            hint="write COUNT*(PIPELINE), one pipeline in parentheses")  # fmt: skip
+    stride = _STRIDE.fullmatch(tail)
+    if stride is None:
+        column = offset + close + 1 + len(tail) - len(tail.lstrip())
+        raise _syntax_error(text, column, f"found {tail.split()[0]!r} after a repeat", hint="a "
+                            "repeat may end in ' stride N'; separate pipelines with ';'")  # fmt: skip
+    pipeline = _parse_pipeline(text, inner, offset + repeat.end())
+    step = len(pipeline.ranks) if stride.group(1) is None else int(stride.group(1))
+    if step < 1:
+        raise _syntax_error(text, offset + close + 1 + stride.start(1), "stride 0 puts every "
+                            "copy on the same ranks", hint="give a stride of at least 1")  # fmt: skip
+    return expand(pipeline, count, step)
 
 
 def _parse_pipeline(text: str, part: str, offset: int) -> Pipeline:
@@ -363,8 +425,9 @@ def _parse_pipeline(text: str, part: str, offset: int) -> Pipeline:
             raise _syntax_error(text, column, "empty pipeline (two ';' or a trailing ';')")
         token = part.split()[0]
         raise _syntax_error(
-            text, column, f"found {token!r} where a pipeline starts with COUNTxSIZE: (e.g. 33x1:)"
-        )
+            text, column, f"found {token!r} where a pipeline starts with COUNTxSIZE: (e.g. 33x1:)",
+            hint=_head_hint(part),
+        )  # fmt: skip
     stages = []
     for found in re.finditer(r"\S+", part[head.end() :]):
         column = offset + head.end() + found.start()
@@ -400,6 +463,17 @@ def _parse_pipeline(text: str, part: str, offset: int) -> Pipeline:
     if not stages:
         raise _syntax_error(text, offset + head.end(), "pipeline without stages")
     return Pipeline(int(head.group(1)), int(head.group(2)), tuple(stages))
+
+
+def _head_hint(part: str) -> str:
+    """A likely fix for a pipeline that does not start with ``COUNTxSIZE:``."""
+    if re.match(r"\s*\d+\s*[xX]\s*\(", part):
+        return "write a repeat as COUNT*(PIPELINE), with '*'"
+    if re.match(r"\s*\d+\s*\*", part):
+        return "put the repeated pipeline in parentheses: COUNT*(PIPELINE)"
+    if part.lstrip().startswith("("):
+        return "a repeat starts with its count: COUNT*(PIPELINE)"
+    return ""
 
 
 def _stage_hint(token: str, rest: str) -> str:

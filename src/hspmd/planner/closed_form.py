@@ -104,16 +104,10 @@ class StageCosts:
         self, ranks: tuple[int, ...], layers: int, mbs: int, first: bool, last: bool,
         recompute: bool, sp: bool,
     ) -> StageWork:  # fmt: skip
-        """``stage_work`` of the stage of ``ranks``, cached by what of the ranks it reads:
-        their kinds in order (the slowest sets the pace) and their TP link (across nodes or
-        not). The 4096 stages of a homogeneous layout are then one computation, not 4096."""
-        kinds = self._kinds.get(ranks)
-        if kinds is None:
-            cost = self.cost
-            spans = len({cost.node_of(r) for r in ranks}) > 1
-            same = len(ranks) > 1 and ranks[0] == ranks[1]
-            kinds = self._kinds[ranks] = (tuple(cost.kind_of(r) for r in ranks), spans, same)
-        key = (kinds, layers, mbs, first, last, recompute, sp)
+        """``stage_work`` of the stage of ``ranks``, cached by what of the ranks it reads
+        (``kinds``). The 4096 stages of a homogeneous layout are then one computation, not
+        4096."""
+        key = (self.kinds(ranks), layers, mbs, first, last, recompute, sp)
         out = self._works.get(key)
         if out is None:
             out = self._works[key] = stage_work(
@@ -122,6 +116,18 @@ class StageCosts:
                 sequence_parallel=sp,
             )  # fmt: skip
         return out
+
+    def kinds(self, ranks: tuple[int, ...]) -> tuple[Any, ...]:
+        """What a stage's costs read of its ``ranks``: their kinds in order (the slowest
+        sets the pace) and their TP link (across nodes or not); stages alike in it cost
+        alike (cached per rank tuple)."""
+        kinds = self._kinds.get(ranks)
+        if kinds is None:
+            cost = self.cost
+            spans = len({cost.node_of(r) for r in ranks}) > 1
+            same = len(ranks) > 1 and ranks[0] == ranks[1]
+            kinds = self._kinds[ranks] = (tuple(cost.kind_of(r) for r in ranks), spans, same)
+        return kinds
 
     def line(
         self, unit: Unit, mbs: int, first: bool, last: bool, options: StrategyOptions,

@@ -232,19 +232,21 @@ def lost_layers(current: Strategy, alive: Collection[int], num_layers: int) -> t
     """Layers some TP shard of which no alive rank of ``current`` holds (a shard of a stage
     of degree t is the t-th part ``[j/t, (j+1)/t)`` of the layer's split dims)."""
     keep = set(alive)
-    covered: list[list[tuple[Fraction, Fraction]]] = [[] for _ in range(num_layers)]
+    # (j, t) per shard held: a set, as the replicas hold the same shards (65,536 ranks:
+    # a list held each layer's 8,192 copies, sorted as Fractions)
+    covered: list[set[tuple[int, int]]] = [set() for _ in range(num_layers)]
     for _, _, stage in current.stages():
-        t = stage.tp
-        for j, rank in enumerate(stage.ranks):
-            if rank in keep:
-                for layer in stage.layers:
-                    covered[layer].append((Fraction(j, t), Fraction(j + 1, t)))
+        held = {(j, stage.tp) for j, rank in enumerate(stage.ranks) if rank in keep}
+        for layer in stage.layers:
+            covered[layer] |= held
     return tuple(layer for layer in range(num_layers) if not _covers(covered[layer]))
 
 
-def _covers(parts: list[tuple[Fraction, Fraction]]) -> bool:
+def _covers(held: set[tuple[int, int]]) -> bool:
+    """Whether the shards ``(j, t)``, each ``[j/t, (j+1)/t)``, cover ``[0, 1)``."""
+    parts = sorted((Fraction(j, t), Fraction(j + 1, t)) for j, t in held)
     reach = Fraction(0)
-    for lo, hi in sorted(parts):
+    for lo, hi in parts:
         if lo > reach:
             return False
         reach = max(reach, hi)

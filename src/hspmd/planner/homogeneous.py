@@ -9,6 +9,7 @@ then PP) or pipeline-major; ranked by the 1F1B formula, the best simulated
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from typing import Literal
 
 from hspmd.models.spec import ModelSpec
@@ -36,34 +37,59 @@ def megatron_strategy(
 ) -> Strategy:
     """DP x TP x PP, even layers (first stages take the remainder), Megatron's rank order
     (TP fastest, then DP, then PP) or pipeline-major."""
+    layout = _stage_ranks(dp, tp, pp, num_layers, pipeline_major=pipeline_major)
+    return Strategy(tuple(_pipeline(stages, m, mbs) for stages in layout))
+
+
+# one pipeline's stages: (ranks, first layer, last layer) each
+StageRanks = tuple[tuple[tuple[int, ...], int, int], ...]
+
+
+def _stage_ranks(
+    dp: int, tp: int, pp: int, num_layers: int, *, pipeline_major: bool
+) -> list[StageRanks]:
+    """``megatron_strategy``'s stages, per pipeline."""
     counts = sorted(split_evenly(num_layers, pp), reverse=True)
-    pipelines = []
+    out = []
     for d in range(dp):
         stages, first = [], 0
         for s, n in enumerate(counts):
             base = (d * pp + s) * tp if pipeline_major else (s * dp + d) * tp
-            stages.append(Stage(tuple(range(base, base + tp)), first, first + n - 1))
+            stages.append((tuple(range(base, base + tp)), first, first + n - 1))
             first += n
-        pipelines.append(Pipeline(m, mbs, tuple(stages)))
-    return Strategy(tuple(pipelines))
+        out.append(tuple(stages))
+    return out
+
+
+def _pipeline(stages: StageRanks, m: int, mbs: int) -> Pipeline:
+    return Pipeline(m, mbs, tuple(Stage(ranks, a, b) for ranks, a, b in stages))
 
 
 def homogeneous_plan(
     config: ModelSpec, cost: CostModel, *, global_batch: int, seq_len: int,
     zero1: Zero1 = "auto", dtype: Literal["bf16", "fp32"] = "bf16", keep: int = 2,
 ) -> Prediction | None:  # fmt: skip
-    """The best Megatron-style plan over every rank, or None when none fits."""
+    """The best Megatron-style plan over every rank, or None when none fits.
+
+    Candidates are ranked by the closed form on one pipeline of each distinct cost
+    (``_distinct``: at 65,536 ranks most layouts have one), and only those simulated are
+    built whole."""
     n = cost.num_ranks
     node_sizes = [g.gpus_per_node for g in cost.cluster.groups]
     costs = StageCosts(cost, config, seq_len)
     sp_ok = trains_sequence_parallel(config)
-    scored: list[tuple[float, int, Strategy, StrategyOptions]] = []
+    scored: list[tuple[float, int, tuple[int, int, int, int, int, bool], StrategyOptions]] = []
     serial = itertools.count()
     for tp in tp_degrees(config, node_sizes):
         for pp in range(1, min(config.num_layers, n // tp) + 1):
             if n % (tp * pp):
                 continue
             dp = n // (tp * pp)
+            distinct = {
+                major: _distinct(_stage_ranks(dp, tp, pp, config.num_layers,
+                                              pipeline_major=major), costs)
+                for major in (False, True)
+            }  # fmt: skip
             for mbs in MICRO_BATCH_SIZES:
                 if global_batch % (dp * mbs):
                     continue
@@ -76,13 +102,13 @@ def homogeneous_plan(
                         dtype=dtype,
                     )  # fmt: skip
                     for major in (False, True):
-                        s = megatron_strategy(
-                            dp, tp, pp, config.num_layers, m, mbs, pipeline_major=major
-                        )
-                        scored.append((_closed_form(s, costs, options), next(serial), s, options))
+                        pipes = [_pipeline(stages, m, mbs) for stages in distinct[major]]
+                        seconds = _closed_form(pipes, dp, costs, options)
+                        scored.append((seconds, next(serial), (dp, tp, pp, m, mbs, major), options))
     scored.sort(key=lambda x: x[:2])
     predictions = []
-    for _, _, strategy, options in scored:
+    for _, _, (dp, tp, pp, m, mbs, major), options in scored:
+        strategy = megatron_strategy(dp, tp, pp, config.num_layers, m, mbs, pipeline_major=major)
         p = predict(strategy, config, cost, seq_len=seq_len, options=options)
         if within_headroom(p, cost):
             predictions.append(p)
@@ -91,11 +117,23 @@ def homogeneous_plan(
     return fastest_fitting(predictions, cost)
 
 
-def _closed_form(strategy: Strategy, costs: StageCosts, options: StrategyOptions) -> float:
-    """The 1F1B formula on a given strategy (used to rank candidates before simulating)."""
+def _distinct(layout: list[StageRanks], costs: StageCosts) -> list[StageRanks]:
+    """One pipeline of ``layout`` per distinct closed-form cost: per stage, what its costs
+    read of its ranks (``StageCosts.kinds``), and its layers."""
+    found: dict[tuple[object, ...], StageRanks] = {}
+    for stages in layout:
+        key = tuple((costs.kinds(ranks), a, b) for ranks, a, b in stages)
+        found.setdefault(key, stages)
+    return list(found.values())
+
+
+def _closed_form(
+    pipelines: Iterable[Pipeline], d: int, costs: StageCosts, options: StrategyOptions
+) -> float:
+    """The 1F1B formula: the slowest of ``pipelines`` (of ``d``; used to rank candidates
+    before simulating)."""
     worst = 0.0
-    d = len(strategy.pipelines)
-    for pipe in strategy.pipelines:
+    for pipe in pipelines:
         count = len(pipe.stages)
         times, units = [], []
         for s, stage in enumerate(pipe.stages):

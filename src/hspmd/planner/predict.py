@@ -43,7 +43,7 @@ __all__ = ["Prediction", "Segment", "predict", "segments", "step_tasks"]
 @dataclass(frozen=True, slots=True)
 class Segment:
     """Layers ``first..last`` held by the same stage of every pipeline (``holders``: one
-    ``(pipeline, stage)`` per pipeline), with ``params`` parameters including the embedding
+    ``(pipeline, stage)`` per pipeline, in pipeline order), with ``params`` parameters including the embedding
     or head where the segment holds them."""
 
     first: int
@@ -174,7 +174,8 @@ def _last_b_pieces(
 ) -> list[tuple[str, int]]:
     """The last backward of stage ``s`` of pipeline ``p`` cut at its segments, in the
     order backward runs them (last layers first): (task id, layers) per piece."""
-    mine = sorted((g for g in segs if (p, s) in g.holders), key=lambda g: -g.first)
+    # holders[p] is pipeline p's (segments): one lookup, not a scan of every pipeline's
+    mine = sorted((g for g in segs if g.holders[p] == (p, s)), key=lambda g: -g.first)
     return [(_piece_of(p, s, pipe, g), g.last - g.first + 1) for g in mine]
 
 
@@ -189,6 +190,10 @@ def _pipeline_tasks(
     pieces = pieces or {}
     for s, stage in enumerate(pipeline.stages):
         ranks, leader, work = stage.ranks, stage.ranks[0], works[s]
+        # the same for every micro-batch: computed once per stage (65,536 ranks: 500k tasks)
+        group = ranks if len(ranks) > 1 else ()
+        share, stage_busy = cost.share_of(leader), _busy(cost, ranks)
+        sends: dict[str, float] = {}  # action kind -> the send after it
         for action in make_schedule(schedule, count, s, m):
             if action.kind not in ("F", "B"):
                 continue
@@ -199,8 +204,7 @@ def _pipeline_tasks(
             else:
                 deps = (f"p{p}s{s + 1}gB{i}",) if s < count - 1 else ()
                 duration, comm = work.backward_s, work.backward_comm_s
-            group, share = ranks if len(ranks) > 1 else (), cost.share_of(leader)
-            busy = _busy(cost, ranks)
+            busy = stage_busy
             measured_at = 1  # the compute's line is a rank's time alone
             if share and comm > 0:
                 # On a shared CPU host the TP collectives' fits hold with their group's
@@ -223,9 +227,12 @@ def _pipeline_tasks(
             nxt = s + 1 if action.kind == "F" else s - 1
             if 0 <= nxt < count:
                 peer = pipeline.stages[nxt]
-                width = min(len(ranks), len(peer.ranks))
-                # each of the ``width`` rank pairs carries its share of the activation
-                send = cost.send(work.activation_bytes / width, leader, peer.ranks[0])
+                send = sends.get(action.kind)
+                if send is None:
+                    width = min(len(ranks), len(peer.ranks))
+                    # each of the ``width`` rank pairs carries its share of the activation
+                    send = cost.send(work.activation_bytes / width, leader, peer.ranks[0])
+                    sends[action.kind] = send
                 kind = "a" if action.kind == "F" else "g"
                 tasks.append(Task(f"p{p}s{s}{kind}{action}", leader, "send", send,
                                   category="comm", deps=(tid,), resources=_ports(stage, peer),
