@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import shutil
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -33,7 +34,7 @@ from safetensors import safe_open
 from hspmd.checkpoint.store import CheckpointError, Manifest, TensorEntry, shard_name
 from hspmd.checkpoint.verify import check_checkpoint
 
-__all__ = ["DTYPES", "ExportResult", "export_checkpoint"]
+__all__ = ["DTYPES", "ExportResult", "export_checkpoint", "write_streamed"]
 
 DTYPES: dict[str, tuple[torch.dtype, str]] = {
     "float32": (torch.float32, "F32"),
@@ -79,7 +80,7 @@ def export_checkpoint(
         raise CheckpointError(f"--dtype {chosen!r}: choose one of {', '.join(DTYPES)}")
     folder = _out_folder(Path(out))
     entries = [e for e in manifest.tensors if e.name.startswith(PREFIX)]
-    size = _write_weights(Path(checkpoint), manifest, entries, folder, DTYPES[chosen])
+    size = _write_weights(Path(checkpoint), manifest, entries, folder, chosen)
     copied: tuple[str, ...] = ()
     if format == "hf":
         config["dtype"] = chosen
@@ -109,32 +110,52 @@ def _out_folder(folder: Path) -> Path:
 
 def _write_weights(
     checkpoint: Path, manifest: Manifest, entries: list[TensorEntry], folder: Path,
-    dtype: tuple[torch.dtype, str],
+    dtype: str,
 ) -> int:  # fmt: skip
-    torch_dtype, code = dtype
+    shards = checkpoint_folder(checkpoint, manifest)
+    by_name = {e.name[len(PREFIX) :]: e for e in entries}
+    with contextlib.ExitStack() as stack:
+        handles: dict[int, Any] = {}
+        return write_streamed(
+            folder / WEIGHTS, [(n, e.shape) for n, e in by_name.items()], dtype,
+            lambda name: _assemble(by_name[name], shards, handles, stack),
+        )  # fmt: skip
+
+
+def write_streamed(
+    path: Path, tensors: Sequence[tuple[str, tuple[int, ...]]], dtype: str,
+    value_of: Callable[[str], torch.Tensor],
+) -> int:  # fmt: skip
+    """Write a safetensors file of ``tensors`` (names and shapes, in order) in ``dtype``
+    (a ``DTYPES`` key), asking ``value_of(name)`` for one tensor at a time: the header
+    first (computed from the shapes), then each tensor's bytes. Written to a hidden
+    ``.partial`` file, fsynced and renamed; returns the file's size."""
+    torch_dtype, code = DTYPES[dtype]
     width = torch.empty((), dtype=torch_dtype).element_size()
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
-    for entry in entries:
-        size = width * _numel(entry.shape)
-        header[entry.name[len(PREFIX) :]] = {
-            "dtype": code, "shape": list(entry.shape), "data_offsets": [offset, offset + size],
-        }  # fmt: skip
+    for name, shape in tensors:
+        size = width * _numel(shape)
+        header[name] = {
+            "dtype": code,
+            "shape": list(shape),
+            "data_offsets": [offset, offset + size],
+        }
         offset += size
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes
-    partial = folder / f".{WEIGHTS}.partial"
-    shards = checkpoint_folder(checkpoint, manifest)
-    with open(partial, "wb") as f, contextlib.ExitStack() as stack:
+    partial = path.with_name(f".{path.name}.partial")
+    with open(partial, "wb") as f:
         f.write(len(text).to_bytes(8, "little") + text)
-        handles: dict[int, Any] = {}
-        for entry in entries:
-            whole = _assemble(entry, shards, handles, stack).to(torch_dtype).contiguous()
-            f.write(whole.view(-1).view(torch.uint8).numpy().tobytes())
-            del whole
+        for name, shape in tensors:
+            value = value_of(name).to(torch_dtype).contiguous()
+            if tuple(value.shape) != tuple(shape):
+                raise CheckpointError(f"{name} is {list(value.shape)}, not {list(shape)}")
+            f.write(value.view(-1).view(torch.uint8).numpy().data)  # no copy
+            del value
         f.flush()
         os.fsync(f.fileno())
-    os.replace(partial, folder / WEIGHTS)
+    os.replace(partial, path)
     return 8 + len(text) + offset
 
 
