@@ -75,7 +75,8 @@ from torch import nn
 import hspmd.models.module as module_api
 from hspmd.models.calling import convention_of
 from hspmd.models.config import get_config
-from hspmd.models.module import load_model, model_graph, plain_module
+from hspmd.models.initial import plain_module
+from hspmd.models.module import load_model, model_graph
 from hspmd.models.spec import ModuleModel
 from hspmd.plan.strategy import StrategyOptions, parse_strategy
 from hspmd.specialize.costs import model_cost

@@ -41,6 +41,7 @@ DIFFERENT = {
     "partition-capture": {"--device": "the roofline device a capture is costed for"},
     "tokenize": {"--tokenizer": "the tokenizer that writes the file (required)",
                  "--eod-id": "the id written after each document"},
+    "export": {"--dtype": "the exported weights' dtype, not the compute dtype"},
 }  # fmt: skip
 
 

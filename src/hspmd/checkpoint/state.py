@@ -121,14 +121,17 @@ def commit_rank_states(
     keep: int = 1,
     run: Mapping[str, Any] | None = None,
     identity: ModelIdentity | None = None,
+    model_config: Mapping[str, Any] | None = None,
 ) -> Path:
     """Turn the shards every rank wrote for ``step`` into a complete checkpoint (one process);
     ``run`` records what made the data stream (see ``Manifest.run``), ``identity`` the
-    model's structure (``hspmd.plan.identity``; a resume checks it)."""
+    model's structure (``hspmd.plan.identity``; a resume checks it), ``model_config`` a
+    Hugging Face model's config (``hspmd export --format hf`` writes it back)."""
     specs = state_specs(param_specs, optimizer_specs)
     return commit(
         directory, step=step, model=model, strategy=strategy, specs=specs,
         data_position=data_position, adam_step=adam_step, keep=keep, run=run, identity=identity,
+        model_config=model_config,
     )  # fmt: skip
 
 
@@ -141,11 +144,13 @@ def load_rank_state(
     model: str | None = None,
 ) -> RankState:
     """This rank's parameters and Adam states under the new specs, from the newest complete
-    checkpoint in ``directory``; empty dicts on a rank that holds nothing."""
+    checkpoint in ``directory``; empty dicts on a rank that holds nothing. ``model`` is
+    compared only with a checkpoint that records no identity (one that does was checked by
+    structure before launch: ``hspmd.train.identity``)."""
     checkpoint = latest(directory)
     manifest = read_manifest(checkpoint)
     specs = state_specs(param_specs, optimizer_specs)
-    if model is not None and manifest.model != model:
+    if model is not None and manifest.identity is None and manifest.model != model:
         raise CheckpointError(
             f"checkpoint {checkpoint} holds model {manifest.model!r}, not {model!r}: "
             "resume with the same model"

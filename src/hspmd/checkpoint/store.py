@@ -143,6 +143,8 @@ class Manifest:
     run: Mapping[str, Any] = field(default_factory=dict)
     # the model's structure (hspmd.plan.identity): a resume of another model is refused
     identity: ModelIdentity | None = None
+    # a Hugging Face model's config.json (``hspmd export --format hf`` writes it back)
+    model_config: Mapping[str, Any] | None = None
 
     def entry(self, name: str) -> TensorEntry:
         for entry in self.tensors:
@@ -163,6 +165,7 @@ class Manifest:
             "adam_step": self.adam_step,
             "run": dict(self.run),
             **({"model_identity": self.identity.to_json()} if self.identity else {}),
+            **({"model_config": dict(self.model_config)} if self.model_config else {}),
             "tensors": {t.name: t.to_json() for t in self.tensors},
         }
 
@@ -223,6 +226,7 @@ def commit(
     keep: int = 1,
     run: Mapping[str, Any] | None = None,
     identity: ModelIdentity | None = None,
+    model_config: Mapping[str, Any] | None = None,
 ) -> Path:
     """Finish a save after every rank's ``write_shard``: check the shards, write the manifest,
     fsync, rename ``.partial-step-N`` to ``step-N``, prune. Called by one process."""
@@ -230,7 +234,7 @@ def commit(
     entries = [_checked_entry(staging, name, spec) for name, spec in specs.items()]
     manifest = Manifest(
         step, model, strategy, tuple(entries), data_position, adam_step, dict(run or {}),
-        identity,
+        identity, model_config,
     )  # fmt: skip
     needed = {shard_name(rank) for e in entries for rank, _ in e.shards}
     for stale in staging.glob("rank-*.safetensors"):
@@ -330,6 +334,7 @@ def read_manifest(checkpoint: str | Path) -> Manifest:
             data.get("data_position", 0), int(data.get("adam_step", 0)),
             dict(data.get("run", {})),
             _identity(data.get("model_identity"), path),
+            data.get("model_config"),
         )  # fmt: skip
     except (KeyError, TypeError, ValueError, AttributeError, AnnotationError) as error:
         raise CheckpointError(f"corrupt checkpoint manifest {path}: {error!r}") from None
@@ -365,10 +370,11 @@ def load(
 ) -> dict[str, torch.Tensor]:
     """``rank``'s pieces of every tensor of ``specs`` (new annotations), read from the newest
     complete checkpoint in ``directory``, resharding as needed. ``model`` (if given) must
-    match the one saved."""
+    match the one saved where the checkpoint has no identity (``hspmd.plan.identity``: by
+    structure, checked before launch, where it has one)."""
     checkpoint = latest(directory)
     manifest = read_manifest(checkpoint)
-    if model is not None and manifest.model != model:
+    if model is not None and manifest.identity is None and manifest.model != model:
         raise CheckpointError(
             f"checkpoint {checkpoint} holds model {manifest.model!r}, not {model!r}: "
             "resume with the same --model"

@@ -22,6 +22,7 @@ COMMANDS = (
     "partition_capture",
     "tokenize",
     "train",
+    "export",
     "demo",
     "explain",
     "switch_cost",

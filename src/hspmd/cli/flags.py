@@ -93,8 +93,9 @@ _TRAINABLE = [name for name, c in PRESETS.items() if not c.config_only]
 # In `hspmd train --help` order.
 TRAIN_FLAGS: tuple[Flag, ...] = (
     Flag("--model", "model", type=model_argument(_TRAINABLE), default=_default("model"),
-         help=f"a preset ({', '.join(_TRAINABLE)}) or any nn.Module's factory: FILE.py:FUNCTION "
-         "or package.module:FUNCTION (docs/models.md)"),
+         help=f"a preset ({', '.join(_TRAINABLE)}), any nn.Module's factory: FILE.py:FUNCTION "
+         "or package.module:FUNCTION (docs/models.md), or hf:DIR, a local Hugging Face folder "
+         "whose weights training starts from (docs/checkpoints.md)"),
     Flag("--config", "model_overrides",
          help="JSON object (or a .json file): the factory's keyword arguments, or preset "
          """fields to override, e.g. '{"num_layers": 2}'"""),

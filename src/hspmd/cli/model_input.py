@@ -1,8 +1,10 @@
 """The model (and, with ``--plan``, the run) a command reads: one input for every command.
 
-``--model`` is a preset (``llama-tiny``, ..., ``llama-70b``) or any nn.Module's factory,
-``FILE.py:FUNCTION`` or ``package.module:FUNCTION`` (docs/models.md); ``--config JSON``
-gives the factory's keyword arguments (or a preset's fields to override). ``--plan
+``--model`` is a preset (``llama-tiny``, ..., ``llama-70b``), any nn.Module's factory,
+``FILE.py:FUNCTION`` or ``package.module:FUNCTION`` (docs/models.md), or ``hf:DIR``, a
+local Hugging Face folder (config.json and safetensors weights: docs/checkpoints.md);
+``--config JSON`` gives the factory's keyword arguments (a preset's fields, an ``hf:DIR``
+config's fields to override). ``--plan
 plan.json`` (docs/plan-schema.md) gives the strategy, the options, the sequence length and
 every parameter's split, as ``hspmd train --plan`` reads it: ``explain`` and ``simulate``
 take it in place of ``--strategy``.
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hspmd.models import get_model
+from hspmd.models.hf import HF_PREFIX, hf_source
 from hspmd.models.spec import NO_LIMIT, ModelSpec, ModelSpecError
 from hspmd.plan.strategy import StrategyOptions
 
@@ -33,17 +36,22 @@ __all__ = [
 
 
 def model_argument(presets: list[str]) -> Callable[[str], str]:
-    """``--model``'s type: a preset name, or a factory with a file made absolute (every
-    process, on any node, loads the same file)."""
+    """``--model``'s type: a preset name, a factory with a file made absolute, or
+    ``hf:DIR`` with DIR absolute (every process, on any node, loads the same file)."""
 
     def parse(text: str) -> str:
         if text in presets:
             return text
+        if text.startswith(HF_PREFIX):
+            try:
+                return hf_source(text)
+            except ModelSpecError as error:
+                raise argparse.ArgumentTypeError(str(error)) from None
         where, sep, name = text.rpartition(":")
         if not sep or not where or not name.isidentifier():
             raise argparse.ArgumentTypeError(
                 f"{text!r} is neither a preset ({', '.join(presets)}) nor FILE.py:FUNCTION / "
-                "package.module:FUNCTION"
+                "package.module:FUNCTION / hf:DIR"
             )
         if where.endswith(".py"):
             path = Path(where).expanduser()
@@ -87,8 +95,10 @@ def add_model_arguments(
         "--model",
         default=default,
         required=default is None,
-        help=f"a preset ({', '.join(presets)}) or any nn.Module's factory: FILE.py:FUNCTION "
-        "or package.module:FUNCTION (docs/models.md)",
+        type=model_argument(presets),
+        help=f"a preset ({', '.join(presets)}), any nn.Module's factory: FILE.py:FUNCTION "
+        "or package.module:FUNCTION (docs/models.md), or hf:DIR, a local Hugging Face folder "
+        "(docs/checkpoints.md)",
     )
     parser.add_argument(
         "--config",

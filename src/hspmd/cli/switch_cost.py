@@ -20,7 +20,9 @@ import argparse
 import json
 
 from hspmd.cli.flags import add_flags
+from hspmd.cli.model_input import model_argument
 from hspmd.cli.strategy_arg import strategy_argument
+from hspmd.models.config import PRESETS
 from hspmd.plan.strategy import parse_ranks
 from hspmd.switch.cluster import Cluster, load_cluster
 from hspmd.switch.cost import ALGOS, STATES, SwitchCost, switch_cost
@@ -37,7 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--model",
         required=True,
-        help="model preset, e.g. llama-32b, or an nn.Module's FILE.py:FUNCTION (docs/models.md)",
+        type=model_argument(sorted(PRESETS)),
+        help="model preset, e.g. llama-32b, an nn.Module's FILE.py:FUNCTION (docs/models.md), "
+        "or hf:DIR (docs/checkpoints.md)",
     )
     parser.add_argument("--config", default=None, help="JSON: the factory's keyword arguments")
     for flag, dest, which in (("--from", "source", "old"), ("--to", "target", "new")):

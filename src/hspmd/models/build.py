@@ -22,8 +22,8 @@ from hspmd.models.module import params_before_first_block
 from hspmd.models.spec import ModelSpec, ModelSpecError, ModuleModel
 
 __all__ = [
-    "constant", "initial_parameter", "model_graph", "params_before_first_block", "plain_model",
-    "step_loss",
+    "check_weights", "constant", "initial_parameter", "initial_piece", "model_graph", "params_before_first_block",
+    "plain_model", "step_loss",
 ]  # fmt: skip
 
 
@@ -54,12 +54,26 @@ def initial_parameter(model: ModelSpec, name: str, *, seed: int) -> torch.Tensor
         from hspmd.models.llama import init_parameter
 
         return init_parameter(name, model, seed=seed)
-    from hspmd.models.module import initial_state
+    return initial_piece(model, name, seed=seed, region=None)
 
-    state = initial_state(_module(model), seed)
-    if name not in state:
+
+def initial_piece(
+    model: ModelSpec, name: str, *, seed: int, region: tuple[tuple[int, int], ...] | None
+) -> torch.Tensor:
+    """``initial_parameter(model, name)[region]`` (a ``Piece``'s region), computed or read
+    alone where the model allows: a user module's slice never needs the whole parameter
+    (``hspmd.models.initial``); a Llama preset's parameter is drawn whole, then sliced."""
+    if isinstance(model, LlamaConfig):
+        from hspmd.models.llama import init_parameter
+
+        whole = init_parameter(name, model, seed=seed)
+        return whole if region is None else whole[tuple(slice(a, b) for a, b in region)].clone()
+    from hspmd.models.initial import initial_value
+
+    module = _module(model)
+    if name not in module.parameter_shapes():
         raise ModelSpecError(f"{model.name} has no parameter {name!r}")
-    return state[name].float()
+    return initial_value(module, name, seed=seed, region=region).float()
 
 
 def constant(model: ModelSpec, target: str, *, seed: int) -> torch.Tensor:
@@ -70,11 +84,15 @@ def constant(model: ModelSpec, target: str, *, seed: int) -> torch.Tensor:
         if target in tables:
             return tables[target].clone()  # the cached pair stays unchanged
     else:
-        from hspmd.models.module import initial_state
+        from hspmd.models.initial import initial_value, recording
 
-        state = initial_state(_module(model), seed)  # the module built once per seed
-        if target in state:
-            return state[target]
+        found = recording(_module(model))
+        buffers = dict(found.module.named_buffers()) if found else None
+        if buffers is None or target in buffers:
+            try:
+                return initial_value(_module(model), target, seed=seed)
+            except ModelSpecError:
+                pass
     raise ModelSpecError(
         f"{model.name}: the graph reads {target!r}, which is neither a parameter nor a "
         "buffer of the module: register tensors the forward reads as buffers"
@@ -95,9 +113,18 @@ def plain_model(model: ModelSpec, *, seed: int) -> nn.Module:
         from hspmd.models.llama import Llama, init_weights
 
         return init_weights(Llama(model), seed)
-    from hspmd.models.module import plain_module
+    from hspmd.models.initial import plain_module
 
     return plain_module(_module(model), seed)
+
+
+def check_weights(model: ModelSpec) -> None:
+    """An ``hf:DIR`` model's safetensors files hold every parameter at its shape and are
+    whole (headers only: one line before launch); nothing for other models."""
+    if isinstance(model, ModuleModel):
+        from hspmd.models.initial import weight_files
+
+        weight_files(model)
 
 
 def step_loss(

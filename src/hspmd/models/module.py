@@ -18,7 +18,9 @@ can rebuild the module from. What hspmd reads from the module (docs/models.md):
   layer's bias is added after that);
 - ``vocab_size`` and ``max_seq_len`` attributes (optional: else the rows of the embedding
   that reads the tokens, and no limit);
-- initial weights: the factory called on the CPU after ``torch.manual_seed(seed)``.
+- initial weights: the factory's own initialization, recorded on the meta device and
+  replayed per slice from the seed (``hspmd.models.initial``); ``hf:DIR`` (a Hugging Face
+  folder: ``hspmd.models.hf``) starts from its safetensors weights.
 
 >>> import torch
 >>> model = load_model("hspmd.models.examples:gpt2", {"num_layers": 2})
@@ -34,6 +36,7 @@ import functools
 import hashlib
 import importlib
 import importlib.util
+import json
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -50,6 +53,7 @@ from hspmd.graph.capture import CaptureError, source_line
 from hspmd.graph.export import ExportError, capture_step, user_frame
 from hspmd.markers import is_reshard_node, reshard
 from hspmd.models.calling import convention_of, step_call
+from hspmd.models.hf import build_hf, hf_config, hf_directory
 from hspmd.models.spec import (
     NO_LIMIT,
     TIED_LAYER,
@@ -64,15 +68,22 @@ from hspmd.models.spec import (
 __all__ = [
     "build_module",
     "capture_model",
-    "initial_state",
     "load_factory",
     "load_model",
     "on_meta",
 ]
 
 
+class FactoryError(ModelSpecError):
+    """The user's factory raised (its own exception is the cause)."""
+
+
 def load_factory(source: str) -> Callable[..., nn.Module]:
-    """The callable ``source`` names: ``path/to/file.py:NAME`` or ``package.module:NAME``."""
+    """The callable ``source`` names: ``path/to/file.py:NAME``, ``package.module:NAME``, or
+    ``hf:DIR`` (a Hugging Face folder's config: ``hspmd.models.hf``)."""
+    directory = hf_directory(source)
+    if directory is not None:
+        return functools.partial(build_hf, directory)
     where, sep, attr = source.rpartition(":")
     if not sep or not where or not attr:
         raise ModelSpecError(
@@ -166,7 +177,7 @@ def build_module(source: str, kwargs: Mapping[str, Any]) -> nn.Module:
         raise
     except Exception as error:
         where = user_frame(error)
-        raise ModelSpecError(
+        raise FactoryError(
             f"--model {source}: the factory raised {type(error).__name__}: {error}"
             f"{f' at {where}' if where else ''}"
         ) from error
@@ -494,7 +505,22 @@ def _load(
         blocks=path,
         convention=convention_of(module),
         tied=_tied(gm, num_layers),
+        hf_config=_hf_config(module, source, dict(kwargs)),
     )
+
+
+def _hf_config(module: nn.Module, source: str, kwargs: Mapping[str, Any]) -> str:
+    """A Hugging Face model's config as canonical JSON: ``hf:DIR``'s config.json with the
+    ``--config`` overrides, or the config of a factory's model; "" for other modules."""
+    directory = hf_directory(source)
+    if directory is not None:
+        data = hf_config(directory, kwargs)
+    else:
+        to_dict = getattr(getattr(module, "config", None), "to_dict", None)
+        if convention_of(module) != "hf" or not callable(to_dict):
+            return ""
+        data = to_dict()
+    return json.dumps(data, sort_keys=True, default=str)
 
 
 _LENGTH_FIELDS = ("max_seq_len", "max_position_embeddings", "n_positions", "block_size")
@@ -561,21 +587,3 @@ def model_graph(model: ModuleModel) -> torch.fx.GraphModule:
     """The captured graph of ``model`` on the meta device, with its markers (shared: read
     only, docs/decisions.md "Shared caches")."""
     return _capture(model.source, model.kwargs, model.tp_rules)[0]
-
-
-@functools.lru_cache(maxsize=4)
-def initial_state(model: ModuleModel, seed: int) -> Mapping[str, torch.Tensor]:
-    """Every parameter and buffer of the module built on the CPU after
-    ``torch.manual_seed(seed)``: the plan-free initial values (DESIGN decision 5)."""
-    module = plain_module(model, seed)
-    state: dict[str, torch.Tensor] = dict(module.named_parameters())
-    state |= dict(module.named_buffers())
-    return {name: t.detach() for name, t in state.items()}
-
-
-def plain_module(model: ModuleModel, seed: int) -> nn.Module:
-    """The module itself on the CPU, initialized as ``initial_state`` (the reference run)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        with torch.device("cpu"):
-            return build_module(model.source, dict(model.kwargs))

@@ -39,6 +39,8 @@ layers.1.input L1 residual (B,T,64)
 from __future__ import annotations
 
 import fnmatch
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, get_args
@@ -48,6 +50,7 @@ from hspmd.errors import HspmdError
 __all__ = [
     "NO_LIMIT",
     "TIED_LAYER",
+    "NOT_ARCHITECTURE",
     "Amount",
     "CommItem",
     "ModelCost",
@@ -65,6 +68,15 @@ __all__ = [
 
 NO_LIMIT = 1 << 30  # max_seq_len of a model that states none
 TIED_LAYER = "hspmd_tied_layer"  # fx node meta: a tied weight's node read by the last stage
+
+# Fields of a Hugging Face config that change nothing the model computes: left out of its
+# identity (``ModuleModel.config_digest``), so that a copy saved by another version resumes.
+NOT_ARCHITECTURE = frozenset({
+    "_name_or_path", "architectures", "transformers_version", "dtype", "torch_dtype",
+    "use_cache", "output_attentions", "output_hidden_states", "return_dict", "id2label",
+    "label2id", "problem_type", "bos_token_id", "eos_token_id", "pad_token_id",
+    "chunk_size_feed_forward", "is_encoder_decoder", "tokenizer_class",
+})  # fmt: skip
 TPKind = Literal["column", "row", "vocab", "replicate"]
 TP_KINDS: tuple[str, ...] = get_args(TPKind)
 Placement = Literal["residual", "dup", "heads"] | int
@@ -258,6 +270,7 @@ class ModuleModel:
     # second layer; it lives on both stages, its gradient summed between them
     tied: tuple[tuple[str, int], ...] = ()
     cost: ModelCost | None = None  # filled by hspmd.specialize.costs.costed (the planner's)
+    hf_config: str = ""  # a Hugging Face model's config, canonical JSON (identity, export)
     _by_name: dict[str, ParamInfo] = field(
         default_factory=dict, init=False, compare=False, hash=False, repr=False
     )
@@ -295,6 +308,21 @@ class ModuleModel:
             for p in self.params
             if p.kind != "replicate" and first_layer <= p.layer <= last_layer
         }
+
+    def config_digest(self) -> str:
+        """16 hex digits of a Hugging Face model's architecture (its config without the
+        fields that change nothing it computes, ``NOT_ARCHITECTURE``); "" for other models.
+
+        >>> ModuleModel(source="m", name="m", num_layers=1, hidden_size=1, vocab_size=1,
+        ...             max_seq_len=1, params=(), marker_specs=(),
+        ...             hf_config='{"hidden_size": 8, "dtype": "bfloat16"}').config_digest()
+        'a010c0bd8122f369'
+        """
+        if not self.hf_config:
+            return ""
+        data = {k: v for k, v in json.loads(self.hf_config).items() if k not in NOT_ARCHITECTURE}
+        text = json.dumps(data, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.source}, {self.num_layers} layers)"

@@ -1,10 +1,13 @@
 """A model's identity, carried by plan files and checkpoints: where it came from (its
-source and keyword arguments, for people) and a structural fingerprint (its parameters'
-names and shapes, in order, for the check).
+source and keyword arguments, for people) and what it is, for the check: a structural
+fingerprint (its parameters' names and shapes, in order) and, for a Hugging Face model,
+a digest of its config's architecture fields (``ModuleModel.config_digest``: a RoPE base
+or a norm epsilon changes no shape, but changes the model).
 
-Two identities match when their fingerprints do: a factory moved to another folder, or a
-keyword that changes no parameter, is the same model to a plan or a checkpoint. A mismatch
-is one line naming both models (``check_identity``)::
+Two identities match when both agree (the config where both have one): a factory file
+copied under another name or moved, an ``hf:DIR`` folder copied elsewhere, or a keyword
+that changes no parameter, is the same model to a plan or a checkpoint. A mismatch is one
+line naming both models (``check_identity``)::
 
     >>> from hspmd.models import get_model
     >>> tiny = ModelIdentity.of(get_model("llama-tiny"), source="llama-tiny")
@@ -36,14 +39,16 @@ __all__ = ["ModelIdentity", "check_identity"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelIdentity:
-    """``source``: a preset name or ``FILE.py:FUNCTION``; ``kwargs``: the factory's keyword
-    arguments (a preset's overrides) as sorted items; ``fingerprint``: 16 hex digits of the
-    SHA-256 of every parameter's ``name shape`` line."""
+    """``source``: a preset name, ``FILE.py:FUNCTION`` or ``hf:DIR``; ``kwargs``: the
+    factory's keyword arguments (a preset's overrides) as sorted items; ``fingerprint``: 16
+    hex digits of the SHA-256 of every parameter's ``name shape`` line; ``config``: the
+    architecture digest of a Hugging Face model ("" for others)."""
 
     source: str
     kwargs: tuple[tuple[str, Any], ...] = ()
     num_params: int
     fingerprint: str
+    config: str = ""
 
     @classmethod
     def of(
@@ -54,15 +59,23 @@ class ModelIdentity:
         lines = "".join(f"{name} {list(shape)}\n" for name, shape in shapes.items())
         digest = hashlib.sha256(lines.encode()).hexdigest()[:16]
         items = tuple(sorted((kwargs or {}).items()))
-        return cls(source=source, kwargs=items, num_params=len(shapes), fingerprint=digest)
+        digest_of = getattr(spec, "config_digest", None)
+        config = digest_of() if callable(digest_of) else ""
+        return cls(
+            source=source, kwargs=items, num_params=len(shapes), fingerprint=digest,
+            config=config,
+        )  # fmt: skip
 
     def matches(self, other: ModelIdentity) -> bool:
-        return self.fingerprint == other.fingerprint
+        configs = self.config == other.config or not self.config or not other.config
+        return self.fingerprint == other.fingerprint and configs
 
     def __str__(self) -> str:
         given = f" {dict(self.kwargs)}" if self.kwargs else ""
+        config = f", config {self.config}" if self.config else ""
         return (
-            f"{self.source}{given} ({self.num_params} parameters, fingerprint {self.fingerprint})"
+            f"{self.source}{given} ({self.num_params} parameters, fingerprint "
+            f"{self.fingerprint}{config})"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -71,6 +84,7 @@ class ModelIdentity:
             "kwargs": dict(self.kwargs),
             "num_params": self.num_params,
             "fingerprint": self.fingerprint,
+            **({"config": self.config} if self.config else {}),
         }
 
     @classmethod
@@ -81,6 +95,7 @@ class ModelIdentity:
             return cls(
                 source=str(data["source"]), kwargs=tuple(sorted(kwargs.items())),
                 num_params=int(data["num_params"]), fingerprint=str(data["fingerprint"]),
+                config=str(data.get("config", "")),
             )  # fmt: skip
         except (KeyError, TypeError, ValueError):
             raise StrategyError(

@@ -89,6 +89,7 @@ PLAN_SCHEMA: dict[str, Any] = {
                 "kwargs": {"type": "object"},
                 "num_params": {"type": "integer", "minimum": 0},
                 "fingerprint": {"type": "string"},
+                "config": {"type": "string"},
             },
         },
         "options": {

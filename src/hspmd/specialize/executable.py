@@ -64,7 +64,7 @@ from hspmd.comm.resolve import resolve
 from hspmd.comm.sizing import length_multiple
 from hspmd.deduce import AnnotatedGraph
 from hspmd.markers import is_align_node, is_reshard_node
-from hspmd.models.build import constant, initial_parameter
+from hspmd.models.build import constant, initial_piece
 from hspmd.models.spec import ModelSpec, ModuleModel
 from hspmd.plan.strategy import Strategy, StrategyOptions
 from hspmd.randomness import draws_mask, mask_ops
@@ -72,7 +72,7 @@ from hspmd.specialize.align import align_plans
 from hspmd.specialize.cut import ExecutableError, cut, deduce_pipeline, locate
 from hspmd.specialize.dropout import counter_call
 from hspmd.specialize.grad_sync import StageGradSync, stage_grad_sync
-from hspmd.specialize.localize import local_slice, local_view_sizes, vocab_parallel_embedding
+from hspmd.specialize.localize import local_view_sizes, vocab_parallel_embedding
 from hspmd.specialize.loss import VocabParallelLoss, vocab_shard
 from hspmd.specialize.recompute import checkpoint_layers, layer_of
 
@@ -318,8 +318,8 @@ class _Builder:
             self.root[target] = constant(self.config, target, seed=self.seed)
         elif target not in self.root:  # a tied weight's second node reads the same one
             piece = self.ag.annotations[node.name].piece(self.rank, self.ag.shape(node.name))  # type: ignore[union-attr]
-            full = initial_parameter(self.config, name, seed=self.seed)
-            self.root[target] = nn.Parameter(local_slice(full, piece))
+            local = initial_piece(self.config, name, seed=self.seed, region=piece.region)
+            self.root[target] = nn.Parameter(local)
             self.pieces[name] = piece
         self.env[node] = self.graph.get_attr(target)
 

@@ -40,14 +40,13 @@ from hspmd.comm.bsr import BsrTable, schedule
 from hspmd.comm.plan import Transfer
 from hspmd.comm.topology import Topology
 from hspmd.errors import StrategyError
-from hspmd.models.build import initial_parameter
+from hspmd.models.build import initial_piece
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import ParamSpec, parameter_annotations
 from hspmd.plan.strategy import Strategy, parse_strategy
 from hspmd.runtime.fused import FusedTensor, run_fused_bsr
 from hspmd.runtime.world import World
 from hspmd.specialize.grad_sync import StageGradSync
-from hspmd.specialize.localize import local_slice
 from hspmd.switch.live import TrainState
 from hspmd.train.clip import owned_names
 from hspmd.train.config import AdamConfig, TrainConfig
@@ -145,8 +144,8 @@ class HomeState:
         self.masters: dict[str, torch.Tensor] = {}
         for name, spec in self.homes.items():
             piece = spec.annotation.piece(rank, spec.shape)
-            full = initial_parameter(config, name, seed=seed).to(dtype).float()  # CPU
-            self.masters[name] = local_slice(full, piece).to(device or torch.device("cpu"))
+            local = initial_piece(config, name, seed=seed, region=piece.region)  # CPU
+            self.masters[name] = local.to(dtype).float().to(device or torch.device("cpu"))
         self.adam = Adam(list(self.masters.values()), adam, names=list(self.masters))
         self.owned = owned_names(self.homes, rank)  # all of them: home pieces are disjoint
 

@@ -8,7 +8,8 @@ carry one against it: plan files (``hspmd.train.planfile``) and checkpoints (``-
 
 from __future__ import annotations
 
-from hspmd.checkpoint.store import CheckpointError, latest, read_manifest
+from hspmd.checkpoint.store import CheckpointError, latest
+from hspmd.checkpoint.verify import check_checkpoint
 from hspmd.plan.identity import ModelIdentity, check_identity
 from hspmd.train.config import TrainConfig
 
@@ -23,7 +24,8 @@ def model_identity(config: TrainConfig) -> ModelIdentity:
 
 
 def check_resume_identity(config: TrainConfig) -> None:
-    """With ``config.resume``: the newest checkpoint there must hold this run's model (one
+    """With ``config.resume``: the newest checkpoint there must be whole (every shard's
+    header read: ``hspmd.checkpoint.verify``) and hold this run's model by structure (one
     line naming both, before any process starts); checkpoints saved before identities were
     recorded, and folders a run earlier in the same launch has yet to fill, are not
     checked here (their tensors still are, on load)."""
@@ -33,7 +35,7 @@ def check_resume_identity(config: TrainConfig) -> None:
         folder = latest(config.resume)
     except CheckpointError:  # none yet: a run earlier in the same launch saves it
         return  # (train_many); loading names a folder that stays empty
-    saved = read_manifest(folder).identity
+    saved = check_checkpoint(folder).identity
     if saved is not None:
         check_identity(
             saved, model_identity(config), what=f"checkpoint {folder}",

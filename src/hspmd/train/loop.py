@@ -38,6 +38,7 @@ Sends are ``isend`` (waited at the end of the step): 1F1B deadlocks with blockin
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -55,6 +56,7 @@ from hspmd.checkpoint import (
     read_manifest,
     save_rank_state,
 )
+from hspmd.models.spec import ModuleModel
 from hspmd.plan.params import ParamSpec, state_annotations
 from hspmd.randomness import dropout_key
 from hspmd.runtime.boundary import Pending, recv, send
@@ -372,9 +374,16 @@ def save_checkpoint(
             directory, step=step, model=config.model, strategy=active.text,
             param_specs=specs, adam_step=steps, data_position=step,
             run={**config.data_identity(), **config.recipe_identity()},
-            identity=model_identity(config),
+            identity=model_identity(config), model_config=_hf_config(config),
         )  # fmt: skip
     world.wait([dist.barrier(async_op=True)])
+
+
+def _hf_config(config: TrainConfig) -> dict[str, Any] | None:
+    """A Hugging Face model's config, for ``hspmd export --format hf`` (None: another model)."""
+    model = config.model_config()
+    text = model.hf_config if isinstance(model, ModuleModel) else ""
+    return json.loads(text) if text else None
 
 
 def load_checkpoint(

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from hspmd.errors import StrategyError
+from hspmd.models.build import check_weights
 from hspmd.models.spec import ModuleModel
 from hspmd.plan.strategy import Strategy, StrategyOptions, check_strategy, parse_strategy
 from hspmd.runtime.launch import ElasticLaunch, NodeSpec, launch
@@ -88,7 +89,8 @@ def check_config(config: TrainConfig) -> Strategy:
             f"0..{len(used) - 1}): drop them or pick ranks of the strategy"
         )
     _check_elastic(config, strategy, used)
-    check_resume_identity(config)  # the checkpoint holds this model
+    check_resume_identity(config)  # the checkpoint is whole and holds this model
+    check_weights(config.model_config())  # hf:DIR: its weights fit the config, files whole
     if config.save:
         _check_writable(config.save)
     check_data(config)  # one line before launch: empty, too short, ids past the vocabulary

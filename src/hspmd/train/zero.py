@@ -31,14 +31,13 @@ import torch
 from hspmd.annotation import PARTIAL
 from hspmd.comm.plan import CommPlan
 from hspmd.comm.resolve import resolve
-from hspmd.models.build import initial_parameter
+from hspmd.models.build import initial_piece
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import ParamSpec, parameter_annotations, state_annotations
 from hspmd.plan.strategy import Strategy
 from hspmd.runtime.execute import run_plan
 from hspmd.runtime.world import World
 from hspmd.specialize.grad_sync import StageGradSync
-from hspmd.specialize.localize import local_slice
 from hspmd.switch.live import TrainState
 from hspmd.train.clip import owned_names
 from hspmd.train.config import AdamConfig
@@ -87,8 +86,8 @@ class ZeroOne(MasterAdam):
         self.masters: dict[str, torch.Tensor] = {}
         for item in self.items:
             piece = item.reduce.dst.piece(world.rank, item.shape)
-            full = initial_parameter(config, item.name, seed=seed)  # on CPU, from the seed
-            self.masters[item.name] = local_slice(full, piece).to(world.device)
+            local = initial_piece(config, item.name, seed=seed, region=piece.region)  # CPU
+            self.masters[item.name] = local.to(world.device)
         self.adam = Adam(list(self.masters.values()), adam, names=list(self.masters))
         # the state shards' owners count them in the global gradient norm (hspmd.train.clip)
         shards = {i.name: ParamSpec(i.name, i.shape, i.reduce.dst) for i in self.items}
