@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from hspmd.cli.flags import STRATEGY_FLAGS, HelpFormatter, add_flags
+from hspmd.cli.flags import STRATEGY_FLAGS, HelpFormatter, add_flags, shares_of, zero_of
 from hspmd.cli.model_input import add_model_arguments, read_model, read_run, seq_len_of
 from hspmd.cli.paths import check_out_folder
 from hspmd.models.config import PRESETS, LlamaConfig
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     planned = read_run(
         args,
         StrategyOptions(
-            zero1=args.zero1, sequence_parallel=args.sequence_parallel,
+            zero=zero_of(args), zero_shares=shares_of(args), sequence_parallel=args.sequence_parallel,
             recompute=args.recompute, schedule=args.schedule, dtype=args.dtype,
         ),
     )  # fmt: skip

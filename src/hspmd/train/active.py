@@ -86,7 +86,8 @@ class Active:
 def options_of(config: TrainConfig) -> StrategyOptions:
     """The strategy options of a run (what ``check_strategy`` and the planner take)."""
     return StrategyOptions(
-        zero1=config.zero1,
+        zero=config.zero,
+        zero_shares=config.zero_shares,
         sequence_parallel=config.sequence_parallel,
         recompute=config.recompute,
         recompute_layers=config.recompute_layers,
@@ -169,7 +170,9 @@ def activate(
     zero = zero1_plan(layout.strategy, model) if config.zero1 else {}
     # ZeRO-1 and bf16 change only Pre/Post: the executable graph is the fp32 one
     # (sequence parallel and per-layer recompute are the executable's)
-    options = dataclasses.replace(strategy_options(config, text), zero1=False, dtype="fp32")
+    options = dataclasses.replace(
+        strategy_options(config, text), zero=0, zero_shares=(), dtype="fp32"
+    )
     exe = bind_executable(build_executable(
         model, layout.strategy, options, world.rank, seq_len=config.seq_len, seed=config.seed,
     ), world)  # fmt: skip
