@@ -146,7 +146,9 @@ class HomeState:
         for name, spec in self.homes.items():
             piece = spec.annotation.piece(rank, spec.shape)
             full = initial_parameter(config, name, seed=seed).to(dtype).float()  # CPU
-            self.masters[name] = local_slice(full, piece).to(device or torch.device("cpu"))
+            self.masters[name] = local_slice(full, piece).to(
+                device or torch.device("cpu"), copy=True
+            )
         self.adam = Adam(list(self.masters.values()), adam, names=list(self.masters))
         self.owned = owned_names(self.homes, rank)  # all of them: home pieces are disjoint
 
