@@ -126,6 +126,7 @@ SAMPLES: dict[str, list[str]] = {
     "--recompute": ["--recompute"],
     "--recompute-layers": ["--recompute-layers", "2", "--recompute"],
     "--no-overlap": ["--no-overlap"],
+    "--zero-no-overlap": ["--zero-no-overlap"],
     "--switch": ["--switch", "3=2x1: R0:L0-3"],
     "--switch-mode": ["--switch-mode", "weights"],
     "--switch-algo": ["--switch-algo", "relay", "--ranks-per-node", "2"],

@@ -156,6 +156,9 @@ TRAIN_FLAGS: tuple[Flag, ...] = (
          help="ZeRO stage, sharded over the data-parallel replicas (docs/zero.md): 1 fp32 "
          "masters and Adam states, 2 also the gradients, 3 also the parameters between uses"),
     Flag("--zero1", None, action="store_true", help="the same as --zero 1"),
+    Flag("--zero-no-overlap", "zero_overlap", action="store_true",
+         help="with --zero 2|3: wait for each gradient bucket's reduce at once and gather no "
+         "layer ahead (the least memory, the most exposed communication)"),
     Flag("--zero-shares", "zero_shares", default="", metavar="W,W,...",
          help="with --zero: one weight per pipeline, its part of the shards in proportion "
          "(e.g. each device's free memory; default: even)"),
@@ -222,9 +225,14 @@ FLAGS = {flag.name: flag for flag in TRAIN_FLAGS}
 
 # The strategy options' flags (hspmd.plan.strategy.StrategyOptions): explain, simulate.
 STRATEGY_FLAGS = (
-    "--zero", "--zero1", "--zero-shares", "--sequence-parallel", "--recompute", "--schedule",
+    "--zero",
+    "--zero1",
+    "--zero-shares",
+    "--sequence-parallel",
+    "--recompute",
+    "--schedule",
     "--dtype",
-)  # fmt: skip
+)  # fmt: skip  (--zero-no-overlap is a runtime flag of train only)
 
 
 def zero_of(args: argparse.Namespace) -> int:
@@ -253,6 +261,7 @@ NOT_FLAGS = {
     "tp_rules": "a user module's TP kinds come from a plan file: --plan (hspmd.train.planfile)",
     "bucket_bytes": "a tuning knob of the library API (TrainConfig.bucket_bytes), no flag",
     "min_documents": "aligns the steps of runs under different strategies (benchmarks), no flag",
+    "measure_memory": "the state's tracked bytes per rank for benchmarks/zero.py, no flag",
     "adam.beta2": "set with beta1 by --betas B1,B2",
 }
 

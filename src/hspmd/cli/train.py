@@ -154,6 +154,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         dtype=args.dtype,
         zero=zero_of(args),
         zero_shares=shares_of(args),
+        zero_overlap=not getattr(args, "zero_no_overlap", False),
         sequence_parallel=args.sequence_parallel,
         recompute=args.recompute,
         recompute_layers=args.recompute_layers,

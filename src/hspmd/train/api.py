@@ -73,6 +73,7 @@ class RunOptions(TypedDict, total=False):
     zero: int
     zero1: bool  # the same as zero=1 (as the CLI's --zero1)
     zero_shares: Sequence[float]
+    zero_overlap: bool
     sequence_parallel: bool
     recompute: bool
     recompute_layers: int

@@ -149,6 +149,9 @@ class TrainConfig:
     # data-parallel replicas; 2 also the gradients; 3 also the parameters between uses
     zero: int = 0
     zero_shares: tuple[float, ...] = ()  # per pipeline: its part of the shards (even if empty)
+    # ZeRO 2 and 3: one gradient bucket in flight while backward goes on, and under ZeRO-3
+    # the next unit's gather prefetched; False: each waited at once (the least memory)
+    zero_overlap: bool = True
     sequence_parallel: bool = False
     recompute: bool = False
     recompute_layers: int = 0  # with recompute: the first k layers of each stage (0: all)
@@ -156,6 +159,8 @@ class TrainConfig:
     bucket_bytes: int = 4 << 20  # flat gradient buckets of Post (hspmd.train.sync)
     # (step, strategy): switch to that strategy in memory before that step (hspmd.switch.live)
     switches: tuple[tuple[int, str], ...] = ()
+    # measure each rank's peak training-state bytes (hspmd.train.meter; benchmarks/zero.py)
+    measure_memory: bool = False
     # "states": a switch moves fp32 masters and Adam states (unstable devices);
     # "weights": they stay under a fixed home layout, only compute weights move (mixed-length)
     switch_mode: SwitchMode = "states"
@@ -266,8 +271,6 @@ class TrainConfig:
                 f"--zero-shares {self.zero_shares}: give positive weights, one per pipeline, "
                 "with --zero 1|2|3"
             )
-        if self.zero >= 2:
-            raise TrainError(f"--zero {self.zero} is not trained yet: use --zero 1")
         if self.switch_mode == "weights" and self.zero:
             raise TrainError(
                 f"--zero {self.zero} adds nothing under switch mode 'weights': its home layout "

@@ -53,6 +53,8 @@ class TrainResult:
     # CUDA runs: torch.cuda.max_memory_allocated of each rank (by rank) over the run, as
     # its process measured it; empty on CPU
     peak_memory: dict[int, int] = field(default_factory=dict)
+    # with measure_memory: each rank's peak training-state bytes (hspmd.train.meter)
+    state_peak: dict[int, int] = field(default_factory=dict)
 
     @property
     def losses(self) -> tuple[float, ...]:
