@@ -127,7 +127,7 @@ def test_zero3_gathers_per_layer_in_lock_step_and_once_per_step_otherwise(runs: 
     layer per B. The heterogeneous strategy's rank 0 (stage L0 of its pipeline) gathers once
     per step and reduces its one bucket in the step's last B."""
     for name, gathers, reduces in (
-        ("ZeRO-3 DP", 2 * (4 + 3), 2 * 2),
+        ("ZeRO-3 DP", 2 * (4 + 3), 2 * 4),
         ("ZeRO-3 heterogeneous, uneven shares, clipping", 1, 1),
     ):
         trace = runs[name][1].trace

@@ -49,8 +49,8 @@ from hspmd.train.post import MixedPost, PlainPost, Post
 from hspmd.train.sync import SyncItem, grad_sync_plan
 from hspmd.train.zero import ZeroItem, ZeroOne, zero1_plan
 from hspmd.train.zero_params import ParamStore, StoreAround
-from hspmd.train.zero_shards import ShardedPost, shard_buckets
-from hspmd.train.zero_units import insert_points
+from hspmd.train.zero_shards import ShardedPost, shard_buckets, unit_buckets
+from hspmd.train.zero_units import Unit, insert_points
 
 __all__ = ["Active", "Built", "activate", "options_of", "strategy_options", "switch_weights"]
 
@@ -141,16 +141,17 @@ def _plan_recompute(plans: str) -> dict[str, tuple[bool, int]]:
 def _post(
     config: TrainConfig, params: dict[str, torch.Tensor], sync: tuple[SyncItem, ...],
     zero: dict[str, ZeroItem], world: World, *, stage_sync: tuple[StageGradSync, ...],
-    strategy: Strategy,
+    strategy: Strategy, units: tuple[Unit, ...] = (),
 ) -> Post:  # fmt: skip
     model, adam = config.model_config(), config.optimizer
     if zero and config.zero >= 2:
+        buckets = unit_buckets(zero, units) if units else shard_buckets(
+            zero, bucket_bytes=config.bucket_bytes,
+            layer_of=model.param_layer if config.zero == 3 else None,
+        )  # fmt: skip
         return ShardedPost(
             zero, params, config=model, seed=config.seed, adam=adam, world=world,
-            zero=config.zero, buckets=shard_buckets(
-                zero, bucket_bytes=config.bucket_bytes,
-                layer_of=model.param_layer if config.zero == 3 else None,
-            ),
+            zero=config.zero, buckets=buckets,
             every_backward=config.overlap and _lock_step(config, strategy),
             stage_sync=stage_sync, in_flight=1 if config.zero_overlap else 0,
         )  # fmt: skip
@@ -226,7 +227,7 @@ def activate(
             built.posts[key] = post
     else:  # Post also sums the gradients still partial inside the stage (SP norm weights)
         post = _post(config, exe.params, sync, zero, world, stage_sync=exe.grad_sync,
-                     strategy=layout.strategy)  # fmt: skip
+                     strategy=layout.strategy, units=units)  # fmt: skip
     if isinstance(post, ShardedPost) and config.zero == 3:
         store = ParamStore(
             exe.params, {n: zero[n].gather for n in exe.params}, post.shard, units, world,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -49,8 +49,9 @@ from hspmd.train.post import MasterAdam, load_adam
 from hspmd.train.sync import grad_of
 from hspmd.train.zero import ZeroItem
 from hspmd.train.zero_params import ParamStore
+from hspmd.train.zero_units import Unit
 
-__all__ = ["ShardBucket", "ShardReduce", "ShardedPost", "shard_buckets"]
+__all__ = ["ShardBucket", "ShardReduce", "ShardedPost", "shard_buckets", "unit_buckets"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +96,23 @@ def shard_buckets(
         size += nbytes
     if run:
         out.append(ShardBucket(tuple(i.name for i in run), tuple(i.reduce for i in run)))
+    return tuple(out)
+
+
+def unit_buckets(items: Mapping[str, ZeroItem], units: Sequence[Unit]) -> tuple[ShardBucket, ...]:
+    """ZeRO-3's buckets where it gathers per layer: one per gather unit, in reverse order,
+    so that a bucket's full gradients are at most the unit's parameters that they replace.
+    A parameter of two units (tied weights) goes with the first, whose backward finishes
+    its gradient. The units are the same on every replica of a stage (lock step)."""
+    first: dict[str, int] = {}
+    for k, unit in enumerate(units):
+        for name in unit.names:
+            first.setdefault(name, k)
+    out = []
+    for k in reversed(range(len(units))):
+        names = tuple(n for n in units[k].names if first[n] == k)
+        if names:
+            out.append(ShardBucket(names, tuple(items[n].reduce for n in names)))
     return tuple(out)
 
 
