@@ -127,7 +127,7 @@ def _fitting(
     """The prediction with recompute off, or on where off does not fit."""
     for recompute in (False, True):
         opts = StrategyOptions(
-            zero1=zero1, sequence_parallel=True, dtype="bf16", recompute=recompute
+            zero=int(zero1), sequence_parallel=True, dtype="bf16", recompute=recompute
         )
         p = predict(strategy, config, cost, seq_len=SEQ, options=opts)
         if p.fits:

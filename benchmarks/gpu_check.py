@@ -344,7 +344,7 @@ def part_equal(data: dict[str, Any], _out: Path, *, dry: bool) -> None:
         """bf16 + ZeRO-1; a switch under the home layout; a save, then a resume: one launch."""
         save = tempfile.mkdtemp(prefix="gpu-check-ckpt-")
         configs = [
-            dataclasses.replace(base, dtype="bf16", zero1=True),
+            dataclasses.replace(base, dtype="bf16", zero=1),
             dataclasses.replace(base, switch_mode="weights", switches=((2, "1x2: R0:L0-3"),)),
             dataclasses.replace(base, steps=2, save=save),
             dataclasses.replace(base, resume=save),

@@ -134,7 +134,7 @@ def run_case(dist: str, max_len: int, n_steps: int, seed: int) -> dict[str, Any]
     config = get_config("llama-32b")
     cost = CostModel.of(load_cluster("h20x32"))
     gpus = cost.num_ranks
-    base = StrategyOptions(sequence_parallel=True, dtype="bf16", zero1=True)
+    base = StrategyOptions(sequence_parallel=True, dtype="bf16", zero=1)
     options = option_sets(base, config.num_layers)
     lengths = sample(dist, 60_000, max_len, seed)
     steps = steps_of(lengths, STEP_TOKENS, n_steps)

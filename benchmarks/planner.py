@@ -81,7 +81,7 @@ def paper_part() -> dict[str, Any]:
             ours = plan(config, cost, global_batch=64, seq_len=4096, homogeneous=False)
             planning = time.perf_counter() - began
             base = homogeneous_plan(config, cost, global_batch=64, seq_len=4096)
-            opts = StrategyOptions(zero1=True, sequence_parallel=True, dtype="bf16")
+            opts = StrategyOptions(zero=1, sequence_parallel=True, dtype="bf16")
             t9 = predict(
                 parse_strategy(TABLE9[model, name]), config, cost, seq_len=4096, options=opts
             )
@@ -89,7 +89,7 @@ def paper_part() -> dict[str, Any]:
             t8s = megatron_strategy(
                 dp, tp, pp, config.num_layers, 64 // (dp * mbs), mbs, pipeline_major=False
             )
-            t8o = StrategyOptions(zero1=dp > 1, sequence_parallel=True, dtype="bf16")
+            t8o = StrategyOptions(zero=int(dp > 1), sequence_parallel=True, dtype="bf16")
             t8 = predict(t8s, config, cost, seq_len=4096, options=t8o)
             h = base.step_time_s if base else float("nan")
             row = {

@@ -54,7 +54,7 @@ def _median_step(result: TrainResult) -> float:
 
 
 def measure(strategy: str, zero1: bool, *, steps: int, rounds: int) -> dict[str, float]:
-    base = TrainConfig(strategy=strategy, zero1=zero1, global_batch=8, seq_len=128,
+    base = TrainConfig(strategy=strategy, zero=int(zero1), global_batch=8, seq_len=128,
                        steps=steps, adam=PLAIN, data_max_bytes=1 << 20)  # fmt: skip
     recipe = dataclasses.replace(base, adam=RECIPE, clip_grad_norm=1.0)
     configs = []
@@ -63,7 +63,7 @@ def measure(strategy: str, zero1: bool, *, steps: int, rounds: int) -> dict[str,
     results = train_many(configs, threads=1, timeout_s=1800)
     plain_times = [_median_step(res) for c, res in zip(configs, results, strict=True) if c is base]
     recipe_runs = [res for c, res in zip(configs, results, strict=True) if c is recipe]
-    reference = run_reference(dataclasses.replace(recipe, strategy=None, zero1=False))
+    reference = run_reference(dataclasses.replace(recipe, strategy=None, zero=0))
     check = compare(recipe_runs[0], reference)
     norms = max(
         abs(a.grad_norm - b.grad_norm) / b.grad_norm

@@ -127,11 +127,13 @@ SAMPLES: dict[str, list[str]] = {
     "--data-cache": ["--data-cache", "cache"],
     "--schedule": ["--schedule", "gpipe"],
     "--dtype": ["--dtype", "bf16"],
-    "--zero1": ["--zero1"],
+    "--zero": ["--zero", "2"],
+    "--zero-shares": ["--zero-shares", "3,1", "--zero", "3"],
     "--sequence-parallel": ["--sequence-parallel"],
     "--recompute": ["--recompute"],
     "--recompute-layers": ["--recompute-layers", "2", "--recompute"],
     "--no-overlap": ["--no-overlap"],
+    "--zero-no-overlap": ["--zero-no-overlap"],
     "--switch": ["--switch", "3=2x1: R0:L0-3"],
     "--switch-mode": ["--switch-mode", "weights"],
     "--switch-algo": ["--switch-algo", "relay", "--ranks-per-node", "2"],
@@ -151,8 +153,8 @@ SAMPLES: dict[str, list[str]] = {
     "--device": ["--device", "cpu"],
 }
 # --plans reads a plans file of `hspmd plan --data` (tests/cli/test_plan_lengths.py);
-# --max-seq-len sets seq_len in --seq-len's place (below)
-UNSAMPLED = {"--plans", "--max-seq-len"}
+# --max-seq-len sets seq_len in --seq-len's place, --zero1 sets zero in --zero's (below)
+UNSAMPLED = {"--plans", "--max-seq-len", "--zero1"}
 
 
 def _value(config: TrainConfig, field: str) -> Any:
@@ -173,6 +175,16 @@ def test_each_flag_sets_its_field(flag: Any) -> None:
     assert _value(config, flag.field) != _value(base, flag.field), flag.name
     packed = parser.parse_args(["train", "--tokens-per-step", "128", "--max-seq-len", "32"])
     assert config_from_args(packed).seq_len == 32
+    assert config_from_args(parser.parse_args(["train", "--zero1"])).zero == 1
+
+
+def test_zero1_is_zero_1_and_refuses_another_stage() -> None:
+    from hspmd.cli import main
+
+    parser = build_parser()
+    config = config_from_args(parser.parse_args(["train", "--zero1", "--zero", "1"]))
+    assert (config.zero, config.zero1) == (1, True)
+    assert main(["train", "--zero1", "--zero", "3", "--steps", "1"]) == 2
 
 
 def _sections() -> dict[str, str]:

@@ -16,7 +16,7 @@ NODES = ["--nnodes", "2", "--master-addr", "127.0.0.1"]
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--elastic", "--zero1"], "--elastic does not take --zero1"),
+        (["--elastic", "--zero1"], "--elastic does not take --zero"),
         (["--elastic", "--switch", "3=2x2: R0:L0-3; 2x2: R1:L0-3"], "does not take --switch"),
         (["--elastic", "--hang-timeout", "0"], "hang_timeout=0.0: give a positive number"),
         (["--elastic", "--inject-failure", "1@x"], "write RANK@STEP[:PHASE[:kill|hang]]"),

@@ -216,7 +216,7 @@ def test_cli_names_a_bad_model(tmp_path: Path, capsys) -> None:
 def test_a_user_model_takes_zero1_and_a_live_switch() -> None:
     config = TrainConfig(model=GPT2, model_overrides=(("num_layers", 2), ("tie", False)),
                          strategy="2x1: R0-1:L0 R2:L1; 2x1: R3:L0-1", global_batch=4,
-                         seq_len=16, steps=3, zero1=True,
+                         seq_len=16, steps=3, zero=1,
                          switches=((3, "1x2: R0:L0 R1-2:L1; 1x2: R3:L0-1"),))  # fmt: skip
     got, want = train(config).losses, run_reference(config).losses
     assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5, (got, want)

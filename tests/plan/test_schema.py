@@ -75,7 +75,7 @@ def test_even_micro_batches_give_plain_h0() -> None:
 
 def test_json_round_trip() -> None:
     plan = build_plan(
-        HETERO, TINY, seq_len=8, options=StrategyOptions(zero1=True, dtype="bf16"), global_batch=4
+        HETERO, TINY, seq_len=8, options=StrategyOptions(zero=1, dtype="bf16"), global_batch=4
     )
     plan = dataclasses.replace(plan, model=ModelIdentity.of(TINY, source="llama-tiny"))
     data = plan_to_json(plan)
@@ -154,7 +154,7 @@ def test_paper_scale_plan_is_fast() -> None:
         parse_strategy(text),
         get_config("llama-32b"),
         seq_len=4096,
-        options=StrategyOptions(zero1=True),
+        options=StrategyOptions(zero=1),
         global_batch=64,
     )
     plan_from_json(json.dumps(plan_to_json(plan)))
@@ -171,7 +171,7 @@ def test_docs_example_is_what_the_code_writes() -> None:
         parse_strategy("1x2: R0-1:L0-0; 2x1: R2:L0-0"),
         get_config("llama-tiny", num_layers=1),
         seq_len=16,
-        options=StrategyOptions(zero1=True),
+        options=StrategyOptions(zero=1),
         global_batch=4,
     )
     assert json.loads(example) == plan_to_json(plan)

@@ -155,7 +155,7 @@ def test_refusals_needing_other_inputs() -> None:
 
 def test_options() -> None:
     assert str(StrategyOptions()) == "schedule=1f1b dtype=fp32"
-    assert str(StrategyOptions(zero1=True, dtype="bf16")) == "zero1 schedule=1f1b dtype=bf16"
+    assert str(StrategyOptions(zero=1, dtype="bf16")) == "zero1 schedule=1f1b dtype=bf16"
     with pytest.raises(StrategyError, match="gpipe"):
         StrategyOptions(schedule="zb")  # type: ignore[arg-type]
     with pytest.raises(StrategyError, match="bf16"):

@@ -38,7 +38,7 @@ def test_cached_stage_work_and_sync_equal_the_plain_ones(tmp_path: Path) -> None
         ([0, 1], [1, 0], [1, 2], [0, 2]), (1, 2, 4), (False, True)
     ):
         picked = [units[i] for i in chosen]
-        options = StrategyOptions(zero1=zero1)
+        options = StrategyOptions(zero=int(zero1))
         for layers in ([2, 2], [3, 1]):
             assert costs.sync(picked, layers, d, options) == costs._sync(picked, layers, d, options)
 

@@ -124,7 +124,7 @@ def test_plan_strategies_on_the_paper_cluster_round_trip() -> None:
     cost = CostModel.of(load_cluster("h20x32"))
     lengths = [300] * 500 + [2000] * 50 + [12000] * 3
     hist = Histogram.of(lengths, max_len=16384, smallest=1024)
-    options = StrategyOptions(sequence_parallel=True, dtype="bf16", zero1=True)
+    options = StrategyOptions(sequence_parallel=True, dtype="bf16", zero=1)
     plans = plan_strategies(config, cost, hist, step_tokens=200_000, options=[options])
     assert [p.max_len for p in plans] == sorted({p.max_len for p in plans})
     assert plans[-1].max_len == 16384 and all(p.gpus <= 32 for p in plans)

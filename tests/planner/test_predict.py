@@ -57,7 +57,7 @@ def test_memory_by_hand() -> None:
     mem = rank_memory(
         config, rank=0, tp=1, num_layers=1, first=False, last=False, in_flight_micro_batches=2,
         micro_batch_size=1, seq_len=8, replicas=2,
-        options=StrategyOptions(zero1=True, dtype="bf16"),
+        options=StrategyOptions(zero=1, dtype="bf16"),
     )  # fmt: skip
     assert (mem.weights, mem.gradients, mem.optimizer) == (2 * p, 4 * p, 12 * p / 2)
     # per token of a layer (memory.llama_layer_bytes), H = 64, F = 128, q = 64, kv = 32,

@@ -169,7 +169,7 @@ def test_one_comm_event_per_step_matches_the_comm_counts(
 def test_zero1_sequence_parallel_and_a_relayed_switch_match_the_counts() -> None:
     config = TrainConfig(
         strategy="2x2: R0-1:L0-1 R2:L2-3; 2x2: R3:L0-3", global_batch=8, seq_len=16,
-        steps=2, zero1=True, sequence_parallel=True, switch_algo="relay", ranks_per_node=2,
+        steps=2, zero=1, sequence_parallel=True, switch_algo="relay", ranks_per_node=2,
         switches=((2, "2x2: R0-1:L0-3; 2x2: R2-3:L0-3"),),
     )  # fmt: skip
     out = launch(_traced_rank, 4, args=(config,), threads=1, timeout_s=600)

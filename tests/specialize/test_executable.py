@@ -189,7 +189,7 @@ def test_a_stage_recomputes_its_own_count_of_layers(
 def test_unsupported_options_and_ranks_are_refused() -> None:
     with pytest.raises(ExecutableError, match="zero1"):
         build_executable(
-            CONFIG, parse_strategy("1x2: R0-1:L0-1"), StrategyOptions(zero1=True),
+            CONFIG, parse_strategy("1x2: R0-1:L0-1"), StrategyOptions(zero=1),
             0, seq_len=SEQ, seed=0,
         )  # fmt: skip
     with pytest.raises(ExecutableError, match="rank 5"):

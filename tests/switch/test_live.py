@@ -43,7 +43,7 @@ CASES = {
         BASE,
         strategy="2x1: R0:L0-3; 2x1: R1:L0-3",
         switches=((2, "1x2: R0-1:L0-3; 1x2: R2:L0-3"), (4, "2x1: R0:L0-1 R1:L2-3; 2x1: R2-3:L0-3")),
-        zero1=True,
+        zero=1,
         steps=5,
     ),
 }

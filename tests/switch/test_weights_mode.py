@@ -109,7 +109,7 @@ def test_weight_plan_moves_every_piece_and_only_changed_owners(source: str, targ
 
 def test_weights_mode_refuses_zero1_and_says_why() -> None:
     with pytest.raises(TrainError, match="adds nothing.*already shards.*--switch-mode states"):
-        dataclasses.replace(BASE, switch_mode="weights", zero1=True)
+        dataclasses.replace(BASE, switch_mode="weights", zero=1)
     with pytest.raises(TrainError, match="choose one of states, weights"):
         dataclasses.replace(BASE, switch_mode="bf16")
 

@@ -43,7 +43,7 @@ STRATEGIES: dict[str, tuple[str, tuple, bool, dict]] = {
         "1x2: R0-1:L0-1:C2; 2x1: R2:L0-1",
         (),
         False,
-        {"zero1": True, "recompute": True, "switches": ((2, "2x1: R0:L0-1; 1x2: R1-2:L0-1:C2"),)},
+        {"zero": 1, "recompute": True, "switches": ((2, "2x1: R0:L0-1; 1x2: R1-2:L0-1:C2"),)},
     ),  # fmt: skip
     # packed documents (block-diagonal attention): rows of varying even lengths
     "packed, CP 2 beside no CP": ("2x1: R0-1:L0-1:C2; 2x1: R2:L0-1", (), True, {}),

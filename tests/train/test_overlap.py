@@ -96,10 +96,10 @@ BASE = TrainConfig(
 CASES = {
     "DP 2": ("2x1: R0:L0-1; 2x1: R1:L0-1", {}),
     "TP 2 x DP 2": ("2x1: R0-1:L0-1; 2x1: R2-3:L0-1", {}),
-    "ZeRO-1 DP 2": ("2x1: R0:L0-1; 2x1: R1:L0-1", {"zero1": True}),
+    "ZeRO-1 DP 2": ("2x1: R0:L0-1; 2x1: R1:L0-1", {"zero": 1}),
     "ZeRO-1 heterogeneous (SplitRS, not startable)": (
         "1x2: R0-1:L0-1; 2x1: R2:L0-1",
-        {"zero1": True},
+        {"zero": 1},
     ),
     "SP + bf16, TP differs per pipeline (norm weights summed in the stage first)": (
         "2x1: R0-1:L0-1; 1x2: R2:L0 R3:L1",

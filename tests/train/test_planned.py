@@ -36,7 +36,7 @@ def test_planned_strategies_equal_the_reference(tmp_path: Path) -> None:
         o = chosen.options
         configs.append(TrainConfig(
             strategy=str(chosen.strategy), global_batch=8, seq_len=32, steps=3,
-            zero1=o.zero1, sequence_parallel=o.sequence_parallel, recompute=o.recompute,
+            zero=o.zero, sequence_parallel=o.sequence_parallel, recompute=o.recompute,
         ))  # fmt: skip
     strategies = [c.strategy for c in configs]
     assert len(set(strategies)) > 1, strategies  # the clusters get different plans

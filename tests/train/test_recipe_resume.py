@@ -34,7 +34,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[TrainResul
     folder = str(tmp_path_factory.mktemp("recipe") / "ckpt")
     save = dataclasses.replace(BASE, strategy="2x1: R0-1:L0 R2:L1; 2x1: R3:L0-1", steps=2,
                                save=folder)  # fmt: skip
-    resume = dataclasses.replace(BASE, strategy="1x2: R0:L0-1; 1x2: R1-2:L0-1", zero1=True,
+    resume = dataclasses.replace(BASE, strategy="1x2: R0:L0-1; 1x2: R1-2:L0-1", zero=1,
                                  resume=folder)  # fmt: skip
     return folder, train_many([save, resume], threads=1, timeout_s=600)
 

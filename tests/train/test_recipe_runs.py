@@ -37,7 +37,7 @@ CASES: dict[str, dict[str, Any]] = {
     "PP": dict(strategy="4x1: R0:L0 R1:L1"),
     "TP": dict(strategy="4x1: R0-1:L0-1"),
     "heterogeneous two pipelines": dict(strategy=HETERO),
-    "ZeRO-1 heterogeneous": dict(strategy="2x1: R0-1:L0-1; 2x1: R2:L0 R3:L1", zero1=True),
+    "ZeRO-1 heterogeneous": dict(strategy="2x1: R0-1:L0-1; 2x1: R2:L0 R3:L1", zero=1),
     "gradient accumulation, heterogeneous": dict(strategy=HETERO, grad_accum=2),
     # ranks 2-3 idle until the switch: they join the norm's all-reduce with nothing
     "switch (states)": dict(strategy="4x1: R0:L0 R1:L1", switches=((3, HETERO),)),
@@ -52,7 +52,7 @@ CASES: dict[str, dict[str, Any]] = {
 # losses 7e-5, norms 8e-4, parameters 1.1e-2)
 BF16: dict[str, dict[str, Any]] = {
     "bf16 heterogeneous": dict(strategy=HETERO, dtype="bf16"),
-    "bf16 + ZeRO-1 heterogeneous": dict(strategy=HETERO, dtype="bf16", zero1=True),
+    "bf16 + ZeRO-1 heterogeneous": dict(strategy=HETERO, dtype="bf16", zero=1),
 }  # fmt: skip
 BF16_RTOL = {"loss": 1e-3, "norm": 1e-2, "param": 5e-2}
 

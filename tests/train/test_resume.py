@@ -37,10 +37,10 @@ def _cases(root: Path) -> dict[str, TrainConfig]:
             BASE, strategy="4x1: R0-1:L0-1", resume=plain, switches=((4, "4x1: R0:L0-1"),)
         ),
         "save ZeRO-1": dataclasses.replace(
-            BASE, strategy="2x1: R0:L0-1; 2x1: R1:L0-1", steps=2, save=zero, zero1=True
+            BASE, strategy="2x1: R0:L0-1; 2x1: R1:L0-1", steps=2, save=zero, zero=1
         ),
         "resume ZeRO-1 on other replicas": dataclasses.replace(
-            BASE, strategy="1x2: R0-1:L0-1; 1x2: R2:L0-0 R3:L1-1", resume=zero, zero1=True,
+            BASE, strategy="1x2: R0-1:L0-1; 1x2: R2:L0-0 R3:L1-1", resume=zero, zero=1,
         ),
     }  # fmt: skip
 

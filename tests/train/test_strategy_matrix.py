@@ -128,7 +128,7 @@ def config(
     zero1: bool = False,
 ) -> TrainConfig:
     return TrainConfig(
-        zero1=zero1,
+        zero=int(zero1),
         model_overrides=overrides,
         strategy=strategy,
         global_batch=batch,

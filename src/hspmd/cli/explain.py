@@ -22,7 +22,7 @@ import argparse
 import json
 import time
 
-from hspmd.cli.flags import STRATEGY_FLAGS, HelpFormatter, add_flags
+from hspmd.cli.flags import STRATEGY_FLAGS, HelpFormatter, add_flags, shares_of, zero_of
 from hspmd.cli.model_input import add_model_arguments, read_run, seq_len_of
 from hspmd.errors import StrategyError
 from hspmd.models.config import PRESETS
@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     run_of = read_run(
         args,
         StrategyOptions(
-            zero1=args.zero1,
+            zero=zero_of(args),
+            zero_shares=shares_of(args),
             sequence_parallel=args.sequence_parallel,
             recompute=args.recompute,
             schedule=args.schedule,

@@ -31,10 +31,11 @@ from hspmd.cli.strategy_arg import strategy_argument, switch_argument
 from hspmd.data import LONG_DOCS
 from hspmd.data.tokens import TOKEN_DTYPES
 from hspmd.models.llama import PRESETS
-from hspmd.train.config import AdamConfig, EvalConfig, LrSchedule, TrainConfig
+from hspmd.train.config import AdamConfig, EvalConfig, LrSchedule, TrainConfig, TrainError
 
 __all__ = [
     "FLAGS", "NOT_FLAGS", "STRATEGY_FLAGS", "TRAIN_FLAGS", "Flag", "HelpFormatter", "add_flags",
+    "shares_of", "zero_of",
 ]  # fmt: skip
 
 
@@ -165,8 +166,16 @@ TRAIN_FLAGS: tuple[Flag, ...] = (
          help="pipeline schedule"),
     Flag("--dtype", "dtype", default=_default("dtype"), choices=_choices("dtype"),
          help="compute dtype (masters fp32)"),
-    Flag("--zero1", "zero1", action="store_true",
-         help="shard fp32 masters and Adam states over pipelines"),
+    Flag("--zero", "zero", default="0", choices=("0", "1", "2", "3"),
+         help="ZeRO stage, sharded over the data-parallel replicas (docs/zero.md): 1 fp32 "
+         "masters and Adam states, 2 also the gradients, 3 also the parameters between uses"),
+    Flag("--zero1", None, action="store_true", help="the same as --zero 1"),
+    Flag("--zero-no-overlap", "zero_overlap", action="store_true",
+         help="with --zero 2|3: wait for each gradient bucket's reduce at once and gather no "
+         "layer ahead (the least memory, the most exposed communication)"),
+    Flag("--zero-shares", "zero_shares", default="", metavar="W,W,...",
+         help="with --zero: one weight per pipeline, its part of the shards in proportion "
+         "(e.g. each device's free memory; default: even)"),
     Flag("--sequence-parallel", "sequence_parallel", action="store_true",
          help="split the sequence inside each stage"),
     Flag("--recompute", "recompute", action="store_true",
@@ -230,13 +239,44 @@ TRAIN_FLAGS: tuple[Flag, ...] = (
 FLAGS = {flag.name: flag for flag in TRAIN_FLAGS}
 
 # The strategy options' flags (hspmd.plan.strategy.StrategyOptions): explain, simulate.
-STRATEGY_FLAGS = ("--zero1", "--sequence-parallel", "--recompute", "--schedule", "--dtype")
+STRATEGY_FLAGS = (
+    "--zero",
+    "--zero1",
+    "--zero-shares",
+    "--sequence-parallel",
+    "--recompute",
+    "--schedule",
+    "--dtype",
+)  # fmt: skip  (--zero-no-overlap is a runtime flag of train only)
+
+
+def zero_of(args: argparse.Namespace) -> int:
+    """The ZeRO stage of ``--zero`` and its synonym ``--zero1`` (``--zero 1``)."""
+    stage = int(getattr(args, "zero", 0) or 0)
+    if getattr(args, "zero1", False) is True:
+        if stage not in (0, 1):
+            raise TrainError(f"--zero1 with --zero {stage}: --zero1 is --zero 1; give one of them")
+        return 1
+    return stage
+
+
+def shares_of(args: argparse.Namespace) -> tuple[float, ...]:
+    """``--zero-shares 3,1`` -> ``(3.0, 1.0)``; ``''`` -> ``()``."""
+    text = getattr(args, "zero_shares", "") or ""
+    try:
+        return tuple(float(w) for w in text.split(",") if w.strip())
+    except ValueError:
+        raise TrainError(
+            f"--zero-shares {text!r}: give numbers, one per pipeline, e.g. 3,1,1,1"
+        ) from None
+
 
 # TrainConfig fields without a flag of their own, and why.
 NOT_FLAGS = {
     "tp_rules": "a user module's TP kinds come from a plan file: --plan (hspmd.train.planfile)",
     "bucket_bytes": "a tuning knob of the library API (TrainConfig.bucket_bytes), no flag",
     "min_documents": "aligns the steps of runs under different strategies (benchmarks), no flag",
+    "measure_memory": "the state's tracked bytes per rank for benchmarks/zero.py, no flag",
     "adam.beta2": "set with beta1 by --betas B1,B2",
 }
 

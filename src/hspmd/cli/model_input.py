@@ -158,7 +158,7 @@ def read_run(args: argparse.Namespace, options: StrategyOptions) -> Run:
     check_plan(plan, config)
     assert config.strategy is not None
     planned = StrategyOptions(
-        zero1=config.zero1, sequence_parallel=config.sequence_parallel,
+        zero=config.zero, zero_shares=config.zero_shares, sequence_parallel=config.sequence_parallel,
         recompute=config.recompute, recompute_layers=config.recompute_layers,
         schedule=config.schedule, dtype=config.dtype,
     )  # fmt: skip

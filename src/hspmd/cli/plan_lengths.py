@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     zero1 = {"on": [True], "off": [False], "auto": [False, True]}[args.zero1]
     options = [
         o for z in zero1
-        for o in option_sets(StrategyOptions(zero1=z, sequence_parallel=True, dtype=args.dtype),
+        for o in option_sets(StrategyOptions(zero=int(z), sequence_parallel=True, dtype=args.dtype),
                              config.num_layers)
     ]  # fmt: skip
     samples = [  # steps of this corpus (seed 1, not the training order) to choose on

@@ -52,7 +52,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from hspmd.checkpoint.store import latest, read_manifest
-from hspmd.cli.flags import FLAGS, REFERENCE_BATCH, TRAIN_FLAGS, HelpFormatter
+from hspmd.cli.flags import FLAGS, REFERENCE_BATCH, TRAIN_FLAGS, HelpFormatter, shares_of, zero_of
 from hspmd.cli.model_input import model_kwargs
 from hspmd.cli.paths import check_out_folder
 from hspmd.cli.progress import PlainProgress, eval_line, switch_line
@@ -157,7 +157,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         data_cache=getattr(args, "data_cache", None),
         schedule=args.schedule,
         dtype=args.dtype,
-        zero1=args.zero1,
+        zero=zero_of(args),
+        zero_shares=shares_of(args),
+        zero_overlap=not getattr(args, "zero_no_overlap", False),
         sequence_parallel=args.sequence_parallel,
         recompute=args.recompute,
         recompute_layers=args.recompute_layers,

@@ -60,7 +60,7 @@ def choice_fields(
     return {
         "format": STRATEGY_FORMAT,
         "strategy": strategy,
-        "options": dataclasses.asdict(options),
+        "options": {**dataclasses.asdict(options), "zero_shares": list(options.zero_shares)},
         "model": model.to_json(),
         "seq_len": seq_len,
         "global_batch": global_batch,
@@ -80,7 +80,7 @@ def choice_from_json(data: Mapping[str, Any], *, where: str = "the file") -> Str
         flat["recompute"] = data["recompute"]
     raw = data.get("options", flat)
     try:
-        options = StrategyOptions(**raw)
+        options = StrategyOptions.from_dict(raw)
     except TypeError:
         allowed = ", ".join(f.name for f in dataclasses.fields(StrategyOptions))
         raise StrategyError(f"{where}: options {sorted(raw)}: allowed are {allowed}") from None

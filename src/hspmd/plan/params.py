@@ -31,6 +31,12 @@ Optimizer states (the fp32 master and both Adam moments share one annotation):
   all-gather (SplitAG). Parts are even when the dim divides, else as even as possible
   (``h1(3,2):``). Duplicates inside a stage stay duplicates, as in Megatron's
   distributed optimizer. With one pipeline there is nothing to shard over.
+- with ``shares`` (one weight per pipeline, ``--zero-shares``), the parts are in proportion
+  to the weights (``share_sizes``): ``h1(48,16): ...`` for weights 3,1 on 64 columns, so
+  that a device with more memory left holds more of the state.
+
+ZeRO-2 and ZeRO-3 shard the gradients and the stored parameters over the same annotation
+(hspmd.train.zero, docs/zero.md).
 """
 
 from __future__ import annotations
@@ -40,9 +46,12 @@ from dataclasses import dataclass
 from hspmd.annotation import DUP, Annotation, DeviceGroup, DistributedStates
 from hspmd.errors import AnnotationError, StrategyError
 from hspmd.models.spec import ModelSpec, ModelSpecError
-from hspmd.plan.strategy import Stage, Strategy, check_strategy
+from hspmd.plan.strategy import Pipeline, Stage, Strategy, check_strategy
 
-__all__ = ["ParamSpec", "parameter_annotations", "stage_states", "state_annotations"]
+__all__ = [
+    "ParamSpec", "lock_step", "parameter_annotations", "share_sizes", "stage_states",
+    "state_annotations",
+]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,10 +162,29 @@ def parameter_annotations(strategy: Strategy, config: ModelSpec) -> dict[str, Pa
     return specs
 
 
+def share_sizes(length: int, weights: tuple[float, ...]) -> tuple[int, ...]:
+    """``length`` cut into ``len(weights)`` parts in proportion to ``weights`` (largest
+    remainders; each part at least 1); equal weights give the even split of ``h1(3,2):``.
+
+    >>> share_sizes(64, (3.0, 1.0)), share_sizes(5, (1.0, 1.0)), share_sizes(4, (100.0, 1.0, 1.0))
+    ((48, 16), (3, 2), (2, 1, 1))
+    """
+    parts = len(weights)
+    total = sum(weights)
+    spare = length - parts  # every part gets 1, the rest in proportion
+    exact = [spare * w / total for w in weights]
+    sizes = [1 + int(e) for e in exact]
+    order = sorted(range(parts), key=lambda i: (-(exact[i] - int(exact[i])), i))
+    for i in order[: length - sum(sizes)]:
+        sizes[i] += 1
+    return tuple(sizes)
+
+
 def state_annotations(
-    strategy: Strategy, config: ModelSpec, *, zero1: bool = False
+    strategy: Strategy, config: ModelSpec, *, zero1: bool = False, shares: tuple[float, ...] = ()
 ) -> dict[str, ParamSpec]:
-    """The annotation of each parameter's fp32 master and Adam moments (module docstring).
+    """The annotation of each parameter's fp32 master and Adam moments (module docstring);
+    ``shares``: the pipelines' weights for uneven parts (``()``: even).
 
     >>> from hspmd.models import get_config
     >>> from hspmd.plan.strategy import parse_strategy
@@ -167,10 +195,36 @@ def state_annotations(
     params = parameter_annotations(strategy, config)
     if not zero1 or len(strategy.pipelines) == 1:
         return params
-    return {name: _zero1_spec(spec, config.param_kind(name)) for name, spec in params.items()}
+    if shares and len(shares) != len(strategy.pipelines):
+        raise StrategyError(
+            f"zero_shares has {len(shares)} weights for {len(strategy.pipelines)} pipelines: "
+            "give one weight per pipeline"
+        )
+    return {
+        name: _zero1_spec(spec, config.param_kind(name), shares) for name, spec in params.items()
+    }
 
 
-def _zero1_spec(spec: ParamSpec, kind: str) -> ParamSpec:
+def lock_step(strategy: Strategy) -> bool:
+    """Whether every pipeline runs the same schedule: the same stages' layers and the same
+    number of micro-batches (TP and CP may differ). The replicas of a layer then meet its
+    uses in one order, so ZeRO-3 can gather it per layer in every F and B; otherwise once per
+    step (docs/zero.md).
+
+    >>> from hspmd.plan.strategy import parse_strategy
+    >>> lock_step(parse_strategy("2x1: R0:L0-1 R1:L2-3; 2x2: R2-3:L0-1 R4:L2-3"))
+    True
+    >>> lock_step(parse_strategy("2x1: R0:L0-3; 1x2: R1:L0-3"))
+    False
+    """
+
+    def shape(p: Pipeline) -> tuple[object, ...]:
+        return (tuple(s.layers for s in p.stages), p.num_micro_batches)
+
+    return len({shape(p) for p in strategy.pipelines}) == 1
+
+
+def _zero1_spec(spec: ParamSpec, kind: str, shares: tuple[float, ...] = ()) -> ParamSpec:
     param = spec.annotation
     dim = _state_dim(kind, spec.shape)
     if dim is None:
@@ -181,10 +235,9 @@ def _zero1_spec(spec: ParamSpec, kind: str) -> ParamSpec:
             f"ZeRO-1 cannot split {spec.name} (dim {dim} of {list(spec.shape)}) over {parts} "
             "data-parallel replicas: use fewer pipelines or turn zero1 off"
         )
-    sizes = None
-    if length % parts:
-        sizes = tuple(length // parts + (i < length % parts) for i in range(parts))
-    state = Annotation(param.groups, param.states, hdim=dim, hsizes=sizes)
+    sizes = share_sizes(length, shares or (1.0,) * parts)
+    even = len(set(sizes)) == 1
+    state = Annotation(param.groups, param.states, hdim=dim, hsizes=None if even else sizes)
     return _spec(spec.name, spec.shape, state)
 
 

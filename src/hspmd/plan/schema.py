@@ -6,8 +6,8 @@ docs/plan-schema.md; ``PLAN_SCHEMA`` is the JSON Schema)::
 
     {"format": "hspmd.plan/1",
      "strategy": "1x2: R0-1:L0-3; 2x1: R2:L0-3",       # informational, may be null
-     "options": {"zero1": false, "sequence_parallel": false, "recompute": false, "recompute_layers": 0,
-                 "schedule": "1f1b", "dtype": "fp32"},
+     "options": {"zero": 0, "zero_shares": [], "sequence_parallel": false, "recompute": false,
+                 "recompute_layers": 0, "schedule": "1f1b", "dtype": "fp32"},
      "model": {"source": "llama-tiny", "kwargs": {}, "num_params": 39,   # optional
                "fingerprint": "..."},                   # (hspmd.plan.identity)
      "inputs":           {"tokens": {"shape": [3, 16], "annotation": "h0(2,1): [0,1]{D:2} [2]{}"}, ...},
@@ -15,7 +15,9 @@ docs/plan-schema.md; ``PLAN_SCHEMA`` is the JSON Schema)::
      "optimizer_states": {...same keys as parameters...},
      "reshards":         {"embed": {"shape": [3, 16, 64], "annotation": "..."}, ...}}
 
-Annotations are written in their text form; ``plan_from_json`` also accepts the dict form
+Under ``"zero": 2`` the gradients, and under ``"zero": 3`` also the parameters between their
+uses, are kept under the ``optimizer_states`` annotation; ``parameters`` is where they are
+used (docs/zero.md). Annotations are written in their text form; ``plan_from_json`` also accepts the dict form
 of ``Annotation.to_json``.
 
 Shapes of inputs and markers are per micro-batch: the executor cuts each pipeline's share
@@ -96,7 +98,13 @@ PLAN_SCHEMA: dict[str, Any] = {
             "type": "object",
             "additionalProperties": False,
             "properties": {
-                "zero1": {"type": "boolean"},
+                "zero": {"enum": [0, 1, 2, 3], "description": "ZeRO stage (docs/zero.md)"},
+                "zero_shares": {
+                    "type": "array",
+                    "items": {"type": "number", "exclusiveMinimum": 0},
+                    "description": "per pipeline: its part of the ZeRO shards ([]: even)",
+                },
+                "zero1": {"type": "boolean", "description": "read only: older files' zero 1"},
                 "sequence_parallel": {"type": "boolean"},
                 "recompute": {"type": "boolean"},
                 "recompute_layers": {"type": "integer", "minimum": 0},
@@ -257,7 +265,11 @@ def build_plan(
     return Plan(
         inputs=tuple(input_annotations(strategy, config, seq_len=seq_len).values()),
         parameters=tuple(parameter_annotations(strategy, config).values()),
-        optimizer_states=tuple(state_annotations(strategy, config, zero1=options.zero1).values()),
+        optimizer_states=tuple(
+            state_annotations(
+                strategy, config, zero1=options.zero1, shares=options.zero_shares
+            ).values()
+        ),
         reshards=tuple(
             activation_annotations(strategy, config, seq_len=seq_len, options=options).values()
         ),
@@ -272,7 +284,8 @@ def build_plan(
 def plan_to_json(plan: Plan) -> dict[str, Any]:
     """The plan as a JSON-ready dict (``json.dumps`` it); ``plan_from_json`` reads it back."""
     out: dict[str, Any] = {"format": FORMAT, "strategy": plan.strategy}
-    out["options"] = asdict(plan.options)
+    options = asdict(plan.options)
+    out["options"] = {**options, "zero_shares": list(options["zero_shares"])}
     if plan.model is not None:
         out["model"] = plan.model.to_json()
     for section in SECTIONS:
@@ -329,7 +342,7 @@ def plan_from_json(data: Mapping[str, Any] | str) -> Plan:
 
 def _read_options(data: Any) -> StrategyOptions:
     try:
-        return StrategyOptions(**data)
+        return StrategyOptions.from_dict(data)
     except TypeError:
         raise StrategyError(
             f"bad plan options {data!r}: allowed keys are "

@@ -42,9 +42,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from hspmd.errors import StrategyError
 from hspmd.plan.repeat import expand, format_pipelines
@@ -237,10 +237,22 @@ class Strategy:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StrategyOptions:
-    """Switches that apply to every pipeline (CLI: ``--zero1`` ``--sequence-parallel``
-    ``--recompute`` ``--recompute-layers`` ``--schedule`` ``--dtype``)."""
+    """Switches that apply to every pipeline (CLI: ``--zero`` ``--zero-shares``
+    ``--sequence-parallel`` ``--recompute`` ``--recompute-layers`` ``--schedule``
+    ``--dtype``).
 
-    zero1: bool = False  # shard fp32 masters and Adam states over data-parallel replicas
+    ``zero``: what is sharded over the data-parallel replicas (the pipelines holding a
+    parameter; docs/zero.md): 0 nothing, 1 fp32 masters and Adam states (ZeRO-1), 2 also
+    the gradients, 3 also the parameters between uses. ``zero_shares``: one weight per
+    pipeline, the replicas' parts of those shards in proportion (``()``: even).
+
+    >>> o = StrategyOptions(zero=3, zero_shares=(3, 1))
+    >>> o.zero1, str(o)
+    (True, 'zero3 zero_shares=3,1 schedule=1f1b dtype=fp32')
+    """
+
+    zero: int = 0  # ZeRO stage: 0, 1 (states), 2 (+ gradients), 3 (+ parameters)
+    zero_shares: tuple[float, ...] = ()  # per pipeline: its part of the shards (even if empty)
     sequence_parallel: bool = False  # split the residual stream's seq dim inside a stage
     recompute: bool = False  # recompute each layer's activations in backward
     recompute_layers: int = 0  # with recompute: only the first k layers of a stage (0: all)
@@ -258,7 +270,37 @@ class StrategyOptions:
             return 0
         return min(self.recompute_layers, num_layers) if self.recompute_layers else num_layers
 
+    @property
+    def zero1(self) -> bool:
+        """Whether the optimizer states are sharded (ZeRO 1, 2 or 3)."""
+        return self.zero >= 1
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StrategyOptions:
+        """Options from their JSON form (``dataclasses.asdict``), files written before the
+        ZeRO stages too (``"zero1": true`` is ``"zero": 1``); TypeError for unknown keys.
+
+        >>> StrategyOptions.from_dict({"zero1": True, "dtype": "bf16"}).zero
+        1
+        """
+        fields = dict(data)
+        legacy = fields.pop("zero1", None)
+        if legacy and not fields.get("zero"):
+            fields["zero"] = 1
+        if "zero_shares" in fields:
+            fields["zero_shares"] = tuple(fields["zero_shares"])
+        return cls(**fields)
+
     def __post_init__(self) -> None:
+        if self.zero not in (0, 1, 2, 3):
+            raise StrategyError(f"zero={self.zero!r}: choose a ZeRO stage 0, 1, 2 or 3")
+        shares = tuple(float(w) for w in self.zero_shares)
+        object.__setattr__(self, "zero_shares", shares)  # a list from JSON: a tuple
+        if shares and (self.zero == 0 or not all(w > 0 for w in shares)):
+            raise StrategyError(
+                f"zero_shares={','.join(_weight(w) for w in shares)}: give positive weights, "
+                "one per pipeline, with a ZeRO stage (--zero 1|2|3)"
+            )
         if self.recompute_layers < 0:
             raise StrategyError(
                 f"recompute_layers={self.recompute_layers}: give 0 (every layer) or more"
@@ -269,12 +311,18 @@ class StrategyOptions:
             raise StrategyError(f"unknown dtype {self.dtype!r}: use fp32 or bf16")
 
     def __str__(self) -> str:
-        flags = [
-            name for name in ("zero1", "sequence_parallel", "recompute") if getattr(self, name)
-        ]
+        flags = [f"zero{self.zero}"] if self.zero else []
+        if self.zero_shares:
+            flags.append(f"zero_shares={','.join(_weight(w) for w in self.zero_shares)}")
+        flags += [name for name in ("sequence_parallel", "recompute") if getattr(self, name)]
         if self.recompute and self.recompute_layers:
             flags.append(f"recompute_layers={self.recompute_layers}")
         return " ".join([*flags, f"schedule={self.schedule}", f"dtype={self.dtype}"])
+
+
+def _weight(w: float) -> str:
+    """``3.0`` -> ``3``, ``1.5`` -> ``1.5``."""
+    return str(int(w)) if float(w).is_integer() else str(w)
 
 
 def uniform_recompute(
@@ -504,7 +552,8 @@ def check_strategy(
     0..num_layers-1 in order without gap or overlap; each stage's TP degree divides the
     heads, kv heads and FFN size, and the vocabulary on the stages holding the embedding
     or head; tied embeddings share one stage; the micro-batches add up to
-    ``global_batch``; under sequence parallelism the TP degree divides ``seq_len``. A stage
+    ``global_batch``; ``zero_shares`` has one weight per pipeline; under sequence
+    parallelism the TP degree divides ``seq_len``. A stage
     of CP degree c > 1 needs the model's attention-head markers (placement ``heads``) on
     its layers, each head count divisible by TP x CP (the all-to-all splits heads over
     both) and c dividing ``seq_len``; sequence parallelism applies to the other stages
@@ -538,6 +587,13 @@ def check_strategy(
                 "put each pipeline on one stage, or untie the weights in the model "
                 "(a preset: --config '{\"tie_embeddings\": false}')"
             )
+    shares = options.zero_shares
+    if shares and len(shares) != len(strategy.pipelines):
+        raise StrategyError(
+            f"zero_shares has {len(shares)} weights for {len(strategy.pipelines)} pipelines: "
+            "give one weight per pipeline, e.g. --zero-shares "
+            + ",".join(["1"] * len(strategy.pipelines))
+        )
     if global_batch is not None and strategy.global_batch != global_batch:
         sums = " + ".join(f"{p.num_micro_batches}x{p.micro_batch_size}" for p in strategy.pipelines)
         raise StrategyError(

@@ -96,7 +96,7 @@ def homogeneous_plan(
                 m = global_batch // (dp * mbs)
                 for recompute in (False, True):
                     options = StrategyOptions(
-                        zero1=zero1 == "on" or (zero1 == "auto" and dp > 1),
+                        zero=int(zero1 == "on" or (zero1 == "auto" and dp > 1)),
                         sequence_parallel=tp > 1 and seq_len % tp == 0 and sp_ok,
                         recompute=recompute,
                         dtype=dtype,

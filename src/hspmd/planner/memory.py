@@ -10,8 +10,24 @@ gradients           ``4*P`` (fp32)                    ``4*P``
 masters + Adam      ``12*P / z``                      ``8*P / z`` (moments only)
 ==================  ================================  =====================================
 
-``z`` is 1, or with ZeRO-1 the number of pipelines that hold the stage's layers (the
-data-parallel replicas its optimizer states are sharded over).
+``z`` is 1, or with ZeRO the number of pipelines that hold the stage's layers (the
+data-parallel replicas its optimizer states are sharded over). ZeRO keeps fp32 masters of
+its own under fp32 compute too (``hspmd.train.zero``), and shards more by stage
+(``zero_states``; docs/zero.md)::
+
+    stage  weights                         gradients                 masters + Adam
+    0      e*P                             4*P                       (12 | 8)*P
+    1      e*P                             4*P (+ 4*P/z fp32)        12*P/z
+    2      e*P                             4*P/z + a bucket          12*P/z
+    3      U or 2*U (per layer), e*P       4*P/z (+ a bucket, or     12*P/z (+ 2*P/z bf16
+           (once per step)                 e*P once per step)        stored shards)
+
+``e`` is the compute dtype's bytes, ``U`` the largest unit ZeRO-3 gathers (a layer, the
+embedding or the head, ``largest_unit``; twice with the next one prefetched), a bucket
+``min(e*P, ZERO_BUCKET_BYTES)`` of full gradients before their reduce. Where the pipelines
+do not run in lock step and a stage has several micro-batches, the full gradient
+accumulates until the last B (``e*P``), and ZeRO-3 holds the stage's whole parameters
+through the step. Communication buffers in flight are not counted.
 
 Activations kept per layer per micro-batch: what autograd saves in one block of the Llama
 as the runtime runs it (``llama_layer_bytes``; counted tensor by tensor on a real block in
@@ -50,15 +66,18 @@ from dataclasses import dataclass, replace
 
 from hspmd.models.config import LlamaConfig
 from hspmd.models.spec import ModelSpec
+from hspmd.plan.params import lock_step
 from hspmd.plan.strategy import Stage, Strategy, StrategyOptions
 from hspmd.planner.workload import figures, stage_params
 
 __all__ = [
     "OVERHEAD_BYTES",
+    "ZERO_BUCKET_BYTES",
     "RankMemory",
     "StagePlace",
     "in_flight",
     "layer_holders",
+    "largest_unit",
     "llama_layer_bytes",
     "rank_memory",
     "stage_memory",
@@ -67,6 +86,7 @@ __all__ = [
 ]
 
 OVERHEAD_BYTES = 3 * 2**30  # assumed: CUDA context ~0.5 GiB, NCCL, fragmentation
+ZERO_BUCKET_BYTES = 4 << 20  # ZeRO-2's gradient buckets (TrainConfig.bucket_bytes' default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,18 +180,26 @@ def rank_memory(
     config: ModelSpec, *, rank: int, tp: int, num_layers: int, first: bool, last: bool,
     in_flight_micro_batches: int, micro_batch_size: int, seq_len: int, replicas: int,
     options: StrategyOptions, cp: int = 1, recomputed: int | None = None,
+    lock_step: bool = True, micro_batches: int = 1, prefetch: bool = True,
+    share: float | None = None,
 ) -> RankMemory:  # fmt: skip
     """The memory of one rank of a stage (see the module docstring). ``recomputed``: the
     stage's own count of recomputed layers (``Stage.recompute``), else the options'. Under
     context parallelism (``cp > 1``) the layers' activations are those of ``seq_len / cp``
     positions, the logits those of whole rows (the head runs on the gathered sequence),
-    without sequence parallelism (it applies to stages without CP only)."""
+    without sequence parallelism (it applies to stages without CP only). ``lock_step``,
+    ``micro_batches`` and ``prefetch`` shape ZeRO 2 and 3's terms (``zero_states``);
+    ``share``: the part of each ZeRO shard this rank's replica holds (``--zero-shares``;
+    None: ``1 / replicas``)."""
     p = stage_params(config, num_layers, tp, first=first, last=last)
     bf16 = options.dtype == "bf16"
-    z = replicas if options.zero1 else 1
-    weights = (2 if bf16 else 4) * p
-    optimizer = (12 if bf16 else 8) * p / z
     elt = 2 if bf16 else 4
+    unit = largest_unit(config, tp, first=first, last=last)
+    accumulates = not lock_step and micro_batches > 1
+    weights, gradients, optimizer = zero_states(
+        p, zero=options.zero if replicas > 1 else 0, replicas=replicas, elt=elt,
+        unit=unit, accumulates=accumulates, per_layer=lock_step, prefetch=prefetch, share=share,
+    )  # fmt: skip
     activations = _activations(
         config, micro_batch_size, seq_len // cp, tp, elt=elt, num_layers=num_layers,
         in_flight=in_flight_micro_batches,
@@ -180,7 +208,47 @@ def rank_memory(
     )  # fmt: skip
     vocab_tp = tp if isinstance(config, LlamaConfig) or figures(config).vocab_split else 1
     logits = 8 * micro_batch_size * seq_len * config.vocab_size / vocab_tp if last else 0.0
-    return RankMemory(rank, weights, 4 * p, optimizer, activations, logits)
+    return RankMemory(rank, weights, gradients, optimizer, activations, logits)
+
+
+def zero_states(
+    p: float, *, zero: int, replicas: int, elt: int, unit: float = 0.0,
+    accumulates: bool = False, per_layer: bool = True, prefetch: bool = True,
+    share: float | None = None,
+) -> tuple[float, float, float]:  # fmt: skip
+    """(weights, gradients, masters + Adam) bytes of a rank holding ``p`` parameters under
+    ZeRO stage ``zero`` over ``replicas`` (the module docstring's table, ``/z`` being
+    ``* share`` where the shards are uneven; ``unit``: the largest gathered unit's
+    parameters).
+
+    >>> [round(sum(zero_states(1e8, zero=z, replicas=4, elt=4, unit=1e7)) / 1e8, 2)
+    ...  for z in range(4)]
+    [16.0, 12.0, 8.04, 4.8]
+    """
+    part = (share if share is not None else 1 / replicas) if zero else 1.0  # of each shard
+    bucket = min(elt * p, ZERO_BUCKET_BYTES)
+    optimizer = 12 * p * part if zero or elt == 2 else 8 * p
+    if zero <= 1:
+        gradients = 4 * p + (4 * p * part if zero and elt == 4 else 0)
+        return elt * p, gradients, optimizer
+    transient = elt * p if accumulates else bucket
+    if zero == 2:
+        return elt * p, 4 * p * part + transient, optimizer
+    stored = 2 * p * part if elt == 2 else 0.0  # fp32: the masters are the stored shards
+    if per_layer:
+        return stored + elt * unit * (2 if prefetch else 1), 4 * p * part, optimizer
+    return stored + elt * p, 4 * p * part + transient, optimizer
+
+
+def largest_unit(config: ModelSpec, tp: int, *, first: bool, last: bool) -> int:
+    """Parameters of the largest unit ZeRO-3 gathers on a rank of a stage: a layer, or the
+    embedding (first stage) or the head and final norm (last stage)."""
+    units = [stage_params(config, 1, tp, first=False, last=False)]
+    if first:
+        units.append(stage_params(config, 0, tp, first=True, last=False))
+    if last:
+        units.append(stage_params(config, 0, tp, first=False, last=True))
+    return max(units)
 
 
 def layer_holders(strategy: Strategy, num_layers: int) -> list[int]:
@@ -200,14 +268,19 @@ class StagePlace:
     last: bool
     in_flight: int  # micro-batches whose activations it holds at once
     micro_batch_size: int
-    replicas: int  # pipelines holding its layers (ZeRO-1 shards over them)
+    replicas: int  # pipelines holding its layers (ZeRO shards over them)
+    lock_step: bool = True  # every pipeline runs the same schedule (hspmd.plan.params)
+    micro_batches: int = 1
+    share: float | None = None  # its part of each ZeRO shard (--zero-shares; None: even)
 
 
 def stage_places(
-    strategy: Strategy, num_layers: int, schedule: str
+    strategy: Strategy, num_layers: int, schedule: str, *, shares: tuple[float, ...] = ()
 ) -> Iterator[tuple[int, int, Stage, StagePlace]]:
-    """``(pipeline index, stage index, stage, place)`` for every stage."""
+    """``(pipeline index, stage index, stage, place)`` for every stage (``shares``: the
+    pipelines' ZeRO weights, ``StrategyOptions.zero_shares``)."""
     holders = layer_holders(strategy, num_layers)
+    together = lock_step(strategy)
     for p, pipeline in enumerate(strategy.pipelines):
         count = len(pipeline.stages)
         for i, stage in enumerate(pipeline.stages):
@@ -216,6 +289,8 @@ def stage_places(
                 in_flight=in_flight(schedule, count, i, pipeline.num_micro_batches),
                 micro_batch_size=pipeline.micro_batch_size,
                 replicas=min((holders[layer] for layer in stage.layers), default=1),
+                lock_step=together, micro_batches=pipeline.num_micro_batches,
+                share=shares[p] / sum(shares) if shares else None,
             )  # fmt: skip
 
 
@@ -231,6 +306,7 @@ def stage_memory(
         micro_batch_size=place.micro_batch_size, seq_len=seq_len, replicas=place.replicas,
         options=options, cp=stage.cp,
         recomputed=stage.recomputed(options) if recomputed is None else recomputed,
+        lock_step=place.lock_step, micro_batches=place.micro_batches, share=place.share,
     )  # fmt: skip
 
 
@@ -239,7 +315,8 @@ def strategy_memory(
 ) -> dict[int, RankMemory]:  # fmt: skip
     """Every rank's memory under ``strategy`` (the ranks of a stage alike)."""
     out: dict[int, RankMemory] = {}
-    for _, _, stage, place in stage_places(strategy, config.num_layers, options.schedule):
+    places = stage_places(strategy, config.num_layers, options.schedule, shares=options.zero_shares)
+    for _, _, stage, place in places:
         memory = stage_memory(config, stage, place, seq_len=seq_len, options=options)
         for rank in stage.ranks:
             out[rank] = replace(memory, rank=rank)

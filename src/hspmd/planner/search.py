@@ -206,7 +206,7 @@ class _Search:
         zero = self.zero1 == "on" or (self.zero1 == "auto" and d > 1)
         sp = max(tps) > 1 and all(self.seq_len % t == 0 for t in tps) and self.sp_ok
         return StrategyOptions(
-            zero1=zero, sequence_parallel=sp, recompute=recompute, schedule="1f1b",
+            zero=int(zero), sequence_parallel=sp, recompute=recompute, schedule="1f1b",
             dtype=self.dtype,
         )  # fmt: skip
 

@@ -51,7 +51,8 @@ def trim_recompute(
     plain = replace(options, recompute=False, recompute_layers=0)
     cache: dict[tuple[object, ...], int] = {}
     counts: dict[tuple[int, int], int] = {}
-    for p, s, stage, place in stage_places(strategy, config.num_layers, options.schedule):
+    places = stage_places(strategy, config.num_layers, options.schedule, shares=options.zero_shares)
+    for p, s, stage, place in places:
         before = stage.recomputed(options)
         cap = min(cost.device_of(r).memory_bytes for r in stage.ranks) * (1 - PLAN_HEADROOM)
         key = (stage.tp, stage.cp, len(stage.layers), place, cap, before)

@@ -9,7 +9,10 @@ same order. Both sides queue a pair's tensors in the same (plan) order, so the l
     exchange.recv(1, [out[0:2]])          # received from rank 1 straight into a view
     exchange.run()
 
-A single contiguous tensor is sent or received in place (no copy).
+A single contiguous tensor is sent or received in place (no copy). ``tag`` keeps streams of
+exchanges that may be in flight at once between the same two ranks apart (ZeRO's gradient
+reduces and parameter gathers, hspmd.train.zero_shards): gloo pairs messages per peer and
+tag, in issue order.
 """
 
 from __future__ import annotations
@@ -26,10 +29,10 @@ from hspmd.runtime.world import World
 class Exchange:
     """Sends and receives queued per peer, issued as one batch by ``run``."""
 
-    __slots__ = ("world", "sends", "recvs")
+    __slots__ = ("world", "sends", "recvs", "tag")
 
-    def __init__(self, world: World) -> None:
-        self.world = world
+    def __init__(self, world: World, *, tag: int = 0) -> None:
+        self.world, self.tag = world, tag
         self.sends: dict[int, list[torch.Tensor]] = {}
         self.recvs: dict[int, list[torch.Tensor]] = {}
 
@@ -54,7 +57,7 @@ class Exchange:
         for peer in sorted(self.sends):
             buffer = _pack(self.sends[peer])
             self.world.record("send", group=(self.world.rank, peer), nbytes=_nbytes(buffer))
-            ops.append(dist.P2POp(dist.isend, buffer, peer))
+            ops.append(dist.P2POp(dist.isend, buffer, peer, tag=self.tag))
         for peer in sorted(self.recvs):
             targets = self.recvs[peer]
             if len(targets) == 1 and targets[0].is_contiguous():
@@ -63,7 +66,7 @@ class Exchange:
                 buffer = _empty_flat(targets)
                 unpack.append((buffer, targets))
             self.world.record("recv", group=(peer, self.world.rank), nbytes=_nbytes(buffer))
-            ops.append(dist.P2POp(dist.irecv, buffer, peer))
+            ops.append(dist.P2POp(dist.irecv, buffer, peer, tag=self.tag))
         if not ops:
             return [], lambda: None
         self.world.record("batch", group=(self.world.rank,), nbytes=0)

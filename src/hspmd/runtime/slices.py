@@ -15,6 +15,7 @@ point, or are reduced per rank set with equal sizes on every member.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -162,9 +163,24 @@ def issue_split_reduce_scatter(
     step: SplitReduceScatter, x: torch.Tensor | None, ctx: StepContext
 ) -> Issued:
     """Contributors send each slice to its root, which sums in the slice's rank order."""
+    exchange = Exchange(ctx.world)
+    then = queue_split_reduce_scatter(step, x, ctx, exchange)
+    works, unpack = exchange.start()
+
+    def done() -> torch.Tensor | None:
+        unpack()
+        return then()
+
+    return works, done
+
+
+def queue_split_reduce_scatter(
+    step: SplitReduceScatter, x: torch.Tensor | None, ctx: StepContext, exchange: Exchange
+) -> Callable[[], torch.Tensor | None]:
+    """``issue_split_reduce_scatter``'s sends and receives queued on ``exchange`` (one batch
+    for many steps); the returned function gives the result once the batch is done."""
     rank = ctx.rank
     x, old = held(x, ctx), ctx.old()
-    exchange = Exchange(ctx.world)
     roots = [s for s in step.slices if s.root == rank]
     received: list[dict[int, torch.Tensor]] = []
     for s in step.slices:
@@ -181,10 +197,8 @@ def issue_split_reduce_scatter(
                 parts[r] = torch.empty(region_shape(s.region), **ctx.like)
                 exchange.recv(r, [parts[r]])
         received.append(parts)
-    works, unpack = exchange.start()
 
     def then() -> torch.Tensor | None:
-        unpack()
         if rank not in ctx.after:
             return None
         new = ctx.new()
@@ -200,18 +214,31 @@ def issue_split_reduce_scatter(
                 out[box] += value
         return out
 
-    return works, then
+    return then
 
 
 def split_all_gather(
     step: SplitAllGather, x: torch.Tensor | None, ctx: StepContext
 ) -> torch.Tensor | None:
     """Every owner region goes to every rank of its slice (a local copy for itself)."""
-    rank = ctx.rank
     exchange = Exchange(ctx.world)
+    out = queue_split_all_gather(step, x, ctx, exchange)
+    exchange.run()
+    return out
+
+
+def queue_split_all_gather(
+    step: SplitAllGather, x: torch.Tensor | None, ctx: StepContext, exchange: Exchange,
+    *, out: torch.Tensor | None = None,
+) -> torch.Tensor | None:  # fmt: skip
+    """``split_all_gather``'s sends and receives queued on ``exchange``; the result (filled
+    once the batch is done) is ``out`` where given (ZeRO-3 gathers into a parameter's
+    storage), else a new tensor."""
+    rank = ctx.rank
     new = ctx.new() if rank in ctx.after else None
     old = ctx.old() if rank in ctx.before else None
-    out = None if new is None else torch.empty(new.shape, **ctx.like)
+    if out is None and new is not None:
+        out = torch.empty(new.shape, **ctx.like)
     for s in step.slices:
         if rank not in s.ranks and all(owner != rank for owner, _ in s.owners):
             continue
@@ -226,5 +253,4 @@ def split_all_gather(
                 elif r == rank:
                     assert out is not None and new is not None
                     exchange.recv(owner, [out[local_box(new, region)]])
-    exchange.run()
     return out

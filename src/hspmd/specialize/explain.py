@@ -6,6 +6,11 @@ forward communication (checked against the strategy), and summarizes each rank: 
 pipeline and stage, op count, held parameters, communication ops by kind, and schedule.
 Nothing is allocated: the graph is traced on the meta device.
 
+Under ZeRO (``options.zero``) Post's plans are each gradient's reduce to its shard and, for
+stages 1 and 2, the parameter's gather back; under ZeRO-3 the gathers are listed on their own,
+per layer in every F and B where the pipelines run in lock step (``lock_step``), else once
+per step (docs/zero.md).
+
 Communication counts are per micro-batch for F and B, per step for Post. A step of a
 plan counts once for every rank it names; ``local`` steps (slicing, no traffic) and
 identities are not communication. Each rank's communication is also listed by peers: the
@@ -33,8 +38,10 @@ from hspmd.comm.plan import (
     Step,
     volume,
 )
+from hspmd.comm.resolve import resolve
 from hspmd.models.config import LlamaConfig
 from hspmd.models.spec import ModelSpec
+from hspmd.plan.params import lock_step, state_annotations
 from hspmd.plan.strategy import Strategy, StrategyOptions
 from hspmd.specialize.pipeline import PipelineLayout, check_pipelines, construct_pipelines
 from hspmd.specialize.schedule import make_schedule
@@ -178,6 +185,7 @@ class RankSummary:
     forward_traffic: tuple[Traffic, ...] = ()  # per micro-batch
     backward_traffic: tuple[Traffic, ...] = ()
     post_traffic: tuple[Traffic, ...] = ()  # per step
+    gather_traffic: tuple[Traffic, ...] = ()  # ZeRO-3's parameter gathers (Explanation.zero)
     cp: int = 1  # the stage's context-parallel degree (tp_group is then TP x CP ranks)
 
     def to_json(self) -> dict[str, Any]:
@@ -198,6 +206,7 @@ class RankSummary:
             "forward_traffic": [t.to_json() for t in self.forward_traffic],
             "backward_traffic": [t.to_json() for t in self.backward_traffic],
             "post_traffic": [t.to_json() for t in self.post_traffic],
+            "zero3_gather_traffic": [t.to_json() for t in self.gather_traffic],
             "schedule": self.schedule,
         }
 
@@ -214,10 +223,12 @@ class Explanation:
     # (first layer, last layer, gradient sync kinds of their parameters), consecutive ranges
     layer_sync: tuple[tuple[int, int, tuple[str, ...]], ...] = field(default=())
     fallbacks: tuple[str, ...] = ()  # ops computed whole on gathered inputs (no rule fits)
+    zero: tuple[str, ...] = ()  # what ZeRO shards, an example state annotation, how ZeRO-3 gathers
 
     def to_json(self) -> dict[str, Any]:
         return {
             "strategy": str(self.strategy),
+            "zero": list(self.zero),
             "options": str(self.options),
             "seq_len": self.seq_len,
             "pipelines": self.pipelines.to_json(),
@@ -292,11 +303,17 @@ def explain(
     layout = construct_pipelines(forward, ranks=strategy.ranks)
     check_pipelines(layout, strategy)
     post = {name: p.sync_plan() for name, p in params.items()}
+    gathers: dict[str, CommPlan] = {}
+    zero: tuple[str, ...] = ()
+    if options.zero:
+        post, gathers, zero = _zero_plans(strategy, config, options, params)
+    in_post = [] if options.zero == 3 else list(gathers.values())
     index = _Index(
         forward=steps_by_rank([plan for _, plan in forward]),
         backward=steps_by_rank([s.backward_plan() for s in sites]),
         held=_held_by_rank(params),
-        post_steps=steps_by_rank(list(post.values())),
+        post_steps=steps_by_rank([*post.values(), *in_post]),
+        gathers=steps_by_rank(list(gathers.values()) if options.zero == 3 else []),
     )
     chosen = strategy.ranks if ranks is None else tuple(r for r in strategy.ranks if r in ranks)
     summaries = tuple(
@@ -316,7 +333,35 @@ def explain(
         examples,
         _layer_sync(post, config),
         fallbacks,
+        zero,
     )
+
+
+def _zero_plans(
+    strategy: Strategy, config: ModelSpec, options: StrategyOptions,
+    params: dict[str, ParamLayout],
+) -> tuple[dict[str, CommPlan], dict[str, CommPlan], tuple[str, ...]]:  # fmt: skip
+    """Under ZeRO: each gradient's reduce to its state shard, each parameter's gather from it,
+    and the summary lines."""
+    states = state_annotations(strategy, config, zero1=True, shares=options.zero_shares)
+    reduce, gather = {}, {}
+    for name, p in params.items():
+        state = states[name].annotation
+        reduce[name] = resolve(p.grad, state, p.shape)
+        gather[name] = resolve(state, p.annotation, p.shape)
+    what = {1: "fp32 masters and Adam states", 2: "masters, Adam states and gradients",
+            3: "masters, Adam states, gradients and parameters (between uses)"}  # fmt: skip
+    name = next(iter(params))
+    lines = [f"ZeRO-{options.zero}: {what[options.zero]} sharded over the replicas, e.g. "
+             f"{name}: {states[name].annotation}"]  # fmt: skip
+    if options.zero == 3:
+        when = (
+            "per layer in every F and B (the pipelines run in lock step)"
+            if lock_step(strategy)
+            else "once per step, before the first F (the pipelines' schedules differ)"
+        )
+        lines.append(f"ZeRO-3 gathers each parameter {when}, freed after its last use")
+    return reduce, gather, tuple(lines)
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,6 +372,7 @@ class _Index:
     backward: dict[int, list[Entry]]
     held: dict[int, list[str]]
     post_steps: dict[int, list[Entry]]  # the gradient syncs of the parameters each rank holds
+    gathers: dict[int, list[Entry]]  # ZeRO-3's parameter gathers
 
 
 def _held_by_rank(params: dict[str, ParamLayout]) -> dict[int, list[str]]:
@@ -413,6 +459,7 @@ def _summary(
         forward_traffic=traffic(forward, rank, itemsize=itemsize),
         backward_traffic=traffic(backward, rank, itemsize=itemsize),
         post_traffic=traffic(grads, rank, itemsize=4),  # gradients are fp32
+        gather_traffic=traffic(index.gathers.get(rank, []), rank, itemsize=itemsize),
     )
 
 
@@ -461,6 +508,10 @@ def _traffic_lines(phase: str, found: tuple[Traffic, ...]) -> list[str]:
     return [head + texts[0], *(" " * len(head) + t for t in texts[1:])]
 
 
+def _gathers_when(e: Explanation) -> str:
+    return "gathers (F, B each)" if lock_step(e.strategy) else "gathers (per step)"
+
+
 def runs_text(ranks: list[int]) -> str:
     """``[0, 1, 2, 5]`` -> ``0-2,5``."""
     out: list[str] = []
@@ -493,6 +544,7 @@ def render(
     lines += [f"  e.g. {name}: {text}" for name, text in e.post_examples]
     by_layers = "; ".join(f"L{a}-{b} {' + '.join(kinds) or '-'}" for a, b, kinds in e.layer_sync)
     lines.append(f"  by layers: {by_layers}")
+    lines += e.zero
     if e.fallbacks:
         lines.append("ops no rule covers, computed whole on gathered inputs (always correct):")
         lines += [f"  {line}" for line in e.fallbacks]
@@ -513,6 +565,7 @@ def render(
             *_traffic_lines("F (per micro-batch)", r.forward_traffic),
             *_traffic_lines("B (per micro-batch)", r.backward_traffic),
             *_traffic_lines("Post", r.post_traffic),
+            *(_traffic_lines(_gathers_when(e), r.gather_traffic) if e.options.zero == 3 else []),
             f"  schedule: {_compact(r.schedule)}",
         )
         key = tuple(_PEERS.sub("[]", line) for line in body)

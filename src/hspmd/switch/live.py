@@ -131,20 +131,24 @@ def plan_switch(
     target: Strategy,
     *,
     zero1: bool = False,
+    shares: tuple[float, ...] = (),
+    compute: bool = True,
     topology: Topology | None = None,
     algo: str = "fused",
     num_ranks: int | None = None,
 ) -> SwitchPlan:
     """The fused BSR moving the training state from ``source`` to ``target`` (metadata only).
 
+    ``shares``: the pipelines' weights of uneven ZeRO shards (the same count in both);
+    ``compute=False``: no ``param/`` pieces (ZeRO-3 gathers its parameters at their use).
     ``algo="relay"`` adds the relay plan of that scheme on ``topology``
     (``hspmd.comm.relay``); only ranks below ``num_ranks`` (the processes running) relay."""
     if algo not in SWITCH_ALGOS:
         raise SwitchError(
             f"unknown switch algorithm {algo!r}: use one of {', '.join(SWITCH_ALGOS)}"
         )
-    src_states = state_annotations(source, config, zero1=zero1)
-    dst_states = state_annotations(target, config, zero1=zero1)
+    src_states = state_annotations(source, config, zero1=zero1, shares=shares)
+    dst_states = state_annotations(target, config, zero1=zero1, shares=shares)
     dst_params = parameter_annotations(target, config)
     names: list[str] = []
     tensors: list[FusedTensor] = []
@@ -153,7 +157,7 @@ def plan_switch(
         for kind in STATE_KINDS:
             names.append(f"{kind}/{name}")
             tensors.append(FusedTensor(spec.shape, spec.annotation, dst))
-        if dst_params[name].annotation != dst:
+        if compute and dst_params[name].annotation != dst:
             names.append(f"param/{name}")
             tensors.append(FusedTensor(spec.shape, spec.annotation, dst_params[name].annotation))
     topology = topology or Topology.flat()

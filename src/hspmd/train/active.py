@@ -7,8 +7,14 @@ training loop (``hspmd.train.loop``) and the elastic loop (``hspmd.train.elastic
     role    this rank's stage, micro-batch rows and TP group (None: idle under it)
     exe     its executable graph, bound to the world (hspmd.specialize.executable)
     plans   the boundary plans of its stage (hspmd.specialize.boundary)
-    post    its Post: gradient sync and AdamW (PlainPost, MixedPost or ZeroOne;
-            HomePost under ``switch_mode="weights"``, on idle ranks too)
+    post    its Post: gradient sync and AdamW (PlainPost, MixedPost, ZeroOne or, for ZeRO
+            2 and 3, ShardedPost; HomePost under ``switch_mode="weights"``, on idle ranks
+            too)
+    meter   with ``measure_memory``: its training state's tracked bytes (hspmd.train.meter)
+
+Under ZeRO-3 the executable's parameters are stored as shards (``hspmd.train.zero_params``):
+per layer where the pipelines run in lock step, the graph gets its gather points
+(``hspmd.train.zero_units``) before the per-layer recompute split; else once per step.
 
 A switch builds a new ``Active`` (``hspmd.train.loop.switch_to``); ``switch_weights`` is the
 mixed-length mode's switch: only the compute weights move, the home state stays.
@@ -23,22 +29,28 @@ from dataclasses import dataclass
 
 import torch
 
-from hspmd.plan.params import parameter_annotations
+from hspmd.plan.params import lock_step, parameter_annotations
 from hspmd.plan.strategy import Strategy, StrategyOptions, parse_strategy
 from hspmd.runtime.counting import count_comm
 from hspmd.runtime.executable import bind_executable
+from hspmd.runtime.regather import Regather
 from hspmd.runtime.world import World
 from hspmd.specialize.boundary import BoundaryPlans, boundary_plans
 from hspmd.specialize.executable import Executable, build_executable
 from hspmd.specialize.grad_sync import StageGradSync
+from hspmd.specialize.recompute import checkpoint_layers
 from hspmd.switch.weights import plan_weight_switch, run_weight_switch
 from hspmd.train.clip import owned_names
 from hspmd.train.config import TrainConfig
 from hspmd.train.home import HomePost, HomeState, home_post
 from hspmd.train.layout import Layout, Role
+from hspmd.train.meter import StateMeter, state_tensors
 from hspmd.train.post import MixedPost, PlainPost, Post
 from hspmd.train.sync import SyncItem, grad_sync_plan
 from hspmd.train.zero import ZeroItem, ZeroOne, zero1_plan
+from hspmd.train.zero_params import ParamStore, StoreAround
+from hspmd.train.zero_shards import ShardedPost, shard_buckets, unit_buckets
+from hspmd.train.zero_units import Unit, insert_points
 
 __all__ = ["Active", "Built", "activate", "options_of", "strategy_options", "switch_weights"]
 
@@ -75,6 +87,13 @@ class Active:
     plans: BoundaryPlans | None = None
     post: Post | None = None
     built: Built | None = None  # the mixed-length mode's reusable executables
+    meter: StateMeter | None = None  # with measure_memory: the state's tracked bytes
+
+    def gather_params(self) -> None:
+        """Make every parameter of the executable whole where ZeRO-3 stores it sharded
+        (a collective of the replicas: every rank calls it; the end of a run)."""
+        if isinstance(self.post, ShardedPost) and self.post.store is not None:
+            self.post.store.gather_all()
 
     @property
     def home(self) -> HomeState | None:
@@ -86,7 +105,8 @@ class Active:
 def options_of(config: TrainConfig) -> StrategyOptions:
     """The strategy options of a run (what ``check_strategy`` and the planner take)."""
     return StrategyOptions(
-        zero1=config.zero1,
+        zero=config.zero,
+        zero_shares=config.zero_shares,
         sequence_parallel=config.sequence_parallel,
         recompute=config.recompute,
         recompute_layers=config.recompute_layers,
@@ -121,9 +141,20 @@ def _plan_recompute(plans: str) -> dict[str, tuple[bool, int]]:
 def _post(
     config: TrainConfig, params: dict[str, torch.Tensor], sync: tuple[SyncItem, ...],
     zero: dict[str, ZeroItem], world: World, *, stage_sync: tuple[StageGradSync, ...],
-    strategy: Strategy,
+    strategy: Strategy, units: tuple[Unit, ...] = (),
 ) -> Post:  # fmt: skip
     model, adam = config.model_config(), config.optimizer
+    if zero and config.zero >= 2:
+        buckets = unit_buckets(zero, units) if units else shard_buckets(
+            zero, bucket_bytes=config.bucket_bytes,
+            layer_of=model.param_layer if config.zero == 3 else None,
+        )  # fmt: skip
+        return ShardedPost(
+            zero, params, config=model, seed=config.seed, adam=adam, world=world,
+            zero=config.zero, buckets=buckets,
+            every_backward=config.overlap and _lock_step(config, strategy),
+            stage_sync=stage_sync, in_flight=1 if config.zero_overlap else 0,
+        )  # fmt: skip
     if zero:
         return ZeroOne(zero, params, config=model, seed=config.seed, adam=adam,
                        world=world, stage_sync=stage_sync)  # fmt: skip
@@ -166,13 +197,22 @@ def activate(
         if config.zero1
         else grad_sync_plan(layout.strategy, model, bucket_bytes=config.bucket_bytes)
     )
-    zero = zero1_plan(layout.strategy, model) if config.zero1 else {}
-    # ZeRO-1 and bf16 change only Pre/Post: the executable graph is the fp32 one
+    zero = zero1_plan(layout.strategy, model, shares=config.zero_shares) if config.zero1 else {}
+    # ZeRO and bf16 change only Pre/Post: the executable graph is the fp32 one
     # (sequence parallel and per-layer recompute are the executable's)
-    options = dataclasses.replace(strategy_options(config, text), zero1=False, dtype="fp32")
+    options = dataclasses.replace(
+        strategy_options(config, text), zero=0, zero_shares=(), dtype="fp32"
+    )
+    per_layer = config.zero == 3 and _lock_step(config, layout.strategy)
     exe = bind_executable(build_executable(
-        model, layout.strategy, options, world.rank, seq_len=config.seq_len, seed=config.seed,
+        model, _unrecomputed(layout.strategy) if per_layer else layout.strategy,
+        dataclasses.replace(options, recompute=False) if per_layer else options,
+        world.rank, seq_len=config.seq_len, seed=config.seed,
     ), world)  # fmt: skip
+    names = {n: n for n in model.parameter_shapes() if n in exe.params}  # model order
+    units = insert_points(exe.graph_module, names) if per_layer else ()
+    if per_layer:  # the points ride into the recomputed layers' submodules
+        exe.graph_module = _recompute(exe, layout.strategy, options)
     shape = (role.micro_batch_size, config.seq_len, model.hidden_size)
     plans = boundary_plans(layout.strategy, model, world.rank, shape, options=options)
     if config.dtype == "bf16":
@@ -187,8 +227,50 @@ def activate(
             built.posts[key] = post
     else:  # Post also sums the gradients still partial inside the stage (SP norm weights)
         post = _post(config, exe.params, sync, zero, world, stage_sync=exe.grad_sync,
-                     strategy=layout.strategy)  # fmt: skip
-    return Active(text, layout, role, exe, plans, post, built)
+                     strategy=layout.strategy, units=units)  # fmt: skip
+    if isinstance(post, ShardedPost) and config.zero == 3:
+        store = ParamStore(
+            exe.params, {n: zero[n].gather for n in exe.params}, post.shard, units, world,
+            per_layer=per_layer, prefetch=config.zero_overlap, on_change=lambda: post.meter(),
+        )  # fmt: skip
+        store.bind(exe.graph_module)
+        exe.around = StoreAround(store, exe.around if isinstance(exe.around, Regather) else None)
+        post.attach(store)
+    meter = None
+    if config.measure_memory:
+        meter = StateMeter(lambda: state_tensors(exe.params, post))
+        if isinstance(post, ShardedPost):
+            post.meter = meter.sample
+    return Active(text, layout, role, exe, plans, post, built, meter)
+
+
+def _lock_step(config: TrainConfig, strategy: Strategy) -> bool:
+    """Whether the replicas meet every parameter's uses in one order (``lock_step``; packed
+    steps drop empty micro-batches per pipeline, so they never do)."""
+    return lock_step(strategy) and not config.packed
+
+
+def _unrecomputed(strategy: Strategy) -> Strategy:
+    """``strategy`` with no stage recomputing (``:RC0``): ZeRO-3 splits per layer later."""
+    return Strategy(tuple(
+        dataclasses.replace(p, stages=tuple(dataclasses.replace(s, recompute=0) for s in p.stages))
+        for p in strategy.pipelines
+    ))  # fmt: skip
+
+
+def _recompute(
+    exe: Executable, strategy: Strategy, options: StrategyOptions
+) -> torch.fx.GraphModule:
+    """The executable's graph split for the layers its stage recomputes (as
+    ``build_executable`` does; unchanged where none)."""
+    stage = strategy.pipelines[exe.pipeline].stages[exe.stage]
+    count = stage.recomputed(options)
+    if not count:
+        return exe.graph_module
+    gm = checkpoint_layers(exe.graph_module, upto=stage.first_layer + count - 1)
+    kept = {id(p) for p in exe.params.values()}
+    assert all(id(p) in kept for p in gm.parameters()), "the split copied a parameter"
+    return gm
 
 
 def switch_weights(

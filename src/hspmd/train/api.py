@@ -72,7 +72,10 @@ class RunOptions(TypedDict, total=False):
     data_max_bytes: int | None
     schedule: Schedule
     dtype: Dtype
-    zero1: bool
+    zero: int
+    zero1: bool  # the same as zero=1 (as the CLI's --zero1)
+    zero_shares: Sequence[float]
+    zero_overlap: bool
     sequence_parallel: bool
     recompute: bool
     recompute_layers: int
@@ -148,7 +151,11 @@ def train_config(
         )
     if "switches" in fields:
         fields["switches"] = tuple((int(step), str(s)) for step, s in fields["switches"])
-    for name in ("slowdown", "grow"):
+    if fields.pop("zero1", False):
+        if fields.get("zero", 1) != 1:
+            raise TrainError(f"zero1=True with zero={fields['zero']}: zero1 is zero=1; give one")
+        fields["zero"] = 1
+    for name in ("slowdown", "grow", "zero_shares"):
         if name in fields:
             fields[name] = _frozen(fields[name])
     return TrainConfig(

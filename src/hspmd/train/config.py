@@ -188,7 +188,13 @@ class TrainConfig:
     data_cache: str | None = None  # tokenizations' cache (None: $HSPMD_CACHE, ~/.cache/hspmd)
     schedule: Schedule = "1f1b"  # or "gpipe"
     dtype: Dtype = "fp32"  # compute dtype; masters are fp32
-    zero1: bool = False
+    # ZeRO stage (docs/zero.md): 0; 1 shards fp32 masters and Adam states over the
+    # data-parallel replicas; 2 also the gradients; 3 also the parameters between uses
+    zero: int = 0
+    zero_shares: tuple[float, ...] = ()  # per pipeline: its part of the shards (even if empty)
+    # ZeRO 2 and 3: one gradient bucket in flight while backward goes on, and under ZeRO-3
+    # the next unit's gather prefetched; False: each waited at once (the least memory)
+    zero_overlap: bool = True
     sequence_parallel: bool = False
     recompute: bool = False
     recompute_layers: int = 0  # with recompute: the first k layers of each stage (0: all)
@@ -196,6 +202,8 @@ class TrainConfig:
     bucket_bytes: int = 4 << 20  # flat gradient buckets of Post (hspmd.train.sync)
     # (step, strategy): switch to that strategy in memory before that step (hspmd.switch.live)
     switches: tuple[tuple[int, str], ...] = ()
+    # measure each rank's peak training-state bytes (hspmd.train.meter; benchmarks/zero.py)
+    measure_memory: bool = False
     # "states": a switch moves fp32 masters and Adam states (unstable devices);
     # "weights": they stay under a fixed home layout, only compute weights move (mixed-length)
     switch_mode: SwitchMode = "states"
@@ -277,12 +285,7 @@ class TrainConfig:
             )
         if self.ranks_per_node is not None and self.ranks_per_node < 1:
             raise TrainError(f"ranks_per_node={self.ranks_per_node} must be at least 1")
-        if self.switch_mode == "weights" and self.zero1:
-            raise TrainError(
-                "--zero1 adds nothing under switch mode 'weights': its home layout already "
-                "shards the fp32 masters and Adam states over all ranks of the run; drop "
-                "--zero1, or use --switch-mode states to shard them over replicas with ZeRO-1"
-            )
+        self._check_zero()
         model = self.model_config()
         if model.config_only:
             raise TrainError(
@@ -295,6 +298,28 @@ class TrainConfig:
             )
         if isinstance(model, ModuleModel):
             self._check_module(model)
+
+    @property
+    def zero1(self) -> bool:
+        """Whether the fp32 masters and Adam states are sharded (ZeRO 1, 2 or 3)."""
+        return self.zero >= 1
+
+    def _check_zero(self) -> None:
+        """The ZeRO stage and shares, and what they do not combine with (docs/zero.md)."""
+        if self.zero not in (0, 1, 2, 3):
+            raise TrainError(f"--zero {self.zero}: choose a ZeRO stage 0, 1, 2 or 3")
+        object.__setattr__(self, "zero_shares", tuple(float(w) for w in self.zero_shares))
+        if self.zero_shares and (not self.zero or min(self.zero_shares) <= 0):
+            raise TrainError(
+                f"--zero-shares {self.zero_shares}: give positive weights, one per pipeline, "
+                "with --zero 1|2|3"
+            )
+        if self.switch_mode == "weights" and self.zero:
+            raise TrainError(
+                f"--zero {self.zero} adds nothing under switch mode 'weights': its home layout "
+                "already shards the fp32 masters and Adam states over all ranks of the run; "
+                "drop --zero, or use --switch-mode states to shard them over replicas"
+            )
 
     def _check_module(self, model: ModuleModel) -> None:
         """What a user module's run cannot do yet (each one line with the fix)."""
@@ -340,7 +365,7 @@ class TrainConfig:
                 )
             return
         refused = [
-            ("--zero1", self.zero1, "a sharded optimizer state has one holder"),
+            ("--zero", self.zero1, "a sharded optimizer state has one holder"),
             (
                 "--switch",
                 bool(self.switches),

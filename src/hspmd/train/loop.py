@@ -77,6 +77,7 @@ from hspmd.train.home import home_annotations, run_ranks
 from hspmd.train.identity import model_identity
 from hspmd.train.layout import Layout, Role
 from hspmd.train.lr import learning_rate
+from hspmd.train.meter import StateMeter
 from hspmd.train.packing import (
     PackedStep,
     length_plans,
@@ -274,7 +275,8 @@ def prepare_strategies(world: World, config: TrainConfig, texts: Sequence[str]) 
     for text in dict.fromkeys(texts):
         strategy = Layout.from_text(text, num_layers=model.num_layers).strategy
         if config.zero1:
-            plans += [p for z in zero1_plan(strategy, model).values() for p in (z.reduce, z.gather)]
+            zero = zero1_plan(strategy, model, shares=config.zero_shares)
+            plans += [p for z in zero.values() for p in (z.reduce, z.gather)]
         else:
             plans += [
                 item.plan
@@ -299,7 +301,8 @@ def switch_to(
         cluster=config.cluster, ranks_per_node=config.ranks_per_node, num_ranks=world.world_size
     )
     plan = plan_switch(
-        model, active.layout.strategy, target.strategy, zero1=config.zero1, topology=nodes,
+        model, active.layout.strategy, target.strategy, zero1=config.zero1,
+        shares=config.zero_shares, compute=config.zero < 3, topology=nodes,
         algo=config.switch_algo, num_ranks=world.world_size,
     )  # fmt: skip
     state = active.post.state() if active.post is not None else {}
@@ -313,15 +316,18 @@ def switch_to(
 
 
 def post_step(
-    post: Post | None, world: World, config: TrainConfig, *, loss: torch.Tensor
-) -> torch.Tensor | None:
+    post: Post | None, world: World, config: TrainConfig, *, loss: torch.Tensor,
+    meter: StateMeter | None = None,
+) -> torch.Tensor | None:  # fmt: skip
     """Post of one step on every rank of the world (``post`` None: idle under the
     strategy): the gradient sync, clipping to ``config.clip_grad_norm`` (one all-reduce
     over the world, ``hspmd.train.clip``, which sums ``loss`` over the world too), the
     optimizer. Returns the global gradient norm before clipping (None without clipping:
-    then ``loss`` is still this rank's)."""
+    then ``loss`` is still this rank's). ``meter`` samples the state after the sync."""
     if post is not None:
         post.finish_sync()
+    if meter is not None:
+        meter.sample()
     norm = None
     if config.clip_grad_norm is not None:
         norm = clip_gradients(post, world, max_norm=config.clip_grad_norm, carry=loss)
@@ -350,7 +356,9 @@ def _state_specs(config: TrainConfig, active: Active) -> dict[str, ParamSpec]:
     model = config.model_config()
     if config.switch_mode == "weights":
         return dict(home_annotations(model, num_ranks=run_ranks(config)))
-    return state_annotations(active.layout.strategy, model, zero1=config.zero1)
+    return state_annotations(
+        active.layout.strategy, model, zero1=config.zero1, shares=config.zero_shares
+    )
 
 
 def save_checkpoint(
@@ -457,6 +465,7 @@ def run_rank(
             else step_batches(config, first=first)  # drawn by step: nothing replayed
         )
     texts = _plan_texts(config)
+    state_peak = 0  # with measure_memory: the state's tracked bytes (hspmd.train.meter)
     records, executables = [], set()  # executables: one per strategy, whatever the lengths
     evals: list[EvalRecord] = []
     held: list[tuple[torch.Tensor, torch.Tensor]] = []  # the evaluations' batches, once drawn
@@ -467,6 +476,7 @@ def run_rank(
         batch = next(data) if ahead is not None else None
         target = texts[batch.plan or 0] if isinstance(batch, PackedStep) else switches.get(step)
         if target is not None and target != active.text and (ahead is not None or step != first):
+            state_peak = max(state_peak, active.meter.peak if active.meter else 0)
             with rec.span("switch", cat="switch", step=step, to=target):
                 active, switched, messages = _timed_switch(
                     world, config, active, target, steps=adam_steps
@@ -483,11 +493,13 @@ def run_rank(
                 exe, role, plans, config, world, batch, step=step, post=post, slow=slow, rec=rec
             )  # fmt: skip
             executables.add(id(exe))
+            if active.meter is not None:  # every gradient made (ZeRO-0, 1: the peak)
+                active.meter.sample()
             end_post = rec.begin("Post", cat="post")
             if role.is_last and role.rank == role.tp_ranks[0]:  # one reporter per pipeline
                 loss += value
             with slow:
-                grad_norm = post_step(post, world, config, loss=loss)
+                grad_norm = post_step(post, world, config, loss=loss, meter=active.meter)
             end_post()
         else:  # an idle rank: its home shards (switch_mode="weights"), the clipping norm
             grad_norm = None
@@ -522,6 +534,8 @@ def run_rank(
                 evals.append(evaluate_rank(world, config, active, held, step=step))
             if report is not None and world.rank == 0:
                 report(evals[-1])
+    state_peak = max(state_peak, active.meter.peak if active.meter else 0)
+    active.gather_params()  # ZeRO-3: the pieces are read whole
     pieces = {}
     if active.exe is not None:
         for name, p in active.exe.params.items():
@@ -533,7 +547,7 @@ def run_rank(
             worker.close()
     peak = torch.cuda.max_memory_allocated(world.device) if cuda else None
     return {"pieces": pieces, "records": records, "evals": evals, "builds": len(executables),
-            "rank": world.rank, "peak_memory": peak}  # fmt: skip
+            "rank": world.rank, "peak_memory": peak, "state_peak": state_peak}  # fmt: skip
 
 
 def _plan_texts(config: TrainConfig) -> list[str]:

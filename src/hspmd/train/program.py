@@ -143,6 +143,7 @@ class RankProgram:
 
     def pieces(self) -> dict[str, tuple[Region, np.ndarray]]:
         """Its parameter slices: name -> (global region, fp32 numpy copy)."""
+        self.active.gather_params()  # ZeRO-3: collective, whole parameters
         exe = self.active.exe
         if exe is None:
             return {}

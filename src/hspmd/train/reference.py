@@ -67,6 +67,8 @@ class TrainResult:
     # its process measured it; empty on CPU
     peak_memory: dict[int, int] = field(default_factory=dict)
     evaluations: tuple[EvalRecord, ...] = ()
+    # with measure_memory: each rank's peak training-state bytes (hspmd.train.meter)
+    state_peak: dict[int, int] = field(default_factory=dict)
 
     @property
     def losses(self) -> tuple[float, ...]:

@@ -271,6 +271,8 @@ def _assemble(
         builds = max(outcome[index]["builds"] for outcome in per_rank)
         peaks = {o[index]["rank"]: o[index]["peak_memory"] for o in per_rank
                  if o[index].get("peak_memory") is not None}  # fmt: skip
+        states = {o[index]["rank"]: o[index]["state_peak"] for o in per_rank
+                  if o[index].get("state_peak")}  # fmt: skip
         results.append(
             TrainResult(
                 records=records,
@@ -279,7 +281,8 @@ def _assemble(
                 builds=builds,
                 peak_memory=peaks,
                 evaluations=evals,
-            )
+                state_peak=states,
+            )  # fmt: skip
         )
     return results
 

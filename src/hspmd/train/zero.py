@@ -59,10 +59,13 @@ class ZeroItem:
     gather: CommPlan  # state shard -> param (hD)
 
 
-def zero1_plan(strategy: Strategy, config: ModelSpec) -> dict[str, ZeroItem]:
-    """Every parameter's reduce and gather plans, in model order (pure metadata)."""
+def zero1_plan(
+    strategy: Strategy, config: ModelSpec, *, shares: tuple[float, ...] = ()
+) -> dict[str, ZeroItem]:
+    """Every parameter's reduce and gather plans, in model order (pure metadata);
+    ``shares``: the pipelines' weights of uneven shards (``--zero-shares``)."""
     params = parameter_annotations(strategy, config)
-    states = state_annotations(strategy, config, zero1=True)
+    states = state_annotations(strategy, config, zero1=True, shares=shares)
     items = {}
     for name, spec in params.items():
         param, state = spec.annotation, states[name].annotation
@@ -87,7 +90,7 @@ class ZeroOne(MasterAdam):
         for item in self.items:
             piece = item.reduce.dst.piece(world.rank, item.shape)
             local = initial_piece(config, item.name, seed=seed, region=piece.region)  # CPU
-            self.masters[item.name] = local.to(world.device)
+            self.masters[item.name] = local.to(world.device, copy=True)
         self.adam = Adam(list(self.masters.values()), adam, names=list(self.masters))
         # the state shards' owners count them in the global gradient norm (hspmd.train.clip)
         shards = {i.name: ParamSpec(i.name, i.shape, i.reduce.dst) for i in self.items}

@@ -1,0 +1,197 @@
+"""ZeRO 0/1/2/3 on 4 local ranks: each rank's peak training-state memory, measured and
+predicted, and the step time; ZeRO-3's step time against torch's FSDP2 (``fully_shard``).
+
+The model is a Llama of 4 layers (hidden 256, FFN 768, vocabulary 2048: 3.2 M parameters,
+12.8 MB in fp32) trained in fp32 by 4 pipelines of one rank each (data parallelism 4, the
+pipelines in lock step: ZeRO-3 gathers per layer), each step 2 micro-batches of 1 sequence
+of 128 tokens per rank. One launch trains, per round, every ZeRO stage (3 twice more:
+without overlap, ``--zero-no-overlap``, and with uneven shares 3,1,1,1, whose first rank
+holds half of every shard); a second launch trains the same model, data and batches under
+FSDP2 (every block and the root ``fully_shard``-ed, torch's AdamW, a reduce-scatter in
+every backward as ZeRO-3 here). Rounds rotate the order; step times are the median over the
+steps after the first two, of all rounds.
+
+Memory is the state's tracked tensor bytes (``hspmd.train.meter``: parameters as their
+storage holds them now, gradients, fp32 masters, Adam moments, gradient shards; not the
+communication buffers in flight), the peak over the run, on rank 1 (rank 0 of the uneven
+run holds more). Predicted: ``hspmd.planner.memory`` (weights + gradients + masters and
+Adam). The goal of issue 38: ZeRO-3 within 10% of 1/4 of ZeRO-0's plus the largest
+gathered layer, the prediction within 10%, ZeRO-3's step time <= 1.0x FSDP2's.
+
+    .venv/bin/python benchmarks/zero.py            # 2 rounds of 6 steps
+    .venv/bin/python benchmarks/zero.py --quick    # 1 round of 4 steps
+
+Prints a table, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from rich.console import Console
+from rich.table import Table
+
+from hspmd.plan.strategy import StrategyOptions, parse_strategy
+from hspmd.planner.memory import largest_unit, rank_memory, stage_places
+from hspmd.runtime.launch import launch
+from hspmd.runtime.world import World
+from hspmd.train.batches import step_batches
+from hspmd.train.config import AdamConfig, TrainConfig
+from hspmd.train.reference import build_reference_model
+from hspmd.train.trainer import train_many
+
+STRATEGY = "; ".join(f"2x1: R{r}:L0-3" for r in range(4))
+BASE = TrainConfig(
+    model_overrides=(("num_layers", 4), ("hidden_size", 256), ("intermediate_size", 768),
+                     ("num_heads", 4), ("num_kv_heads", 4), ("vocab_size", 2048)),
+    strategy=STRATEGY, global_batch=8, seq_len=128, adam=AdamConfig(lr=1e-3),
+    data_max_bytes=1 << 20, measure_memory=True,
+)  # fmt: skip
+RUNS: dict[str, dict[str, Any]] = {
+    "ZeRO-0": dict(zero=0),
+    "ZeRO-1": dict(zero=1),
+    "ZeRO-2": dict(zero=2),
+    "ZeRO-3": dict(zero=3),
+    "ZeRO-3 no overlap": dict(zero=3, zero_overlap=False),
+    "ZeRO-3 shares 3,1,1,1": dict(zero=3, zero_shares=(3.0, 1.0, 1.0, 1.0)),
+}
+RANK = 1  # the rank whose memory is shown (rank 0 of the uneven run holds more)
+
+
+def predicted(config: TrainConfig, rank: int = RANK) -> float:
+    """The memory model's weights + gradients + masters and Adam of ``rank``."""
+    model = config.model_config()
+    options = StrategyOptions(zero=config.zero, dtype=config.dtype)
+    strategy = parse_strategy(config.strategy or "")
+    places = stage_places(strategy, model.num_layers, options.schedule, shares=config.zero_shares)
+    for _, _, stage, place in places:
+        if rank in stage.ranks:
+            m = rank_memory(
+                model, rank=rank, tp=stage.tp, num_layers=len(stage.layers), first=place.first,
+                last=place.last, in_flight_micro_batches=place.in_flight,
+                micro_batch_size=place.micro_batch_size, seq_len=config.seq_len,
+                replicas=place.replicas, options=options, lock_step=place.lock_step,
+                micro_batches=place.micro_batches, prefetch=config.zero_overlap,
+                share=place.share,
+            )  # fmt: skip
+            return m.weights + m.gradients + m.optimizer
+    raise AssertionError(f"rank {rank} is not in {strategy}")
+
+
+def _fsdp_rank(world: World, config: TrainConfig) -> list[float]:
+    """FSDP2 on this rank: its rows of each global batch, 2 micro-batches of 1; the step
+    times (between barriers, the loss all-reduced as hspmd's loop does)."""
+    from torch.distributed.fsdp import fully_shard
+
+    from hspmd.models.build import step_loss
+
+    torch.manual_seed(config.seed)
+    model = build_reference_model(config)
+    for block in model.layers:
+        fully_shard(block)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.adam.lr, weight_decay=0.0)
+    spec, rows = config.model_config(), config.global_batch // world.world_size
+    seconds = []
+    for tokens, targets in step_batches(config):
+        dist.barrier()
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss = torch.zeros(1, dtype=torch.float64)
+        for m in range(rows):
+            row = slice(world.rank * rows + m, world.rank * rows + m + 1)
+            value = step_loss(spec, model, tokens[row], targets[row]) / rows
+            value.backward()
+            loss += float(value.detach())
+        optimizer.step()
+        dist.all_reduce(loss)
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def measure(*, steps: int, rounds: int) -> dict[str, dict[str, Any]]:
+    base = dataclasses.replace(BASE, steps=steps)
+    names = list(RUNS)
+    times: dict[str, list[float]] = {name: [] for name in [*names, "FSDP2"]}
+    peaks: dict[str, dict[int, int]] = {}
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        configs = [dataclasses.replace(base, **RUNS[name]) for name in order]
+        runs = [("hspmd", configs), ("fsdp", None)]
+        for kind, _ in runs if r % 2 == 0 else runs[::-1]:
+            if kind == "fsdp":
+                per_rank = launch(_fsdp_rank, 4, args=(base,), threads=1, timeout_s=1200)
+                times["FSDP2"] += [max(s) for s in zip(*per_rank, strict=True)][2:]
+                continue
+            for name, result in zip(order, train_many(configs, threads=1, timeout_s=1200), strict=True):  # fmt: skip
+                times[name] += [rec.seconds for rec in result.records[2:]]
+                peaks[name] = result.state_peak
+    model = base.model_config()
+    unit = 4 * largest_unit(model, 1, first=True, last=True)
+    out: dict[str, dict[str, Any]] = {}
+    for name in names:
+        config = dataclasses.replace(base, **RUNS[name])
+        out[name] = {
+            "state_bytes": peaks[name][RANK],
+            "state_bytes_by_rank": peaks[name],
+            "predicted_bytes": predicted(config),
+            "predicted_bytes_by_rank": {r: predicted(config, r) for r in peaks[name]},
+            "step_s": statistics.median(times[name]),
+        }
+    out["FSDP2"] = {"step_s": statistics.median(times["FSDP2"])}
+    zero0, zero3 = out["ZeRO-0"]["state_bytes"], out["ZeRO-3"]["state_bytes"]
+    out["goal"] = {
+        "largest_layer_bytes": unit,
+        "zero3_over_quarter_plus_layer": zero3 / (zero0 / 4 + unit),
+        "zero3_no_overlap_over_quarter_plus_layer": (
+            out["ZeRO-3 no overlap"]["state_bytes"] / (zero0 / 4 + unit)
+        ),
+        "zero3_step_over_fsdp2": out["ZeRO-3"]["step_s"] / out["FSDP2"]["step_s"],
+        "uneven_over_even_step": out["ZeRO-3 shares 3,1,1,1"]["step_s"] / out["ZeRO-3"]["step_s"],
+    }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="one round of 4 steps")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    steps, rounds = (4, 1) if args.quick else (args.steps, args.rounds)
+    out = measure(steps=steps, rounds=rounds)
+    table = Table("run", f"state MiB (rank {RANK})", "predicted MiB", "predicted / measured",
+                  "step s", "step / ZeRO-0")  # fmt: skip
+    mib = 2**20
+    for name in RUNS:
+        m = out[name]
+        table.add_row(name, f"{m['state_bytes'] / mib:.2f}", f"{m['predicted_bytes'] / mib:.2f}",
+                      f"{m['predicted_bytes'] / m['state_bytes']:.3f}", f"{m['step_s']:.3f}",
+                      f"{m['step_s'] / out['ZeRO-0']['step_s']:.2f}")  # fmt: skip
+    uneven = out["ZeRO-3 shares 3,1,1,1"]
+    got, want = uneven["state_bytes_by_rank"][0], uneven["predicted_bytes_by_rank"][0]
+    table.add_row("ZeRO-3 shares 3,1,1,1, rank 0", f"{got / mib:.2f}", f"{want / mib:.2f}",
+                  f"{want / got:.3f}", "", "")  # fmt: skip
+    table.add_row("FSDP2 (fully_shard)", "-", "-", "-", f"{out['FSDP2']['step_s']:.3f}",
+                  f"{out['FSDP2']['step_s'] / out['ZeRO-0']['step_s']:.2f}")  # fmt: skip
+    Console().print(table)
+    goal = out["goal"]
+    print(
+        f"ZeRO-3 state / (ZeRO-0's / 4 + largest layer {goal['largest_layer_bytes'] / mib:.2f} "
+        f"MiB): {goal['zero3_over_quarter_plus_layer']:.3f} (no overlap: "
+        f"{goal['zero3_no_overlap_over_quarter_plus_layer']:.3f}); ZeRO-3 step / FSDP2's: "
+        f"{goal['zero3_step_over_fsdp2']:.2f}; uneven shares / even: "
+        f"{goal['uneven_over_even_step']:.2f}"
+    )
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
