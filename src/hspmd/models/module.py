@@ -306,18 +306,9 @@ def _split_tied(gm: torch.fx.GraphModule) -> None:
     head) gets a second ``get_attr`` node for the later reads, so that each stage's copy
     has a node of its own (``hspmd.specialize.cut.tied_annotations``)."""
     graph = gm.graph
-    first = next(
-        (n for n in graph.nodes if is_reshard_node(n) and n.args[1] == "layers.0.input"), None
-    )
-    if first is None:
+    before = _before_first_block(gm)
+    if not before:
         return
-    before: set[torch.fx.Node] = set()
-    stack = [first]
-    while stack:
-        node = stack.pop()
-        if node not in before:
-            before.add(node)
-            stack.extend(node.all_input_nodes)
     params = {name for name, _ in gm.named_parameters()}
     for node in list(graph.nodes):
         if node.op != "get_attr" or node not in before or str(node.target) not in params:
@@ -405,17 +396,24 @@ def _shapes(gm: torch.fx.GraphModule, batch: int, length: int) -> dict[str, tupl
     return found
 
 
-def params_before_first_block(gm: torch.fx.GraphModule) -> set[str]:
-    """The ``get_attr`` targets (parameters, buffers) that block 0's input depends on."""
-    first = next(n for n in gm.graph.nodes if is_reshard_node(n) and n.args[1] == "layers.0.input")
+def _before_first_block(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
+    """The ``layers.0.input`` marker and every node it depends on (empty: no such marker)."""
+    first = next(
+        (n for n in gm.graph.nodes if is_reshard_node(n) and n.args[1] == "layers.0.input"), None
+    )
     before: set[torch.fx.Node] = set()
-    stack = [first]
+    stack = [] if first is None else [first]
     while stack:
         node = stack.pop()
         if node not in before:
             before.add(node)
             stack.extend(node.all_input_nodes)
-    return {str(n.target) for n in before if n.op == "get_attr"}
+    return before
+
+
+def params_before_first_block(gm: torch.fx.GraphModule) -> set[str]:
+    """The ``get_attr`` targets (parameters, buffers) that block 0's input depends on."""
+    return {str(n.target) for n in _before_first_block(gm) if n.op == "get_attr"}
 
 
 def _param_layers(
