@@ -91,4 +91,4 @@ def test_a_tied_weight_lives_on_both_of_its_stages() -> None:
     assert str(specs["transformer.wte.weight"].annotation) == "hD: [0,1]{0:2} [2]{} [3]{}"
     with pytest.raises(TrainError, match="--zero1 does not shard yet"):
         TrainConfig(model=f"{NANOGPT}:make", strategy="2x1: R0:L0 R1:L1-2", global_batch=2,
-                    seq_len=16, zero1=True).model_config()  # fmt: skip
+                    seq_len=16, zero=1).model_config()  # fmt: skip

@@ -37,7 +37,7 @@ CASES: dict[str, dict[str, Any]] = {
     # idle ranks hold home shards: they only join the evaluation's sum
     "switch (weights)": dict(strategy="4x1: R0:L0 R1:L1", switches=((2, HETERO),),
                              switch_mode="weights"),
-    "ZeRO-1, accumulation": dict(strategy=HETERO, zero1=True, grad_accum=2),
+    "ZeRO-1, accumulation": dict(strategy=HETERO, zero=1, grad_accum=2),
     # bf16 compute weights against the fp32 reference, as tests/train/test_recipe_runs.py
     "bf16": dict(strategy=HETERO, dtype="bf16"),
 }  # fmt: skip
