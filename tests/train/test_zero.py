@@ -194,3 +194,30 @@ def test_units_are_the_same_on_replicas_of_different_tp() -> None:
     assert found[0] == found[1]
     assert [len(u.names) for u in found[0]] == [2, 16, 16, 3]  # wte and wpe, 2 layers, ln_f
     assert [u.backward for u in found[0]] == [False, True, True, True]
+
+
+def test_the_simulator_prices_zero3_gathers_and_the_model_its_memory() -> None:
+    """Lock step: ZeRO-3 costs at least ZeRO-1's step (its gathers, partly hidden behind
+    compute). Different schedules: one gather of the stage per step, in the F's (the step
+    may even shorten: Post's all-gather after Adam goes)."""
+    from hspmd.models.config import get_config
+    from hspmd.planner.cost import CostModel
+    from hspmd.planner.predict import predict
+    from hspmd.switch.cluster import load_cluster
+
+    config, cost = get_config("llama-32b"), CostModel.of(load_cluster("h20x32"))
+    for text in (
+        "16x1: R0-7:L0-29 R8-15:L30-59; 16x1: R16-23:L0-29 R24-31:L30-59",
+        "16x1: R0-7:L0-29 R8-15:L30-59; 16x1: R16-23:L0-59",
+    ):
+        got = {
+            z: predict(parse_strategy(text), config, cost, seq_len=4096,
+                       options=StrategyOptions(zero=z, sequence_parallel=True, dtype="bf16"))
+            for z in (1, 3)
+        }  # fmt: skip
+        if text.endswith("L30-59"):  # lock step
+            assert got[3].step_time_s >= got[1].step_time_s, text
+        f1, f3 = (got[z].work[(0, 0)].forward_s for z in (1, 3))
+        assert f3 > f1, text  # the gathers, in the forward
+    # the last, different schedules: the stage whole through the step, and its stored shards
+    assert got[3].memory[16].weights > got[1].memory[16].weights

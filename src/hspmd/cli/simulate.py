@@ -30,7 +30,6 @@ import json
 from hspmd.cli.flags import STRATEGY_FLAGS, HelpFormatter, add_flags, shares_of, zero_of
 from hspmd.cli.model_input import add_model_arguments, read_model, read_run, seq_len_of
 from hspmd.cli.paths import check_out_folder
-from hspmd.errors import StrategyError
 from hspmd.models.config import PRESETS, LlamaConfig
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import StrategyOptions, check_strategy, parse_strategy
@@ -111,11 +110,6 @@ def run(args: argparse.Namespace) -> int:
     config, cost, seq_len = setup(args, planned.model, planned.seq_len)
     strategy = parse_strategy(planned.strategy)
     options = planned.options
-    if options.zero == 3:
-        raise StrategyError(
-            "hspmd simulate does not price ZeRO-3's parameter gathers yet (its memory is "
-            "modeled: hspmd.planner.memory): simulate --zero 1 or 2, or train --zero 3"
-        )
     check_strategy(
         strategy, config, global_batch=args.global_batch, options=options, seq_len=seq_len,
         world_size=cost.num_ranks,

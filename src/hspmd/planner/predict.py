@@ -12,17 +12,27 @@ over its replicas (split-all-reduce where TP degrees differ, costed by the ranks
 the biggest shards), or with ZeRO-1 a reduce-scatter, the optimizer on the shard, then an
 all-gather of the updated compute-dtype weights. Then each rank's Adam step.
 
+With ZeRO-3 (``zero_gathers``) Post keeps the reduce-scatter and drops the all-gather: the
+weights are gathered where the runtime gathers them (docs/zero.md). Where the pipelines run
+in lock step, each F and each B gathers every layer (the embedding and the head as one
+more) over the stage's replicas, the next one prefetched: the first gather is exposed, each
+later one only by what it takes beyond the previous layer's compute; otherwise the stage is
+gathered once per step, its time spread over the F's. The reduce of every B but the last
+(lock step) is not priced: it overlaps backward.
+
 Durations come from ``hspmd.planner.cost`` via ``hspmd.planner.workload``; memory from
 ``hspmd.planner.memory``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from hspmd.models.spec import ModelSpec
+from hspmd.plan.params import lock_step
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
 from hspmd.planner.cost import CostModel
 from hspmd.planner.memory import RankMemory, layer_holders, strategy_memory
@@ -254,6 +264,7 @@ def _sync_tasks(
         for s in range(len(pipe.stages))
     }
     zero = options.zero1 and d > 1
+    gather_in_post = options.zero < 3
     synced: dict[int, list[str]] = {}
     for p, s, stage in strategy.stages():  # context parallel: grads partial over CP groups
         if stage.cp > 1:
@@ -275,7 +286,8 @@ def _sync_tasks(
         shard = seg.params / tmin * grad_elt
         if zero:
             seconds = cost.collective("reduce-scatter", shard, ring, tmin)
-            gathers.append((seg, ranks, ring, tmin))
+            if gather_in_post:
+                gathers.append((seg, ranks, ring, tmin))
         else:
             seconds = cost.collective("all-reduce", shard, ring, tmin)
         tid = f"sync{seg.first}-{seg.last}"
@@ -330,7 +342,40 @@ def stage_works(
             recompute=redo > 0, sequence_parallel=options.sequence_parallel,
             cp=stage.cp, recompute_layers=redo,
         )  # fmt: skip
+        if options.zero == 3 and len(strategy.pipelines) > 1:
+            works[(p, s)] = zero_gathers(works[(p, s)], strategy, config, cost, p=p, s=s)
     return works
+
+
+def zero_gathers(
+    work: StageWork, strategy: Strategy, config: ModelSpec, cost: CostModel, *, p: int, s: int
+) -> StageWork:
+    """``work`` with ZeRO-3's parameter gathers added (module docstring)."""
+    pipe = strategy.pipelines[p]
+    stage = pipe.stages[s]
+    ring = tuple(q.stage_of_layer(stage.first_layer).ranks[0] for q in strategy.pipelines)
+    first, last = s == 0, s == len(pipe.stages) - 1
+    elt = cost.element_bytes
+    if not lock_step(strategy):  # once per step, spread over the F's
+        whole = stage_params(config, len(stage.layers), stage.tp, first=first, last=last)
+        seconds = cost.collective("all-gather", whole * elt, ring, stage.tp)
+        share = seconds / pipe.num_micro_batches
+        return dataclasses.replace(
+            work, forward_s=work.forward_s + share, forward_comm_s=work.forward_comm_s + share,
+            tp_comm_s=work.tp_comm_s + share,
+        )  # fmt: skip
+    units = len(stage.layers) + int(first) + int(last)
+    layer = stage_params(config, 1, stage.tp, first=False, last=False)
+    gather = cost.collective("all-gather", layer * elt, ring, stage.tp)
+
+    def exposed(compute_s: float) -> float:  # the first gather, then what compute hides not
+        return gather + (units - 1) * max(0.0, gather - compute_s / units)
+
+    f, b = exposed(work.forward_s), exposed(work.backward_s)
+    return dataclasses.replace(
+        work, forward_s=work.forward_s + f, backward_s=work.backward_s + b,
+        forward_comm_s=work.forward_comm_s + f, tp_comm_s=work.tp_comm_s + f + b,
+    )  # fmt: skip
 
 
 def step_tasks(

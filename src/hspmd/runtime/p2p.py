@@ -54,8 +54,12 @@ class Exchange:
         they are done (``run`` without the wait)."""
         ops = []
         unpack: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
+        packed: dict[tuple[object, ...], torch.Tensor] = {}  # peers sent the same views
         for peer in sorted(self.sends):
-            buffer = _pack(self.sends[peer])
+            key = tuple((t.data_ptr(), t.shape, t.stride()) for t in self.sends[peer])
+            buffer = packed.get(key)
+            if buffer is None:  # a split-all-gather sends one owner's region to every rank
+                buffer = packed[key] = _pack(self.sends[peer])
             self.world.record("send", group=(self.world.rank, peer), nbytes=_nbytes(buffer))
             ops.append(dist.P2POp(dist.isend, buffer, peer, tag=self.tag))
         for peer in sorted(self.recvs):

@@ -60,7 +60,7 @@ class ParamStore:
     """This rank's stored parameters (module docstring). ``plans[name]``: the gather from
     the stored annotation to the compute one; ``shard(name)``: this rank's stored piece
     now (the fp32 master, or its compute-dtype copy); ``on_change``: called after each
-    gather and free (memory sampling)."""
+    gather lands (memory sampling)."""
 
     def __init__(
         self, params: Mapping[str, torch.Tensor], plans: Mapping[str, CommPlan],
