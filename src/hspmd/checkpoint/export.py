@@ -19,7 +19,6 @@ The file is written as ``.model.safetensors.partial`` and renamed when complete.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -114,12 +113,10 @@ def _write_weights(
 ) -> int:  # fmt: skip
     shards = checkpoint_folder(checkpoint, manifest)
     by_name = {e.name[len(PREFIX) :]: e for e in entries}
-    with contextlib.ExitStack() as stack:
-        handles: dict[int, Any] = {}
-        return write_streamed(
-            folder / WEIGHTS, [(n, e.shape) for n, e in by_name.items()], dtype,
-            lambda name: _assemble(by_name[name], shards, handles, stack),
-        )  # fmt: skip
+    return write_streamed(
+        folder / WEIGHTS, [(n, e.shape) for n, e in by_name.items()], dtype,
+        lambda name: _assemble(by_name[name], shards),
+    )  # fmt: skip
 
 
 def write_streamed(
@@ -165,19 +162,18 @@ def checkpoint_folder(checkpoint: Path, manifest: Manifest) -> Path:
     return named if named.is_dir() else checkpoint
 
 
-def _assemble(
-    entry: TensorEntry, folder: Path, handles: dict[int, Any], stack: contextlib.ExitStack
-) -> torch.Tensor:
+def _assemble(entry: TensorEntry, folder: Path) -> torch.Tensor:
+    """``entry`` whole, from its shard boxes. Each shard is opened for this tensor only:
+    safetensors maps the file, and a mapping kept open would keep every page read so far
+    resident (the whole checkpoint by the end)."""
     out: torch.Tensor | None = None
     for rank, box in entry.shards:
-        if rank not in handles:
-            handles[rank] = stack.enter_context(
-                safe_open(str(folder / shard_name(rank)), framework="pt")
-            )
-        part = handles[rank].get_tensor(entry.name)
+        with safe_open(str(folder / shard_name(rank)), framework="pt") as handle:
+            part = handle.get_tensor(entry.name)
         if out is None:
             out = torch.empty(entry.shape, dtype=part.dtype)
         out[tuple(slice(lo, hi) for lo, hi in box)] = part
+        del part
     assert out is not None, f"{entry.name} has no shards"
     return out
 

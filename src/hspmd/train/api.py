@@ -2,7 +2,8 @@
 ``train_config``, the one place its typed keywords become a ``TrainConfig``.
 
 ``model`` is a preset name (``"llama-tiny"``), a factory's source (``"my_model.py:make"``,
-``"package.module:make"``) or the factory itself (a module-level function: processes
+``"package.module:make"``), a Hugging Face folder (``"hf:path/to/dir"``: its config and
+weights, docs/checkpoints.md) or the factory itself (a module-level function: processes
 rebuild the model from its module, or from the file of ``__main__``). The keywords are
 ``RunOptions``: ``TrainConfig``'s fields by name, typed, plus ``lr`` (the learning rate of
 ``adam``) and ``model_kwargs`` (the factory's keyword arguments); ``global_batch``
@@ -37,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypedDict, Unpack, get_type_hints
 
+from hspmd.models.hf import HF_PREFIX, hf_source
 from hspmd.plan.strategy import Dtype, Schedule, Strategy, parse_strategy
 from hspmd.train.config import (
     AdamConfig,
@@ -99,9 +101,10 @@ class RunOptions(TypedDict, total=False):
 
 
 def model_source(model: str | Callable[..., Any]) -> str:
-    """The text form of ``model`` that every process can load (module docstring)."""
+    """The text form of ``model`` that every process can load (module docstring);
+    ``hf:DIR`` with DIR made absolute and checked (``hspmd.models.hf``)."""
     if isinstance(model, str):
-        return model
+        return hf_source(model) if model.startswith(HF_PREFIX) else model
     name = getattr(model, "__qualname__", "")
     module = getattr(model, "__module__", None)
     if not callable(model) or not name.isidentifier():
