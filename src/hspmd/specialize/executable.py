@@ -369,25 +369,13 @@ class _Builder:
         source, *sizes = node.args
         packed = len(sizes) == 1 and isinstance(sizes[0], list | tuple)
         flat = list(sizes[0]) if packed else sizes  # type: ignore[arg-type]
-        full, here = self.ag.shape(node.name), self.local_shape(node)
-        mapped = torch.fx.node.map_arg(
-            list(local_view_sizes(flat, full, here)), self.env.__getitem__
-        )
-        local: list[Any] = list(mapped)
-        for dim, size in enumerate(flat):
-            if isinstance(size, torch.fx.Node) and full[dim] != here[dim] and self._whole(size):
-                # a size read from a tensor that is whole on this rank: the global size
-                local[dim] = self.graph.call_function(
-                    operator.floordiv, (self.env[size], full[dim] // here[dim])
-                )
+        local = self._local_sizes(node, flat)
         new_sizes = (tuple(local),) if packed else tuple(local)
         args = (self.env[source], *new_sizes)  # type: ignore[index]
         self.env[node] = self.graph.call_method(str(node.target), args, {})
 
-    def sized(self, node: torch.fx.Node) -> None:
-        """An ATen view/reshape/expand: ``view``'s localization of its size list."""
-        source, sizes, *rest = node.args
-        assert isinstance(sizes, list | tuple)
+    def _local_sizes(self, node: torch.fx.Node, sizes: list[Any]) -> list[Any]:
+        """A view's sizes written for the global shape, made local to this rank."""
         full, here = self.ag.shape(node.name), self.local_shape(node)
         mapped = torch.fx.node.map_arg(
             list(local_view_sizes(sizes, full, here)), self.env.__getitem__
@@ -395,9 +383,17 @@ class _Builder:
         local: list[Any] = list(mapped)
         for dim, size in enumerate(sizes):
             if isinstance(size, torch.fx.Node) and full[dim] != here[dim] and self._whole(size):
+                # a size read from a tensor that is whole on this rank: the global size
                 local[dim] = self.graph.call_function(
                     operator.floordiv, (self.env[size], full[dim] // here[dim])
                 )
+        return local
+
+    def sized(self, node: torch.fx.Node) -> None:
+        """An ATen view/reshape/expand: ``view``'s localization of its size list."""
+        source, sizes, *rest = node.args
+        assert isinstance(sizes, list | tuple)
+        local = self._local_sizes(node, list(sizes))
         args = (self.env[source], local, *rest)  # type: ignore[index]
         self.env[node] = self.graph.call_function(node.target, args, dict(node.kwargs))  # type: ignore[arg-type]
 
