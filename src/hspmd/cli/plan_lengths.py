@@ -126,7 +126,10 @@ def apply_plans(config: TrainConfig, text: str, *, path: str) -> TrainConfig:
     (``train.active.strategy_options``; the run's flags carry the most any asks)."""
     if config.strategy is not None or config.switches:
         raise LengthPlanError(f"--plans {path} chooses every step's strategy: drop --strategy and --switch")  # fmt: skip
-    config = replace(config, length_plans=text, switch_mode="weights")
+    # an elastic run moves the states (two holders each), not weights around a home layout
+    config = replace(
+        config, length_plans=text, switch_mode="states" if config.elastic else "weights"
+    )
     plans, _ = length_plans(config)
     options = [p.options for p in plans]
     recompute = [o for o in options if o.recompute]
@@ -136,6 +139,10 @@ def apply_plans(config: TrainConfig, text: str, *, path: str) -> TrainConfig:
         recompute=config.recompute or bool(recompute),
         recompute_layers=config.recompute_layers if config.recompute else _most(recompute),
     )
+    if config.elastic:  # the elastic chooser (hspmd.train.elastic_lengths): with its fallbacks
+        from hspmd.train.elastic_lengths import Lengths
+
+        return replace(config, strategy=Lengths(config).choose(1, None).text)
     first = next(planned_steps(replace(config, steps=1)))
     return replace(config, strategy=str(plans[first.plan or 0].strategy))
 

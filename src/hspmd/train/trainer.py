@@ -88,14 +88,15 @@ def check_config(config: TrainConfig) -> Strategy:
             f"slowdown names ranks {slow} that the run's strategies do not use (ranks "
             f"0..{len(used) - 1}): drop them or pick ranks of the strategy"
         )
-    _check_elastic(config, strategy, used)
+    for each in strategies if config.elastic else strategies[:1]:  # every one needs replicas
+        _check_elastic(config, each, used)
     check_resume_identity(config)  # the checkpoint is whole and holds this model
     check_weights(config.model_config())  # hf:DIR: its weights fit the config, files whole
     if config.save:
         _check_writable(config.save)
     check_data(config)  # one line before launch: empty, too short, ids past the vocabulary
     check_packed_dropout(config)  # packed rows have no batch rows to key dropout by
-    if config.length_plans is not None:  # the data and the first step's choice, up front
+    if config.length_plans is not None and not config.elastic:  # the first step's choice
         next(planned_steps(dataclasses.replace(config, steps=1)), None)
     elif config.packed:  # the data and the first step's dispatch, before any process starts
         rows = sum(p.batch_size for p in strategy.pipelines)
