@@ -66,6 +66,7 @@ __all__ = ["MARGIN", "LengthPlanner", "LengthSet", "StatesSwitch", "repaired"]
 
 MARGIN = 0.02  # a kept (repaired) strategy within 2 % of the best wins: nothing moves
 FINALS = 8  # DP end states tried by the placement, fastest first
+SPLIT_STEPS = 12  # bisection steps of a load split between two kinds
 COMPARED = 8  # samples the kept strategy and the new one are compared on
 
 
@@ -177,6 +178,10 @@ class LengthPlanner:
 Chosen = tuple[str, PipeSpec, tuple[int, int]]  # kind, pipeline, its length range
 
 
+Part = tuple[int, int, int, int, float]  # kind index, model, count, row length, load share
+Move = tuple[float, tuple[int, ...], int, tuple[Part, ...]]  # seconds, ranks per kind, pipes
+
+
 def _dp(
     hist: Histogram, pools: dict[str, list[PipeModel]], caps: dict[str, int],
     step_tokens: int, min_pipes: int,
@@ -184,6 +189,7 @@ def _dp(
     """The DP of the module docstring: up to ``FINALS`` end states (ranks used per kind,
     at least ``min_pipes`` pipelines), fastest first, each with its pipelines."""
     kinds, K = tuple(pools), len(hist.edges)
+    limit = tuple(caps[k] for k in kinds)
     per = [hist.per_step(k, step_tokens) for k in range(K)]
     State = tuple[int, ...]  # ranks used per kind, then pipelines (capped at min_pipes)
     f: list[dict[State, tuple[float, tuple | None]]] = [{} for _ in range(K + 1)]
@@ -195,14 +201,14 @@ def _dp(
                 continue
             moves = _moves(hist, per, pools, caps, kinds, (i, j), (docs, tokens, squares))
             for state, (before, _) in f[i - 1].items():
-                for t, c, mi, n, row_len, width in moves:
-                    used = state[c] + width
-                    if used > caps[kinds[c]]:
+                for t, added, pipes, parts in moves:
+                    used = tuple(u + a for u, a in zip(state[:-1], added, strict=True))
+                    if any(u > c for u, c in zip(used, limit, strict=True)):
                         continue
-                    new = (*state[:c], used, *state[c + 1 : -1], min(state[-1] + n, min_pipes))
+                    new = (*used, min(state[-1] + pipes, min_pipes))
                     value = max(before, t)
                     if new not in f[j] or value < f[j][new][0] - 1e-12:
-                        f[j][new] = (value, (i, state, c, mi, n, row_len))
+                        f[j][new] = (value, (i, state, parts))
     ends = sorted((v[0], sum(s[:-1]), s) for s, v in f[K].items() if s[-1] >= min_pipes)
     return [(t, _walk(f, hist, per, pools, kinds, s)) for t, _, s in ends[:FINALS]]
 
@@ -211,13 +217,14 @@ def _moves(
     hist: Histogram, per: Sequence[tuple[float, float, float]], pools: dict[str, list[PipeModel]],
     caps: dict[str, int], kinds: tuple[str, ...], span: tuple[int, int],
     load: tuple[float, float, float],
-) -> list[tuple[float, int, int, int, int, int]]:  # fmt: skip
-    """``(seconds, kind, model, count, row length, ranks)`` of every way to serve bins
-    ``span`` (1-based, inclusive) with ``count`` pipelines of one configuration."""
-    i, j = span
-    docs, tokens, squares = load
+) -> list[Move]:  # fmt: skip
+    """Every way to serve bins ``span`` (1-based, inclusive): ``count`` pipelines of one
+    configuration; and, where kinds differ, the fastest configuration of each kind per rank
+    count side by side, the load split so that both finish together (``_split``)."""
+    j = span[1]
     longest = _longest(hist, per, j - 1)
-    out = []
+    out: list[Move] = []
+    best: dict[tuple[int, int], Move] = {}  # (kind, ranks) -> its fastest single move
     for c, kind in enumerate(kinds):
         for mi, model in enumerate(pools[kind]):
             size = model.config.gpus
@@ -225,9 +232,47 @@ def _moves(
                 if row_len > model.fit_len:
                     break
                 for n in range(1, caps[kind] // size + 1):
-                    t = _interval_seconds(model, n, row_len, docs, tokens, squares, longest)
-                    out.append((t, c, mi, n, row_len, n * size))
+                    t = _interval_seconds(model, n, row_len, *load, longest)
+                    added = tuple(n * size if k == c else 0 for k in range(len(kinds)))
+                    move = (t, added, n, ((c, mi, n, row_len, 1.0),))
+                    out.append(move)
+                    if (c, n * size) not in best or t < best[c, n * size][0]:
+                        best[c, n * size] = move
+    for (ca, _), a in best.items():
+        for (cb, _), b in best.items():
+            if ca < cb:
+                out += _split(a, b, pools, kinds, load, longest)
     return out
+
+
+def _split(
+    a: Move, b: Move, pools: dict[str, list[PipeModel]], kinds: tuple[str, ...],
+    load: tuple[float, float, float], longest: float,
+) -> list[Move]:  # fmt: skip
+    """``a`` and ``b`` (of two kinds) sharing one interval: the share ``x`` of its load on
+    ``a`` where both take as long (bisection: ``a``'s time grows with ``x``, ``b``'s
+    falls); none unless faster than either alone."""
+    (pa,), (pb,) = a[3], b[3]
+
+    def seconds(part: Part, share: float) -> float:
+        c, mi, n, row_len, _ = part
+        model = pools[kinds[c]][mi]
+        docs, tokens, squares = (x * share for x in load)
+        return _interval_seconds(model, n, row_len, docs, tokens, squares, longest)
+
+    lo, hi = 0.0, 1.0
+    for _ in range(SPLIT_STEPS):
+        x = (lo + hi) / 2
+        if seconds(pa, x) < seconds(pb, 1 - x):
+            lo = x
+        else:
+            hi = x
+    x = (lo + hi) / 2
+    t = max(seconds(pa, x), seconds(pb, 1 - x))
+    if t >= min(a[0], b[0]) - 1e-12:
+        return []
+    added = tuple(p + q for p, q in zip(a[1], b[1], strict=True))
+    return [(t, added, a[2] + b[2], ((*pa[:4], x), (*pb[:4], 1 - x)))]
 
 
 def _walk(
@@ -240,14 +285,14 @@ def _walk(
     while j > 0:
         back = f[j][state][1]
         assert back is not None
-        i, state, c, mi, n, row_len = back
-        model = pools[kinds[c]][mi]
-        x = sum(per[b][1] for b in range(i - 1, j)) / n
-        d = sum(per[b][0] for b in range(i - 1, j)) / n
-        rows = max(1, min(math.ceil(x / row_len), math.ceil(d)))
+        i, state, parts = back
         lo = 1 if i == 1 else hist.edges[i - 2] + 1
-        for _ in range(n):  # one micro-batch more than expected: room for fuller steps
-            out.append((kinds[c], PipeSpec(model, row_len, rows + 1), (lo, hist.edges[j - 1])))
+        for c, mi, n, row_len, share in parts:
+            x = share * sum(per[b][1] for b in range(i - 1, j)) / n
+            d = share * sum(per[b][0] for b in range(i - 1, j)) / n
+            rows = max(1, min(math.ceil(x / row_len), math.ceil(d)))
+            spec = PipeSpec(pools[kinds[c]][mi], row_len, rows + 1)  # room for fuller steps
+            out += [(kinds[c], spec, (lo, hist.edges[j - 1]))] * n
         j = i - 1
     return sorted(out, key=lambda p: (-p[1].model.config.gpus, -p[1].row_len))
 
