@@ -7,7 +7,10 @@
 Reads the documents (as ``hspmd train --data`` splits them), makes their length histogram,
 runs the DP per maximum length (``hspmd.planner.lengths``) and writes the strategies with
 their length ranges, the cost lines the dispatch needs and the predicted switch times.
-Without ``--cluster`` it plans for ``--nproc`` local processes (``planner.local``).
+Without ``--cluster`` it plans for ``--nproc`` local processes (``planner.local``;
+``--slowdown R=F``: slowed ones). With ``--alive RANKS`` it plans for elastic training with
+the one planner (``planner.combined``): only those ranks, kinds apart, ``--min-replicas``
+pipelines holding every layer, ZeRO off; the switch times are the states' fused BSR.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from hspmd.cli.paths import write_out
+from hspmd.cli.train import parse_slowdown
 from hspmd.data import DEFAULT_MAX_BYTES, document_steps, load_documents, split_documents
 from hspmd.models.config import get_config
-from hspmd.plan.strategy import StrategyOptions
+from hspmd.plan.strategy import StrategyOptions, parse_ranks
+from hspmd.planner.combined import LengthPlanner, StatesSwitch
 from hspmd.planner.cost import CostModel
 from hspmd.planner.lengths import (
     Histogram,
@@ -54,6 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--nproc", type=int, default=4, help="with --data, no --cluster: local ranks"
     )
     group.add_argument("--strategies", type=int, default=4, help="with --data: maximum lengths planned")  # fmt: skip
+    group.add_argument(
+        "--slowdown", default="", metavar="RANK=FACTOR,...",
+        help="with --data, no --cluster: local ranks that run slower (a kind of their own)",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,7 +81,11 @@ def run(args: argparse.Namespace) -> int:
         cost = CostModel.of(load_cluster(args.cluster), dtype=args.dtype)
         cluster = args.cluster
     else:
-        cost, cluster = local_cost(args.nproc, dtype=args.dtype), f"local-{args.nproc}"
+        slow = dict(parse_slowdown(args.slowdown))
+        cost, cluster = (
+            local_cost(args.nproc, dtype=args.dtype, slowdown=slow),
+            f"local-{args.nproc}",
+        )
     docs = split_documents(load_documents(args.data, max_bytes=DEFAULT_MAX_BYTES))
     hist = Histogram.of([len(d) for d in docs], max_len=args.max_seq_len,
                         smallest=max(1, args.max_seq_len >> (args.strategies + 2)))  # fmt: skip
@@ -87,10 +100,18 @@ def run(args: argparse.Namespace) -> int:
             args.tokens_per_step, 1, max_len=args.max_seq_len, path=args.data,
             max_bytes=DEFAULT_MAX_BYTES), SAMPLE_STEPS)
     ]  # fmt: skip
-    plans = plan_strategies(config, cost, hist, step_tokens=args.tokens_per_step,
-                            options=options, count=args.strategies, samples=samples)  # fmt: skip
+    if args.alive is not None:  # elastic: the one planner over the alive ranks
+        found = LengthPlanner(config, cost, min_replicas=args.min_replicas).plan(
+            hist, alive=parse_ranks(args.alive), step_tokens=args.tokens_per_step,
+            count=args.strategies, samples=samples,
+        )  # fmt: skip
+        plans, switch = list(found.plans), StatesSwitch(found.plans, config, cost).matrix()
+    else:
+        plans = plan_strategies(config, cost, hist, step_tokens=args.tokens_per_step,
+                                options=options, count=args.strategies, samples=samples)  # fmt: skip
+        switch = switch_matrix(plans, config, cost)
     data = plans_json(plans, hist, model=model, cluster=cluster, step_tokens=args.tokens_per_step,
-                      switch=switch_matrix(plans, config, cost))  # fmt: skip
+                      switch=switch)  # fmt: skip
     if args.out:
         write_out(args.out, json.dumps(data, indent=1) + "\n")
     if args.json:
