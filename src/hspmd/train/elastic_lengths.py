@@ -28,9 +28,11 @@ from itertools import islice
 from typing import Any
 
 from hspmd.data import DocumentStep
+from hspmd.models.config import LlamaConfig
 from hspmd.plan.dispatch import Assignment, DispatchError, balanced
 from hspmd.plan.strategy import Strategy, check_strategy, parse_strategy
 from hspmd.planner.combined import LengthPlanner, LengthSet, StatesSwitch
+from hspmd.planner.elastic import replan
 from hspmd.planner.length_model import Histogram, LengthStrategy
 from hspmd.planner.lengths import assignment_seconds, fixed_dispatcher, load_plans, plans_json
 from hspmd.planner.local import local_cost
@@ -191,13 +193,21 @@ class Lengths:
         return self._samples
 
     def replan_record(self, *, members: tuple[int, ...], joined: tuple[int, ...],
-                      alive: list[int]) -> dict[str, Any]:  # fmt: skip
+                      alive: list[int], current: str) -> dict[str, Any]:  # fmt: skip
         """Rank 0: the set for ``alive`` (the old generation's numbers, ``joined`` spares
-        after them), warm-started from the set running now, as a plans file."""
+        after them), warm-started from the set running now, as a plans file. A model the
+        length planner cannot cost (its row model has the Llama's formulas only) gets the
+        elastic planner's strategy for rows of ``--max-seq-len``, dispatched by
+        ``balanced``, warm-started from ``current``."""
         config = self.config
         slow = {r: slowdown_of(config.slowdown, m).factor for r, m in enumerate(members + joined)}
         cost = local_cost(len(members) + len(joined), slowdown=slow, dtype=config.dtype)
         model = planning_model(config.model_config())
+        if not isinstance(model, LlamaConfig):
+            rows = max(2, -(-(config.step_tokens or 0) // config.seq_len))
+            fixed = replan(model, cost, alive=alive, current=parse_strategy(current),
+                           global_batch=rows, seq_len=config.seq_len, dtype=config.dtype)  # fmt: skip
+            return {"strategy": str(fixed.strategy), "plan_seconds": fixed.plan_seconds}
         planner = LengthPlanner(model, cost, sequence_parallel=config.sequence_parallel)
         samples = self.samples()
         hist = Histogram.of([n for s in samples for n in s], max_len=config.seq_len,
@@ -220,6 +230,11 @@ class Lengths:
     def take(self, record: dict[str, Any], *, step: int, renumbered: dict[int, int]) -> str:
         """A published set (old numbers): kept pending in the new numbers; returns the
         strategy (old numbers) that ``step`` runs under it."""
+        if "plans" not in record:  # the elastic planner's strategy alone
+            text = record["strategy"]
+            moved_text = str(renumber_strategy(parse_strategy(text), renumbered))
+            self._pending = StrategySet((None,), (moved_text,), ((0.0,),))
+            return text
         plans, switch = load_plans(record["plans"], "the re-planned set")
         matrix = tuple(map(tuple, switch))
         old = StrategySet(tuple(plans), tuple(str(p.strategy) for p in plans), matrix)
