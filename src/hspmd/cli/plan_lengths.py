@@ -32,6 +32,7 @@ from hspmd.planner.cost import CostModel
 from hspmd.planner.lengths import (
     Histogram,
     LengthPlanError,
+    LengthStrategy,
     load_plans,
     option_sets,
     plan_strategies,
@@ -100,16 +101,7 @@ def run(args: argparse.Namespace) -> int:
             args.tokens_per_step, 1, max_len=args.max_seq_len, path=args.data,
             max_bytes=DEFAULT_MAX_BYTES), SAMPLE_STEPS)
     ]  # fmt: skip
-    if args.alive is not None:  # elastic: the one planner over the alive ranks
-        found = LengthPlanner(config, cost, min_replicas=args.min_replicas).plan(
-            hist, alive=parse_ranks(args.alive), step_tokens=args.tokens_per_step,
-            count=args.strategies, samples=samples,
-        )  # fmt: skip
-        plans, switch = list(found.plans), StatesSwitch(found.plans, config, cost).matrix()
-    else:
-        plans = plan_strategies(config, cost, hist, step_tokens=args.tokens_per_step,
-                                options=options, count=args.strategies, samples=samples)  # fmt: skip
-        switch = switch_matrix(plans, config, cost)
+    plans, switch = _plans(args, config, cost, hist, samples, options)
     data = plans_json(plans, hist, model=model, cluster=cluster, step_tokens=args.tokens_per_step,
                       switch=switch)  # fmt: skip
     if args.out:
@@ -124,6 +116,23 @@ def run(args: argparse.Namespace) -> int:
                            for s, (lo, hi) in zip(p.pipes, p.intervals, strict=True))  # fmt: skip
         print(f"max {p.max_len}: {p.strategy}  [{ranges}]  predicted {p.predicted_s:.4g} s")
     return 0
+
+
+def _plans(
+    args: argparse.Namespace, config: Any, cost: CostModel, hist: Histogram,
+    samples: list[list[int]], options: list[StrategyOptions],
+) -> tuple[list[LengthStrategy], list[list[float]]]:  # fmt: skip
+    """The strategies and their switch matrix: the length planner's, or with ``--alive``
+    (elastic) the one planner's over those ranks (switches of the states)."""
+    if args.alive is not None:
+        found = LengthPlanner(config, cost, min_replicas=args.min_replicas).plan(
+            hist, alive=parse_ranks(args.alive), step_tokens=args.tokens_per_step,
+            count=args.strategies, samples=samples,
+        )  # fmt: skip
+        return list(found.plans), StatesSwitch(found.plans, config, cost).matrix()
+    plans = plan_strategies(config, cost, hist, step_tokens=args.tokens_per_step,
+                            options=options, count=args.strategies, samples=samples)  # fmt: skip
+    return plans, switch_matrix(plans, config, cost)
 
 
 def read_plans_file(path: str) -> tuple[str, dict[str, Any]]:
