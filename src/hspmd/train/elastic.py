@@ -40,6 +40,7 @@ Rank 0 of the current generation reports through ``world.notify``: ``("step", re
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import time
@@ -51,7 +52,7 @@ import torch
 
 from hspmd.checkpoint import latest, read_manifest
 from hspmd.errors import HspmdError
-from hspmd.plan.strategy import check_strategy, parse_strategy
+from hspmd.plan.strategy import Strategy, check_strategy, parse_strategy
 from hspmd.planner.elastic import replan
 from hspmd.planner.local import local_cost
 from hspmd.runtime.members import key, read_death
@@ -60,7 +61,7 @@ from hspmd.runtime.world import World
 from hspmd.specialize.costs import planning_model
 from hspmd.switch.live import run_switch
 from hspmd.switch.survivors import lost_states, plan_survivor_switch, renumber_strategy
-from hspmd.train.active import Active, activate, options_of
+from hspmd.train.active import Active, Built, activate, options_of
 from hspmd.train.batches import eval_batches, step_batches
 from hspmd.train.clip import clip_gradients
 from hspmd.train.config import EvalRecord, StepRecord, TrainConfig, TrainError
@@ -618,10 +619,17 @@ def _packed(run: _Run, lengths: Lengths) -> Any:
 def _switch(run: _Run, target: str) -> None:
     """Move masters and Adam moments to ``target`` (one fused BSR, the ranks unchanged)
     and build it; adopted once every rank of the generation has it (``switched/G/S``), as
-    a recovery's move: a failure during it leaves the states where they were."""
+    a recovery's move: a failure during it leaves the states where they were. A target
+    that differs in micro-batch counts only keeps the executables and states as they are
+    (every rank decides alike, nothing moves)."""
     config, world, watch = run.config, run.world, run.watch
     watch.enter("switch", run.step)
     inject(config.inject, member=world.member, step=run.step, phase="switch", watch=watch)
+    layout = Layout.from_text(target, num_layers=config.model_config().num_layers)
+    if _only_counts(run.active.layout.strategy, layout.strategy):  # same executables, states
+        role = layout.role(world.rank)
+        run.active = dataclasses.replace(run.active, text=target, layout=layout, role=role)
+        return
     same = {r: r for r in range(len(run.members))}
     switch = plan_survivor_switch(
         config.model_config(), run.active.layout.strategy, parse_strategy(target), renumbered=same
@@ -635,6 +643,13 @@ def _switch(run: _Run, target: str) -> None:
     run.switching = (active, run.step)
     _arrive(run, "switched", run.gen, len(run.members), run.step)
     run.active, run.switching = active, None
+
+
+def _only_counts(a: Strategy, b: Strategy) -> bool:
+    """Whether ``a`` and ``b`` differ in micro-batch counts only: the executables, boundary
+    plans (built per micro-batch of ``micro_batch_size`` rows) and states are the same."""
+    sizes = [p.micro_batch_size for p in a.pipelines] == [p.micro_batch_size for p in b.pipelines]
+    return sizes and Built.key(a) == Built.key(b)
 
 
 def _settle_switch(run: _Run) -> None:
