@@ -38,6 +38,7 @@ from hspmd.train.batches import check_data
 from hspmd.train.config import Record, TrainConfig, TrainError
 from hspmd.train.device import backend_of, run_device
 from hspmd.train.elastic import run_rank_elastic
+from hspmd.train.elastic_lengths import Lengths
 from hspmd.train.identity import check_resume_identity
 from hspmd.train.loop import run_rank
 from hspmd.train.packing import check_packed_dropout, check_packing, planned_steps
@@ -96,9 +97,11 @@ def check_config(config: TrainConfig) -> Strategy:
         _check_writable(config.save)
     check_data(config)  # one line before launch: empty, too short, ids past the vocabulary
     check_packed_dropout(config)  # packed rows have no batch rows to key dropout by
-    if config.length_plans is not None and not config.elastic:  # the first step's choice
+    if config.packed and config.elastic:  # the first step's choice (a later step that does
+        Lengths(config).choose(1, None)  # not pack is widened: hspmd.train.elastic_lengths)
+    elif config.length_plans is not None:  # the data and the first step's choice, up front
         next(planned_steps(dataclasses.replace(config, steps=1)), None)
-    elif config.packed:  # the data and the first step's dispatch, before any process starts
+    elif config.packed:  # the data and every step's dispatch, before any process starts
         rows = sum(p.batch_size for p in strategy.pipelines)
         if (config.step_tokens or 0) > rows * config.seq_len:
             raise TrainError(
