@@ -80,7 +80,7 @@ def test_growth_plans_the_new_ranks_in() -> None:
 
 def test_too_few_ranks_is_one_line() -> None:
     planner = LengthPlanner(TINY, local_cost(4))
-    with pytest.raises(LengthPlanError, match="for the 1 alive ranks: 2 pipelines"):
+    with pytest.raises(LengthPlanError, match="1 alive ranks cannot hold 2 pipelines"):
         planner.plan(HIST, alive=[2], step_tokens=256)
 
 

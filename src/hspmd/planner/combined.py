@@ -117,6 +117,11 @@ class LengthPlanner:
         began = time.perf_counter()
         ranks = tuple(sorted(set(alive)))
         self.cost.cluster.check_ranks(ranks, what="alive")
+        if len(ranks) < self.min_replicas:
+            raise LengthPlanError(
+                f"{len(ranks)} alive ranks cannot hold {self.min_replicas} pipelines (each "
+                "state needs that many holders): add ranks or lower min_replicas"
+            )
         free = _free_by_kind(self.cost, ranks)
         out: list[LengthStrategy] = []
         kept = 0
