@@ -51,3 +51,25 @@ def test_plan_data_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixtu
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_plan_data_for_alive_ranks_uses_the_one_planner(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--alive`` (elastic): only those ranks, two pipelines each holding every layer, the
+    slowed rank (``--slowdown``) a kind of its own: never in a stage with another rank."""
+    out = tmp_path / "plans.json"
+    argv = ["plan", "--data", str(corpus(tmp_path)), "--max-seq-len", "256",
+            "--tokens-per-step", "512", "--nproc", "4", "--alive", "0,1,3",
+            "--slowdown", "3=2", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    plans, switch = load_plans(json.loads(out.read_text()), str(out))
+    assert len(switch) == len(plans)
+    for p in plans:
+        assert set(p.strategy.ranks) <= {0, 1, 3} and len(p.strategy.pipelines) >= 2
+        for pipe in p.strategy.pipelines:
+            assert pipe.stages[0].first_layer == 0 and pipe.stages[-1].last_layer == 3
+            assert all(st.ranks == (3,) or 3 not in st.ranks for st in pipe.stages)
+    capsys.readouterr()
+    assert main([*argv[:-2], "--slowdown", "3"]) == 2
+    assert "is not RANK=FACTOR" in capsys.readouterr().err

@@ -373,11 +373,21 @@ class TrainConfig:
             ),
             ("--switch-mode weights", self.switch_mode == "weights", "use states"),
             ("--switch-algo relay", self.switch_algo == "relay", "use fused"),
-            ("--tokens-per-step", self.step_tokens is not None, "fixed batches for now"),
         ]
         for flag, given, why in refused:
             if given:
                 raise TrainError(f"--elastic does not take {flag} ({why}): drop {flag}")
+        texts = [self.strategy] if self.strategy is not None else []
+        if self.length_plans is not None:
+            texts += [e["strategy"] for e in json.loads(self.length_plans)["strategies"]]
+        if self.step_tokens is not None and texts:
+            # packed steps: a document a rank at least, so that every strategy a re-plan may
+            # give (a pipeline has a rank at least) takes every step (hspmd.train.elastic_lengths)
+            try:
+                ranks = 1 + max(r for t in texts for r in parse_strategy(t).ranks)
+            except (HspmdError, KeyError, TypeError):  # check_config names a bad strategy
+                return
+            object.__setattr__(self, "min_documents", max(self.min_documents, ranks + self.spares))
 
     def _check_data(self) -> None:
         if self.data_dtype is not None and self.data_dtype not in TOKEN_DTYPES:
@@ -568,8 +578,9 @@ class StepRecord:
         }
         if self.switch_seconds is not None:
             out["switch_seconds"] = round(self.switch_seconds, 6)
-            out["strategy"] = self.strategy
             out["switch_messages"] = self.switch_messages
+        if self.strategy is not None:  # after a switch; every step of an elastic packed run
+            out["strategy"] = self.strategy
         if self.sequences is not None:
             out["sequences"] = list(self.sequences)
             out["pipeline_tokens"] = list(self.pipeline_tokens or ())

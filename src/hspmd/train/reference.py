@@ -169,6 +169,10 @@ def _batches(config: TrainConfig) -> Iterator[tuple[torch.Tensor, torch.Tensor] 
             "--tokens-per-step packs documents as a strategy's pipelines and micro-batches "
             "take them: give --strategy, also with --reference"
         )
+    if config.elastic:  # the run re-plans its packing: here every document is a row
+        from hspmd.train.elastic_lengths import document_rows
+
+        return document_rows(config)
     if config.length_plans is not None:
         return planned_steps(config)
     return packed_steps(config, parse_strategy(config.strategy))
