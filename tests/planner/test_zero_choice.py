@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -103,3 +104,28 @@ def test_the_planner_chooses_the_stage_memory_needs(tmp_path: Path) -> None:
     assert plan(config, roomy, global_batch=8, seq_len=1024, homogeneous=False).options.zero == 1
     off = plan(config, roomy, global_batch=8, seq_len=1024, homogeneous=False, zero1="off")
     assert off.options.zero == 0
+
+
+def test_train_and_explain_take_the_chosen_stage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hspmd.cli import main
+    from hspmd.train.config import TrainConfig
+    from hspmd.train.planfile import config_from_plan, read_plan
+
+    cluster = cluster_file(tmp_path / "c.json", fast=2, slow=2)
+    out = tmp_path / "s.json"
+    argv = ["plan", "--model", "llama-tiny", "--config", '{"num_layers": 2}', "--cluster",
+            str(cluster), "--global-batch", "4", "--seq-len", "32", "--dtype", "fp32",
+            "--zero", "2", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    data = json.loads(out.read_text())
+    assert data["options"]["zero"] == data["zero"] == 2 and data["zero_shares"] == []
+    config = config_from_plan(
+        read_plan(str(out)), TrainConfig(model_overrides=(("num_layers", 2),))
+    )
+    assert config.zero == 2 and config.strategy == data["strategy"]
+    capsys.readouterr()
+    argv = ["explain", "--model", "llama-tiny", "--config", '{"num_layers": 2}', "--plan", str(out)]
+    assert main(argv) == 0
+    assert "zero2" in capsys.readouterr().out
