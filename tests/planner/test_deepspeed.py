@@ -96,3 +96,18 @@ def _faster(cluster, factor: float):  # type: ignore[no-untyped-def]
 
     kinds = tuple(dataclasses.replace(k, intra_link=link(k.intra_link)) for k in cluster.kinds)
     return dataclasses.replace(cluster, kinds=kinds, inter_link=link(cluster.inter_link))
+
+
+def test_the_best_plan_is_the_fastest_that_fits(h20: CostModel) -> None:
+    from hspmd.planner.closed_form import within_headroom
+    from hspmd.planner.deepspeed import best_deepspeed
+
+    found = best_deepspeed(CONFIG, h20, global_batch=8, seq_len=16384, sizes=(1,))
+    assert found is not None
+    plan, best = found
+    assert within_headroom(best, h20) and plan.num_ranks == 32
+    for sp in (1, 2, 4, 8):
+        for ac in (True, False):
+            other = predict_deepspeed(DeepSpeedPlan(32 // sp, sp, 1, ac), CONFIG, h20,
+                                      global_batch=8, seq_len=16384)  # fmt: skip
+            assert not within_headroom(other, h20) or best.step_time_s <= other.step_time_s

@@ -46,6 +46,7 @@ from hspmd.errors import HspmdError
 from hspmd.models.config import LlamaConfig
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
+from hspmd.planner.closed_form import fastest_fitting
 from hspmd.planner.cost import CostModel
 from hspmd.planner.memory import (
     RankMemory,
@@ -57,7 +58,10 @@ from hspmd.planner.predict import Prediction
 from hspmd.planner.workload import StageWork, stage_params, stage_work
 from hspmd.sim.engine import Task, simulate
 
-__all__ = ["DeepSpeedPlan", "deepspeed_strategy", "parse_deepspeed", "predict_deepspeed"]
+__all__ = [
+    "DeepSpeedPlan", "best_deepspeed", "deepspeed_strategy", "parse_deepspeed",
+    "predict_deepspeed",
+]  # fmt: skip
 
 
 class DeepSpeedError(HspmdError, ValueError):
@@ -173,6 +177,34 @@ def predict_deepspeed(
         if m.peak > cost.device_of(r).memory_bytes
     }
     return Prediction(strategy, options, result.makespan, result, memory, over, works)
+
+
+def best_deepspeed(
+    config: ModelSpec, cost: CostModel, *, global_batch: int, seq_len: int,
+    ranks: Sequence[int] | None = None, sizes: Sequence[int] = (1, 2, 4),
+) -> tuple[DeepSpeedPlan, Prediction] | None:  # fmt: skip
+    """The fastest DeepSpeed plan over all of ``ranks`` that fits with the planner's
+    headroom: every SP degree that divides the ranks, the heads and ``seq_len`` and stays
+    inside a node, micro-batch sizes ``sizes``, checkpointing on and off (the search whose
+    results the paper's Tables 8, 10 and 13 report); None if none fits."""
+    pool = list(range(cost.num_ranks)) if ranks is None else list(ranks)
+    node = min(g.gpus_per_node for g in cost.cluster.groups)
+    heads = getattr(config, "num_heads", 1)
+    plans = [
+        DeepSpeedPlan(len(pool) // sp, sp, bs, ac)
+        for sp in range(1, node + 1)
+        if len(pool) % sp == 0 and seq_len % sp == 0 and heads % sp == 0
+        for bs in sizes
+        for ac in (True, False)
+    ]
+    found = {
+        plan: predict_deepspeed(
+            plan, config, cost, global_batch=global_batch, seq_len=seq_len, ranks=pool
+        )  # fmt: skip
+        for plan in plans
+    }
+    best = fastest_fitting(list(found.values()), cost)
+    return None if best is None else next((k, v) for k, v in found.items() if v is best)
 
 
 def _with_gathers(

@@ -24,7 +24,9 @@ most sets each exchange's pace, ``hspmd.planner.shard_parts``) and save it where
 split leaves one pipeline recomputing or over its memory.
 
 Memory-proportional shares. A rank ``r`` of pipeline ``p`` needs ``U_r`` bytes whatever
-its share (activations, logits, compute weights, overhead) and ``S_r`` per whole shard
+its share (activations, logits, compute weights, overhead; the planner takes the
+activations of every layer recomputed, the least a rank can keep, and trims recompute
+after the split) and ``S_r`` per whole shard
 (``rank_memory`` is linear in the share). Pipeline ``p`` can hold at most
 ``f_p = min_r (cap_r - U_r) / S_r`` of every shard; weights ``f_p`` give each the part
 ``f_p / sum f``, which fits every rank whenever any split does (``sum f >= 1``) and leaves
@@ -107,9 +109,8 @@ def zero_predictions(
     out: list[Prediction] = []
     for zero, proportional in variants(stages, uneven=uneven):
         base = replace(options, zero=zero, zero_shares=(), recompute=True, recompute_layers=0)
-        if proportional:
-            plain = replace(base, recompute=False)
-            shares = memory_shares(strategy, config, cost, seq_len=seq_len, options=plain)
+        if proportional:  # the rooms left at the least activations (all recomputed)
+            shares = memory_shares(strategy, config, cost, seq_len=seq_len, options=base)
             if not shares:
                 continue
             base = replace(base, zero_shares=shares)
