@@ -16,7 +16,7 @@ from hspmd.planner.memory import stage_memory, stage_places
 from hspmd.planner.predict import predict
 from hspmd.planner.search import plan
 from hspmd.planner.shard_parts import exchange_factor
-from hspmd.planner.zero_choice import memory_shares, zero_predictions
+from hspmd.planner.zero_choice import memory_shares, most_saved, zero_predictions
 from hspmd.switch.cluster import load_cluster
 
 from .conftest import cluster_file
@@ -67,6 +67,13 @@ def test_more_sharding_only_where_memory_binds(paper) -> None:  # type: ignore[n
     assert [(p.options.zero, p.options.recompute) for p in tight] == [(1, True), (2, False)]
     assert all(within_headroom(p, cost) for p in tight)
     assert tight[1].step_time_s == pytest.approx(tight[0].step_time_s)
+    # a bound no plan without recompute could beat: the first prediction alone
+    first = tight[0]
+    assert 0 < most_saved(first) < first.step_time_s
+    beaten = first.step_time_s - most_saved(first)
+    cut = zero_predictions(strategy, config, cost, seq_len=16384, options=OPTS, stages=(1, 2, 3),
+                           bound=beaten)  # fmt: skip
+    assert [p.options.zero for p in cut] == [1]
     only_one = zero_predictions(strategy, config, cost, seq_len=16384, options=OPTS, stages=(1,))
     # ZeRO-1 alone: the memory-proportional shares drop the recompute instead
     assert only_one[-1].options.zero_shares and not only_one[-1].options.recompute

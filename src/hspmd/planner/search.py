@@ -455,7 +455,8 @@ def plan(
                 heapq.heapreplace(heap, item)
     kept = sorted((c for heap in best.values() for c in heap), key=lambda x: (-x[0], x[1]))
     confs = [conf for _, _, conf in kept[:KEEP_ALL]] + _seed_configs(search, seeds)
-    predictions, seen, solved = [], set(), set()
+    predictions: list[Prediction] = []
+    seen, solved = set(), set()
     for conf in confs:
         strategy = search.solve(conf)
         if strategy is None or (strategy, conf.options) in solved:
@@ -464,9 +465,12 @@ def plan(
         # the ZeRO stage and shares, and recompute: each stage only the first layers its
         # memory needs under them (:RC<k>); hspmd.planner.zero_choice
         stages = zero_stages(zero1, zero, len(strategy.pipelines))
+        fastest = min(
+            (p.step_time_s for p in predictions if within_headroom(p, cost)), default=math.inf
+        )
         for found in zero_predictions(
             strategy, config, cost, seq_len=seq_len, options=conf.options, stages=stages,
-            uneven=uneven_shares,
+            uneven=uneven_shares, bound=fastest,
         ):  # fmt: skip
             if (found.strategy, found.options) not in seen:
                 seen.add((found.strategy, found.options))

@@ -42,11 +42,13 @@ from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Strategy, StrategyOptions
 from hspmd.planner.closed_form import PLAN_HEADROOM, within_headroom
 from hspmd.planner.cost import CostModel
-from hspmd.planner.memory import stage_memory, stage_places
+from hspmd.planner.memory import stage_memory, stage_places, strategy_memory
 from hspmd.planner.predict import Prediction, predict
 from hspmd.planner.trim import trim_recompute
 
-__all__ = ["EVEN_WITHIN", "memory_shares", "variants", "zero_predictions", "zero_stages"]
+__all__ = [
+    "EVEN_WITHIN", "memory_shares", "most_saved", "variants", "zero_predictions", "zero_stages",
+]  # fmt: skip
 
 EVEN_WITHIN = 0.02  # rooms this close (relative) give even shares
 
@@ -101,12 +103,18 @@ def memory_shares(
 def zero_predictions(
     strategy: Strategy, config: ModelSpec, cost: CostModel, *, seq_len: int,
     options: StrategyOptions, stages: tuple[int, ...], uneven: bool = True,
+    bound: float = math.inf,
 ) -> list[Prediction]:  # fmt: skip
     """``strategy`` simulated under each stage of ``stages``, even and (``uneven``, where
     the replicas' rooms differ) with memory-proportional shares, in ``variants``' order,
     recompute trimmed to what each needs; it stops at the first that fits recomputing
-    nothing (module docstring)."""
+    nothing (module docstring). After the first, a variant is simulated only if its memory
+    fits and some stage recomputes fewer layers than under every fitting one simulated
+    (else it is no faster: the variants come in the order of what they cost). None is
+    tried where even dropping all of the first one's recompute could not bring it under
+    ``bound`` (the fastest fitting step found so far; ``most_saved``)."""
     out: list[Prediction] = []
+    simulated: list[tuple[int, ...]] = []  # per stage, the layers recomputed by a fitting one
     for zero, proportional in variants(stages, uneven=uneven):
         base = replace(options, zero=zero, zero_shares=(), recompute=True, recompute_layers=0)
         if proportional:  # the rooms left at the least activations (all recomputed)
@@ -115,13 +123,45 @@ def zero_predictions(
                 continue
             base = replace(base, zero_shares=shares)
         trimmed, opts = trim_recompute(strategy, config, cost, seq_len=seq_len, options=base)
+        counts = tuple(k for ks in trimmed.recomputed(opts) for k in ks)
+        if out and (
+            any(all(a >= b for a, b in zip(counts, c, strict=True)) for c in simulated)
+            or not _fits(trimmed, config, cost, seq_len=seq_len, options=opts)
+        ):
+            continue  # recomputes no less anywhere than a cheaper one, or does not fit
         found = predict(trimmed, config, cost, seq_len=seq_len, options=opts)
         out.append(found)
-        if within_headroom(found, cost) and not any(
-            k for ks in trimmed.recomputed(opts) for k in ks
-        ):
-            break
+        if len(out) == 1 and found.step_time_s - most_saved(found) >= bound:
+            break  # no variant can beat the fastest plan found
+        if within_headroom(found, cost):
+            simulated.append(counts)
+            if not any(counts):
+                break
     return out
+
+
+def most_saved(found: Prediction) -> float:
+    """An upper bound on the seconds a step could save without ``found``'s recompute: per
+    pipeline, every micro-batch's recomputed forwards on every stage one after another."""
+    counts = found.strategy.recomputed(found.options)
+    saved = 0.0
+    for p, pipe in enumerate(found.strategy.pipelines):
+        per = sum(
+            found.work[(p, s)].forward_s * counts[p][s] / len(stage.layers)
+            for s, stage in enumerate(pipe.stages)
+        )
+        saved = max(saved, pipe.num_micro_batches * per)
+    return saved
+
+
+def _fits(
+    strategy: Strategy, config: ModelSpec, cost: CostModel, *, seq_len: int,
+    options: StrategyOptions,
+) -> bool:  # fmt: skip
+    """Whether every rank's peak is within its memory less the headroom (no simulation)."""
+    memory = strategy_memory(strategy, config, seq_len=seq_len, options=options)
+    limit = 1 - PLAN_HEADROOM
+    return all(m.peak <= cost.device_of(r).memory_bytes * limit for r, m in memory.items())
 
 
 def variants(stages: tuple[int, ...], *, uneven: bool = True) -> list[tuple[int, bool]]:
