@@ -455,26 +455,8 @@ def plan(
                 heapq.heapreplace(heap, item)
     kept = sorted((c for heap in best.values() for c in heap), key=lambda x: (-x[0], x[1]))
     confs = [conf for _, _, conf in kept[:KEEP_ALL]] + _seed_configs(search, seeds)
-    predictions: list[Prediction] = []
-    seen, solved = set(), set()
-    for conf in confs:
-        strategy = search.solve(conf)
-        if strategy is None or (strategy, conf.options) in solved:
-            continue
-        solved.add((strategy, conf.options))
-        # the ZeRO stage and shares, and recompute: each stage only the first layers its
-        # memory needs under them (:RC<k>); hspmd.planner.zero_choice
-        stages = zero_stages(zero1, zero, len(strategy.pipelines))
-        fastest = min(
-            (p.step_time_s for p in predictions if within_headroom(p, cost)), default=math.inf
-        )
-        for found in zero_predictions(
-            strategy, config, cost, seq_len=seq_len, options=conf.options, stages=stages,
-            uneven=uneven_shares, bound=fastest,
-        ):  # fmt: skip
-            if (found.strategy, found.options) not in seen:
-                seen.add((found.strategy, found.options))
-                predictions.append(found)
+    predictions = _simulated(search, confs, uneven=uneven_shares)
+    seen = {(p.strategy, p.options) for p in predictions}
     base = (
         homogeneous_plan(
             config, cost, global_batch=global_batch, seq_len=seq_len, zero1=zero1, dtype=dtype
@@ -502,6 +484,32 @@ def plan(
         (p for p in predictions if within_headroom(p, cost)), key=lambda p: p.step_time_s
     )
     return Plan(chosen, time.perf_counter() - began, search.count, base, unused, tuple(fitting))
+
+
+def _simulated(search: _Search, confs: Sequence[_Config], *, uneven: bool) -> list[Prediction]:
+    """Level 2: each configuration solved, then simulated under the ZeRO stages and shares
+    its memory calls for, recompute trimmed per stage to what each needs (:RC<k>;
+    ``hspmd.planner.zero_choice``), bounded by the fastest fitting plan found so far."""
+    cost = search.cost
+    predictions: list[Prediction] = []
+    seen, solved = set(), set()
+    for conf in confs:
+        strategy = search.solve(conf)
+        if strategy is None or (strategy, conf.options) in solved:
+            continue
+        solved.add((strategy, conf.options))
+        stages = zero_stages(search.zero1, search.zero, len(strategy.pipelines))
+        fastest = min(
+            (p.step_time_s for p in predictions if within_headroom(p, cost)), default=math.inf
+        )
+        for found in zero_predictions(
+            strategy, search.config, cost, seq_len=search.seq_len, options=conf.options,
+            stages=stages, uneven=uneven, bound=fastest,
+        ):  # fmt: skip
+            if (found.strategy, found.options) not in seen:
+                seen.add((found.strategy, found.options))
+                predictions.append(found)
+    return predictions
 
 
 def _seed_configs(search: _Search, seeds: Sequence[Layout], per_seed: int = 2) -> list[_Config]:
