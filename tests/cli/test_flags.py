@@ -32,6 +32,7 @@ DIFFERENT = {
     "plan": {"--model": "any preset (required)", "--cluster": "the cluster planned on",
              "--seq-len": "defaults to the model's maximum", "--dtype": "bf16 by default",
              "--global-batch": "no strategy yet: no default", "--zero1": "auto by default",
+             "--zero": "auto by default: chosen per plan",
              "--data": "the corpus whose lengths are planned for",
              "--tokens-per-step": "the steps planned for", "--max-seq-len": "likewise"},
     "switch-cost": {"--model": "any preset, the metadata-only ones too",
