@@ -246,8 +246,8 @@ def _step(data: dict[str, Any], key: str, fn: Callable[[], Any]) -> Any:
 
 def part_profile(data: dict[str, Any], out: Path, *, dry: bool) -> None:
     from hspmd.cli import main as hspmd
-    from hspmd.planner import measure
-    from hspmd.planner.profile import load_profile
+    from hspmd.cost import measure
+    from hspmd.cost.profile import load_profile
 
     path = out / "profile-bf16.json"
     argv = ["profile", "--dtype", "bf16", "--nproc", "1", "--out", str(path)]

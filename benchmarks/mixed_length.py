@@ -49,9 +49,10 @@ from typing import Any
 
 import numpy as np
 
+from hspmd.cost.cluster import load_cluster
+from hspmd.cost.lines import CostModel
 from hspmd.models.config import get_config
 from hspmd.plan.strategy import StrategyOptions
-from hspmd.planner.cost import CostModel
 from hspmd.planner.lengths import (
     Histogram,
     LengthStrategy,
@@ -68,7 +69,6 @@ from hspmd.planner.lengths import (
     sync_seconds,
     to_strategy,
 )
-from hspmd.switch.cluster import load_cluster
 
 DISTRIBUTIONS = {"commoncrawl": (700, 1.2), "github": (900, 1.7)}
 STEP_TOKENS = 200_000

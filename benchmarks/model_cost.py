@@ -1,7 +1,7 @@
 """The cost of any model, measured on its graph, against the Llama formulas (issue 12).
 
 The planner costs a Llama preset by formula (``hspmd.planner.workload``) and any other
-model by the figures ``hspmd.specialize.costs.model_cost`` measures on its graph on the
+model by the figures ``hspmd.cost.captured.model_cost`` measures on its graph on the
 meta device. Here both paths cost the same Llama shapes (2 layers of each preset, one
 micro-batch of 4096 tokens, or the preset's max, bf16, the ``hetu-h800-h20`` cost lines) and
 the table prints measured / formula for a middle stage (``mid``), the first (``first``)
@@ -22,13 +22,13 @@ import json
 import time
 from typing import Any
 
+from hspmd.cost.captured import model_cost
+from hspmd.cost.cluster import load_cluster
+from hspmd.cost.lines import CostModel
 from hspmd.models.config import LlamaConfig, get_config
 from hspmd.models.spec import ModelCost
-from hspmd.planner.cost import CostModel
 from hspmd.planner.memory import activation_bytes_per_layer
 from hspmd.planner.workload import stage_params, stage_work
-from hspmd.specialize.costs import model_cost
-from hspmd.switch.cluster import load_cluster
 
 
 class Measured:

@@ -73,13 +73,13 @@ import torch
 from torch import nn
 
 import hspmd.models.module as module_api
+from hspmd.cost.captured import model_cost
 from hspmd.models.calling import convention_of
 from hspmd.models.config import get_config
 from hspmd.models.initial import plain_module
 from hspmd.models.module import load_model, model_graph
 from hspmd.models.spec import ModuleModel
 from hspmd.plan.strategy import StrategyOptions, parse_strategy
-from hspmd.specialize.costs import model_cost
 from hspmd.specialize.cut import deduce_pipeline
 from hspmd.specialize.executable import build_executable
 from hspmd.train.config import AdamConfig

@@ -11,7 +11,7 @@ from hspmd.cli import main
 from hspmd.models.module import load_model
 from hspmd.plan.strategy import check_strategy, parse_strategy
 from tests.planner.conftest import cluster_file
-from tests.planner.test_model_cost import MODEL
+from tests.cost.test_captured import MODEL
 
 
 @pytest.fixture

@@ -168,7 +168,7 @@ class ParamInfo:
     layer: int
 
 
-# -- what a model costs, as plain data (hspmd.specialize.costs derives it; the planner reads it)
+# -- what a model costs, as plain data (hspmd.cost.captured derives it; the planner reads it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +269,7 @@ class ModuleModel:
     # a parameter used on two stages' layers (a head tied to the embedding): name, its
     # second layer; it lives on both stages, its gradient summed between them
     tied: tuple[tuple[str, int], ...] = ()
-    cost: ModelCost | None = None  # filled by hspmd.specialize.costs.costed (the planner's)
+    cost: ModelCost | None = None  # filled by hspmd.cost.captured.costed (the planner's)
     hf_config: str = ""  # a Hugging Face model's config, canonical JSON (identity, export)
     _by_name: dict[str, ParamInfo] = field(
         default_factory=dict, init=False, compare=False, hash=False, repr=False

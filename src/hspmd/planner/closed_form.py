@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from hspmd.cost.lines import CostModel
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import StrategyOptions
-from hspmd.planner.cost import CostModel
 from hspmd.planner.memory import in_flight, rank_memory
 from hspmd.planner.predict import Prediction
 from hspmd.planner.workload import StageWork, layer_params, stage_work

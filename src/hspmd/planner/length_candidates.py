@@ -21,10 +21,10 @@ import math
 import statistics
 from collections.abc import Sequence
 
+from hspmd.cost.lines import CostModel
 from hspmd.models.config import LlamaConfig
 from hspmd.plan.dispatch import DispatchError
 from hspmd.plan.strategy import StrategyOptions, uniform_recompute
-from hspmd.planner.cost import CostModel
 from hspmd.planner.length_dispatch import assignment_seconds, fixed_dispatcher
 from hspmd.planner.length_model import (
     LengthStrategy,

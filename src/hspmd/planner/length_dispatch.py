@@ -14,10 +14,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+from hspmd.cost.lines import CostModel
 from hspmd.models.config import LlamaConfig
 from hspmd.plan.dispatch import Assignment, DispatchError
 from hspmd.plan.strategy import Strategy
-from hspmd.planner.cost import CostModel
 from hspmd.planner.length_model import LengthPlanError, LengthStrategy, PipeSpec
 
 __all__ = [

@@ -20,11 +20,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hspmd.cost.lines import CostModel
 from hspmd.errors import HspmdError
 from hspmd.models.config import LlamaConfig
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
 from hspmd.planner.closed_form import PLAN_HEADROOM, split_evenly
-from hspmd.planner.cost import CostModel
 from hspmd.planner.memory import rank_memory
 from hspmd.planner.workload import stage_params, stage_work
 

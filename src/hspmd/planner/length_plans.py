@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from hspmd.cost.lines import CostModel
 from hspmd.models.config import LlamaConfig
 from hspmd.plan.strategy import StrategyOptions
-from hspmd.planner.cost import CostModel
 from hspmd.planner.length_dispatch import switch_seconds
 from hspmd.planner.length_model import (
     Histogram,

@@ -48,9 +48,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
+from hspmd.cost.lines import CostModel
 from hspmd.models.config import LlamaConfig
 from hspmd.plan.strategy import StrategyOptions, uniform_recompute
-from hspmd.planner.cost import CostModel
 from hspmd.planner.length_candidates import homogeneous_strategies, pick
 from hspmd.planner.length_dispatch import (
     Rows,

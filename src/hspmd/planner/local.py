@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 from typing import Any, Literal
 
-from hspmd.planner.cost import CostModel
-from hspmd.switch.cluster import FORMAT, ClusterError, cluster_from_json
+from hspmd.cost.cluster import FORMAT, ClusterError, cluster_from_json
+from hspmd.cost.lines import CostModel
 
 __all__ = ["CPU_GFLOPS", "LOOPBACK_GBPS", "local_cost"]
 

@@ -20,7 +20,7 @@ later one only by what it takes beyond the previous layer's compute; otherwise t
 gathered once per step, its time spread over the F's. The reduce of every B but the last
 (lock step) is not priced: it overlaps backward.
 
-Durations come from ``hspmd.planner.cost`` via ``hspmd.planner.workload``; memory from
+Durations come from ``hspmd.cost.lines`` via ``hspmd.planner.workload``; memory from
 ``hspmd.planner.memory``.
 """
 
@@ -31,10 +31,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hspmd.cost.lines import CostModel
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import lock_step
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
-from hspmd.planner.cost import CostModel
 from hspmd.planner.memory import RankMemory, layer_holders, strategy_memory
 from hspmd.planner.workload import (
     StageWork,

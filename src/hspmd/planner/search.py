@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from hspmd.comm.gcpause import paused_gc
+from hspmd.cost.lines import CostModel
 from hspmd.errors import HspmdError
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
@@ -55,7 +56,6 @@ from hspmd.planner.closed_form import (
     water_fill,
     within_headroom,
 )
-from hspmd.planner.cost import CostModel
 from hspmd.planner.homogeneous import homogeneous_plan, megatron_strategy
 from hspmd.planner.ilp import layers_per_stage, micro_batches_per_pipeline
 from hspmd.planner.predict import Predicted, Prediction, predict

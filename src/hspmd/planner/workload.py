@@ -23,10 +23,10 @@ keeps its activations, and the head's: ``hspmd.runtime.regather``), and norms ru
 ``n/t`` tokens. Recompute runs the forward again inside the backward. The first stage
 adds the embedding gather and, under TP, the vocab-parallel embedding's all-reduce (a
 reduce-scatter under SP, whose backward all-gathers); the last the final norm, the head
-``2*n*H*V/t`` and a vocab-parallel cross-entropy. Each call pays its cost line's overhead, so small models see their launch costs (``hspmd.planner.cost``).
+``2*n*H*V/t`` and a vocab-parallel cross-entropy. Each call pays its cost line's overhead, so small models see their launch costs (``hspmd.cost.lines``).
 
 Any other model (``ModelSpec``) is costed from the figures measured on its graph
-(``hspmd.models.spec.ModelCost``, from ``hspmd.specialize.costs.costed``): per part (pre,
+(``hspmd.models.spec.ModelCost``, from ``hspmd.cost.captured.costed``): per part (pre,
 one block, post) the FLOPs, elements and calls of each cost line, split by the TP degree
 where deduction found them split, backward twice the forward, and the TP collectives the
 deduced plans name (docs/planner.md, "Any model"). The Llama formulas above stay for the
@@ -39,9 +39,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hspmd.cost.lines import CostModel, DeviceCost, LinkCost
 from hspmd.models.config import LlamaConfig, ModelConfigError
 from hspmd.models.spec import ModelCost, ModelSpec, PartCost
-from hspmd.planner.cost import CostModel, DeviceCost, LinkCost
 
 __all__ = [
     "StageWork",
@@ -69,7 +69,7 @@ def figures(config: ModelSpec) -> ModelCost:
     if not isinstance(found, ModelCost):
         raise ModelConfigError(
             f"{config.name} has no cost figures: measure them with "
-            "hspmd.specialize.costs.costed(model) first (hspmd simulate and hspmd plan do)"
+            "hspmd.cost.captured.costed(model) first (hspmd simulate and hspmd plan do)"
         )
     return found
 

@@ -31,7 +31,7 @@ alike). Parameters per part come from the protocol (``param_layer``, ``param_kin
 ``costed(model)`` returns a ``ModuleModel`` with these figures attached (``cost``), which
 the planner and the simulator read. A Llama preset keeps its formulas
 (``hspmd.planner.workload``); ``model_cost`` on one is the check of this path
-(tests/planner/test_model_cost.py).
+(tests/cost/test_captured.py).
 
 >>> from hspmd.models.module import load_model
 >>> cost = model_cost(load_model("hspmd.models.examples:gpt2", {"num_layers": 2}))

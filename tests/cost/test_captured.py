@@ -1,4 +1,4 @@
-"""The cost of any model, measured on its graph (hspmd.specialize.costs), issue 12.
+"""The cost of any model, measured on its graph (hspmd.cost.captured), issue 12.
 
 The Llama presets keep their formulas; measured on the same graph, the generic path must
 agree with them: parameters exactly, matmul and attention FLOPs to 1e-9, stage seconds
@@ -14,19 +14,18 @@ from pathlib import Path
 
 import pytest
 
+from hspmd.cost.captured import costed, model_cost, tp_probe
+from hspmd.cost.cluster import load_cluster
+from hspmd.cost.lines import CostModel
 from hspmd.models.config import ModelConfigError, get_config
 from hspmd.models.module import load_model
 from hspmd.models.spec import ModelCost, ModelSpecError
 from hspmd.plan.strategy import StrategyOptions, check_strategy, parse_strategy
-from hspmd.planner.cost import CostModel
 from hspmd.planner.memory import activation_bytes_per_layer
 from hspmd.planner.predict import predict
 from hspmd.planner.search import plan
 from hspmd.planner.workload import embed_params, head_params, layer_params, stage_work
-from hspmd.specialize.costs import costed, model_cost, tp_probe
-from hspmd.switch.cluster import load_cluster
-
-from .conftest import cluster_file
+from tests.planner.conftest import cluster_file
 
 
 class Measured:
