@@ -1,6 +1,6 @@
 """The cost of any model, measured on its graph, against the Llama formulas (issue 12).
 
-The planner costs a Llama preset by formula (``hspmd.planner.workload``) and any other
+The planner costs a Llama preset by formula (``hspmd.cost.stage``) and any other
 model by the figures ``hspmd.cost.captured.model_cost`` measures on its graph on the
 meta device. Here both paths cost the same Llama shapes (2 layers of each preset, one
 micro-batch of 4096 tokens, or the preset's max, bf16, the ``hetu-h800-h20`` cost lines) and
@@ -25,10 +25,10 @@ from typing import Any
 from hspmd.cost.captured import model_cost
 from hspmd.cost.cluster import load_cluster
 from hspmd.cost.lines import CostModel
+from hspmd.cost.stage import stage_params, stage_work
 from hspmd.models.config import LlamaConfig, get_config
 from hspmd.models.spec import ModelCost
 from hspmd.planner.memory import activation_bytes_per_layer
-from hspmd.planner.workload import stage_params, stage_work
 
 
 class Measured:

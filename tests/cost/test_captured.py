@@ -17,6 +17,7 @@ import pytest
 from hspmd.cost.captured import costed, model_cost, tp_probe
 from hspmd.cost.cluster import load_cluster
 from hspmd.cost.lines import CostModel
+from hspmd.cost.stage import embed_params, head_params, layer_params, stage_work
 from hspmd.models.config import ModelConfigError, get_config
 from hspmd.models.module import load_model
 from hspmd.models.spec import ModelCost, ModelSpecError
@@ -24,7 +25,6 @@ from hspmd.plan.strategy import StrategyOptions, check_strategy, parse_strategy
 from hspmd.planner.memory import activation_bytes_per_layer
 from hspmd.planner.predict import predict
 from hspmd.planner.search import plan
-from hspmd.planner.workload import embed_params, head_params, layer_params, stage_work
 from tests.planner.conftest import cluster_file
 
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 from hspmd.cost.cluster import load_cluster
 from hspmd.cost.lines import CostModel
+from hspmd.cost.stage import stage_work
 from hspmd.models import get_config
 from hspmd.plan.strategy import StrategyOptions
 from hspmd.planner.closed_form import StageCosts, Unit
 from hspmd.planner.ilp import layers_per_stage
 from hspmd.planner.search import _Search
-from hspmd.planner.workload import stage_work
 from tests.planner.conftest import cluster_file
 
 

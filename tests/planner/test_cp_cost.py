@@ -6,11 +6,11 @@ import pytest
 
 from hspmd.cost.cluster import load_cluster
 from hspmd.cost.lines import CostModel
+from hspmd.cost.stage import stage_work
 from hspmd.models.config import get_config
 from hspmd.plan.strategy import StrategyOptions, parse_strategy
 from hspmd.planner.memory import rank_memory
 from hspmd.planner.predict import predict
-from hspmd.planner.workload import stage_work
 
 CONFIG = get_config("llama-32b")
 

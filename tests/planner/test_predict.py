@@ -8,11 +8,11 @@ import pytest
 
 from hspmd.cost.cluster import load_cluster
 from hspmd.cost.lines import CostModel
+from hspmd.cost.stage import StageWork, layer_params
 from hspmd.models.config import LlamaConfig, get_config
 from hspmd.plan.strategy import StrategyOptions, parse_strategy
 from hspmd.planner.memory import OVERHEAD_BYTES, in_flight, rank_memory
 from hspmd.planner.predict import _pipeline_tasks, predict, segments
-from hspmd.planner.workload import StageWork, layer_params
 from hspmd.sim.engine import simulate
 from hspmd.specialize.schedule import make_schedule
 

@@ -30,7 +30,7 @@ alike). Parameters per part come from the protocol (``param_layer``, ``param_kin
 
 ``costed(model)`` returns a ``ModuleModel`` with these figures attached (``cost``), which
 the planner and the simulator read. A Llama preset keeps its formulas
-(``hspmd.planner.workload``); ``model_cost`` on one is the check of this path
+(``hspmd.cost.stage``); ``model_cost`` on one is the check of this path
 (tests/cost/test_captured.py).
 
 >>> from hspmd.models.module import load_model
@@ -164,7 +164,7 @@ def model_cost(model: ModelSpec) -> ModelCost:
         )
     return ModelCost(
         pre=out[PRE], layer=out[0], post=out[POST], vocab_split=split[False][2], probe=probe,
-        lengths=lengths,
+        lengths=lengths, hidden_size=model.hidden_size,
     )  # fmt: skip
 
 

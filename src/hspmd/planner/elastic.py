@@ -41,6 +41,7 @@ from typing import Any, Literal
 from hspmd.comm.bsr import BsrTable
 from hspmd.cost.cluster import ClusterError
 from hspmd.cost.lines import CostModel
+from hspmd.cost.stage import stage_params
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import state_annotations
 from hspmd.plan.strategy import Strategy, format_ranks
@@ -48,7 +49,6 @@ from hspmd.planner.closed_form import PLAN_HEADROOM, Unit, tp_degrees
 from hspmd.planner.memory import OVERHEAD_BYTES
 from hspmd.planner.predict import Predicted, Prediction
 from hspmd.planner.search import Layout, PlanError, plan
-from hspmd.planner.workload import stage_params
 from hspmd.switch.cost import STATES, estimate_scheme, switch_tables
 
 __all__ = [

@@ -4,7 +4,7 @@ configuration, the longest row it fits, and the strategies the DP returns (as da
 A pipeline of ``pp`` stages of ``tp x cp`` ranks (TP, and context parallelism inside each
 stage), layers split evenly, runs a packed row of documents ``l_1..l_k`` on its slowest
 stage in ``o + a * sum(l) + q * sum(l^2)`` seconds forward and backward
-(``hspmd.planner.workload.stage_work`` is exactly quadratic in the length: attention is
+(``hspmd.cost.stage.stage_work`` is exactly quadratic in the length: attention is
 ``s^2``, so three evaluations give ``o, a, q``). ``hspmd.planner.lengths`` plans with it.
 
 >>> h = Histogram.of([100] * 90 + [3000] * 10, max_len=4096, smallest=1024)
@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hspmd.cost.lines import CostModel
+from hspmd.cost.stage import stage_params, stage_work
 from hspmd.errors import HspmdError
 from hspmd.models.config import LlamaConfig
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
 from hspmd.planner.closed_form import PLAN_HEADROOM, split_evenly
 from hspmd.planner.memory import rank_memory
-from hspmd.planner.workload import stage_params, stage_work
 
 __all__ = [
     "Histogram",

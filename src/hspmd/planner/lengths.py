@@ -7,7 +7,7 @@ each) and the tokens per step ``N``:
 1. **Micro-batch cost** (``PipeModel``): a pipeline of ``pp`` stages of ``tp`` ranks, layers
    split evenly, runs a packed micro-batch (one row of documents ``l_1..l_k``) on its
    slowest stage in ``o + a * sum(l) + q * sum(l^2)`` seconds forward and backward:
-   ``hspmd.planner.workload.stage_work`` is exactly quadratic in the length (attention is
+   ``hspmd.cost.stage.stage_work`` is exactly quadratic in the length (attention is
    ``s^2``), so three evaluations give ``o, a, q``. A step of rows ``t_1..t_m`` takes
    ``sum(t_i) + (pp - 1) * (max(t_i) + 2 * send)`` (1F1B: the fill and drain of the
    longest row). A configuration fits a row length when both end stages' memory

@@ -64,11 +64,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+from hspmd.cost.stage import figures, stage_params
 from hspmd.models.config import LlamaConfig
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import lock_step
 from hspmd.plan.strategy import Stage, Strategy, StrategyOptions
-from hspmd.planner.workload import figures, stage_params
 
 __all__ = [
     "OVERHEAD_BYTES",

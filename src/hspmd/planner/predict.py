@@ -20,7 +20,7 @@ later one only by what it takes beyond the previous layer's compute; otherwise t
 gathered once per step, its time spread over the F's. The reduce of every B but the last
 (lock step) is not priced: it overlaps backward.
 
-Durations come from ``hspmd.cost.lines`` via ``hspmd.planner.workload``; memory from
+Durations come from ``hspmd.cost.lines`` via ``hspmd.cost.stage``; memory from
 ``hspmd.planner.memory``.
 """
 
@@ -32,11 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hspmd.cost.lines import CostModel
-from hspmd.models.spec import ModelSpec
-from hspmd.plan.params import lock_step
-from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
-from hspmd.planner.memory import RankMemory, layer_holders, strategy_memory
-from hspmd.planner.workload import (
+from hspmd.cost.stage import (
     StageWork,
     embed_params,
     head_params,
@@ -44,6 +40,10 @@ from hspmd.planner.workload import (
     stage_params,
     stage_work,
 )
+from hspmd.models.spec import ModelSpec
+from hspmd.plan.params import lock_step
+from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
+from hspmd.planner.memory import RankMemory, layer_holders, strategy_memory
 from hspmd.sim.engine import Result, Task, simulate
 from hspmd.specialize.schedule import make_schedule
 

@@ -42,6 +42,7 @@ from typing import Any, Literal
 
 from hspmd.comm.gcpause import paused_gc
 from hspmd.cost.lines import CostModel
+from hspmd.cost.stage import trains_sequence_parallel
 from hspmd.errors import HspmdError
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
@@ -60,7 +61,6 @@ from hspmd.planner.homogeneous import homogeneous_plan, megatron_strategy
 from hspmd.planner.ilp import layers_per_stage, micro_batches_per_pipeline
 from hspmd.planner.predict import Predicted, Prediction, predict
 from hspmd.planner.trim import trim_recompute
-from hspmd.planner.workload import trains_sequence_parallel
 
 __all__ = [
     "Layout",
