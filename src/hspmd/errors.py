@@ -32,6 +32,7 @@ TrainError          hspmd.train.config             HspmdError, ValueError
 VocabLossError      hspmd.specialize.loss          HspmdError, ValueError
 FusedInputError     hspmd.runtime.fused            HspmdError, ValueError
 ProfileError        hspmd.cost.profile             HspmdError, ValueError
+NoCostError         hspmd.cost.stage               HspmdError, ValueError
 ==================  =============================  ==================================
 
 ``hspmd.deduce.rules.RuleError`` and ``hspmd.deduce.axes.AxesError`` are internal: a

@@ -17,8 +17,8 @@ import pytest
 from hspmd.cost.captured import costed, model_cost, tp_probe
 from hspmd.cost.cluster import load_cluster
 from hspmd.cost.lines import CostModel
-from hspmd.cost.stage import embed_params, head_params, layer_params, stage_work
-from hspmd.models.config import ModelConfigError, get_config
+from hspmd.cost.stage import NoCostError, embed_params, head_params, layer_params, stage_work
+from hspmd.models.config import get_config
 from hspmd.models.module import load_model
 from hspmd.models.spec import ModelCost, ModelSpecError
 from hspmd.plan.strategy import StrategyOptions, check_strategy, parse_strategy
@@ -158,7 +158,7 @@ def test_plan_respects_tp_sizes(user_model: str, tmp_path: Path) -> None:
 def test_uncosted_model_is_one_line(user_model: str, tmp_path: Path) -> None:
     model = load_model(user_model)
     cost = CostModel.of(load_cluster(str(cluster_file(tmp_path / "c.json", fast=2, slow=0))))
-    with pytest.raises(ModelConfigError, match=r"has no cost figures: measure them with"):
+    with pytest.raises(NoCostError, match=r"has no cost figures: measure them with"):
         predict(parse_strategy("1x1: R0:L0-3"), model, cost, seq_len=8, options=StrategyOptions())
 
 
