@@ -41,6 +41,7 @@ from typing import Literal
 
 from hspmd.comm.topology import LOCAL, LinkClass, Topology
 from hspmd.cost.cluster import Cluster, GpuKind
+from hspmd.cost.link import transfer_time
 from hspmd.cost.profile import (
     COLLECTIVE_OPS,
     COMPUTE_OPS,
@@ -131,7 +132,8 @@ class LinkCost:
         if op not in self.fits:
             raise CostError(f"no cost line for {op!r} on link {self.name}")
         fit = self.by_size[op].for_size(group_size) if op in self.by_size else self.fits[op]
-        return fit.seconds(bus_bytes(op, nbytes, group_size))
+        moved = bus_bytes(op, nbytes, group_size)
+        return transfer_time(moved, per_byte=fit.per_unit_s, latency=fit.overhead_s)
 
 
 @dataclass(frozen=True)
