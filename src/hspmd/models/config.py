@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from hspmd.errors import HspmdError
-from hspmd.models.llama_cost import LlamaCost
+from hspmd.models.llama_cost import LlamaCost, llama_cost
 from hspmd.models.spec import MarkerSpec, TPKind, kind_by_rules
 
 __all__ = [
@@ -71,7 +71,7 @@ class LlamaConfig:
     @property
     def cost(self) -> LlamaCost:
         """The Llama's own cost function, by formula (``hspmd.models.llama_cost``)."""
-        return LlamaCost(self)
+        return llama_cost(self)
 
     @property
     def name(self) -> str:

@@ -37,7 +37,8 @@ llama-70b is costed in microseconds. No torch here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from hspmd.models.cost_function import ComputeLines, LinkLines, StageShape, StageWork
@@ -45,9 +46,15 @@ from hspmd.models.cost_function import ComputeLines, LinkLines, StageShape, Stag
 if TYPE_CHECKING:
     from hspmd.models.config import LlamaConfig
 
-__all__ = ["LlamaCost"]
+__all__ = ["LlamaCost", "llama_cost"]
 
 Totals = tuple[float, float, float, float]  # forward, backward, forward comm, backward comm
+
+
+@functools.cache
+def llama_cost(config: LlamaConfig) -> LlamaCost:
+    """The cost function of ``config``, one per config (the planner asks it ~10^5 times)."""
+    return LlamaCost(config)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +62,10 @@ class LlamaCost:
     """The cost function (``hspmd.models.cost_function.CostFunction``) of one Llama."""
 
     config: LlamaConfig
+    _parts: tuple[int, int, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_parts", self._part_params())
 
     @property
     def sequence_parallel(self) -> bool:
@@ -67,6 +78,9 @@ class LlamaCost:
     def part_params(self) -> tuple[int, int, int]:
         """The embedding; one block; the final norm plus the head (nothing but the norm
         when tied to the embedding)."""
+        return self._parts
+
+    def _part_params(self) -> tuple[int, int, int]:
         c = self.config
         H, F = c.hidden_size, c.intermediate_size
         q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -76,7 +90,7 @@ class LlamaCost:
 
     def stage_params(self, num_layers: int, tp: int, *, first: bool, last: bool) -> int:
         """Everything divided by TP (the embedding and head split over the vocabulary)."""
-        embed, layer, head = self.part_params()
+        embed, layer, head = self._parts
         total = num_layers * layer + (embed if first else 0) + (head if last else 0)
         return -(-total // tp)
 
