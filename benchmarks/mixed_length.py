@@ -13,7 +13,7 @@ corpora (its exact histograms are not published as numbers):
 
 A document over the context is truncated to it. Each step takes documents until the next
 would pass the step's tokens. Every method below is costed by the same model
-(``hspmd.planner.lengths``: ``workload.stage_work`` per row, exact in the quadratic
+(``hspmd.planner.lengths``: ``cost.stage.stage_work`` per row, exact in the quadratic
 attention term, 1F1B fill and drain, the gradient all-reduce and Adam once per step,
 memory checked per configuration), over the same steps:
 

@@ -57,7 +57,7 @@ def test_llama_figures_agree_with_formulas(llama: tuple[object, Measured]) -> No
     kv = config.num_kv_heads * config.head_dim  # type: ignore[attr-defined]
     b, s = 2, 4096
     work = {w.line: w for w in measured.cost.layer.work if w.split}
-    matmul = 2 * b * s * (H * q + 2 * H * kv + q * H + 3 * H * F_)  # workload._layer
+    matmul = 2 * b * s * (H * q + 2 * H * kv + q * H + 3 * H * F_)  # LlamaCost._layer
     attention = 2 * b * config.num_heads * s * s * config.head_dim  # type: ignore[attr-defined]
     assert math.isclose(work["matmul"].units.at(b, s), matmul, rel_tol=1e-9)
     assert math.isclose(work["attention"].units.at(b, s), attention, rel_tol=1e-9)
@@ -82,7 +82,7 @@ def test_llama_seconds_and_memory_within_tolerance(
     kw2 = dict(elt=2, sequence_parallel=sp, recompute=False)
     want_act = activation_bytes_per_layer(config, 1, 4096, tp, **kw2)[0]  # type: ignore[arg-type]
     got_act = activation_bytes_per_layer(measured, 1, 4096, tp, **kw2)[0]  # type: ignore[arg-type]
-    # the formula (memory.llama_layer_bytes, checked tensor by tensor on a real block) counts
+    # the formula (LlamaCost.token_bytes, checked tensor by tensor on a real block) counts
     # each norm's fp32 reciprocal as 4 bytes, the measured path (a meta run in the model's
     # own dtype) as one compute-dtype element: the same within a part in 10^3
     assert 0.99 <= got_act / want_act <= 1.0

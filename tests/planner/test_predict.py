@@ -60,7 +60,7 @@ def test_memory_by_hand() -> None:
         options=StrategyOptions(zero=1, dtype="bf16"),
     )  # fmt: skip
     assert (mem.weights, mem.gradients, mem.optimizer) == (2 * p, 4 * p, 12 * p / 2)
-    # per token of a layer (memory.llama_layer_bytes), H = 64, F = 128, q = 64, kv = 32,
+    # per token of a layer (LlamaCost.token_bytes), H = 64, F = 128, q = 64, kv = 32,
     # 4 heads, bf16: norms 2 (2H + 4), matmul inputs 2 (2H), attention 2 (2q + 2kv) + 4 x 4,
     # MLP 3 (2F); 8 tokens of each of 2 micro-batches in flight
     per_token = 2 * (2 * 64 + 4) + 4 * 64 + 2 * (128 + 64) + 16 + 6 * 128

@@ -1,6 +1,6 @@
 """Peak memory of each rank under a strategy: model states, activations, logits, overhead.
 
-Per rank of a stage holding ``P`` parameters (its TP shard, ``workload.stage_params``):
+Per rank of a stage holding ``P`` parameters (its TP shard, ``cost.stage.stage_params``):
 
 ==================  ================================  =====================================
 what                bf16 compute                      fp32 compute
