@@ -102,3 +102,20 @@ def test_torch_free_packages_import_no_torch(chunk: int) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout == "", f"{out.stdout.strip()} imports torch (or a module it imports does)"
+
+
+def test_the_planner_names_no_model() -> None:
+    """The planner, the simulator and the cost model read a model through ``ModelSpec`` and
+    its own cost function (``ModelSpec.cost``): no model class appears in their code."""
+    models = {"LlamaConfig", "LlamaCost", "ModuleModel", "get_config"}
+    wrong = []
+    for name, path in _modules():
+        if _package(name) not in ("planner", "sim", "cost"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            found = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+            if isinstance(node, ast.alias):
+                found = node.name
+            if found in models:
+                wrong.append(f"{name}:{node.lineno} names {found}")
+    assert not wrong, "\n".join(wrong)
