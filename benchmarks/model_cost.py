@@ -1,8 +1,8 @@
 """The cost of any model, measured on its graph, against the Llama formulas (issue 12).
 
-The planner costs a Llama preset by formula (``hspmd.cost.stage``) and any other
-model by the figures ``hspmd.cost.captured.model_cost`` measures on its graph on the
-meta device. Here both paths cost the same Llama shapes (2 layers of each preset, one
+The planner costs every model by its own cost function (``ModelSpec.cost``): a Llama
+preset by formula (``hspmd.models.llama_cost``), any other model by the figures
+``hspmd.cost.captured.model_cost`` measures on its graph on the meta device. Here both paths cost the same Llama shapes (2 layers of each preset, one
 micro-batch of 4096 tokens, or the preset's max, bf16, the ``hetu-h800-h20`` cost lines) and
 the table prints measured / formula for a middle stage (``mid``), the first (``first``)
 and the last (``last``): forward and backward seconds, TP communication seconds, kept
@@ -32,7 +32,7 @@ from hspmd.planner.memory import activation_bytes_per_layer
 
 
 class Measured:
-    """A Llama config that the planner costs by its measured figures, not its formulas."""
+    """A Llama config whose cost function is its measured figures, not its formulas."""
 
     def __init__(self, config: LlamaConfig) -> None:
         self._config = config
