@@ -52,15 +52,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from elastic import SPECIALIZE_S, STORAGE_GBPS, TRACE, _kept_cluster, restart_default  # noqa: E402
 from mixed_length import STEP_TOKENS, sample, steps_of  # noqa: E402
 
+from hspmd.cost.cluster import load_cluster  # noqa: E402
+from hspmd.cost.lines import CostModel  # noqa: E402
 from hspmd.models.config import get_config  # noqa: E402
 from hspmd.plan.strategy import StrategyOptions  # noqa: E402
 from hspmd.planner.combined import LengthPlanner, LengthSet, StatesSwitch  # noqa: E402
-from hspmd.planner.cost import CostModel  # noqa: E402
 from hspmd.planner.elastic import ElasticPlanError, replan, switch_estimate  # noqa: E402
 from hspmd.planner.length_dispatch import choose, switch_seconds  # noqa: E402
 from hspmd.planner.length_model import Histogram, LengthPlanError, LengthStrategy  # noqa: E402
 from hspmd.planner.lengths import option_sets, plan_strategies  # noqa: E402
-from hspmd.switch.cluster import load_cluster  # noqa: E402
 
 MODEL = "llama-32b"
 DIST = "commoncrawl"

@@ -61,15 +61,15 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from hspmd.cost.cluster import Cluster, NodeGroup, load_cluster
+from hspmd.cost.lines import CostModel
+from hspmd.cost.stage import stage_params
 from hspmd.models.config import LlamaConfig, get_config
 from hspmd.plan.strategy import Strategy, StrategyOptions, format_ranks, parse_strategy
-from hspmd.planner.cost import CostModel
 from hspmd.planner.deepspeed import parse_deepspeed, predict_deepspeed
 from hspmd.planner.elastic import ElasticPlan, replan
 from hspmd.planner.predict import Prediction, predict
 from hspmd.planner.search import homogeneous_plan, megatron_strategy, plan
-from hspmd.planner.workload import stage_params
-from hspmd.switch.cluster import Cluster, NodeGroup, load_cluster
 
 MODEL, BATCH, SEQ = "llama-32b", 64, 4096
 H800, H20 = list(range(0, 16)), list(range(16, 48))

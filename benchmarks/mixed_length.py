@@ -13,7 +13,7 @@ corpora (its exact histograms are not published as numbers):
 
 A document over the context is truncated to it. Each step takes documents until the next
 would pass the step's tokens. Every method below is costed by the same model
-(``hspmd.planner.lengths``: ``workload.stage_work`` per row, exact in the quadratic
+(``hspmd.planner.lengths``: ``cost.stage.stage_work`` per row, exact in the quadratic
 attention term, 1F1B fill and drain, the gradient all-reduce and Adam once per step,
 memory checked per configuration), over the same steps:
 
@@ -53,9 +53,10 @@ from typing import Any
 
 import numpy as np
 
+from hspmd.cost.cluster import load_cluster
+from hspmd.cost.lines import CostModel
 from hspmd.models.config import get_config
 from hspmd.plan.strategy import StrategyOptions
-from hspmd.planner.cost import CostModel
 from hspmd.planner.deepspeed import parse_deepspeed, predict_deepspeed
 from hspmd.planner.lengths import (
     Histogram,
@@ -73,7 +74,6 @@ from hspmd.planner.lengths import (
     sync_seconds,
     to_strategy,
 )
-from hspmd.switch.cluster import load_cluster
 
 DISTRIBUTIONS = {"commoncrawl": (700, 1.2), "github": (900, 1.7)}
 TABLE13_DEEPSPEED = {16384: "DP8SP4AC, bs1", 32768: "DP4SP8AC, bs1"}  # the paper's Table 13

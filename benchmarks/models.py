@@ -26,7 +26,7 @@ one micro-batch of 4 x 256 tokens, fp32, one torch thread. Per family:
 Then the cost check of benchmarks/model_cost.py on the HF Llama: for llama-small, -32b
 and -70b (2 layers), an HF ``LlamaConfig`` of the same sizes, and the FLOPs per token at the
 preset's longest sequence (at most 4096) that ``model_cost(load_model(hf llama))`` measures,
-over the Llama formulas' (``hspmd.planner.workload``): a block's matmuls, its attention,
+over the Llama formulas' (``hspmd.cost.stage``): a block's matmuls, its attention,
 the head's matmul; the hspmd preset measured the same way beside it.
 
 ``--profile`` adds, per family, the ATen ops whose self CPU time per step differs most
@@ -73,13 +73,13 @@ import torch
 from torch import nn
 
 import hspmd.models.module as module_api
+from hspmd.cost.captured import model_cost
 from hspmd.models.calling import convention_of
 from hspmd.models.config import get_config
 from hspmd.models.initial import plain_module
 from hspmd.models.module import load_model, model_graph
 from hspmd.models.spec import ModuleModel
 from hspmd.plan.strategy import StrategyOptions, parse_strategy
-from hspmd.specialize.costs import model_cost
 from hspmd.specialize.cut import deduce_pipeline
 from hspmd.specialize.executable import build_executable
 from hspmd.train.config import AdamConfig
@@ -342,7 +342,7 @@ def flops_per_token(cost: Any, s: int) -> dict[str, float]:
 
 
 def formula_flops(preset: str, s: int) -> dict[str, float]:
-    """The same per token by the Llama formulas (``hspmd.planner.workload._layer``, its head)."""
+    """The same per token by the Llama formulas (``hspmd.cost.stage._layer``, its head)."""
     c = get_config(preset, num_layers=2)
     H, F, V = c.hidden_size, c.intermediate_size, c.vocab_size
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim

@@ -38,13 +38,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from hspmd.cost.cluster import load_cluster
+from hspmd.cost.lines import CostModel
 from hspmd.models.config import get_config
 from hspmd.plan.strategy import StrategyOptions, parse_strategy
-from hspmd.planner.cost import CostModel
 from hspmd.planner.deepspeed import parse_deepspeed, predict_deepspeed
 from hspmd.planner.predict import predict
 from hspmd.planner.search import homogeneous_plan, megatron_strategy, plan
-from hspmd.switch.cluster import load_cluster
 
 CLUSTERS = {"16+16": "hetu-h800-h20x16", "16+24": "hetu-h800-h20x24", "16+32": "hetu-h800-h20"}
 
@@ -203,7 +203,7 @@ def _measure(configs: list[Any], repeats: int) -> list[float]:
 
 def local_part(repeats: int = REPEATS, keep: str | None = None) -> dict[str, Any]:
     """``keep``: also write the profile taken to this file."""
-    from hspmd.planner.measure import profile_machine
+    from hspmd.cost.measure import profile_machine
     from hspmd.train.config import TrainConfig
 
     config = get_config("llama-small")

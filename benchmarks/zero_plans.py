@@ -38,15 +38,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from hspmd.cost.cluster import load_cluster
+from hspmd.cost.lines import CostModel
 from hspmd.models.config import get_config
 from hspmd.plan.strategy import StrategyOptions, parse_ranks, parse_strategy
 from hspmd.planner.closed_form import fastest_fitting
-from hspmd.planner.cost import CostModel
 from hspmd.planner.deepspeed import best_deepspeed, parse_deepspeed, predict_deepspeed
 from hspmd.planner.predict import Prediction
 from hspmd.planner.search import plan
 from hspmd.planner.zero_choice import zero_predictions
-from hspmd.switch.cluster import load_cluster
 
 
 @dataclass(frozen=True)

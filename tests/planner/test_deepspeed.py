@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from hspmd.cost.cluster import load_cluster
+from hspmd.cost.lines import CostModel
+from hspmd.cost.stage import stage_params, stage_work
 from hspmd.models.config import get_config
-from hspmd.planner.cost import CostModel
 from hspmd.planner.deepspeed import (
     DeepSpeedError,
     DeepSpeedPlan,
@@ -14,8 +16,6 @@ from hspmd.planner.deepspeed import (
     parse_deepspeed,
     predict_deepspeed,
 )
-from hspmd.planner.workload import stage_params, stage_work
-from hspmd.switch.cluster import load_cluster
 
 CONFIG = get_config("llama-32b")
 

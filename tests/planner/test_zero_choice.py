@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
+from hspmd.cost.cluster import load_cluster
+from hspmd.cost.lines import CostModel
 from hspmd.models.config import get_config
 from hspmd.plan.strategy import StrategyOptions, parse_strategy
 from hspmd.planner.closed_form import PLAN_HEADROOM, within_headroom
-from hspmd.planner.cost import CostModel
 from hspmd.planner.memory import stage_memory, stage_places
 from hspmd.planner.predict import predict
 from hspmd.planner.search import plan
 from hspmd.planner.shard_parts import exchange_factor
 from hspmd.planner.zero_choice import memory_shares, most_saved, zero_predictions
-from hspmd.switch.cluster import load_cluster
 
 from .conftest import cluster_file
 

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _gpu_kinds(cluster_name: str, ranks: tuple[int, ...]) -> dict[int, str]:
     """Each rank's GPU kind in the cluster (ClusterError when it lacks a rank)."""
-    from hspmd.switch.cluster import load_cluster
+    from hspmd.cost.cluster import load_cluster
 
     cluster = load_cluster(cluster_name)
     cluster.check_ranks(ranks, what="the strategy")

@@ -34,11 +34,11 @@ from hspmd.cli.model_input import model_kwargs
 from hspmd.cli.paths import check_out_folder, write_out
 from hspmd.cli.simulate import GIB, add_common, setup
 from hspmd.cli.strategy_arg import strategy_argument
+from hspmd.cost.lines import CostModel
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.choice import choice_fields
 from hspmd.plan.identity import ModelIdentity
 from hspmd.plan.strategy import format_ranks, parse_ranks, parse_strategy
-from hspmd.planner.cost import CostModel
 from hspmd.planner.elastic import replan
 from hspmd.planner.search import Plan, PlanError, plan
 

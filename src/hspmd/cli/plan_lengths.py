@@ -24,11 +24,12 @@ from typing import Any
 
 from hspmd.cli.paths import write_out
 from hspmd.cli.train import parse_slowdown
+from hspmd.cost.cluster import load_cluster
+from hspmd.cost.lines import CostModel
 from hspmd.data import DEFAULT_MAX_BYTES, document_steps, load_documents, split_documents
 from hspmd.models.config import get_config
 from hspmd.plan.strategy import StrategyOptions, parse_ranks
 from hspmd.planner.combined import LengthPlanner, StatesSwitch
-from hspmd.planner.cost import CostModel
 from hspmd.planner.lengths import (
     Histogram,
     LengthPlanError,
@@ -40,7 +41,6 @@ from hspmd.planner.lengths import (
     switch_matrix,
 )
 from hspmd.planner.local import local_cost
-from hspmd.switch.cluster import load_cluster
 from hspmd.train.config import TrainConfig
 from hspmd.train.packing import length_plans, planned_steps
 

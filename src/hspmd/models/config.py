@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from hspmd.errors import HspmdError
+from hspmd.models.llama_cost import LlamaCost, llama_cost
 from hspmd.models.spec import MarkerSpec, TPKind, kind_by_rules
 
 __all__ = [
@@ -66,6 +67,11 @@ class LlamaConfig:
         return self.hidden_size // self.num_heads
 
     # -- the ModelSpec protocol (hspmd.models.spec) ------------------------------------------
+
+    @property
+    def cost(self) -> LlamaCost:
+        """The Llama's own cost function, by formula (``hspmd.models.llama_cost``)."""
+        return llama_cost(self)
 
     @property
     def name(self) -> str:

@@ -46,6 +46,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, get_args
 
 from hspmd.errors import HspmdError
+from hspmd.models.cost_function import (
+    Amount,
+    CommItem,
+    CostFunction,
+    ModelCost,
+    PartCost,
+    WorkItem,
+)
 
 __all__ = [
     "NO_LIMIT",
@@ -53,6 +61,7 @@ __all__ = [
     "NOT_ARCHITECTURE",
     "Amount",
     "CommItem",
+    "CostFunction",
     "ModelCost",
     "PartCost",
     "WorkItem",
@@ -143,6 +152,13 @@ class ModelSpec(Protocol):
         """Named sizes the TP degree of a stage holding those layers must divide."""
         ...
 
+    @property
+    def cost(self) -> CostFunction | None:
+        """The model's own cost function (``hspmd.models.cost_function``): the Llama's
+        formulas, or the figures measured on a captured graph (None until measured:
+        ``hspmd.cost.captured.costed``)."""
+        ...
+
 
 def kind_by_rules(name: str, rules: tuple[tuple[str, str], ...]) -> TPKind:
     """The kind of the first rule whose ``fnmatch`` pattern matches ``name``; else replicate.
@@ -166,79 +182,6 @@ class ParamInfo:
     shape: tuple[int, ...]
     kind: TPKind
     layer: int
-
-
-# -- what a model costs, as plain data (hspmd.specialize.costs derives it; the planner reads it)
-
-
-@dataclass(frozen=True, slots=True)
-class Amount:
-    """A figure of one micro-batch of ``b`` sequences of ``s`` tokens:
-    ``b * s * (per_token + per_square * s)`` (attention scales with ``s`` squared).
-
-    >>> Amount(10.0, 0.5).at(2, 4)
-    96.0
-    """
-
-    per_token: float = 0.0
-    per_square: float = 0.0
-
-    def at(self, b: int, s: int) -> float:
-        return b * s * (self.per_token + self.per_square * s)
-
-
-@dataclass(frozen=True, slots=True)
-class WorkItem:
-    """Ops of one cost line (``matmul``, ``attention``: FLOPs; ``norm``, ``elementwise``:
-    elements written; ``saved``: elements autograd keeps for the backward) in one part of
-    the model: ``calls`` ops in all, ``split`` if they run on tensors split (or partial)
-    under TP, so each rank does ``1/t``; ``split_sp`` the same under sequence parallelism."""
-
-    line: str
-    split: bool
-    split_sp: bool
-    calls: float
-    units: Amount
-
-
-@dataclass(frozen=True, slots=True)
-class CommItem:
-    """TP collectives of one part: ``calls`` of ``kind`` moving ``elements`` in all (the
-    whole tensor, as ``LinkCost.seconds`` takes it), in the backward or the forward, with
-    or without sequence parallelism; ``fp32`` where they move fp32 whatever the dtype."""
-
-    kind: str
-    backward: bool
-    sequence_parallel: bool
-    calls: float
-    elements: Amount
-    fp32: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class PartCost:
-    """One part of a model: the pre part (before block 0), one block (the mean of the
-    blocks), or the post part (after the last block, the loss included)."""
-
-    work: tuple[WorkItem, ...] = ()
-    comm: tuple[CommItem, ...] = ()
-    saved: tuple[WorkItem, ...] = ()
-    params_split: float = 0.0  # parameters TP splits (column, row, vocab)
-    params_dup: float = 0.0  # parameters every TP rank holds whole
-
-
-@dataclass(frozen=True, slots=True)
-class ModelCost:
-    """What a model costs per micro-batch, part by part (docs/planner.md, "Any model"):
-    measured from its graph on the meta device at ``lengths``, split by deducing it at
-    TP ``probe`` (1: nothing splits). ``vocab_split``: the loss reads vocab-split logits."""
-
-    pre: PartCost
-    layer: PartCost
-    post: PartCost
-    vocab_split: bool
-    probe: int
-    lengths: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -269,7 +212,7 @@ class ModuleModel:
     # a parameter used on two stages' layers (a head tied to the embedding): name, its
     # second layer; it lives on both stages, its gradient summed between them
     tied: tuple[tuple[str, int], ...] = ()
-    cost: ModelCost | None = None  # filled by hspmd.specialize.costs.costed (the planner's)
+    cost: ModelCost | None = None  # filled by hspmd.cost.captured.costed (the planner's)
     hf_config: str = ""  # a Hugging Face model's config, canonical JSON (identity, export)
     _by_name: dict[str, ParamInfo] = field(
         default_factory=dict, init=False, compare=False, hash=False, repr=False

@@ -44,10 +44,10 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from hspmd.cost.lines import CostModel
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions, uniform_recompute
 from hspmd.planner.closed_form import split_evenly
-from hspmd.planner.cost import CostModel
 from hspmd.planner.elastic import switch_estimate
 from hspmd.planner.length_candidates import sampled_seconds
 from hspmd.planner.length_model import (

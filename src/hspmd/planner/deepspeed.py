@@ -6,7 +6,7 @@ sequence parallelism, activation checkpointing (``AC``), micro-batch size ``bs``
 ZeRO-3 over all ``dp * sp`` ranks. Here such a plan is
 
 - a strategy of ``dp`` pipelines of one stage each, ``sp`` consecutive ranks with CP degree
-  ``sp`` (``R0-1:L0-59:C2``): the cost model's CP *is* Ulysses (``workload.stage_work``: every
+  ``sp`` (``R0-1:L0-59:C2``): the cost model's CP *is* Ulysses (``cost.stage.stage_work``: every
   per-token op on ``1/sp`` of the tokens, attention on whole rows of ``heads / sp`` heads,
   four all-to-alls of q, k, v and the output each way per layer), with every layer's
   forward run again in backward under ``AC``;
@@ -42,12 +42,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hspmd.cost.lines import CostModel
+from hspmd.cost.stage import StageWork, stage_params, stage_work
 from hspmd.errors import HspmdError
-from hspmd.models.config import LlamaConfig
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
 from hspmd.planner.closed_form import fastest_fitting
-from hspmd.planner.cost import CostModel
 from hspmd.planner.memory import (
     RankMemory,
     activation_bytes_per_layer,
@@ -55,7 +55,6 @@ from hspmd.planner.memory import (
     zero_states,
 )
 from hspmd.planner.predict import Prediction
-from hspmd.planner.workload import StageWork, stage_params, stage_work
 from hspmd.sim.engine import Task, simulate
 
 __all__ = [
@@ -130,12 +129,11 @@ def predict_deepspeed(
     """One simulated step of ``plan`` on ``ranks`` (default: the cluster's first
     ``dp * sp``) and every rank's memory (module docstring)."""
     pool = list(range(cost.num_ranks)) if ranks is None else list(ranks)
-    if not isinstance(config, LlamaConfig):
-        raise DeepSpeedError(f"the DeepSpeed baseline models Llama configs, not {config.name}")
-    if seq_len % plan.sp or config.num_heads % plan.sp:
+    heads = [m.trailing[0] for m in config.markers() if m.placement == "heads"]
+    if seq_len % plan.sp or any(n % plan.sp for n in heads):
         raise DeepSpeedError(
             f"DeepSpeed plan {plan}: Ulysses SP {plan.sp} must divide seq_len {seq_len} and "
-            f"the {config.num_heads} heads"
+            f"the heads of every attention tensor ({sorted(set(heads))})"
         )
     strategy = deepspeed_strategy(plan, config.num_layers, global_batch=global_batch, ranks=pool)
     options = StrategyOptions(zero=3, recompute=plan.checkpointing, dtype=cost.dtype)

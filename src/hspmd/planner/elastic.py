@@ -18,7 +18,7 @@ bytes wins (fused BSR of the fp32 masters and both Adam moments, 12 bytes a para
 ``hspmd.switch.cost``): a plan a hair faster is not worth moving the whole model.
 
     >>> from hspmd.models.config import get_config
-    >>> from hspmd.switch.cluster import load_cluster
+    >>> from hspmd.cost.cluster import load_cluster
     >>> cost = CostModel.of(load_cluster("h20x32"))
     >>> p = replan(get_config("llama-32b"), cost, alive=range(24), current=None,
     ...            global_batch=64, seq_len=4096)
@@ -39,16 +39,16 @@ from fractions import Fraction
 from typing import Any, Literal
 
 from hspmd.comm.bsr import BsrTable
+from hspmd.cost.cluster import ClusterError
+from hspmd.cost.lines import CostModel
+from hspmd.cost.stage import stage_params
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import state_annotations
 from hspmd.plan.strategy import Strategy, format_ranks
 from hspmd.planner.closed_form import PLAN_HEADROOM, Unit, tp_degrees
-from hspmd.planner.cost import CostModel
 from hspmd.planner.memory import OVERHEAD_BYTES
 from hspmd.planner.predict import Predicted, Prediction
 from hspmd.planner.search import Layout, PlanError, plan
-from hspmd.planner.workload import stage_params
-from hspmd.switch.cluster import ClusterError
 from hspmd.switch.cost import STATES, estimate_scheme, switch_tables
 
 __all__ = [
@@ -75,7 +75,7 @@ class ElasticPlanError(PlanError):
 @dataclass(frozen=True, slots=True)
 class SwitchEstimate:
     """What switching ``current -> new`` moves: bytes sent over links (local copies free)
-    and the predicted seconds of the slowest rank (``hspmd.comm.traffic``)."""
+    and the predicted seconds of the slowest rank (``hspmd.cost.traffic``)."""
 
     moved_bytes: float
     seconds: float

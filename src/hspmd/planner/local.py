@@ -22,8 +22,8 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from hspmd.planner.cost import CostModel
-from hspmd.switch.cluster import FORMAT, ClusterError, cluster_from_json
+from hspmd.cost.cluster import FORMAT, ClusterError, cluster_from_json
+from hspmd.cost.lines import CostModel
 
 __all__ = ["CPU_GFLOPS", "LOOPBACK_GBPS", "local_cost"]
 

@@ -23,7 +23,7 @@ every exchange between replicas takes ``hspmd.planner.shard_parts.exchange_facto
 as long (the replica holding the most sets the pace) and each replica's Adam runs on its
 own part.
 
-Durations come from ``hspmd.planner.cost`` via ``hspmd.planner.workload``; memory from
+Durations come from ``hspmd.cost.lines`` via ``hspmd.cost.stage``; memory from
 ``hspmd.planner.memory``.
 """
 
@@ -34,13 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hspmd.models.spec import ModelSpec
-from hspmd.plan.params import lock_step
-from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
-from hspmd.planner.cost import CostModel
-from hspmd.planner.memory import RankMemory, layer_holders, strategy_memory
-from hspmd.planner.shard_parts import exchange_factor, shard_parts
-from hspmd.planner.workload import (
+from hspmd.cost.lines import CostModel
+from hspmd.cost.stage import (
     StageWork,
     embed_params,
     head_params,
@@ -48,6 +43,11 @@ from hspmd.planner.workload import (
     stage_params,
     stage_work,
 )
+from hspmd.models.spec import ModelSpec
+from hspmd.plan.params import lock_step
+from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
+from hspmd.planner.memory import RankMemory, layer_holders, strategy_memory
+from hspmd.planner.shard_parts import exchange_factor, shard_parts
 from hspmd.sim.engine import Result, Task, simulate
 from hspmd.specialize.schedule import make_schedule
 

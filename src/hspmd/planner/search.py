@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from hspmd.comm.gcpause import paused_gc
+from hspmd.cost.lines import CostModel
+from hspmd.cost.stage import trains_sequence_parallel
 from hspmd.errors import HspmdError
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
@@ -55,11 +57,9 @@ from hspmd.planner.closed_form import (
     water_fill,
     within_headroom,
 )
-from hspmd.planner.cost import CostModel
 from hspmd.planner.homogeneous import homogeneous_plan, megatron_strategy
 from hspmd.planner.ilp import layers_per_stage, micro_batches_per_pipeline
 from hspmd.planner.predict import Predicted, Prediction
-from hspmd.planner.workload import trains_sequence_parallel
 from hspmd.planner.zero_choice import zero_predictions, zero_stages
 
 __all__ = [

@@ -38,10 +38,10 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from hspmd.cost.lines import CostModel
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Strategy, StrategyOptions
 from hspmd.planner.closed_form import PLAN_HEADROOM, within_headroom
-from hspmd.planner.cost import CostModel
 from hspmd.planner.memory import stage_memory, stage_places, strategy_memory
 from hspmd.planner.predict import Prediction, predict
 from hspmd.planner.trim import trim_recompute

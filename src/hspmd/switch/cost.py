@@ -2,7 +2,7 @@
 
 Every parameter's BSR table (``hspmd.comm.bsr``) goes from its annotation under the old
 strategy to its annotation under the new one; a scheme picks the senders; the traffic model
-(``hspmd.comm.traffic``) gives each rank's send volume per link class and the time of the
+(``hspmd.cost.traffic``) gives each rank's send volume per link class and the time of the
 slowest rank. What moves (``states``):
 
     states      tensors moved per parameter              bytes per element  mode
@@ -20,7 +20,7 @@ The three fp32 tensors of a parameter share one annotation, so they move as one 
 
 Ranks in ``failed`` own nothing (their pieces are lost) and relay nothing.
 
-    >>> from hspmd.switch.cluster import load_cluster
+    >>> from hspmd.cost.cluster import load_cluster
     >>> cost = switch_cost(model="llama-tiny", source="1x1: R0-1:L0-3", target="1x1: R8:L0-3",
     ...                    cluster=load_cluster("h20x32"), algo="fused", states="bf16")
     >>> cost.slowest_rank, sorted(cost.estimate.sent[0])
@@ -39,12 +39,12 @@ from hspmd.comm.plan import Transfer
 from hspmd.comm.relay import plan_relay
 from hspmd.comm.slices import holders_table
 from hspmd.comm.topology import Topology
-from hspmd.comm.traffic import Estimate, estimate
+from hspmd.cost.cluster import Cluster
+from hspmd.cost.traffic import Estimate, estimate
 from hspmd.errors import HspmdError
 from hspmd.models import get_model
 from hspmd.plan.params import ParamSpec, parameter_annotations, state_annotations
 from hspmd.plan.strategy import Strategy, parse_strategy
-from hspmd.switch.cluster import Cluster
 
 __all__ = ["ALGOS", "STATES", "SwitchCost", "SwitchError", "estimate_scheme", "plan_tables", "switch_cost", "switch_tables"]  # fmt: skip
 

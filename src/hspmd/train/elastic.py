@@ -51,6 +51,7 @@ from typing import Any
 import torch
 
 from hspmd.checkpoint import latest, read_manifest
+from hspmd.cost.captured import planning_model
 from hspmd.errors import HspmdError
 from hspmd.plan.strategy import Strategy, check_strategy, parse_strategy
 from hspmd.planner.elastic import replan
@@ -58,7 +59,6 @@ from hspmd.planner.local import local_cost
 from hspmd.runtime.members import key, read_death
 from hspmd.runtime.watch import POLL_S, PeerFailure, Watch, regroup
 from hspmd.runtime.world import World
-from hspmd.specialize.costs import planning_model
 from hspmd.switch.live import run_switch
 from hspmd.switch.survivors import lost_states, plan_survivor_switch, renumber_strategy
 from hspmd.train.active import Active, Built, activate, options_of

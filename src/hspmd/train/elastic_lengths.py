@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
+from hspmd.cost.captured import planning_model
 from hspmd.data import DocumentStep
 from hspmd.models.config import LlamaConfig
 from hspmd.plan.dispatch import Assignment, DispatchError, balanced
@@ -36,7 +37,6 @@ from hspmd.planner.elastic import replan
 from hspmd.planner.length_model import Histogram, LengthStrategy
 from hspmd.planner.lengths import assignment_seconds, fixed_dispatcher, load_plans, plans_json
 from hspmd.planner.local import local_cost
-from hspmd.specialize.costs import planning_model
 from hspmd.switch.survivors import renumber_strategy
 from hspmd.train.active import options_of
 from hspmd.train.batches import step_documents

@@ -1,4 +1,4 @@
-"""hspmd.planner.measure on this machine: samples, fits, the profile's JSON round trip and
+"""hspmd.cost.measure on this machine: samples, fits, the profile's JSON round trip and
 `hspmd profile`."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from hspmd.cli import main
-from hspmd.planner import measure
-from hspmd.planner.measure import (
+from hspmd.cost import measure
+from hspmd.cost.measure import (
     measure_attention,
     measure_collectives,
     measure_matmul,
@@ -21,7 +21,7 @@ from hspmd.planner.measure import (
     profile_machine,
     rms_norm,
 )
-from hspmd.planner.profile import (
+from hspmd.cost.profile import (
     COLLECTIVE_OPS,
     COMPUTE_OPS,
     ProfileError,
@@ -167,7 +167,7 @@ def test_cli_profile_across_two_launchers_adds_the_link(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from tests.planner.test_cost import _profile_with_link
+    from tests.cost.test_lines import _profile_with_link
 
     base = _profile_with_link(tmp_path / "base.json", "loopback", slope=1e-9, overhead=1e-3)
     out = tmp_path / "both.json"
