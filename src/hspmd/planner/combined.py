@@ -105,7 +105,7 @@ class LengthPlanner:
         if key not in self._pools:
             sub = _kind_cost(self.cost, kind)
             every = [m for o in option_sets(self.base, self.config.num_layers)
-                     for m in pipe_configs(self.config, sub, options=o, max_len=max_len)]  # type: ignore[arg-type]  # fmt: skip
+                     for m in pipe_configs(self.config, sub, options=o, max_len=max_len)]  # fmt: skip
             self._pools[key] = _undominated(every)
         return self._pools[key]
 
@@ -168,7 +168,7 @@ class LengthPlanner:
         strategy: Strategy, seconds: float,
     ) -> LengthStrategy:  # fmt: skip
         strategy, options = uniform_recompute(strategy, self.base)
-        sync = sync_seconds(strategy, self.config, self.cost)  # type: ignore[arg-type]
+        sync = sync_seconds(strategy, self.config, self.cost)
         return LengthStrategy(max_len, tuple(specs), tuple(intervals), seconds + sync, sync,
                               strategy, options)  # fmt: skip
 
