@@ -131,6 +131,24 @@ class UserDataset:
         flat = [self.layout.flatten(self._item(p, seed), f"item {p}") for p in positions]
         return tuple(torch.stack(column) for column in zip(*flat, strict=True))
 
+    def check_step(self, rows: int) -> None:
+        """One line if the dataset holds fewer than ``rows`` items (one step), or if the
+        items of the first step do not collate (structure, shape, dtype)."""
+        if self.length is not None and self.length < rows:
+            raise DataError(
+                f"--dataset {self.source}: {self.length} items, fewer than one step's {rows} "
+                "(--global-batch x --grad-accum): give more items or a smaller batch"
+            )
+        if self.length is None:
+            count = sum(1 for _ in zip(range(rows), iter(self.items), strict=False))
+            if count < rows:
+                raise DataError(
+                    f"--dataset {self.source}: the iterable gives {count} items, fewer than "
+                    f"one step's {rows} (--global-batch x --grad-accum): give more items or "
+                    "a smaller batch"
+                )
+        self.batch(0, size=rows, seed=0)
+
     def _item(self, position: int, seed: int) -> Any:
         if self.length is None:
             return self._next(position)

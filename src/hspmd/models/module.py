@@ -605,7 +605,11 @@ def _batch_fields(
     for node in (n for n in gm.graph.nodes if n.op == "placeholder"):
         f = by_name[str(node.target)]
         if node in before:
-            late = [u for u in node.users if u not in before and u.target not in (aten_sym_size, getattr)]
+            late = [
+                u
+                for u in node.users
+                if u not in before and u.target not in (aten_sym_size, getattr)
+            ]
             if late:
                 raise ModelSpecError(
                     f"{source}: the field {f.name} is read before the first block and after it "

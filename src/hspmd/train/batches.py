@@ -1,5 +1,6 @@
 """The data of each step: fixed global batches ``(tokens, targets)`` of shape
-(global_batch, seq_len), or whole documents for variable-length steps.
+(global_batch, seq_len), whole documents for variable-length steps, or the items of a
+user's dataset (``--dataset``: ``hspmd.data.items``), one stacked tensor per field.
 
 Every rank and the reference draw the same steps from the run's corpus
 (``TrainConfig.data_spec``: the stdlib sources by default, ``--data`` text, a token file, or
@@ -28,6 +29,7 @@ import torch
 
 from hspmd.data import DEFAULT_MAX_BYTES, DataError, DataSpec, DocumentStep, document_steps
 from hspmd.data.corpus import byte_batches, load_documents
+from hspmd.data.items import open_dataset
 from hspmd.data.held_out import (
     byte_eval_batches,
     clip_documents,
@@ -50,6 +52,8 @@ def step_batches(
     """The batches of steps ``first`` .. ``config.steps``, in order (``grad_accum`` global
     batches each, stacked)."""
     n = config.grad_accum
+    if config.dataset is not None:
+        return _item_batches(config, first)
     spec = config.data_spec
     stream: Iterator[tuple[torch.Tensor, torch.Tensor]]
     if spec.tokenized:
@@ -65,6 +69,18 @@ def step_batches(
     if n == 1:
         return islice(stream, count)
     return (_stacked(list(islice(stream, n))) for _ in range(count))
+
+
+def _item_batches(config: TrainConfig, first: int) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Steps of a user's dataset (``hspmd.data.items``): global batch ``(k - 1) * n + j``
+    for pass ``j`` of step ``k``, each field stacked, in the model's input order."""
+    data = open_dataset(config.dataset or "")
+    names = [f.name for f in data.layout.fields]
+    order = [names.index(f.name) for f in config.model_config().batch]  # type: ignore[attr-defined]
+    n, size = config.grad_accum, config.global_batch
+    for step in range(first, config.steps + 1):
+        parts = [data.batch((step - 1) * n + j, size=size, seed=config.seed) for j in range(n)]
+        yield tuple(torch.cat([part[i] for part in parts]) for i in order)
 
 
 def _windows(config: TrainConfig) -> TokenWindows:
@@ -138,12 +154,12 @@ def _stacked(group: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tens
 
 
 def accumulation_passes(
-    batch: tuple[torch.Tensor, torch.Tensor], config: TrainConfig
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """A step's batch cut into its ``grad_accum`` global batches (module docstring)."""
+    batch: tuple[torch.Tensor, ...], config: TrainConfig
+) -> list[tuple[torch.Tensor, ...]]:
+    """A step's batch (tokens and targets, or a dataset's fields) cut into its
+    ``grad_accum`` global batches (module docstring)."""
     size = config.global_batch
-    return [(batch[0][k * size : (k + 1) * size], batch[1][k * size : (k + 1) * size])
-            for k in range(config.grad_accum)]  # fmt: skip
+    return [tuple(t[k * size : (k + 1) * size] for t in batch) for k in range(config.grad_accum)]
 
 
 def step_documents(config: TrainConfig, *, min_documents: int) -> Iterator[DocumentStep]:
@@ -170,6 +186,9 @@ def check_data(config: TrainConfig, *, on_progress: Progress | None = None) -> N
     holds one step, its ids are below the model's vocabulary (a tokenizer's vocabulary too);
     text with a tokenizer is tokenized into the cache here (``on_progress``: its bytes).
     With evaluations, the same of their data, which must hold ``--eval-batches`` batches."""
+    if config.dataset is not None:  # one step's items, collated (hspmd.data.items)
+        open_dataset(config.dataset).check_step(config.global_batch * config.grad_accum)
+        return
     spec = config.data_spec
     vocab = config.model_config().vocab_size
     if spec.tokenized:
