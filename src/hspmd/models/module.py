@@ -295,7 +295,7 @@ def capture_model(
     fields the first block's input depends on come first among the graph's inputs."""
     _, blocks = _blocks(module, source)
     call = step_call(convention_of(module))
-    inputs = ()
+    inputs: tuple[GraphInput, ...] = ()
     if items is not None:
         structure, fields = items
         check_fields(module, structure, [f.name for f in fields], source)

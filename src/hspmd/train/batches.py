@@ -29,7 +29,6 @@ import torch
 
 from hspmd.data import DEFAULT_MAX_BYTES, DataError, DataSpec, DocumentStep, document_steps
 from hspmd.data.corpus import byte_batches, load_documents
-from hspmd.data.items import open_dataset
 from hspmd.data.held_out import (
     byte_eval_batches,
     clip_documents,
@@ -37,6 +36,7 @@ from hspmd.data.held_out import (
     split_ids,
     token_eval_batches,
 )
+from hspmd.data.items import open_dataset
 from hspmd.data.prepare import Progress
 from hspmd.data.source import check_tokens, open_tokens, token_documents
 from hspmd.data.steps import document_steps_of
@@ -46,9 +46,7 @@ from hspmd.train.config import TrainConfig
 __all__ = ["accumulation_passes", "check_data", "eval_batches", "step_batches", "step_documents"]
 
 
-def step_batches(
-    config: TrainConfig, *, first: int = 1
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def step_batches(config: TrainConfig, *, first: int = 1) -> Iterator[tuple[torch.Tensor, ...]]:
     """The batches of steps ``first`` .. ``config.steps``, in order (``grad_accum`` global
     batches each, stacked)."""
     n = config.grad_accum
