@@ -128,7 +128,7 @@ class UserDataset:
     def batch(self, number: int, *, size: int, seed: int) -> tuple[torch.Tensor, ...]:
         """Global batch ``number`` (0, 1, ..) of ``size`` items, one stacked tensor per field."""
         positions = range(number * size, (number + 1) * size)
-        flat = [self.layout.flatten(self._item(p, seed), f"item {p}") for p in positions]
+        flat = [self.layout.flatten(*self._item(p, seed)) for p in positions]
         return tuple(torch.stack(column) for column in zip(*flat, strict=True))
 
     def check_step(self, rows: int) -> None:
@@ -149,11 +149,13 @@ class UserDataset:
                 )
         self.batch(0, size=rows, seed=0)
 
-    def _item(self, position: int, seed: int) -> Any:
+    def _item(self, position: int, seed: int) -> tuple[Any, str]:
+        """The item at ``position`` of the order, and its name for errors."""
         if self.length is None:
-            return self._next(position)
+            return self._next(position), f"item {position}"
         epoch, place = divmod(position, self.length)
-        return self.items[int(_order(self.length, _epoch_seed(seed, epoch))[place])]
+        index = int(_order(self.length, _epoch_seed(seed, epoch))[place])
+        return self.items[index], f"item {index}"
 
     def _next(self, position: int) -> Any:
         """The iterable's item at ``position``, read on from the last one asked for."""
@@ -206,7 +208,7 @@ def open_dataset(source: str) -> UserDataset:
     except Exception as error:
         where = _user_frame(error)
         raise DataError(
-            f"--dataset {source}: the dataset raised {type(error).__name__}: {error}"
+            f"--dataset {source}: the factory raised {type(error).__name__}: {error}"
             f"{f' at {where}' if where else ''}"
         ) from error
     if first is None:

@@ -304,7 +304,8 @@ def capture_model(
     try:
         gm = capture_step(module, call=call, blocks=list(blocks), **_inputs(inputs))
     except ExportError as error:
-        raise CaptureError(f"{source}: {error}") from error
+        hint = "" if inputs else " (a forward of other inputs than tokens: give --dataset)"
+        raise CaptureError(f"{source}: {error}{hint}") from error
     names = [str(n.args[1]) for n in gm.graph.nodes if is_reshard_node(n)]
     own = len(names) != len(set(names))  # the module's own layers.{i}.input and ours
     if own:

@@ -149,6 +149,17 @@ class EvalConfig:
         return self.every > 0 and step > 0 and step % self.every == 0
 
 
+def dataset_items(source: str | None) -> tuple[str, tuple[BatchField, ...]] | None:
+    """The items of the dataset ``source`` (``--dataset``) as a model's inputs: their
+    structure and fields (``hspmd.data.items``); None without a dataset."""
+    if source is None:
+        return None
+    from hspmd.data.items import open_dataset
+
+    layout = open_dataset(source).layout
+    return layout.structure, tuple(BatchField(f.name, f.shape, f.dtype) for f in layout.fields)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainConfig:
     """One training run. ``strategy`` is the compact strategy text (None: one rank).
@@ -417,13 +428,7 @@ class TrainConfig:
 
     def dataset_items(self) -> tuple[str, tuple[BatchField, ...]] | None:
         """The items of ``dataset`` as the model's inputs: their structure and fields."""
-        if self.dataset is None:
-            return None
-        from hspmd.data.items import open_dataset
-
-        layout = open_dataset(self.dataset).layout
-        fields = tuple(BatchField(f.name, f.shape, f.dtype) for f in layout.fields)
-        return layout.structure, fields
+        return dataset_items(self.dataset)
 
     @property
     def data_spec(self) -> DataSpec:

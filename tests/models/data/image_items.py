@@ -90,3 +90,9 @@ def ragged():
 
 def broken():
     return [{"image": torch.zeros(1, 8, 8)}][1]  # raises IndexError here
+
+
+def renamed():
+    """Dict items whose keys the forward does not take."""
+    data = Images(8)
+    return [{"pixels": data[i]["image"], "label": data[i]["label"]} for i in range(8)]
