@@ -106,13 +106,6 @@ def add_model_arguments(
         help="JSON object (or a .json file): the factory's keyword arguments, or preset "
         """fields to override, e.g. '{"num_layers": 2}'""",
     )
-    parser.add_argument(
-        "--dataset",
-        default=None,
-        metavar="FILE.py:FACTORY",
-        help="the model trains on this dataset's items (hspmd train --dataset): its "
-        "forward takes their fields (docs/data.md)",
-    )
     if plan:
         parser.add_argument(
             "--plan",
