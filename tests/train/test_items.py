@@ -16,6 +16,7 @@ from hspmd.models.spec import ModelSpecError
 from hspmd.plan.strategy import StrategyOptions, parse_strategy
 from hspmd.specialize.costs import planning_model
 from hspmd.specialize.executable import build_executable
+from hspmd.train.batches import step_batches
 from hspmd.train.config import TrainConfig
 from hspmd.train.reference import run_reference
 from hspmd.train.trainer import train_many
@@ -103,3 +104,14 @@ def test_the_cli_trains_tuple_items_equal_to_its_reference(capsys) -> None:
     assert main([*argv, "--reference"]) == 0
     want = [json.loads(line)["loss"] for line in capsys.readouterr().out.splitlines()]
     assert len(got) == 2 and max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5
+
+
+def test_step_k_drawn_alone_equals_the_streams_kth() -> None:
+    """A resume, a switch or an elastic redo at step k reads what step k read."""
+    for dataset in (IMAGES, STREAM):
+        config = _config("4x2: R0:L0 R1:L1", dataset, steps=4, grad_accum=2)
+        every = list(step_batches(config))
+        alone = next(step_batches(config, first=3))
+        assert [t.shape[0] for t in alone] == [16, 16]
+        assert all(torch.equal(a, b) for a, b in zip(alone, every[2], strict=True))
+        assert not torch.equal(every[2][0], every[1][0])

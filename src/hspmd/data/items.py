@@ -28,6 +28,7 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+import threading
 import traceback
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -124,6 +125,8 @@ class UserDataset:
     layout: ItemLayout
     _stream: Iterator[Any] | None = field(default=None, repr=False)
     _at: int = 0  # the position of the stream's next item
+    # ranks draw the next steps on a worker thread (hspmd.train.loop): one reader at a time
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def batch(self, number: int, *, size: int, seed: int) -> tuple[torch.Tensor, ...]:
         """Global batch ``number`` (0, 1, ..) of ``size`` items, one stacked tensor per field."""
@@ -159,6 +162,10 @@ class UserDataset:
 
     def _next(self, position: int) -> Any:
         """The iterable's item at ``position``, read on from the last one asked for."""
+        with self._lock:
+            return self._read(position)
+
+    def _read(self, position: int) -> Any:
         if self._stream is None or position < self._at:
             self._stream, self._at = iter(self.items), 0
         while True:

@@ -4,7 +4,9 @@
 device and returns a ``ModuleModel`` (``hspmd.models.spec``): plain data that every process
 can rebuild the module from. What hspmd reads from the module (docs/models.md):
 
-- ``forward(tokens, targets)`` -> the mean loss, tokens and targets (B, T) int64;
+- ``forward(tokens, targets)`` -> the mean loss, tokens and targets (B, T) int64; or, with
+  ``items=`` (``--dataset``), the fields of a dataset's items (``hspmd.data.items``), one
+  graph input each, and a ``(B, ...)`` stream between the blocks;
 - the blocks: the ``nn.ModuleList`` named by the module's ``hspmd_blocks`` attribute, or
   its one longest ``ModuleList``; block ``i``'s first argument is the stream ``(B, T, H)``
   and gets the pipeline marker ``layers.{i}.input`` (unless the module places its own

@@ -162,7 +162,8 @@ def _forward(
 ) -> None:  # fmt: skip
     tokens, targets, segments, scale, rows = micro
     # the data is made on CPU (every rank draws the same stream): onto this rank's device
-    tokens, targets = tokens.to(world.device), _to(targets, world.device)
+    # (a dataset's floating fields in the compute dtype, as the weights: --dtype bf16)
+    tokens, targets = _to(tokens, world.device, dtype), _to(targets, world.device, dtype)
     segments = None if segments is None else segments.to(world.device)
     key = None if rows is None else dropout_key(step, rows).to(world.device)
     # boundary plans are resolved at the maximum length: sized to this micro-batch's
@@ -182,8 +183,11 @@ def _forward(
     live.inputs[m], live.outputs[m] = x, out
 
 
-def _to(rest: Rest, device: torch.device) -> Rest:
-    return tuple(t.to(device) for t in rest) if isinstance(rest, tuple) else rest.to(device)
+def _to(rest: Rest, device: torch.device, dtype: torch.dtype) -> Any:
+    """``rest`` on ``device``, its floating tensors in ``dtype`` (integers as they are)."""
+    if isinstance(rest, tuple):
+        return tuple(_to(t, device, dtype) for t in rest)
+    return rest.to(device, dtype if rest.is_floating_point() else rest.dtype)
 
 
 def _backward(world: World, live: _Live, *, m: int) -> None:
