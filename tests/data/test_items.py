@@ -48,6 +48,8 @@ def test_an_iterable_is_read_in_its_order_and_again_from_its_start() -> None:
     images = torch.cat([data.batch(k, size=8, seed=0)[0] for k in range(4)])  # 32 of 24
     assert torch.equal(images[24:], images[:8])
     assert torch.equal(data.batch(1, size=8, seed=5)[0], images[8:16])  # asked out of order
+    with pytest.raises(DataError, match="an iterator \\(generator\\), which can be read once"):
+        open_dataset(_source("once"))
 
 
 @pytest.mark.parametrize(

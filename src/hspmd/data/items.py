@@ -134,7 +134,7 @@ class UserDataset:
         flat = [self.layout.flatten(*self._item(p, seed)) for p in positions]
         return tuple(torch.stack(column) for column in zip(*flat, strict=True))
 
-    def check_step(self, rows: int) -> None:
+    def check_step(self, rows: int, *, seed: int = 0) -> None:
         """One line if the dataset holds fewer than ``rows`` items (one step), or if the
         items of the first step do not collate (structure, shape, dtype)."""
         if self.length is not None and self.length < rows:
@@ -150,7 +150,7 @@ class UserDataset:
                     f"one step's {rows} (--global-batch x --grad-accum): give more items or "
                     "a smaller batch"
                 )
-        self.batch(0, size=rows, seed=0)
+        self.batch(0, size=rows, seed=seed)  # the first step's items, as the run reads them
 
     def _item(self, position: int, seed: int) -> tuple[Any, str]:
         """The item at ``position`` of the order, and its name for errors."""
@@ -168,14 +168,21 @@ class UserDataset:
     def _read(self, position: int) -> Any:
         if self._stream is None or position < self._at:
             self._stream, self._at = iter(self.items), 0
+        fresh = self._at == 0  # nothing read from the stream since it (re)started
         while True:
             try:
                 item = next(self._stream)
             except StopIteration:
-                if self._at == 0:
-                    raise DataError(f"--dataset {self.source}: the iterable gave no item") from None
-                self._stream = iter(self.items)  # the next epoch: from its start
+                if fresh:
+                    raise DataError(
+                        f"--dataset {self.source}: the iterable gave no item when read "
+                        f"{'again' if self._at else 'first'}: return one that can be read "
+                        "more than once (a list, a Dataset, a class with __iter__), not a "
+                        "generator"
+                    ) from None
+                self._stream, fresh = iter(self.items), True  # the next epoch: from its start
                 continue
+            fresh = False
             self._at += 1
             if self._at - 1 == position:
                 return item
@@ -206,6 +213,12 @@ def open_dataset(source: str) -> UserDataset:
             raise DataError(
                 f"--dataset {source}: the factory returned a {type(items).__name__}: return a "
                 "map-style dataset (__len__, __getitem__) or an iterable of items"
+            )
+        if length is None and iter(items) is items:
+            raise DataError(
+                f"--dataset {source}: the factory returned an iterator ({type(items).__name__}), "
+                "which can be read once only: return something that can be read more than "
+                "once (a list, a Dataset, a class with __iter__)"
             )
         if length == 0:
             raise DataError(f"--dataset {source}: the dataset is empty")

@@ -185,7 +185,8 @@ def check_data(config: TrainConfig, *, on_progress: Progress | None = None) -> N
     text with a tokenizer is tokenized into the cache here (``on_progress``: its bytes).
     With evaluations, the same of their data, which must hold ``--eval-batches`` batches."""
     if config.dataset is not None:  # one step's items, collated (hspmd.data.items)
-        open_dataset(config.dataset).check_step(config.global_batch * config.grad_accum)
+        rows = config.global_batch * config.grad_accum
+        open_dataset(config.dataset).check_step(rows, seed=config.seed)
         return
     spec = config.data_spec
     vocab = config.model_config().vocab_size

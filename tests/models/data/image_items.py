@@ -110,3 +110,9 @@ class Leaky(ImageNet):
 
 def make_leaky() -> Leaky:
     return Leaky()
+
+
+def once():
+    """A generator: it cannot be read a second time."""
+    data = Images(8)
+    return (data[i] for i in range(8))
