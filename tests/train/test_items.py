@@ -58,6 +58,18 @@ def test_explain_takes_it_and_simulate_refuses_in_one_line(capsys) -> None:
         planning_model(_config("4x2: R0:L0 R1:L1").model_config())
 
 
+def test_a_saved_plan_names_the_fields_and_explain_reads_it(tmp_path: Path, capsys) -> None:
+    model = ["--model", MODEL, "--dataset", IMAGES]
+    path = str(tmp_path / "plan.json")
+    assert main(["train", *model, "--strategy", "4x2: R0-1:L0 R2:L1", "--save-plan", path]) == 0
+    inputs = json.loads(Path(path).read_text())["inputs"]
+    assert inputs == {"image": {"shape": [2, 1, 8, 8], "annotation": "[0,1]{D:2}"},
+                      "label": {"shape": [2], "annotation": "[2]{}"}}  # fmt: skip
+    capsys.readouterr()
+    assert main(["explain", *model, "--plan", path]) == 0
+    assert "rank 2: pipeline 0 stage 1 tp=1 layers 1-1" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("fields", "words"),
     [

@@ -165,7 +165,8 @@ def read_run(args: argparse.Namespace, options: StrategyOptions) -> Run:
         seq_len = tokens.shape[1] if tokens is not None else 64
     else:  # a strategy file of hspmd plan --out
         seq_len = plan.seq_len or 64
-    base = TrainConfig(model=args.model, model_overrides=model_kwargs(args.config), seq_len=seq_len)
+    base = TrainConfig(model=args.model, model_overrides=model_kwargs(args.config), seq_len=seq_len,
+                       dataset=getattr(args, "dataset", None))  # fmt: skip
     config = config_from_plan(plan, base)
     check_plan(plan, config)
     assert config.strategy is not None
