@@ -500,13 +500,7 @@ def build_executable(
     ag = deduce_pipeline(config, pipeline, options, seq_len=seq_len, gather_logits=gather_logits)
     stage_cut = cut(ag, stage, config.num_layers)
     b = _Builder(ag, config, rank, seed, mask_ops=mask_ops(ag.module.graph))
-    first, *rest = [n for n in ag.module.graph.nodes if n.op == "placeholder"]
-    x = b.graph.placeholder(str(first.target) if stage_cut.start is None else "activation")
-    # the other inputs (targets; a dataset's other fields), then segments and key
-    names = [str(n.target) for n in rest if n.target != "segments"]
-    inputs = {name: b.graph.placeholder(name) for name in names}
-    inputs["segments"] = b.graph.placeholder("segments", default_value=None)
-    b.key = b.graph.placeholder("key", default_value=None)
+    x, inputs = _placeholders(b, first_stage=stage_cut.start is None)
     # the local length of the stage input at seq_len (the sizes of swapped tensors scale
     # by it; 0: a dataset's fields, whose sizes are static)
     x_length = seq_len if stage_cut.start is None else b.local_shape(stage_cut.start)[SEQ_DIM]
@@ -540,6 +534,19 @@ def build_executable(
         grad_sync=_grad_sync(ag, b.pieces, rank),
         seq_len=seq_len,
     )
+
+
+def _placeholders(b: _Builder, *, first_stage: bool) -> tuple[torch.fx.Node, dict[str, Any]]:
+    """The executable's inputs: the stage input (the graph's first input on stage 0, else
+    the activation received), the graph's other inputs by name (targets; a dataset's other
+    fields), ``segments`` and ``key`` (None by default)."""
+    first, *rest = [n for n in b.ag.module.graph.nodes if n.op == "placeholder"]
+    x = b.graph.placeholder(str(first.target) if first_stage else "activation")
+    names = [str(n.target) for n in rest if n.target != "segments"]
+    inputs: dict[str, Any] = {name: b.graph.placeholder(name) for name in names}
+    inputs["segments"] = b.graph.placeholder("segments", default_value=None)
+    b.key = b.graph.placeholder("key", default_value=None)
+    return x, inputs
 
 
 def _params_by_target(
