@@ -68,14 +68,15 @@ def pairs() -> Images:
     return Images(40, as_tuple=True)
 
 
-def stream():
+class Stream(torch.utils.data.IterableDataset):
     """An iterable (no ``__len__``): the same 24 items each time it is read."""
 
-    class Stream:
-        def __iter__(self):
-            data = Images(24)
-            return iter(data[i] for i in range(len(data)))
+    def __iter__(self):
+        data = Images(24)
+        return iter(data[i] for i in range(len(data)))
 
+
+def stream() -> Stream:
     return Stream()
 
 
