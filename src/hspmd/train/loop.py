@@ -4,11 +4,12 @@ Each rank runs its executable graph (``hspmd.specialize.executable``): its stage
 model on local tensors, tensor-parallel communication inside. Per step, for each action of
 the rank's schedule (``hspmd.specialize.schedule``)::
 
-    F m   stage 0 feeds micro-batch m's tokens; other stages receive the activation by
+    F m   stage 0 feeds micro-batch m's tokens (``--dataset``: its rows of every field,
+          the first as the stage input); other stages receive the activation by
           the boundary's resolved plan (send-recv, or BSR between different TP degrees);
           every stage gets the dropout key: the step and the micro-batch's rows of the
           step's global batch (decision 17, ``hspmd.randomness``); the last stage's loss
-          is scaled by mb_tokens / global_tokens (decision 6)
+          is scaled by mb_tokens / global_tokens (decision 6; a dataset's: items)
     B m   the last stage backpropagates its scaled loss; the others backpropagate the
           gradient received from the next stage; all but stage 0 send their input's grad
     Post  gradients synchronized across pipelines by resolved plans (hspmd.train.sync:
