@@ -98,6 +98,7 @@ def test_other_commands_share_the_help_of_train() -> None:
 
 
 # argv that sets each flag's field away from its default (with what else it needs)
+ITEMS = Path(__file__).parents[1] / "models" / "data" / "image_items.py"
 SAMPLES: dict[str, list[str]] = {
     "--model": ["--model", "llama-small"],
     "--config": ["--config", '{"num_layers": 2}'],
@@ -122,6 +123,7 @@ SAMPLES: dict[str, list[str]] = {
     "--eval-data": ["--eval-data", "held.txt", "--eval-every", "2"],
     "--eval-split": ["--eval-split", "0.1"],
     "--data": ["--data", "corpus.txt"],
+    "--dataset": ["--model", f"{ITEMS}:make", "--dataset", f"{ITEMS}:images"],
     "--data-max-bytes": ["--data-max-bytes", "100"],
     "--data-dtype": ["--data-dtype", "uint32"],
     "--eod-id": ["--eod-id", "0"],

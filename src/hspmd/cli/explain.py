@@ -43,6 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=HelpFormatter,
     )
     add_model_arguments(parser, presets=sorted(PRESETS), default="llama-tiny", plan=True)
+    add_flags(parser, ["--dataset"])
     add_flags(parser, ["--strategy"])
     parser.add_argument("--rank", type=int, default=None, help="show only this rank")
     parser.add_argument("--seq-len", type=int, default=None, help="default: the model's max")

@@ -43,6 +43,7 @@ GIB = 2**30
 def add_common(parser: argparse.ArgumentParser, *, plan: bool = False) -> None:
     """Arguments `simulate` and `plan` share (``plan``: ``--plan``, simulate's)."""
     add_model_arguments(parser, presets=sorted(PRESETS), default=None, plan=plan)
+    add_flags(parser, ["--dataset"])
     parser.add_argument("--cluster", required=True, help="cluster file or shipped name")
     parser.add_argument("--seq-len", type=int, default=None, help="default: the model's max")
     parser.add_argument(

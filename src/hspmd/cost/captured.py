@@ -91,6 +91,12 @@ def costed(model: ModuleModel) -> ModuleModel:
     """``model`` with its cost figures (``model_cost``) attached, for the planner."""
     if model.cost is not None:
         return model
+    if model.batch:
+        raise ModelSpecError(
+            f"{model.name} trains on a dataset's items (--dataset): hspmd's cost model prices "
+            "models of token sequences (costs per token and length), so it cannot plan or "
+            "simulate this one yet; `hspmd explain --dataset` shows its plan"
+        )
     return dataclasses.replace(model, cost=model_cost(model))
 
 

@@ -11,7 +11,8 @@ The graph is then put in the form the rest of hspmd reads:
 
     export's form                              hspmd's form
     placeholder p_model_h_0_w (PARAMETER)      get_attr h.0.w  (the module's own name)
-    placeholders of user inputs                placeholders tokens, targets
+    placeholders of user inputs                placeholders tokens, targets (or the
+                                               names of ``inputs``: a dataset's fields)
     torch.ops.hspmd.marker(x, name)            hspmd.markers.reshard(x, name)
     split(x, 64, 2) + getitem(.., i)           slice(x, 2, 64 i, 64 (i + 1))
     unbind(x, d) + getitem(.., i)              select(x, d, i)
@@ -37,6 +38,7 @@ import operator
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -46,14 +48,57 @@ from torch import nn
 from hspmd.errors import HspmdError
 from hspmd.markers import capturing, reshard
 
-__all__ = ["ExportError", "StepCall", "capture_step", "user_frame"]
+__all__ = [
+    "TOKEN_INPUTS", "ExportError", "GraphInput", "StepCall", "capture_step", "sample_batch",
+    "user_frame",
+]  # fmt: skip
 
-StepCall = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
-"""How one training step calls the module: ``(module, tokens, targets) -> scalar loss``."""
+StepCall = Callable[..., torch.Tensor]
+"""How one training step calls the module: ``(module, *inputs) -> scalar loss`` (the
+inputs in ``GraphInput`` order: ``tokens, targets`` by default)."""
 
 SAMPLE_BATCH, SAMPLE_LENGTH = 3, 7
 """The meta inputs' sizes at capture: odd primes, so that no model constant is mistaken
 for a symbolic size (export gives equal sizes one symbol)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GraphInput:
+    """One input of the captured step: its name (the placeholder's), its shape after the
+    batch dim (``None``: the symbolic sequence length) and its dtype.
+
+    >>> GraphInput("image", (1, 8, 8), "float32").sample(3).shape
+    torch.Size([3, 1, 8, 8])
+    """
+
+    name: str
+    trailing: tuple[int | None, ...]
+    dtype: str = "int64"
+
+    def sample(self, batch: int, length: int = SAMPLE_LENGTH) -> torch.Tensor:
+        """A meta tensor of this input at ``batch`` rows (and ``length`` positions)."""
+        shape = (batch, *(length if d is None else d for d in self.trailing))
+        return torch.zeros(shape, dtype=getattr(torch, self.dtype), device="meta")
+
+    def dims(self) -> dict[int, Any]:
+        """export's ``dynamic_shapes`` entry: the batch dim and any sequence dim symbolic."""
+        auto = torch.export.Dim.AUTO
+        return {0: auto, **{i + 1: auto for i, d in enumerate(self.trailing) if d is None}}
+
+
+TOKEN_INPUTS = (GraphInput("tokens", (None,)), GraphInput("targets", (None,)))
+"""The token protocol's inputs: ``tokens`` and ``targets``, (B, T) int64."""
+
+
+def sample_batch(inputs: Sequence[GraphInput]) -> int:
+    """The capture's batch size: ``SAMPLE_BATCH`` or the next prime that no static size of
+    the inputs equals (a batch of 3 beside 3 channels would let export tie them)."""
+    static = {d for i in inputs for d in i.trailing if d is not None}
+    batch = SAMPLE_BATCH
+    while batch in static or any(batch % k == 0 for k in range(2, batch)):
+        batch += 2
+    return batch
+
 
 _ASSERTS = frozenset(
     {
@@ -69,15 +114,15 @@ class ExportError(HspmdError, ValueError):
 
 
 class _Step(nn.Module):
-    """The module and its calling convention as one ``forward(tokens, targets) -> loss``."""
+    """The module and its calling convention as one ``forward(*inputs) -> loss``."""
 
     def __init__(self, model: nn.Module, call: StepCall) -> None:
         super().__init__()
         self.model = model
         self._call = call
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return self._call(self.model, tokens, targets)
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self._call(self.model, *inputs)
 
 
 def user_frame(error: BaseException) -> str | None:
@@ -114,18 +159,19 @@ def capture_step(
     *,
     call: StepCall,
     blocks: Sequence[nn.Module] | None = None,
+    inputs: Sequence[GraphInput] = TOKEN_INPUTS,
 ) -> torch.fx.GraphModule:
-    """The ATen graph of ``call(module, tokens, targets)`` (module docstring); ``blocks``
-    get ``layers.{i}.input`` markers on their first argument. ``module`` may live on meta."""
+    """The ATen graph of ``call(module, *inputs)`` (module docstring), one placeholder per
+    input, named as it; ``blocks`` get ``layers.{i}.input`` markers on their first
+    argument. ``module`` may live on meta."""
     step = _Step(module, call)
-    tokens = torch.zeros(SAMPLE_BATCH, SAMPLE_LENGTH, dtype=torch.long, device="meta")
-    targets = torch.zeros(SAMPLE_BATCH, SAMPLE_LENGTH, dtype=torch.long, device="meta")
-    auto = torch.export.Dim.AUTO
-    dims = ({0: auto, 1: auto}, {0: auto, 1: auto})
+    batch = sample_batch(inputs)
+    samples = tuple(i.sample(batch) for i in inputs)
+    dims = tuple(i.dims() for i in inputs)
     try:
         with capturing(), _block_markers(blocks):
             program = torch.export.export(
-                step, (tokens, targets), dynamic_shapes=dims, strict=False
+                step, samples, dynamic_shapes={"inputs": dims}, strict=False
             )
     except HspmdError:
         raise
@@ -138,7 +184,7 @@ def capture_step(
             "must run on meta tensors of any batch and length (no .item(), no data-dependent "
             "shapes)"
         ) from error
-    return _normalize(program, module)
+    return _normalize(program, module, [i.name for i in inputs])
 
 
 # -- from export's form to hspmd's -------------------------------------------------------------
@@ -154,13 +200,15 @@ def _names(module: nn.Module) -> dict[int, str]:
     return found
 
 
-def _normalize(program: torch.export.ExportedProgram, module: nn.Module) -> torch.fx.GraphModule:
+def _normalize(
+    program: torch.export.ExportedProgram, module: nn.Module, input_names: Sequence[str]
+) -> torch.fx.GraphModule:
     source = program.graph_module.graph
     names = _names(module)
     root: dict[str, Any] = {}
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, Any] = {}
-    user_inputs = iter(("tokens", "targets"))
+    user_inputs = iter(input_names)
     specs = {spec.arg.name: spec for spec in program.graph_signature.input_specs}
     user = torch.export.graph_signature.InputKind.USER_INPUT
     placeholders = [n for n in source.nodes if n.op == "placeholder"]
@@ -168,7 +216,8 @@ def _normalize(program: torch.export.ExportedProgram, module: nn.Module) -> torc
         if specs[node.name].kind == user:
             env[node] = graph.placeholder(next(user_inputs))
             env[node].meta = dict(node.meta)
-    device = graph.call_function(getattr, (env[placeholders[-2]], "device"))
+    first = next(n for n in placeholders if specs[n.name].kind == user)
+    device = graph.call_function(getattr, (env[first], "device"))
     for node in source.nodes:
         if node.op == "placeholder":
             spec = specs[node.name]

@@ -127,16 +127,19 @@ def check_weights(model: ModelSpec) -> None:
         weight_files(model)
 
 
-def step_loss(
-    model: ModelSpec, module: nn.Module, tokens: torch.Tensor, targets: torch.Tensor
-) -> torch.Tensor:
-    """The loss of one step of ``plain_model(model)`` on ``(tokens, targets)``, called the
-    way the model is called (``hspmd.models.calling``: positional or Hugging Face)."""
+def step_loss(model: ModelSpec, module: nn.Module, *inputs: torch.Tensor) -> torch.Tensor:
+    """The loss of one step of ``plain_model(model)`` on ``(tokens, targets)`` (or a
+    dataset's fields, in ``model.batch`` order), called the way the model is called
+    (``hspmd.models.calling``: positional, Hugging Face, or the items' fields)."""
     if isinstance(model, ModuleModel):
-        from hspmd.models.calling import call_step
+        from hspmd.models.calling import call_fields, call_step
 
+        if model.batch:
+            named = dict(zip((f.name for f in model.batch), inputs, strict=True))
+            return call_fields(module, model.structure, named)
+        tokens, targets = inputs
         return call_step(module, tokens, targets, model.convention)  # type: ignore[arg-type]
-    return module(tokens, targets)
+    return module(*inputs)
 
 
 def _module(model: ModelSpec) -> ModuleModel:

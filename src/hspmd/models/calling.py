@@ -10,6 +10,11 @@ Two conventions, told apart by the module itself (``convention_of``):
     hf           module(input_ids=tokens, labels=targets,              output.loss
                         shift_labels=targets, use_cache=False)
 
+A model trained on a user's dataset (``--dataset``) is called with the items' fields: a
+tuple's positionally (``module(input0, input1)``), a dict's by keyword
+(``module(image=.., label=..)``), one tensor alone; it returns the loss as above
+(``call_fields``).
+
 hspmd's batches hold ``targets`` already shifted (the next token of each position), so a
 Hugging Face causal LM gets them as ``shift_labels``: its loss is then the mean over every
 position, the same loss as a positional model's.
@@ -22,7 +27,7 @@ tensor(0.5000)
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -30,7 +35,10 @@ from torch import nn
 
 from hspmd.models.spec import ModelSpecError
 
-__all__ = ["Convention", "call_step", "convention_of", "loss_of", "step_call"]
+__all__ = [
+    "Convention", "call_fields", "call_step", "check_fields", "convention_of", "fields_call",
+    "loss_of", "step_call",
+]  # fmt: skip
 
 Convention = Literal["positional", "hf"]
 
@@ -91,3 +99,47 @@ def step_call(convention: Convention) -> Any:
         return call_step(module, tokens, targets, convention)
 
     return call
+
+
+def _arguments(structure: str, named: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The forward's positional and keyword arguments for a dataset's fields ``named``."""
+    if structure == "dict":
+        return (), dict(named)
+    if structure == "tuple":
+        return tuple(named[f"input{k}"] for k in range(len(named))), {}
+    return (named["input"],), {}
+
+
+def call_fields(
+    module: nn.Module, structure: str, named: Mapping[str, torch.Tensor]
+) -> torch.Tensor:
+    """One step's loss of ``module`` on a dataset's batch: fields by name (module docstring)."""
+    args, kwargs = _arguments(structure, named)
+    return loss_of(module(*args, **kwargs))
+
+
+def fields_call(structure: str, names: Sequence[str]) -> Callable[..., torch.Tensor]:
+    """``call_fields`` as a step call: ``(module, *fields in names' order) -> loss``."""
+
+    def call(module: nn.Module, *inputs: torch.Tensor) -> torch.Tensor:
+        return call_fields(module, structure, dict(zip(names, inputs, strict=True)))
+
+    return call
+
+
+def check_fields(module: nn.Module, structure: str, names: Sequence[str], source: str) -> None:
+    """One line if the forward cannot take the fields ``names`` as ``structure`` passes them."""
+    try:
+        signature = inspect.signature(module.forward)
+    except (TypeError, ValueError):
+        return
+    args, kwargs = _arguments(structure, dict.fromkeys(names))
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as error:
+        how = "as keywords" if structure == "dict" else "positionally"
+        raise ModelSpecError(
+            f"{source}: {type(module).__name__}.forward{signature} does not take the dataset's "
+            f"fields {', '.join(names)} {how} ({error}): make the forward take them, or change "
+            "the items (a dict's keys are the forward's keywords, a tuple's its arguments)"
+        ) from None

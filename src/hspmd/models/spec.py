@@ -60,6 +60,7 @@ __all__ = [
     "TIED_LAYER",
     "NOT_ARCHITECTURE",
     "Amount",
+    "BatchField",
     "CommItem",
     "CostFunction",
     "ModelCost",
@@ -73,6 +74,8 @@ __all__ = [
     "TPKind",
     "TP_KINDS",
     "kind_by_rules",
+    "row_dims",
+    "stream_shape",
 ]
 
 NO_LIMIT = 1 << 30  # max_seq_len of a model that states none
@@ -175,6 +178,37 @@ def kind_by_rules(name: str, rules: tuple[tuple[str, str], ...]) -> TPKind:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchField:
+    """One input of a model trained on a user's dataset (``--dataset``): a field of the
+    items, its shape in one item (the batch stacks them on dim 0), its dtype, and the
+    layer whose stage reads it (0: before the first block; the last layer: after it)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    layer: int = 0
+
+
+def row_dims(model: Any, batch: int, seq_len: int) -> tuple[int, ...]:
+    """The leading dims of every marker's tensor: ``(B, T)`` for a model of tokens,
+    ``(B,)`` for one of a dataset's items (its fields have no sequence dim).
+
+    >>> row_dims(object(), 4, 16)
+    (4, 16)
+    """
+    return (batch,) if getattr(model, "batch", ()) else (batch, seq_len)
+
+
+def stream_shape(model: Any, batch: int, seq_len: int) -> tuple[int, ...]:
+    """The shape of the stream a pipeline stage sends: ``(B, T, hidden)``, or ``(B, *S)``
+    for a dataset's model whose blocks take ``S`` per item."""
+    stream = getattr(model, "stream", ())
+    if getattr(model, "batch", ()):
+        return (batch, *stream)
+    return (batch, seq_len, model.hidden_size)
+
+
+@dataclass(frozen=True, slots=True)
 class ParamInfo:
     """One parameter of a user model: name, global shape, TP kind, layer."""
 
@@ -214,6 +248,12 @@ class ModuleModel:
     tied: tuple[tuple[str, int], ...] = ()
     cost: ModelCost | None = None  # filled by hspmd.cost.captured.costed (the planner's)
     hf_config: str = ""  # a Hugging Face model's config, canonical JSON (identity, export)
+    # trained on a user's dataset (``--dataset``): the items' fields in the graph's input
+    # order, how the forward takes them ("tuple", "dict", "tensor"), and the shape of the
+    # stream entering each block after the batch dim; () and "": tokens and targets
+    batch: tuple[BatchField, ...] = ()
+    structure: str = ""
+    stream: tuple[int, ...] = ()
     _by_name: dict[str, ParamInfo] = field(
         default_factory=dict, init=False, compare=False, hash=False, repr=False
     )

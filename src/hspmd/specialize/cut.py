@@ -91,6 +91,7 @@ def deduce_pipeline(
         param_annotations={**params, **tied_annotations(gm, pipeline, params, config)},
         marker_annotations=markers,
         input_shapes={name: spec.shape for name, spec in inputs.items()},
+        input_dtypes={f.name: getattr(torch, f.dtype) for f in getattr(config, "batch", ())},
     )
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hspmd.models.spec import stream_shape
 from hspmd.plan.params import lock_step, parameter_annotations
 from hspmd.plan.strategy import Strategy, StrategyOptions, parse_strategy
 from hspmd.runtime.counting import count_comm
@@ -213,7 +214,7 @@ def activate(
     units = insert_points(exe.graph_module, names) if per_layer else ()
     if per_layer:  # the points ride into the recomputed layers' submodules
         exe.graph_module = _recompute(exe, layout.strategy, options)
-    shape = (role.micro_batch_size, config.seq_len, model.hidden_size)
+    shape = stream_shape(model, role.micro_batch_size, config.seq_len)
     plans = boundary_plans(layout.strategy, model, world.rank, shape, options=options)
     if config.dtype == "bf16":
         exe.graph_module.to(torch.bfloat16)  # compute copy; Post keeps fp32 masters

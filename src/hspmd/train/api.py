@@ -71,6 +71,7 @@ class RunOptions(TypedDict, total=False):
     adam: AdamConfig
     evaluation: EvalConfig
     data: str | None
+    dataset: str | None  # a user's dataset of any items (docs/data.md, "Any batch")
     data_max_bytes: int | None
     schedule: Schedule
     dtype: Dtype

@@ -109,12 +109,12 @@ def run_reference(
         else:
             loss = 0.0
             for k, part in enumerate(accumulation_passes(batch, config)):
-                tokens, targets = (t.to(device) for t in part)
+                inputs = tuple(t.to(device) for t in part)  # tokens, targets; or fields
                 # dropout by position: the pass's rows of the step (DESIGN decision 17)
                 rows = range(k * config.global_batch, (k + 1) * config.global_batch)
                 with positional_dropout(seed=config.seed, step=step, rows=rows):
-                    # mean over every token of the global batch, over the passes
-                    value = step_loss(spec, model, tokens, targets) / config.grad_accum
+                    # mean over every token (item) of the global batch, over the passes
+                    value = step_loss(spec, model, *inputs) / config.grad_accum
                 value.backward()
                 loss += float(value.detach())
         if config.clip_grad_norm is not None:
@@ -160,7 +160,7 @@ def param_groups(model: nn.Module, adam: AdamConfig) -> list[dict[str, Any]]:
     return [g for g in groups if g["params"]]
 
 
-def _batches(config: TrainConfig) -> Iterator[tuple[torch.Tensor, torch.Tensor] | PackedStep]:
+def _batches(config: TrainConfig) -> Iterator[tuple[torch.Tensor, ...] | PackedStep]:
     if not config.packed:
         return step_batches(config)
     check_packed_dropout(config)
