@@ -11,7 +11,7 @@ The graph is then put in the form the rest of hspmd reads:
 
     export's form                              hspmd's form
     placeholder p_model_h_0_w (PARAMETER)      get_attr h.0.w  (the module's own name)
-    placeholders of user inputs                placeholders tokens, targets
+    placeholders of user inputs                placeholders tokens, targets (segments)
     torch.ops.hspmd.marker(x, name)            hspmd.markers.reshard(x, name)
     split(x, 64, 2) + getitem(.., i)           slice(x, 2, 64 i, 64 (i + 1))
     unbind(x, d) + getitem(.., i)              select(x, d, i)
@@ -46,10 +46,11 @@ from torch import nn
 from hspmd.errors import HspmdError
 from hspmd.markers import capturing, reshard
 
-__all__ = ["ExportError", "StepCall", "capture_step", "user_frame"]
+__all__ = ["ExportError", "LengthRangeError", "StepCall", "capture_step", "user_frame"]
 
-StepCall = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
-"""How one training step calls the module: ``(module, tokens, targets) -> scalar loss``."""
+StepCall = Callable[..., torch.Tensor]
+"""How one training step calls the module: ``(module, tokens, targets) -> scalar loss``; with
+packed documents ``(module, tokens, targets, segments)`` (segments: (B, T) document ids)."""
 
 SAMPLE_BATCH, SAMPLE_LENGTH = 3, 7
 """The meta inputs' sizes at capture: odd primes, so that no model constant is mistaken
@@ -68,6 +69,16 @@ class ExportError(HspmdError, ValueError):
     """A forward that torch.export cannot run on meta tensors (names the user's line)."""
 
 
+class LengthRangeError(ExportError):
+    """A capture whose graph holds only for sequences shorter than the length it was given:
+    the forward's Python decided something by the sample length (``upper``: the most it
+    holds for)."""
+
+    def __init__(self, message: str, upper: int) -> None:
+        super().__init__(message)
+        self.upper = upper
+
+
 class _Step(nn.Module):
     """The module and its calling convention as one ``forward(tokens, targets) -> loss``."""
 
@@ -76,8 +87,12 @@ class _Step(nn.Module):
         self.model = model
         self._call = call
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return self._call(self.model, tokens, targets)
+    def forward(
+        self, tokens: torch.Tensor, targets: torch.Tensor, segments: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if segments is None:
+            return self._call(self.model, tokens, targets)
+        return self._call(self.model, tokens, targets, segments)
 
 
 def user_frame(error: BaseException) -> str | None:
@@ -114,19 +129,25 @@ def capture_step(
     *,
     call: StepCall,
     blocks: Sequence[nn.Module] | None = None,
+    documents: bool = False,
+    max_length: int | None = None,
 ) -> torch.fx.GraphModule:
     """The ATen graph of ``call(module, tokens, targets)`` (module docstring); ``blocks``
-    get ``layers.{i}.input`` markers on their first argument. ``module`` may live on meta."""
+    get ``layers.{i}.input`` markers on their first argument. ``module`` may live on meta.
+
+    ``documents``: the step takes ``segments`` too (``call(module, tokens, targets,
+    segments)``), a third input of the graph. ``max_length``: the sequence dim ranges up to
+    it (the model's longest), and a graph that holds only for shorter sequences is a
+    ``LengthRangeError``."""
     step = _Step(module, call)
-    tokens = torch.zeros(SAMPLE_BATCH, SAMPLE_LENGTH, dtype=torch.long, device="meta")
-    targets = torch.zeros(SAMPLE_BATCH, SAMPLE_LENGTH, dtype=torch.long, device="meta")
+    sample = torch.zeros(SAMPLE_BATCH, SAMPLE_LENGTH, dtype=torch.long, device="meta")
+    inputs = (sample, sample.clone()) + ((sample.clone(),) if documents else ())
     auto = torch.export.Dim.AUTO
-    dims = ({0: auto, 1: auto}, {0: auto, 1: auto})
+    length = auto if max_length is None else auto(max=max(max_length, SAMPLE_LENGTH))
+    dims = tuple({0: auto, 1: length} for _ in inputs)
     try:
         with capturing(), _block_markers(blocks):
-            program = torch.export.export(
-                step, (tokens, targets), dynamic_shapes=dims, strict=False
-            )
+            program = torch.export.export(step, inputs, dynamic_shapes=dims, strict=False)
     except HspmdError:
         raise
     except Exception as error:
@@ -138,7 +159,28 @@ def capture_step(
             "must run on meta tensors of any batch and length (no .item(), no data-dependent "
             "shapes)"
         ) from error
+    if max_length is not None:
+        _check_length_range(program, module, max_length)
     return _normalize(program, module)
+
+
+def _check_length_range(
+    program: torch.export.ExportedProgram, module: nn.Module, max_length: int
+) -> None:
+    tokens = next(n for n in program.graph.nodes if n.op == "placeholder"
+                  and n.name in program.graph_signature.user_inputs)  # fmt: skip
+    length = tokens.meta["val"].shape[1]
+    if not isinstance(length, torch.SymInt):
+        upper = int(length)
+    else:
+        ranges = program.range_constraints.get(length.node.expr)
+        upper = max_length if ranges is None or not ranges.upper.is_finite else int(ranges.upper)
+    if upper < max_length:
+        raise LengthRangeError(
+            f"{type(module).__name__}.forward's capture holds for sequences of at most {upper} "
+            f"tokens, not {max_length}",
+            upper,
+        )
 
 
 # -- from export's form to hspmd's -------------------------------------------------------------
@@ -160,7 +202,7 @@ def _normalize(program: torch.export.ExportedProgram, module: nn.Module) -> torc
     root: dict[str, Any] = {}
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, Any] = {}
-    user_inputs = iter(("tokens", "targets"))
+    user_inputs = iter(("tokens", "targets", "segments"))
     specs = {spec.arg.name: spec for spec in program.graph_signature.input_specs}
     user = torch.export.graph_signature.InputKind.USER_INPUT
     placeholders = [n for n in source.nodes if n.op == "placeholder"]
@@ -168,7 +210,8 @@ def _normalize(program: torch.export.ExportedProgram, module: nn.Module) -> torc
         if specs[node.name].kind == user:
             env[node] = graph.placeholder(next(user_inputs))
             env[node].meta = dict(node.meta)
-    device = graph.call_function(getattr, (env[placeholders[-2]], "device"))
+    tokens = next(env[n] for n in placeholders if specs[n.name].kind == user)
+    device = graph.call_function(getattr, (tokens, "device"))
     for node in source.nodes:
         if node.op == "placeholder":
             spec = specs[node.name]

@@ -128,15 +128,17 @@ def check_weights(model: ModelSpec) -> None:
 
 
 def step_loss(
-    model: ModelSpec, module: nn.Module, tokens: torch.Tensor, targets: torch.Tensor
-) -> torch.Tensor:
+    model: ModelSpec, module: nn.Module, tokens: torch.Tensor, targets: torch.Tensor,
+    segments: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
     """The loss of one step of ``plain_model(model)`` on ``(tokens, targets)``, called the
-    way the model is called (``hspmd.models.calling``: positional or Hugging Face)."""
+    way the model is called (``hspmd.models.calling``: positional or Hugging Face);
+    ``segments``: packed documents' ids (``hspmd.attention``)."""
     if isinstance(model, ModuleModel):
-        from hspmd.models.calling import call_step
+        from hspmd.models.calling import eager_step
 
-        return call_step(module, tokens, targets, model.convention)  # type: ignore[arg-type]
-    return module(tokens, targets)
+        return eager_step(module, tokens, targets, model.convention, segments)  # type: ignore[arg-type]
+    return module(tokens, targets) if segments is None else module(tokens, targets, segments)
 
 
 def _module(model: ModelSpec) -> ModuleModel:

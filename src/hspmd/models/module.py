@@ -20,7 +20,10 @@ can rebuild the module from. What hspmd reads from the module (docs/models.md):
   that reads the tokens, and no limit);
 - initial weights: the factory's own initialization, recorded on the meta device and
   replayed per slice from the seed (``hspmd.models.initial``); ``hf:DIR`` (a Hugging Face
-  folder: ``hspmd.models.hf``) starts from its safetensors weights.
+  folder: ``hspmd.models.hf``) starts from its safetensors weights;
+- packed documents (``load_model(..., packed=True)``): the graph takes ``segments`` too and
+  every causal SDPA runs per document (``hspmd.graph.documents``); a model whose attention
+  takes a mask, or that calls no SDPA, must take ``segments`` itself, else it is refused.
 
 >>> import torch
 >>> model = load_model("hspmd.models.examples:gpt2", {"num_layers": 2})
@@ -50,10 +53,11 @@ from torch.overrides import TorchFunctionMode
 
 from hspmd.errors import HspmdError
 from hspmd.graph.capture import CaptureError, source_line
-from hspmd.graph.export import ExportError, capture_step, user_frame
+from hspmd.graph.documents import keep_documents_apart
+from hspmd.graph.export import ExportError, LengthRangeError, capture_step, user_frame
 from hspmd.markers import is_reshard_node, reshard
-from hspmd.models.calling import convention_of, step_call
-from hspmd.models.hf import build_hf, hf_config, hf_directory
+from hspmd.models.calling import convention_of, document_arguments, step_call
+from hspmd.models.hf import build_hf, hf_config, hf_directory, training_masks
 from hspmd.models.spec import (
     NO_LIMIT,
     TIED_LAYER,
@@ -283,22 +287,67 @@ def _mark_output(graph: torch.fx.Graph, user: torch.fx.Node, name: str) -> None:
 
 
 def capture_model(
-    module: nn.Module, kinds: Mapping[str, str], source: str
+    module: nn.Module, kinds: Mapping[str, str], source: str, *, packed: bool = False
 ) -> tuple[torch.fx.GraphModule, bool]:
-    """The module's graph with hspmd's markers; True if the module placed its own."""
+    """The module's graph with hspmd's markers; True if the module placed its own.
+    ``packed``: the step takes ``segments`` and keeps documents apart (module docstring)."""
     _, blocks = _blocks(module, source)
-    call = step_call(convention_of(module))
-    try:
-        gm = capture_step(module, call=call, blocks=list(blocks))
-    except ExportError as error:
-        raise CaptureError(f"{source}: {error}") from error
+    gm = _export(module, list(blocks), source, packed)
     names = [str(n.args[1]) for n in gm.graph.nodes if is_reshard_node(n)]
     own = len(names) != len(set(names))  # the module's own layers.{i}.input and ours
     if own:
-        gm = capture_step(module, call=call)
+        gm = _export(module, None, source, packed)
+    if packed:
+        _keep_documents_apart(gm, module, source)
     _insert_tp_markers(gm, kinds, source)
     _split_tied(gm)
     return gm, own
+
+
+def _export(
+    module: nn.Module, blocks: list[nn.Module] | None, source: str, packed: bool
+) -> torch.fx.GraphModule:
+    """``capture_step`` in the module's calling convention; a Hugging Face model's masks as
+    eager builds them for training (``hspmd.models.hf.training_masks``), unless that holds
+    only for some of its lengths."""
+    convention = convention_of(module)
+    call = step_call(convention)
+    try:
+        if convention != "hf":
+            return capture_step(module, call=call, blocks=blocks, documents=packed)
+        try:
+            with training_masks(causal_skip=True):
+                return capture_step(module, call=call, blocks=blocks, documents=packed,
+                                    max_length=_max_len(module))  # fmt: skip
+        except LengthRangeError:  # e.g. a sliding window shorter than the longest length
+            with training_masks(causal_skip=False):
+                return capture_step(module, call=call, blocks=blocks, documents=packed)
+    except ExportError as error:
+        raise CaptureError(f"{source}: {error}") from error
+
+
+def _keep_documents_apart(gm: torch.fx.GraphModule, module: nn.Module, source: str) -> None:
+    segments = next(n for n in gm.graph.nodes if n.op == "placeholder" and n.target == "segments")
+    found = keep_documents_apart(gm.graph, segments)
+    gm.recompile()
+    convention = convention_of(module)
+    if "segments" in document_arguments(module, convention):
+        return  # the forward keeps documents apart itself where its attention has a mask
+    if found.dropped:
+        return  # refused in one line before launch: hspmd.train.packing.check_packed_dropout
+    if found.masked:
+        where = source_line(found.masked[0]) or found.masked[0].name
+        why = f"its attention at {where} takes a mask, which hspmd cannot keep to one document"
+    elif not found.replaced:
+        why = "its graph has no F.scaled_dot_product_attention to run per document"
+    else:
+        return
+    raise ModelSpecError(
+        f"{source} cannot train on packed documents (--tokens-per-step): {why}. A model must "
+        "call F.scaled_dot_product_attention(q, k, v, is_causal=True) without a mask (hspmd "
+        "runs it per document), or take `segments` in its forward and keep documents apart "
+        "itself"
+    )
 
 
 def _split_tied(gm: torch.fx.GraphModule) -> None:
@@ -380,7 +429,9 @@ def _checked(rules: tuple[tuple[str, str], ...], source: str) -> tuple[tuple[str
     return rules
 
 
-def _shapes(gm: torch.fx.GraphModule, batch: int, length: int) -> dict[str, tuple[int, ...]]:
+def _shapes(
+    gm: torch.fx.GraphModule, batch: int, length: int, packed: bool
+) -> dict[str, tuple[int, ...]]:
     """Output shape of every marker at (batch, length), run on the meta device."""
     found: dict[str, tuple[int, ...]] = {}
 
@@ -392,7 +443,7 @@ def _shapes(gm: torch.fx.GraphModule, batch: int, length: int) -> dict[str, tupl
             return out
 
     tokens = torch.zeros(batch, length, dtype=torch.long, device="meta")
-    Recorder(gm).run(tokens, tokens)
+    Recorder(gm).run(tokens, tokens, *((tokens,) if packed else ()))
     return found
 
 
@@ -438,16 +489,21 @@ def load_model(
     kwargs: Mapping[str, Any] | None = None,
     *,
     tp_rules: tuple[tuple[str, str], ...] | None = None,
+    packed: bool = False,
 ) -> ModuleModel:
     """Read the model ``source`` names (module docstring) into a ``ModuleModel``;
-    ``tp_rules`` go before the module's own (a plan's per-parameter annotations)."""
+    ``tp_rules`` go before the module's own (a plan's per-parameter annotations);
+    ``packed``: its graph (``model_graph``) takes packed documents' ``segments``."""
     kwargs = dict(kwargs or {})
-    return _load(source, tuple(sorted(kwargs.items())), tp_rules)
+    return _load(source, tuple(sorted(kwargs.items())), tp_rules, packed)
 
 
 @functools.lru_cache(maxsize=16)
 def _load(
-    source: str, kwargs: tuple[tuple[str, Any], ...], override: tuple[tuple[str, str], ...] | None
+    source: str,
+    kwargs: tuple[tuple[str, Any], ...],
+    override: tuple[tuple[str, str], ...] | None,
+    packed: bool,
 ) -> ModuleModel:
     with on_meta():
         module = build_module(source, dict(kwargs))
@@ -457,10 +513,10 @@ def _load(
         rules = _checked(override, source) + rules
     names = [n for n, _ in module.named_parameters()]
     kinds = {n: kind_by_rules(n, rules) for n in names}
-    gm, own = _capture(source, kwargs, rules)
+    gm, own = _capture(source, kwargs, rules, packed)
     num_layers = len(blocks)
     max_len = _max_len(module)
-    shapes = _shapes(gm, 2, min(8, max_len))
+    shapes = _shapes(gm, 2, min(8, max_len), packed)
     markers = []
     for node in gm.graph.nodes:
         if not is_reshard_node(node):
@@ -504,7 +560,23 @@ def _load(
         convention=convention_of(module),
         tied=_tied(gm, num_layers),
         hf_config=_hf_config(module, source, dict(kwargs)),
+        ignore_index=_ignore_index(gm),
+        packed=packed,
     )
+
+
+_CROSS_ENTROPY = torch.ops.aten.cross_entropy_loss.default
+
+
+def _ignore_index(gm: torch.fx.GraphModule) -> int:
+    """The ``ignore_index`` of the graph's cross-entropy (``F.cross_entropy``'s -100 where
+    it has none, or several that differ)."""
+    found = {
+        int(n.args[4] if len(n.args) > 4 else n.kwargs.get("ignore_index", -100))
+        for n in gm.graph.nodes
+        if n.target is _CROSS_ENTROPY
+    }
+    return found.pop() if len(found) == 1 else -100
 
 
 def _hf_config(module: nn.Module, source: str, kwargs: Mapping[str, Any]) -> str:
@@ -573,15 +645,18 @@ def _vocab_size(module: nn.Module, gm: torch.fx.GraphModule) -> int:
 
 @functools.lru_cache(maxsize=16)
 def _capture(
-    source: str, kwargs: tuple[tuple[str, Any], ...], rules: tuple[tuple[str, str], ...]
+    source: str,
+    kwargs: tuple[tuple[str, Any], ...],
+    rules: tuple[tuple[str, str], ...],
+    packed: bool = False,
 ) -> tuple[torch.fx.GraphModule, bool]:
     with on_meta():
         module = build_module(source, dict(kwargs))
     kinds = {n: kind_by_rules(n, rules) for n, _ in module.named_parameters()}
-    return capture_model(module, kinds, source)
+    return capture_model(module, kinds, source, packed=packed)
 
 
 def model_graph(model: ModuleModel) -> torch.fx.GraphModule:
     """The captured graph of ``model`` on the meta device, with its markers (shared: read
-    only, docs/decisions.md "Shared caches")."""
-    return _capture(model.source, model.kwargs, model.tp_rules)[0]
+    only, docs/decisions.md "Shared caches"); with ``model.packed`` it takes ``segments``."""
+    return _capture(model.source, model.kwargs, model.tp_rules, model.packed)[0]

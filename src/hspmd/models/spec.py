@@ -271,6 +271,8 @@ class ModuleModel:
     tied: tuple[tuple[str, int], ...] = ()
     cost: ModelCost | None = None  # filled by hspmd.specialize.costs.costed (the planner's)
     hf_config: str = ""  # a Hugging Face model's config, canonical JSON (identity, export)
+    packed: bool = False  # its graph takes packed documents' segments (hspmd.models.module)
+    ignore_index: int = -100  # the target its loss ignores (padding of packed rows)
     _by_name: dict[str, ParamInfo] = field(
         default_factory=dict, init=False, compare=False, hash=False, repr=False
     )
