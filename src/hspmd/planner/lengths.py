@@ -48,7 +48,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from hspmd.models.config import LlamaConfig
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import StrategyOptions, uniform_recompute
 from hspmd.planner.cost import CostModel
 from hspmd.planner.length_candidates import homogeneous_strategies, pick
@@ -133,7 +133,7 @@ def _longest(hist: Histogram, per: Sequence[tuple[float, float, float]], j: int)
 
 def plan_lengths(
     hist: Histogram, models: Sequence[PipeModel], *, gpus: int, step_tokens: int,
-    config: LlamaConfig | None = None, cost: CostModel | None = None,
+    config: ModelSpec | None = None, cost: CostModel | None = None,
     options: StrategyOptions | None = None,
 ) -> LengthStrategy:  # fmt: skip
     """The DP of the module docstring on ``hist`` over ``gpus`` GPUs: one heterogeneous
@@ -210,7 +210,7 @@ def plan_lengths(
 
 
 def plan_strategies(
-    config: LlamaConfig, cost: CostModel, hist: Histogram, *, step_tokens: int,
+    config: ModelSpec, cost: CostModel, hist: Histogram, *, step_tokens: int,
     options: Sequence[StrategyOptions], count: int = 4,
     samples: Sequence[Sequence[int]] = (),
 ) -> list[LengthStrategy]:  # fmt: skip
