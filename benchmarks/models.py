@@ -41,12 +41,18 @@ alone (SDPA forward + backward) as the exported graph runs it over as HF runs it
 What the executable runs beyond eager comes from the captured graph, not from hspmd's
 runtime (one rank: no marker is left, the graph is straight-line code):
 
-- HF under torch.export: ``masking_utils._ignore_causal_mask_sdpa`` returns False while
-  ``torch.compiler.is_exporting()``, so the graph builds a boolean (B, 1, T, T) causal mask
-  and calls SDPA with it and without ``is_causal``; with a mask, ``use_gqa_in_sdpa`` is
-  False and GQA runs by ``repeat_kv`` (k and v copied to every query head, summed back in
-  backward). The fused kernel then computes the blocks above the diagonal too, and
-  ``model_cost`` counts that attention whole: 2x the formulas' causal FLOPs;
+- HF under torch.export, left to itself, builds a boolean (B, 1, T, T) causal mask and calls
+  SDPA with it and without ``is_causal`` (``find_packed_sequence_indices`` cannot read the
+  ``position_ids`` while tracing, ``_ignore_causal_mask_sdpa`` refuses to skip the mask while
+  exporting); with a mask, GQA runs by ``repeat_kv``, the fused kernel computes the blocks
+  above the diagonal too, and ``model_cost`` counted that attention whole (2x the formulas'
+  causal FLOPs, now 1.0000). hspmd captures HF models under ``hspmd.models.hf.training_masks``, which
+  makes both decisions as eager makes them for a training step: SDPA with ``is_causal`` and
+  ``enable_gqa``, as eager runs it (2026-12-06, load 17, two runs at once, main at 1001abe
+  and with training_masks: ATen ops 304-311 -> 247 for the GQA families, 212 -> 179 for GPT-2, loss
+  difference to eager 1e-6 -> 0, CPU-time ratio medians Llama 1.014 -> 0.997, Mistral 1.036
+  -> 0.999, Qwen2 1.002 -> 0.992, GPT-2 1.043 -> 1.022; ``--profile``'s attention line times
+  the masked path against eager);
 - export records ``x[:, :, None]`` (``repeat_kv``) and ``hidden_states[:, slice(0, None)]``
   (``slice_logits_to_keep``) as ``aten.slice`` over whole dims, and hspmd's capture turns
   ``split`` (nanoGPT's and GPT-2's fused qkv) into slices: each slice's backward writes
@@ -280,9 +286,10 @@ def _to_end(end: tuple[Any, ...]) -> bool:
 
 def attention_paths(s: Sizes, *, rounds: int) -> dict[str, float]:
     """SDPA forward + backward at the HF families' shapes here, as HF runs it eagerly
-    (``is_causal=True``, ``enable_gqa=True``) and as the graph torch.export captures runs it
-    (under export HF's ``_ignore_causal_mask_sdpa`` is False: a boolean causal mask, so no
-    ``is_causal``, and GQA by ``repeat_kv``): exported / eager, per round, alternating."""
+    (``is_causal=True``, ``enable_gqa=True``; hspmd's capture too) and as transformers' own
+    masks under torch.export would run it (without ``hspmd.models.hf.training_masks``: a
+    boolean causal mask, so no ``is_causal``, and GQA by ``repeat_kv``): masked / eager, per
+    round, alternating."""
     import torch.nn.functional as F
 
     b, heads, kv, t, d = s.batch, s.heads, s.heads // 2, s.seq, s.hidden // s.heads
@@ -451,7 +458,8 @@ def main() -> None:
     print_families(rows)
     if attention is not None:
         print(
-            f"HF attention (SDPA forward + backward, GQA) as exported / as eager: {ranged(attention)}"
+            f"HF attention (SDPA forward + backward, GQA) with export's mask / as eager: "
+            f"{ranged(attention)}"
         )
     print_costs(costs)
     print(json.dumps({

@@ -73,3 +73,31 @@ def test_plan_data_for_alive_ranks_uses_the_one_planner(
     capsys.readouterr()
     assert main([*argv[:-2], "--slowdown", "3"]) == 2
     assert "is not RANK=FACTOR" in capsys.readouterr().err
+
+
+NANOGPT = f"{Path(__file__).parents[1] / 'models' / 'data' / 'nanogpt_style.py'}:make"
+
+
+def test_plan_data_plans_a_captured_model_that_train_plans_takes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """nanoGPT as written, costed from its graph (no sequence parallelism: a captured model
+    has none yet); `hspmd train --plans` takes its plans (the steps, without a launch)."""
+    from hspmd.cli.plan_lengths import apply_plans
+    from hspmd.train.config import TrainConfig
+    from hspmd.train.packing import planned_steps
+
+    data, out = corpus(tmp_path), tmp_path / "plans.json"
+    argv = ["plan", "--data", str(data), "--max-seq-len", "32", "--tokens-per-step", "128",
+            "--model", NANOGPT, "--strategies", "2", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    assert "nanogpt_style.py:make on local-4" in capsys.readouterr().out
+    plans, _ = load_plans(json.loads(out.read_text()), str(out))
+    assert plans[-1].max_len == 32
+    config = TrainConfig(model=NANOGPT, data=str(data), step_tokens=128, seq_len=32, steps=2)
+    config = apply_plans(config, out.read_text(), path=str(out))
+    assert not config.sequence_parallel
+    assert all(0 < step.tokens <= 128 for step in planned_steps(config))
+    argv[argv.index("32")] = "64"  # nanoGPT's block_size is 32
+    assert main(argv) == 2
+    assert "--max-seq-len 64 exceeds" in capsys.readouterr().err

@@ -3,14 +3,18 @@
     hspmd plan --data corpus.jsonl --max-seq-len 256 --tokens-per-step 1024 --out plans.json
     hspmd plan --data corpus.jsonl --max-seq-len 32768 --tokens-per-step 200000 \\
         --model llama-32b --cluster h20x32 --zero1 on --out plans.json
+    hspmd plan --data corpus.jsonl --max-seq-len 64 --tokens-per-step 256 \\
+        --model my_model.py:make --config '{"n_layer": 4}' --out plans.json
 
-Reads the documents (as ``hspmd train --data`` splits them), makes their length histogram,
-runs the DP per maximum length (``hspmd.planner.lengths``) and writes the strategies with
-their length ranges, the cost lines the dispatch needs and the predicted switch times.
-Without ``--cluster`` it plans for ``--nproc`` local processes (``planner.local``;
-``--slowdown R=F``: slowed ones). With ``--alive RANKS`` it plans for elastic training with
-the one planner (``planner.combined``): only those ranks, kinds apart, ``--min-replicas``
-pipelines holding every layer, ZeRO off; the switch times are the states' fused BSR.
+``--model`` is a preset or any captured model (a factory, ``hf:DIR``), costed from its
+graph (docs/planner.md, "Any model"). Reads the documents (as ``hspmd train --data`` splits
+them), makes their length histogram, runs the DP per maximum length
+(``hspmd.planner.lengths``) and writes the strategies with their length ranges, the cost
+lines the dispatch needs and the predicted switch times. Without ``--cluster`` it plans for
+``--nproc`` local processes (``planner.local``; ``--slowdown R=F``: slowed ones). With
+``--alive RANKS`` it plans for elastic training with the one planner (``planner.combined``):
+only those ranks, kinds apart, ``--min-replicas`` pipelines holding every layer, ZeRO off;
+the switch times are the states' fused BSR.
 """
 
 from __future__ import annotations
@@ -22,12 +26,15 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from hspmd.cli.model_input import model_kwargs
 from hspmd.cli.paths import write_out
+from hspmd.cli.simulate import costed_model
 from hspmd.cli.train import parse_slowdown
 from hspmd.cost.cluster import load_cluster
 from hspmd.cost.lines import CostModel
 from hspmd.data import DEFAULT_MAX_BYTES, document_steps, load_documents, split_documents
-from hspmd.models.config import get_config
+from hspmd.models import get_model
+from hspmd.models.spec import ModuleModel
 from hspmd.plan.strategy import StrategyOptions, parse_ranks
 from hspmd.planner.combined import LengthPlanner, StatesSwitch
 from hspmd.planner.lengths import (
@@ -77,7 +84,12 @@ def run(args: argparse.Namespace) -> int:
     if args.strategies < 1:
         raise LengthPlanError(f"--strategies {args.strategies}: plan at least 1 maximum length")
     model = args.model or "llama-tiny"
-    config = get_config(model)
+    config = costed_model(get_model(model, **dict(model_kwargs(args.config))))
+    if args.max_seq_len > config.max_seq_len:
+        raise LengthPlanError(
+            f"--max-seq-len {args.max_seq_len} exceeds {config.name}'s longest sequence "
+            f"({config.max_seq_len}): plan for at most that"
+        )
     if args.cluster:
         cost = CostModel.of(load_cluster(args.cluster), dtype=args.dtype)
         cluster = args.cluster
@@ -91,9 +103,11 @@ def run(args: argparse.Namespace) -> int:
     hist = Histogram.of([len(d) for d in docs], max_len=args.max_seq_len,
                         smallest=max(1, args.max_seq_len >> (args.strategies + 2)))  # fmt: skip
     zero1 = {"on": [True], "off": [False], "auto": [False, True]}[args.zero1]
+    # a captured model trains without --sequence-parallel yet (TrainConfig._check_module)
+    sp = not isinstance(config, ModuleModel)
     options = [
         o for z in zero1
-        for o in option_sets(StrategyOptions(zero=int(z), sequence_parallel=True, dtype=args.dtype),
+        for o in option_sets(StrategyOptions(zero=int(z), sequence_parallel=sp, dtype=args.dtype),
                              config.num_layers)
     ]  # fmt: skip
     samples = [  # steps of this corpus (seed 1, not the training order) to choose on

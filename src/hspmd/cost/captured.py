@@ -483,7 +483,8 @@ def _measure(
             with torch.no_grad():  # nothing saved: a fused kernel's saves are counted below
                 out = n.target(*args, **kwargs)  # type: ignore[operator]
             counter.quiet = False
-            causal = _attention_kind(n.target) == "causal" or bool(kwargs.get("is_causal"))
+            flag = args[5] if len(args) > 5 else kwargs.get("is_causal")  # ATen: positional
+            causal = _attention_kind(n.target) == "causal" or bool(flag)
             flops = 4 * q.shape[:-2].numel() * q.shape[-2] * k.shape[-2] * q.shape[-1]
             counter.ops.append((n.name, "attention", 1.0, flops / (2 if causal else 1)))
             # a fused kernel's output is laid out (B, T, heads, D) under its (B, heads, T, D)

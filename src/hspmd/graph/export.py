@@ -11,8 +11,8 @@ The graph is then put in the form the rest of hspmd reads:
 
     export's form                              hspmd's form
     placeholder p_model_h_0_w (PARAMETER)      get_attr h.0.w  (the module's own name)
-    placeholders of user inputs                placeholders tokens, targets (or the
-                                               names of ``inputs``: a dataset's fields)
+    placeholders of user inputs                placeholders tokens, targets (segments; or
+                                               the names of ``inputs``: a dataset's fields)
     torch.ops.hspmd.marker(x, name)            hspmd.markers.reshard(x, name)
     split(x, 64, 2) + getitem(.., i)           slice(x, 2, 64 i, 64 (i + 1))
     unbind(x, d) + getitem(.., i)              select(x, d, i)
@@ -49,13 +49,14 @@ from hspmd.errors import HspmdError
 from hspmd.markers import capturing, reshard
 
 __all__ = [
-    "TOKEN_INPUTS", "ExportError", "GraphInput", "StepCall", "capture_step", "sample_batch",
-    "user_frame",
+    "SEGMENTS_INPUT", "TOKEN_INPUTS", "ExportError", "GraphInput", "LengthRangeError", "StepCall",
+    "capture_step", "sample_batch", "user_frame",
 ]  # fmt: skip
 
 StepCall = Callable[..., torch.Tensor]
 """How one training step calls the module: ``(module, *inputs) -> scalar loss`` (the
-inputs in ``GraphInput`` order: ``tokens, targets`` by default)."""
+inputs in ``GraphInput`` order: ``tokens, targets`` by default; with packed documents
+``tokens, targets, segments``, segments the (B, T) document ids)."""
 
 SAMPLE_BATCH, SAMPLE_LENGTH = 3, 7
 """The meta inputs' sizes at capture: odd primes, so that no model constant is mistaken
@@ -80,14 +81,19 @@ class GraphInput:
         shape = (batch, *(length if d is None else d for d in self.trailing))
         return torch.zeros(shape, dtype=getattr(torch, self.dtype), device="meta")
 
-    def dims(self) -> dict[int, Any]:
-        """export's ``dynamic_shapes`` entry: the batch dim and any sequence dim symbolic."""
+    def dims(self, max_length: int | None = None) -> dict[int, Any]:
+        """export's ``dynamic_shapes`` entry: the batch dim and any sequence dim symbolic
+        (the latter up to ``max_length`` when given)."""
         auto = torch.export.Dim.AUTO
-        return {0: auto, **{i + 1: auto for i, d in enumerate(self.trailing) if d is None}}
+        length = auto if max_length is None else auto(max=max(max_length, SAMPLE_LENGTH))
+        return {0: auto, **{i + 1: length for i, d in enumerate(self.trailing) if d is None}}
 
 
 TOKEN_INPUTS = (GraphInput("tokens", (None,)), GraphInput("targets", (None,)))
 """The token protocol's inputs: ``tokens`` and ``targets``, (B, T) int64."""
+
+SEGMENTS_INPUT = GraphInput("segments", (None,))
+"""Packed documents' third input: ``segments``, (B, T) int64 document ids."""
 
 
 def sample_batch(inputs: Sequence[GraphInput]) -> int:
@@ -111,6 +117,16 @@ _ASSERTS = frozenset(
 
 class ExportError(HspmdError, ValueError):
     """A forward that torch.export cannot run on meta tensors (names the user's line)."""
+
+
+class LengthRangeError(ExportError):
+    """A capture whose graph holds only for sequences shorter than the length it was given:
+    the forward's Python decided something by the sample length (``upper``: the most it
+    holds for)."""
+
+    def __init__(self, message: str, upper: int) -> None:
+        super().__init__(message)
+        self.upper = upper
 
 
 class _Step(nn.Module):
@@ -160,14 +176,17 @@ def capture_step(
     call: StepCall,
     blocks: Sequence[nn.Module] | None = None,
     inputs: Sequence[GraphInput] = TOKEN_INPUTS,
+    max_length: int | None = None,
 ) -> torch.fx.GraphModule:
     """The ATen graph of ``call(module, *inputs)`` (module docstring), one placeholder per
     input, named as it; ``blocks`` get ``layers.{i}.input`` markers on their first
-    argument. ``module`` may live on meta."""
+    argument. ``module`` may live on meta. Packed documents: ``inputs`` end with
+    ``SEGMENTS_INPUT``. ``max_length``: the sequence dim ranges up to it (the model's
+    longest), and a graph that holds only for shorter sequences is a ``LengthRangeError``."""
     step = _Step(module, call)
     batch = sample_batch(inputs)
     samples = tuple(i.sample(batch) for i in inputs)
-    dims = tuple(i.dims() for i in inputs)
+    dims = tuple(i.dims(max_length) for i in inputs)
     try:
         with capturing(), _block_markers(blocks):
             program = torch.export.export(
@@ -184,7 +203,28 @@ def capture_step(
             "must run on meta tensors of any batch and length (no .item(), no data-dependent "
             "shapes)"
         ) from error
+    if max_length is not None:
+        _check_length_range(program, module, max_length)
     return _normalize(program, module, [i.name for i in inputs])
+
+
+def _check_length_range(
+    program: torch.export.ExportedProgram, module: nn.Module, max_length: int
+) -> None:
+    tokens = next(n for n in program.graph.nodes if n.op == "placeholder"
+                  and n.name in program.graph_signature.user_inputs)  # fmt: skip
+    length = tokens.meta["val"].shape[1]
+    if not isinstance(length, torch.SymInt):
+        upper = int(length)
+    else:
+        ranges = program.range_constraints.get(length.node.expr)
+        upper = max_length if ranges is None or not ranges.upper.is_finite else int(ranges.upper)
+    if upper < max_length:
+        raise LengthRangeError(
+            f"{type(module).__name__}.forward's capture holds for sequences of at most {upper} "
+            f"tokens, not {max_length}",
+            upper,
+        )
 
 
 # -- from export's form to hspmd's -------------------------------------------------------------

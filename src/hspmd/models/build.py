@@ -128,17 +128,18 @@ def check_weights(model: ModelSpec) -> None:
 
 
 def step_loss(model: ModelSpec, module: nn.Module, *inputs: torch.Tensor) -> torch.Tensor:
-    """The loss of one step of ``plain_model(model)`` on ``(tokens, targets)`` (or a
-    dataset's fields, in ``model.batch`` order), called the way the model is called
-    (``hspmd.models.calling``: positional, Hugging Face, or the items' fields)."""
+    """The loss of one step of ``plain_model(model)`` on ``(tokens, targets)`` (with packed
+    documents ``(tokens, targets, segments)``; or a dataset's fields, in ``model.batch``
+    order), called the way the model is called (``hspmd.models.calling``: positional,
+    Hugging Face, or the items' fields)."""
     if isinstance(model, ModuleModel):
-        from hspmd.models.calling import call_fields, call_step
+        from hspmd.models.calling import call_fields, eager_step
 
         if model.batch:
             named = dict(zip((f.name for f in model.batch), inputs, strict=True))
             return call_fields(module, model.structure, named)
-        tokens, targets = inputs
-        return call_step(module, tokens, targets, model.convention)  # type: ignore[arg-type]
+        tokens, targets, *segments = inputs
+        return eager_step(module, tokens, targets, model.convention, *segments)  # type: ignore[arg-type]
     return module(*inputs)
 
 

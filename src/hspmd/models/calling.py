@@ -19,6 +19,13 @@ hspmd's batches hold ``targets`` already shifted (the next token of each positio
 Hugging Face causal LM gets them as ``shift_labels``: its loss is then the mean over every
 position, the same loss as a positional model's.
 
+Packed documents (``--tokens-per-step``) add ``segments``, each position's document id
+(B, T). A Hugging Face model gets ``position_ids`` restarting at each document
+(``hspmd.attention.document_positions``); a positional model whose forward takes a
+``segments`` or ``position_ids`` argument gets it by that name; any other forward gets
+nothing more. Attention is kept inside each document by hspmd, not by the model: its causal
+SDPA calls run per document (``hspmd.graph.documents``).
+
 >>> import torch
 >>> loss_of((torch.ones(2, 3), torch.tensor(0.5)))
 tensor(0.5000)
@@ -33,11 +40,12 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from hspmd.attention import document_positions, documents_apart
 from hspmd.models.spec import ModelSpecError
 
 __all__ = [
-    "Convention", "call_fields", "call_step", "check_fields", "convention_of", "fields_call",
-    "loss_of", "step_call",
+    "Convention", "call_fields", "call_step", "check_fields", "convention_of",
+    "document_arguments", "eager_step", "fields_call", "loss_of", "step_call",
 ]  # fmt: skip
 
 Convention = Literal["positional", "hf"]
@@ -81,22 +89,64 @@ def loss_of(out: Any) -> torch.Tensor:
     return loss
 
 
-def call_step(
-    module: nn.Module, tokens: torch.Tensor, targets: torch.Tensor, convention: Convention
-) -> torch.Tensor:
-    """One training step's loss of ``module`` on ``(tokens, targets)``."""
+def document_arguments(module: nn.Module, convention: Convention) -> tuple[str, ...]:
+    """The packed documents' arguments a step passes ``module``'s forward by name
+    (module docstring): ``("position_ids",)`` for Hugging Face, those of ``segments`` and
+    ``position_ids`` a positional forward takes, else ``()``."""
     if convention == "hf":
-        out = module(input_ids=tokens, labels=targets, shift_labels=targets, use_cache=False)
+        return ("position_ids",)
+    try:
+        params = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return ()
+    return tuple(name for name in ("segments", "position_ids") if name in params)
+
+
+def _documents(
+    module: nn.Module, convention: Convention, segments: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
+    if segments is None:
+        return {}
+    by_name = {"segments": lambda: segments, "position_ids": lambda: document_positions(segments)}
+    return {name: by_name[name]() for name in document_arguments(module, convention)}
+
+
+def call_step(
+    module: nn.Module, tokens: torch.Tensor, targets: torch.Tensor, convention: Convention,
+    segments: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """One training step's loss of ``module`` on ``(tokens, targets)``; ``segments``: the
+    document ids of packed rows (module docstring)."""
+    extra = _documents(module, convention, segments)
+    if convention == "hf":
+        out = module(
+            input_ids=tokens, labels=targets, shift_labels=targets, use_cache=False, **extra
+        )
     else:
-        out = module(tokens, targets)
+        out = module(tokens, targets, **extra)
     return loss_of(out)
 
 
-def step_call(convention: Convention) -> Any:
-    """``call_step`` with the convention bound: ``(module, tokens, targets) -> loss``."""
+def eager_step(
+    module: nn.Module, tokens: torch.Tensor, targets: torch.Tensor, convention: Convention,
+    segments: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """``call_step`` run eagerly (the reference): with ``segments``, the forward's causal
+    SDPA calls attend inside each document (``hspmd.attention.documents_apart``), as the
+    captured graph's do."""
+    with documents_apart(segments):
+        return call_step(module, tokens, targets, convention, segments)
 
-    def call(module: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return call_step(module, tokens, targets, convention)
+
+def step_call(convention: Convention) -> Any:
+    """``call_step`` with the convention bound: ``(module, tokens, targets[, segments]) ->
+    loss``."""
+
+    def call(
+        module: nn.Module, tokens: torch.Tensor, targets: torch.Tensor,
+        segments: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        return call_step(module, tokens, targets, convention, segments)
 
     return call
 

@@ -22,7 +22,10 @@ can rebuild the module from. What hspmd reads from the module (docs/models.md):
   that reads the tokens, and no limit);
 - initial weights: the factory's own initialization, recorded on the meta device and
   replayed per slice from the seed (``hspmd.models.initial``); ``hf:DIR`` (a Hugging Face
-  folder: ``hspmd.models.hf``) starts from its safetensors weights.
+  folder: ``hspmd.models.hf``) starts from its safetensors weights;
+- packed documents (``load_model(..., packed=True)``): the graph takes ``segments`` too and
+  every causal SDPA runs per document (``hspmd.graph.documents``); a model whose attention
+  takes a mask, or that calls no SDPA, must take ``segments`` itself, else it is refused.
 
 >>> import torch
 >>> model = load_model("hspmd.models.examples:gpt2", {"num_layers": 2})
@@ -52,10 +55,25 @@ from torch.overrides import TorchFunctionMode
 
 from hspmd.errors import HspmdError
 from hspmd.graph.capture import CaptureError, source_line
-from hspmd.graph.export import ExportError, GraphInput, capture_step, user_frame
+from hspmd.graph.documents import keep_documents_apart
+from hspmd.graph.export import (
+    SEGMENTS_INPUT,
+    TOKEN_INPUTS,
+    ExportError,
+    GraphInput,
+    LengthRangeError,
+    capture_step,
+    user_frame,
+)
 from hspmd.markers import is_reshard_node, reshard
-from hspmd.models.calling import check_fields, convention_of, fields_call, step_call
-from hspmd.models.hf import build_hf, hf_config, hf_directory
+from hspmd.models.calling import (
+    check_fields,
+    convention_of,
+    document_arguments,
+    fields_call,
+    step_call,
+)
+from hspmd.models.hf import build_hf, hf_config, hf_directory, training_masks
 from hspmd.models.spec import (
     NO_LIMIT,
     TIED_LAYER,
@@ -290,36 +308,32 @@ Items = tuple[str, tuple[BatchField, ...]]
 
 
 def capture_model(
-    module: nn.Module, kinds: Mapping[str, str], source: str, items: Items | None = None
-) -> tuple[torch.fx.GraphModule, bool]:
+    module: nn.Module, kinds: Mapping[str, str], source: str, items: Items | None = None,
+    *, packed: bool = False,
+) -> tuple[torch.fx.GraphModule, bool]:  # fmt: skip
     """The module's graph with hspmd's markers; True if the module placed its own.
     ``items``: the module is called with a dataset's fields, not (tokens, targets); the
-    fields the first block's input depends on come first among the graph's inputs."""
+    fields the first block's input depends on come first among the graph's inputs.
+    ``packed``: the step takes ``segments`` and keeps documents apart (module docstring)."""
     _, blocks = _blocks(module, source)
     call = step_call(convention_of(module))
-    inputs: tuple[GraphInput, ...] = ()
+    inputs = TOKEN_INPUTS + ((SEGMENTS_INPUT,) if packed else ())
     if items is not None:
         structure, fields = items
         check_fields(module, structure, [f.name for f in fields], source)
         call = fields_call(structure, [f.name for f in fields])
         inputs = tuple(GraphInput(f.name, f.shape, f.dtype) for f in fields)
-    try:
-        gm = capture_step(module, call=call, blocks=list(blocks), **_inputs(inputs))
-    except ExportError as error:
-        hint = "" if inputs else " (a forward of other inputs than tokens: give --dataset)"
-        raise CaptureError(f"{source}: {error}{hint}") from error
+    gm = _export(module, list(blocks), source, call, inputs, items is not None)
     names = [str(n.args[1]) for n in gm.graph.nodes if is_reshard_node(n)]
     own = len(names) != len(set(names))  # the module's own layers.{i}.input and ours
     if own:
-        gm = capture_step(module, call=call, **_inputs(inputs))
+        gm = _export(module, None, source, call, inputs, items is not None)
     _first_inputs_first(gm)
+    if packed:
+        _keep_documents_apart(gm, module, source)
     _insert_tp_markers(gm, kinds, source)
     _split_tied(gm)
     return gm, own
-
-
-def _inputs(inputs: tuple[GraphInput, ...]) -> dict[str, Any]:
-    return {"inputs": inputs} if inputs else {}
 
 
 def _first_inputs_first(gm: torch.fx.GraphModule) -> None:
@@ -335,6 +349,52 @@ def _first_inputs_first(gm: torch.fx.GraphModule) -> None:
         anchor.prepend(node)
     gm.graph.lint()
     gm.recompile()
+
+
+def _export(
+    module: nn.Module, blocks: list[nn.Module] | None, source: str, call: Any,
+    inputs: tuple[GraphInput, ...], fields: bool,
+) -> torch.fx.GraphModule:  # fmt: skip
+    """``capture_step`` of ``call`` on ``inputs``; a Hugging Face model's masks as eager
+    builds them for training (``hspmd.models.hf.training_masks``), unless that holds only
+    for some of its lengths. ``fields``: the inputs are a dataset's."""
+    try:
+        if convention_of(module) != "hf" or fields:
+            return capture_step(module, call=call, blocks=blocks, inputs=inputs)
+        try:
+            with training_masks(causal_skip=True):
+                return capture_step(module, call=call, blocks=blocks, inputs=inputs,
+                                    max_length=_max_len(module))  # fmt: skip
+        except LengthRangeError:  # e.g. a sliding window shorter than the longest length
+            with training_masks(causal_skip=False):
+                return capture_step(module, call=call, blocks=blocks, inputs=inputs)
+    except ExportError as error:
+        hint = "" if fields else " (a forward of other inputs than tokens: give --dataset)"
+        raise CaptureError(f"{source}: {error}{hint}") from error
+
+
+def _keep_documents_apart(gm: torch.fx.GraphModule, module: nn.Module, source: str) -> None:
+    segments = next(n for n in gm.graph.nodes if n.op == "placeholder" and n.target == "segments")
+    found = keep_documents_apart(gm.graph, segments)
+    gm.recompile()
+    convention = convention_of(module)
+    if "segments" in document_arguments(module, convention):
+        return  # the forward keeps documents apart itself where its attention has a mask
+    if found.dropped:
+        return  # refused in one line before launch: hspmd.train.packing.check_packed_dropout
+    if found.masked:
+        where = source_line(found.masked[0]) or found.masked[0].name
+        why = f"its attention at {where} takes a mask, which hspmd cannot keep to one document"
+    elif not found.replaced:
+        why = "its graph has no F.scaled_dot_product_attention to run per document"
+    else:
+        return
+    raise ModelSpecError(
+        f"{source} cannot train on packed documents (--tokens-per-step): {why}. A model must "
+        "call F.scaled_dot_product_attention(q, k, v, is_causal=True) without a mask (hspmd "
+        "runs it per document), or take `segments` in its forward and keep documents apart "
+        "itself"
+    )
 
 
 def _split_tied(gm: torch.fx.GraphModule) -> None:
@@ -434,12 +494,13 @@ def _shapes(
 
 
 def _samples(
-    gm: torch.fx.GraphModule, rows: tuple[int, ...], items: Items | None
+    gm: torch.fx.GraphModule, rows: tuple[int, ...], items: Items | None, packed: bool = False
 ) -> tuple[torch.Tensor, ...]:
-    """Meta inputs of ``rows`` leading dims: tokens and targets, or a dataset's fields."""
+    """Meta inputs of ``rows`` leading dims: tokens and targets (and packed documents'
+    segments), or a dataset's fields."""
     if items is None:
         tokens = torch.zeros(rows, dtype=torch.long, device="meta")
-        return (tokens, tokens)
+        return (tokens, tokens, tokens) if packed else (tokens, tokens)
     fields = {f.name: f for f in items[1]}
     return tuple(
         GraphInput(str(n.target), fields[str(n.target)].shape, fields[str(n.target)].dtype).sample(rows[0])
@@ -496,12 +557,14 @@ def load_model(
     *,
     tp_rules: tuple[tuple[str, str], ...] | None = None,
     items: Items | None = None,
+    packed: bool = False,
 ) -> ModuleModel:
     """Read the model ``source`` names (module docstring) into a ``ModuleModel``;
     ``tp_rules`` go before the module's own (a plan's per-parameter annotations);
-    ``items``: it trains on a dataset's items (``--dataset``), not on tokens."""
+    ``items``: it trains on a dataset's items (``--dataset``), not on tokens; ``packed``:
+    its graph (``model_graph``) takes packed documents' ``segments``."""
     kwargs = dict(kwargs or {})
-    return _load(source, tuple(sorted(kwargs.items())), tp_rules, _items_key(items))
+    return _load(source, tuple(sorted(kwargs.items())), tp_rules, _items_key(items), packed)
 
 
 def _items_key(items: Items | None) -> Items | None:
@@ -520,6 +583,7 @@ def _load(
     kwargs: tuple[tuple[str, Any], ...],
     override: tuple[tuple[str, str], ...] | None,
     items: Items | None,
+    packed: bool,
 ) -> ModuleModel:
     with on_meta():
         module = build_module(source, dict(kwargs))
@@ -529,11 +593,11 @@ def _load(
         rules = _checked(override, source) + rules
     names = [n for n, _ in module.named_parameters()]
     kinds = {n: kind_by_rules(n, rules) for n in names}
-    gm, own = _capture(source, kwargs, rules, items)
+    gm, own = _capture(source, kwargs, rules, items, packed)
     num_layers = len(blocks)
     max_len = NO_LIMIT if items is not None else _max_len(module)
     rows = (2,) if items is not None else (2, min(8, max_len))
-    markers = _marker_shapes(gm, rows, items, source)
+    markers = _marker_shapes(gm, rows, items, source, packed)
     block_inputs = {shape for name, shape in markers if name.endswith(".input")}
     if len(block_inputs) != 1 or (items is None and len(next(iter(block_inputs))) != 1):
         what = "(B, T, H)" if items is None else "(B, ...)"
@@ -568,14 +632,17 @@ def _load(
         tied=_tied(gm, num_layers),
         hf_config=_hf_config(module, source, dict(kwargs)),
         **_batch_fields(gm, items, num_layers, stream, source),
+        ignore_index=_ignore_index(gm),
+        packed=packed,
     )
 
 
 def _marker_shapes(
-    gm: torch.fx.GraphModule, rows: tuple[int, ...], items: Items | None, source: str
-) -> list[tuple[str, tuple[int, ...]]]:
+    gm: torch.fx.GraphModule, rows: tuple[int, ...], items: Items | None, source: str,
+    packed: bool,
+) -> list[tuple[str, tuple[int, ...]]]:  # fmt: skip
     """Every marker's name and its shape after the ``rows`` dims (B, T; or B alone)."""
-    shapes = _shapes(gm, _samples(gm, rows, items))
+    shapes = _shapes(gm, _samples(gm, rows, items, packed))
     markers = []
     for node in gm.graph.nodes:
         if not is_reshard_node(node):
@@ -630,6 +697,20 @@ def _batch_fields(
             layer = num_layers - 1
         out.append(BatchField(f.name, f.shape, f.dtype, layer))
     return {"batch": tuple(out), "structure": structure, "stream": stream}
+
+
+_CROSS_ENTROPY = torch.ops.aten.cross_entropy_loss.default
+
+
+def _ignore_index(gm: torch.fx.GraphModule) -> int:
+    """The ``ignore_index`` of the graph's cross-entropy (``F.cross_entropy``'s -100 where
+    it has none, or several that differ)."""
+    found = {
+        int(n.args[4] if len(n.args) > 4 else n.kwargs.get("ignore_index", -100))
+        for n in gm.graph.nodes
+        if n.target is _CROSS_ENTROPY
+    }
+    return found.pop() if len(found) == 1 else -100
 
 
 def _hf_config(module: nn.Module, source: str, kwargs: Mapping[str, Any]) -> str:
@@ -702,15 +783,16 @@ def _capture(
     kwargs: tuple[tuple[str, Any], ...],
     rules: tuple[tuple[str, str], ...],
     items: Items | None = None,
+    packed: bool = False,
 ) -> tuple[torch.fx.GraphModule, bool]:
     with on_meta():
         module = build_module(source, dict(kwargs))
     kinds = {n: kind_by_rules(n, rules) for n, _ in module.named_parameters()}
-    return capture_model(module, kinds, source, items)
+    return capture_model(module, kinds, source, items, packed=packed)
 
 
 def model_graph(model: ModuleModel) -> torch.fx.GraphModule:
     """The captured graph of ``model`` on the meta device, with its markers (shared: read
-    only, docs/decisions.md "Shared caches")."""
+    only, docs/decisions.md "Shared caches"); with ``model.packed`` it takes ``segments``."""
     items = _items_key((model.structure, model.batch)) if model.batch else None
-    return _capture(model.source, model.kwargs, model.tp_rules, items)[0]
+    return _capture(model.source, model.kwargs, model.tp_rules, items, model.packed)[0]

@@ -254,6 +254,8 @@ class ModuleModel:
     batch: tuple[BatchField, ...] = ()
     structure: str = ""
     stream: tuple[int, ...] = ()
+    packed: bool = False  # its graph takes packed documents' segments (hspmd.models.module)
+    ignore_index: int = -100  # the target its loss ignores (padding of packed rows)
     _by_name: dict[str, ParamInfo] = field(
         default_factory=dict, init=False, compare=False, hash=False, repr=False
     )

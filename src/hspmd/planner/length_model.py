@@ -254,7 +254,8 @@ def pipe_configs(
 def _tp_cp(config: ModelSpec, node: int, *, context_parallel: bool) -> list[tuple[int, int]]:
     """``(tp, cp)`` pairs of powers of two: ``tp`` dividing every size the model's TP must
     divide (``tp_sizes``), ``tp * cp`` within ``node`` and, for ``cp > 1``, dividing the
-    heads of every attention tensor (the ``heads`` markers: split TP x CP ways there)."""
+    heads of every attention tensor (the ``heads`` markers: split TP x CP ways there); a
+    model that states no heads (a captured module) takes no CP."""
     sizes = list(config.tp_sizes(0, config.num_layers - 1).values())
     heads = [m.trailing[0] for m in config.markers() if m.placement == "heads"]
     out = []
@@ -263,7 +264,7 @@ def _tp_cp(config: ModelSpec, node: int, *, context_parallel: bool) -> list[tupl
         cp = 1
         while tp * cp <= node:
             degree = tp * cp
-            if cp == 1 or all(n % degree == 0 for n in heads):
+            if cp == 1 or (heads and all(n % degree == 0 for n in heads)):
                 out.append((tp, cp))
             if not context_parallel:
                 break

@@ -85,14 +85,25 @@ def deduce_pipeline(
         markers["logits"] = _gathered_logits(markers["logits"])
     params = {name: spec.annotation for name, spec in parameter_annotations(sub, config).items()}
     gm = model_graph(config)
+    annotations: dict[str, Annotation | None] = {n: s.annotation for n, s in inputs.items()}
+    shapes = {name: spec.shape for name, spec in inputs.items()}
+    if _takes_segments(gm):  # packed documents' ids: data every rank of the stage holds whole
+        annotations["segments"], shapes["segments"] = None, inputs["tokens"].shape
     return deduce(
         gm,
-        input_annotations={name: spec.annotation for name, spec in inputs.items()},
+        input_annotations=annotations,
         param_annotations={**params, **tied_annotations(gm, pipeline, params, config)},
         marker_annotations=markers,
-        input_shapes={name: spec.shape for name, spec in inputs.items()},
+        input_shapes=shapes,
         input_dtypes={f.name: getattr(torch, f.dtype) for f in getattr(config, "batch", ())},
     )
+
+
+def _takes_segments(gm: torch.fx.GraphModule) -> bool:
+    """True if the graph needs ``segments`` (a captured model's packed step); the Llama's
+    is optional (``segments=None``)."""
+    return any(n.op == "placeholder" and n.target == "segments" and not n.args
+               for n in gm.graph.nodes)  # fmt: skip
 
 
 def tied_annotations(

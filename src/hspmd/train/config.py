@@ -339,8 +339,6 @@ class TrainConfig:
     def _check_module(self, model: ModuleModel) -> None:
         """What a user module's run cannot do yet (each one line with the fix)."""
         refused = [
-            ("--tokens-per-step", self.step_tokens is not None,
-             "packed documents need the model's attention to take segments"),
             ("--sequence-parallel", self.sequence_parallel,
              "the markers hspmd inserts keep the stream whole"),
         ]  # fmt: skip
@@ -541,7 +539,8 @@ class TrainConfig:
             from hspmd.models.module import load_model
 
             return load_model(self.model, dict(self.model_overrides), tp_rules=self.tp_rules,
-                              items=self.dataset_items())  # fmt: skip
+                              items=self.dataset_items(),
+                              packed=self.step_tokens is not None)  # fmt: skip
         return get_config(self.model, **dict(self.model_overrides))
 
     @property

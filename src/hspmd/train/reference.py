@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from hspmd.models.build import plain_model, step_loss
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import parse_strategy
 from hspmd.randomness import positional_dropout
 from hspmd.train.batches import accumulation_passes, check_data, eval_batches, step_batches
@@ -105,7 +106,7 @@ def run_reference(
         optimizer.zero_grad(set_to_none=True)
         fields: dict[str, Any] = {}
         if isinstance(batch, PackedStep):
-            loss, fields = _packed_step(model, batch, device), record_fields(batch)
+            loss, fields = _packed_step(spec, model, batch, device), record_fields(batch)
         else:
             loss = 0.0
             for k, part in enumerate(accumulation_passes(batch, config)):
@@ -178,7 +179,9 @@ def _batches(config: TrainConfig) -> Iterator[tuple[torch.Tensor, ...] | PackedS
     return packed_steps(config, parse_strategy(config.strategy))
 
 
-def _packed_step(model: nn.Module, step: PackedStep, device: torch.device) -> float:
+def _packed_step(
+    spec: ModelSpec, model: nn.Module, step: PackedStep, device: torch.device
+) -> float:
     """Every micro-batch of every pipeline, as the strategy packs them, on this process:
     the same weighted sum of mean token losses (backpropagated) as the distributed run."""
     total = 0.0
@@ -187,7 +190,7 @@ def _packed_step(model: nn.Module, step: PackedStep, device: torch.device) -> fl
             if mb.real_tokens == 0:  # an empty micro-batch (length plans): skipped
                 continue
             tokens, targets, segments = (t.to(device) for t in (mb.tokens, mb.targets, mb.segments))
-            loss = model(tokens, targets, segments) * step.scale(p, m)
+            loss = step_loss(spec, model, tokens, targets, segments) * step.scale(p, m)
             loss.backward()
             total += float(loss.detach())
     return total
