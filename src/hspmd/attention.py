@@ -29,6 +29,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from hspmd.markers import is_capturing, record_as
+
 __all__ = ["causal_attention", "document_spans", "masked_attention"]
 
 
@@ -54,7 +56,10 @@ def causal_attention(
     *,
     enable_gqa: bool = False,
 ) -> torch.Tensor:
-    """``(B, heads, T, hd)`` attention of each position to its document's earlier ones."""
+    """``(B, heads, T, hd)`` attention of each position to its document's earlier ones.
+    At capture: one node ``hspmd::causal_attention`` (``hspmd.markers.record_as``)."""
+    if is_capturing():
+        return _attention_op(q, k, v, segments, enable_gqa)
     if segments is None or q.device.type == "meta":  # meta: shape propagation
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=enable_gqa)
     rows = []
@@ -72,6 +77,23 @@ def causal_attention(
         ]  # each (1, heads, n, hd)
         rows.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=2))
     return rows[0] if len(rows) == 1 else torch.cat(rows)
+
+
+@torch.library.custom_op("hspmd::causal_attention", mutates_args=())
+def _attention_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: torch.Tensor | None,
+    enable_gqa: bool,
+) -> torch.Tensor:  # fmt: skip
+    """``causal_attention`` as one node of a captured graph (capture only)."""
+    return causal_attention(q, k, v, segments, enable_gqa=enable_gqa)
+
+
+@_attention_op.register_fake
+def _(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: torch.Tensor | None,
+    enable_gqa: bool,
+) -> torch.Tensor:  # fmt: skip
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
 def block_causal_mask(segments: torch.Tensor) -> torch.Tensor:
@@ -93,3 +115,6 @@ def masked_attention(
     """``causal_attention`` as one SDPA with the block-diagonal causal mask."""
     mask = block_causal_mask(segments)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=enable_gqa)
+
+
+record_as(torch.ops.hspmd.causal_attention.default, causal_attention)

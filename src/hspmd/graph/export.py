@@ -13,6 +13,7 @@ The graph is then put in the form the rest of hspmd reads:
     placeholder p_model_h_0_w (PARAMETER)      get_attr h.0.w  (the module's own name)
     placeholders of user inputs                placeholders tokens, targets
     torch.ops.hspmd.marker(x, name)            hspmd.markers.reshard(x, name)
+    torch.ops.hspmd.rms_norm(x, ...) etc.      the function it stands for (markers.record_as)
     split(x, 64, 2) + getitem(.., i)           slice(x, 2, 64 i, 64 (i + 1))
     unbind(x, d) + getitem(.., i)              select(x, d, i)
     device(type='meta') arguments              getattr(tokens, "device")
@@ -33,6 +34,7 @@ The graph is then put in the form the rest of hspmd reads:
 
 from __future__ import annotations
 
+import inspect
 import operator
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -44,7 +46,7 @@ import torch.fx
 from torch import nn
 
 from hspmd.errors import HspmdError
-from hspmd.markers import capturing, reshard
+from hspmd.markers import capturing, eager_function, reshard
 
 __all__ = ["ExportError", "StepCall", "capture_step", "user_frame"]
 
@@ -69,15 +71,20 @@ class ExportError(HspmdError, ValueError):
 
 
 class _Step(nn.Module):
-    """The module and its calling convention as one ``forward(tokens, targets) -> loss``."""
+    """The module and its calling convention as one ``forward(tokens, targets) -> loss``
+    (``(tokens, targets, segments)`` for a step that takes packed documents' ids)."""
 
-    def __init__(self, model: nn.Module, call: StepCall) -> None:
+    def __init__(self, model: nn.Module, call: Callable[..., torch.Tensor]) -> None:
         super().__init__()
         self.model = model
         self._call = call
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return self._call(self.model, tokens, targets)
+    def forward(
+        self, tokens: torch.Tensor, targets: torch.Tensor, segments: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if segments is None:
+            return self._call(self.model, tokens, targets)
+        return self._call(self.model, tokens, targets, segments)
 
 
 def user_frame(error: BaseException) -> str | None:
@@ -112,21 +119,24 @@ def _block_markers(blocks: Sequence[nn.Module] | None) -> Iterator[None]:
 def capture_step(
     module: nn.Module,
     *,
-    call: StepCall,
+    call: StepCall | Callable[..., torch.Tensor],
     blocks: Sequence[nn.Module] | None = None,
+    segments: bool = False,
 ) -> torch.fx.GraphModule:
     """The ATen graph of ``call(module, tokens, targets)`` (module docstring); ``blocks``
-    get ``layers.{i}.input`` markers on their first argument. ``module`` may live on meta."""
+    get ``layers.{i}.input`` markers on their first argument. ``module`` may live on meta.
+    ``segments``: the step takes a third (B, T) int64 input, packed documents' ids
+    (``call(module, tokens, targets, segments)``), a placeholder that defaults to None."""
     step = _Step(module, call)
-    tokens = torch.zeros(SAMPLE_BATCH, SAMPLE_LENGTH, dtype=torch.long, device="meta")
-    targets = torch.zeros(SAMPLE_BATCH, SAMPLE_LENGTH, dtype=torch.long, device="meta")
+    names = ("tokens", "targets", "segments")[: 3 if segments else 2]
+    sample = tuple(
+        torch.zeros(SAMPLE_BATCH, SAMPLE_LENGTH, dtype=torch.long, device="meta") for _ in names
+    )
     auto = torch.export.Dim.AUTO
-    dims = ({0: auto, 1: auto}, {0: auto, 1: auto})
+    dims = tuple({0: auto, 1: auto} for _ in names)
     try:
         with capturing(), _block_markers(blocks):
-            program = torch.export.export(
-                step, (tokens, targets), dynamic_shapes=dims, strict=False
-            )
+            program = torch.export.export(step, sample, dynamic_shapes=dims, strict=False)
     except HspmdError:
         raise
     except Exception as error:
@@ -138,7 +148,7 @@ def capture_step(
             "must run on meta tensors of any batch and length (no .item(), no data-dependent "
             "shapes)"
         ) from error
-    return _normalize(program, module)
+    return _normalize(program, module, names)
 
 
 # -- from export's form to hspmd's -------------------------------------------------------------
@@ -154,21 +164,26 @@ def _names(module: nn.Module) -> dict[int, str]:
     return found
 
 
-def _normalize(program: torch.export.ExportedProgram, module: nn.Module) -> torch.fx.GraphModule:
+def _normalize(
+    program: torch.export.ExportedProgram, module: nn.Module, inputs: tuple[str, ...]
+) -> torch.fx.GraphModule:
     source = program.graph_module.graph
     names = _names(module)
     root: dict[str, Any] = {}
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, Any] = {}
-    user_inputs = iter(("tokens", "targets"))
+    user_inputs = iter(inputs)
     specs = {spec.arg.name: spec for spec in program.graph_signature.input_specs}
     user = torch.export.graph_signature.InputKind.USER_INPUT
     placeholders = [n for n in source.nodes if n.op == "placeholder"]
     for node in placeholders:  # the inputs first: fx code takes them as arguments
         if specs[node.name].kind == user:
-            env[node] = graph.placeholder(next(user_inputs))
+            name = next(user_inputs)
+            optional = {"default_value": None} if name == "segments" else {}
+            env[node] = graph.placeholder(name, **optional)
             env[node].meta = dict(node.meta)
-    device = graph.call_function(getattr, (env[placeholders[-2]], "device"))
+    tokens = next(n for n in placeholders if specs[n.name].kind == user)
+    device = graph.call_function(getattr, (env[tokens], "device"))
     for node in source.nodes:
         if node.op == "placeholder":
             spec = specs[node.name]
@@ -226,8 +241,10 @@ def _copy(
         return value
 
     args, kwargs = arg(node.args), arg(node.kwargs)
-    if node.target is torch.ops.hspmd.marker.default:
-        new = graph.call_function(reshard, args, kwargs)
+    function = eager_function(node.target)
+    if function is not None:
+        args, kwargs = _function_arguments(node.target, function, args, kwargs)
+        new = graph.call_function(function, args, kwargs)
     else:
         new = graph.call_function(node.target, args, kwargs)  # type: ignore[arg-type]
     new.meta = dict(node.meta)
@@ -236,6 +253,19 @@ def _copy(
         new.meta["nn_module_stack"] = _module_stack(stack)
     new.name = node.name
     env[node] = new  # type: ignore[index]
+
+
+def _function_arguments(
+    op: Any, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A custom op's arguments as ``function`` takes them (the same names, its keyword-only
+    ones by keyword): ``causal_attention(q, k, v, segments, enable_gqa=True)``."""
+    names = [a.name for a in op._schema.arguments]
+    bound = {**dict(zip(names, args, strict=False)), **kwargs}
+    params = inspect.signature(function).parameters
+    keyword = {n for n in names if params[n].kind is inspect.Parameter.KEYWORD_ONLY}
+    positional = tuple(bound[n] for n in names if n not in keyword and n in bound)
+    return positional, {n: bound[n] for n in names if n in keyword and n in bound}
 
 
 def _module_stack(stack: Mapping[str, tuple[str, Any]]) -> dict[str, tuple[str, Any]]:
