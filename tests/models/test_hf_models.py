@@ -46,9 +46,9 @@ def test_nanogpt_as_written_is_read_from_itself() -> None:
     assert model.param_kind("transformer.h.0.attn.c_attn.weight") == "replicate"  # fused qkv
 
 
-def _equal(model: str, strategy: str, batch: int, **kwargs: object) -> None:
+def _equal(model: str, strategy: str, batch: int, sp: bool = False, **kwargs: object) -> None:
     config = TrainConfig(model=model, model_overrides=tuple(kwargs.items()), strategy=strategy,
-                         global_batch=batch, seq_len=16, steps=2)  # fmt: skip
+                         global_batch=batch, seq_len=16, steps=2, sequence_parallel=sp)  # fmt: skip
     got, want = train(config).losses, run_reference(config).losses
     assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5, (got, want)
 
@@ -71,6 +71,21 @@ def test_hf_gpt2_tied_trains_under_dp() -> None:
 @pytest.mark.multiproc
 def test_nanogpt_as_written_trains_under_tp_and_dp() -> None:
     _equal(f"{NANOGPT}:make", "2x1: R0-1:L0-2; 1x2: R2:L0-2", 4)
+
+
+@pytest.mark.multiproc
+def test_hf_llama_trains_sequence_parallel_across_a_stage_boundary() -> None:
+    """The stream split on the sequence inside TP stages: the o_proj/down_proj outputs
+    reduce-scattered, the q_proj/gate_proj inputs all-gathered, the norms' gradients
+    summed over TP, a T/2-long activation sent between the stages."""
+    _equal(f"{HF}:llama", "1x2: R0-1:L0-1 R2-3:L2-3", 2, sp=True)
+
+
+@pytest.mark.multiproc
+def test_nanogpt_trains_sequence_parallel() -> None:
+    """Its fused attention is replicate: deduction gathers the sequence where an op needs
+    it whole (the positional embedding's add, attention), the rest runs on T/2 positions."""
+    _equal(f"{NANOGPT}:make", "1x2: R0-1:L0-2", 2, sp=True)
 
 
 @pytest.mark.multiproc

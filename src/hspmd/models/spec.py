@@ -61,6 +61,7 @@ __all__ = [
     "ModelSpecError",
     "ModuleModel",
     "ParamInfo",
+    "Placement",
     "TPKind",
     "TP_KINDS",
     "kind_by_rules",

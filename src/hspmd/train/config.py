@@ -326,8 +326,6 @@ class TrainConfig:
         refused = [
             ("--tokens-per-step", self.step_tokens is not None,
              "packed documents need the model's attention to take segments"),
-            ("--sequence-parallel", self.sequence_parallel,
-             "the markers hspmd inserts keep the stream whole"),
         ]  # fmt: skip
         for flag, given, why in refused:
             if given:
