@@ -134,7 +134,7 @@ def test_sequence_parallel_graph_gathers_and_scatters() -> None:
     ]
     last = build_executable(CONFIG, strategy, sp, 3, seq_len=SEQ, seed=0)
     code = last.graph_module.code  # T for the RoPE tables, from the length of the call
-    assert "stage_shape(activation, (2, 8), 4)" in code  # the tokens' (B, T) from (B, T/tp, H)
+    assert "stage_shape(activation, (2, 16), 8)" in code  # tokens (B, T) from (B, T/tp, H)
     assert "getitem_1 = stage_shape_1[1]" in code and "(rope_cos, 0, 0, getitem_1)" in code
     assert last.length_multiple == 2
     assert "all-reduce" in str(last) and "norm.weight" in last.grad_sync[0].names
