@@ -107,3 +107,15 @@ def test_a_tied_weight_lives_on_both_of_its_stages() -> None:
     with pytest.raises(TrainError, match="--zero1 does not shard yet"):
         TrainConfig(model=f"{NANOGPT}:make", strategy="2x1: R0:L0 R1:L1-2", global_batch=2,
                     seq_len=16, zero=1).model_config()  # fmt: skip
+
+
+def test_context_parallelism_is_refused_in_one_line_naming_what_the_model_lacks() -> None:
+    """CP trades the sequence split for a heads split at attention-head markers; a captured
+    model has none (docs/models.md), so a CP stage on it is refused before launch."""
+    from hspmd.errors import StrategyError
+    from hspmd.plan.schema import activation_annotations
+    from hspmd.plan.strategy import parse_strategy
+
+    model = load_model(f"{HF}:llama")
+    with pytest.raises(StrategyError, match="has no attention-head markers .* use :C1 there"):
+        activation_annotations(parse_strategy("1x2: R0-1:L0-3:C2"), model, seq_len=16)
