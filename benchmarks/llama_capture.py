@@ -13,6 +13,9 @@ losses of the first step compared (equal to the last bit, or the difference prin
 
     one rank   "1xB: R0:L0-.."      no communication
     2-rank TP  "1xB: R0-1:L0-.."    Megatron TP over gloo (2 local processes)
+    capture    each path's capture of the model (and of ``--capture-model``, llama-70b by
+               default) in this process, CPU seconds, after a 1-layer warm-up capture of
+               each that pays the first-call imports
 
     PYTHONPATH=src .venv/bin/python benchmarks/llama_capture.py           # llama-small
     PYTHONPATH=src .venv/bin/python benchmarks/llama_capture.py --quick   # llama-tiny
@@ -120,11 +123,24 @@ def measure(args: argparse.Namespace, ranks: int) -> dict[str, Any]:
     return row
 
 
+def capture_seconds(name: str) -> dict[str, float]:
+    """CPU seconds of each path's capture of preset ``name`` (module docstring)."""
+    out = {}
+    for side, graph in (("fx", fx_graph), ("export", model_graph)):
+        graph(get_config("llama-tiny", num_layers=1))  # first-call imports
+        config = get_config(name)
+        begin = time.process_time()
+        graph(config)
+        out[side] = time.process_time() - begin
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="llama-tiny, short sequences")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--capture-model", default="llama-70b", help="a preset to capture")
     args = parser.parse_args()
     args.model = "llama-tiny" if args.quick else "llama-small"
     args.batch, args.seq = (2, 32) if args.quick else (4, 256)
@@ -141,7 +157,14 @@ def main() -> None:
                 f"{row['loss_diff']:.1e}",
             )  # fmt: skip
     Console().print(table)
-    print(json.dumps({"benchmark": "llama_capture", "model": args.model, "rows": rows}))
+    captures = {name: capture_seconds(name) for name in (args.model, args.capture_model)}
+    for name, seconds in captures.items():
+        print(
+            f"capture of {name}: fx {seconds['fx']:.2f} s CPU, export {seconds['export']:.2f} s CPU"
+        )
+    print(json.dumps({
+        "benchmark": "llama_capture", "model": args.model, "rows": rows, "capture_cpu_s": captures,
+    }))  # fmt: skip
 
 
 if __name__ == "__main__":
