@@ -41,6 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from hspmd.markers import is_capturing, record_as
+
 __all__ = [
     "causal_attention", "document_positions", "document_spans", "documents_apart",
     "masked_attention", "plain_causal",
@@ -71,7 +73,10 @@ def causal_attention(
     enable_gqa: bool = False,
 ) -> torch.Tensor:
     """``(B, heads, T, hd)`` attention of each position to its document's earlier ones
-    (``scale`` and ``enable_gqa`` as SDPA's)."""
+    (``scale`` and ``enable_gqa`` as SDPA's). At capture: one node
+    ``hspmd::causal_attention`` (``hspmd.markers.record_as``)."""
+    if is_capturing():
+        return _attention_op(q, k, v, segments, scale, enable_gqa)
 
     def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return F.scaled_dot_product_attention(
@@ -95,6 +100,23 @@ def causal_attention(
         ]  # each (1, heads, n, hd)
         rows.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=2))
     return rows[0] if len(rows) == 1 else torch.cat(rows)
+
+
+@torch.library.custom_op("hspmd::causal_attention", mutates_args=())
+def _attention_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: torch.Tensor | None,
+    scale: float | None, enable_gqa: bool,
+) -> torch.Tensor:  # fmt: skip
+    """``causal_attention`` as one node of a captured graph (capture only)."""
+    return causal_attention(q, k, v, segments, scale=scale, enable_gqa=enable_gqa)
+
+
+@_attention_op.register_fake
+def _(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: torch.Tensor | None,
+    scale: float | None, enable_gqa: bool,
+) -> torch.Tensor:  # fmt: skip
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
 def block_causal_mask(segments: torch.Tensor) -> torch.Tensor:
@@ -190,3 +212,6 @@ def documents_apart(segments: torch.Tensor | None) -> Iterator[None]:
         return
     with _DocumentsApart(segments):
         yield
+
+
+record_as(torch.ops.hspmd.causal_attention.default, causal_attention)

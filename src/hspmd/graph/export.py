@@ -14,6 +14,7 @@ The graph is then put in the form the rest of hspmd reads:
     placeholders of user inputs                placeholders tokens, targets (segments; or
                                                the names of ``inputs``: a dataset's fields)
     torch.ops.hspmd.marker(x, name)            hspmd.markers.reshard(x, name)
+    torch.ops.hspmd.rms_norm(x, ...) etc.      the function it stands for (markers.record_as)
     split(x, 64, 2) + getitem(.., i)           slice(x, 2, 64 i, 64 (i + 1))
     unbind(x, d) + getitem(.., i)              select(x, d, i)
     device(type='meta') arguments              getattr(tokens, "device")
@@ -34,6 +35,7 @@ The graph is then put in the form the rest of hspmd reads:
 
 from __future__ import annotations
 
+import inspect
 import operator
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -46,7 +48,7 @@ import torch.fx
 from torch import nn
 
 from hspmd.errors import HspmdError
-from hspmd.markers import capturing, reshard
+from hspmd.markers import capturing, eager_function, reshard
 
 __all__ = [
     "SEGMENTS_INPUT", "TOKEN_INPUTS", "ExportError", "GraphInput", "LengthRangeError", "StepCall",
@@ -132,7 +134,7 @@ class LengthRangeError(ExportError):
 class _Step(nn.Module):
     """The module and its calling convention as one ``forward(*inputs) -> loss``."""
 
-    def __init__(self, model: nn.Module, call: StepCall) -> None:
+    def __init__(self, model: nn.Module, call: Callable[..., torch.Tensor]) -> None:
         super().__init__()
         self.model = model
         self._call = call
@@ -173,7 +175,7 @@ def _block_markers(blocks: Sequence[nn.Module] | None) -> Iterator[None]:
 def capture_step(
     module: nn.Module,
     *,
-    call: StepCall,
+    call: StepCall | Callable[..., torch.Tensor],
     blocks: Sequence[nn.Module] | None = None,
     inputs: Sequence[GraphInput] = TOKEN_INPUTS,
     max_length: int | None = None,
@@ -254,7 +256,9 @@ def _normalize(
     placeholders = [n for n in source.nodes if n.op == "placeholder"]
     for node in placeholders:  # the inputs first: fx code takes them as arguments
         if specs[node.name].kind == user:
-            env[node] = graph.placeholder(next(user_inputs))
+            name = next(user_inputs)
+            optional = {"default_value": None} if name == "segments" else {}
+            env[node] = graph.placeholder(name, **optional)
             env[node].meta = dict(node.meta)
     first = next(n for n in placeholders if specs[n.name].kind == user)
     device = graph.call_function(getattr, (env[first], "device"))
@@ -315,8 +319,10 @@ def _copy(
         return value
 
     args, kwargs = arg(node.args), arg(node.kwargs)
-    if node.target is torch.ops.hspmd.marker.default:
-        new = graph.call_function(reshard, args, kwargs)
+    function = eager_function(node.target)
+    if function is not None:
+        args, kwargs = _function_arguments(node.target, function, args, kwargs)
+        new = graph.call_function(function, args, kwargs)
     else:
         new = graph.call_function(node.target, args, kwargs)  # type: ignore[arg-type]
     new.meta = dict(node.meta)
@@ -325,6 +331,19 @@ def _copy(
         new.meta["nn_module_stack"] = _module_stack(stack)
     new.name = node.name
     env[node] = new  # type: ignore[index]
+
+
+def _function_arguments(
+    op: Any, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A custom op's arguments as ``function`` takes them (the same names, its keyword-only
+    ones by keyword): ``causal_attention(q, k, v, segments, enable_gqa=True)``."""
+    names = [a.name for a in op._schema.arguments]
+    bound = {**dict(zip(names, args, strict=False)), **kwargs}
+    params = inspect.signature(function).parameters
+    keyword = {n for n in names if params[n].kind is inspect.Parameter.KEYWORD_ONLY}
+    positional = tuple(bound[n] for n in names if n not in keyword and n in bound)
+    return positional, {n: bound[n] for n in names if n in keyword and n in bound}
 
 
 def _module_stack(stack: Mapping[str, tuple[str, Any]]) -> dict[str, tuple[str, Any]]:

@@ -80,6 +80,18 @@ class LlamaConfig:
                 return name
         return f"llama ({self.num_layers} layers, hidden {self.hidden_size})"
 
+    @property
+    def blocks(self) -> str:
+        return "layers"
+
+    @property
+    def hf_config(self) -> str:
+        return ""
+
+    @property
+    def markers_complete(self) -> bool:
+        return True  # hspmd.models.llama places every marker of Megatron's layout
+
     def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
         return parameter_shapes(self)
 

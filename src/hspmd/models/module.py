@@ -83,6 +83,7 @@ from hspmd.models.spec import (
     ModelSpecError,
     ModuleModel,
     ParamInfo,
+    Placement,
     kind_by_rules,
 )
 
@@ -757,9 +758,14 @@ def _marker_layers(gm: torch.fx.GraphModule) -> dict[str, int]:
 
 
 def _marker_spec(name: str, trailing: tuple[int, ...], layers: Mapping[str, int]) -> MarkerSpec:
+    """A block input is the stream (``residual``); so is the reduced output of a row layer
+    or a vocab-parallel embedding (``*.tp_out``): under sequence parallelism the all-reduce
+    there becomes a reduce-scatter of the sequence, and the column layers' inputs
+    (``*.tp_in``, ``dup``) all-gather it (Megatron's sequence parallelism)."""
     if name.startswith("layers.") and name.endswith(".input"):
         return MarkerSpec(name, int(name.split(".")[1]), "residual", trailing)
-    return MarkerSpec(name, layers[name], "dup", trailing)
+    placement: Placement = "residual" if name.endswith(".tp_out") else "dup"
+    return MarkerSpec(name, layers[name], placement, trailing)
 
 
 def _vocab_size(module: nn.Module, gm: torch.fx.GraphModule) -> int:

@@ -71,6 +71,7 @@ __all__ = [
     "ModelSpecError",
     "ModuleModel",
     "ParamInfo",
+    "Placement",
     "TPKind",
     "TP_KINDS",
     "kind_by_rules",
@@ -134,6 +135,23 @@ class ModelSpec(Protocol):
     def config_only(self) -> bool: ...
     @property
     def tie_embeddings(self) -> bool: ...
+    @property
+    def blocks(self) -> str:
+        """The module path of the blocks' ModuleList (a block's parameters are
+        ``{blocks}.{i}.*``; recompute and costs find a node's layer by it)."""
+        ...
+
+    @property
+    def hf_config(self) -> str:
+        """A Hugging Face model's config as canonical JSON ("" for other models)."""
+        ...
+
+    @property
+    def markers_complete(self) -> bool:
+        """Whether the markers stand where Megatron's layout puts them and nothing between
+        them reshards, so that every reshard site follows from their placements with no
+        graph (``hspmd.specialize.sites.marker_sites``; tests check it against deduction)."""
+        ...
 
     def parameter_shapes(self) -> Mapping[str, tuple[int, ...]]:
         """Every parameter's global shape, in ``named_parameters()`` order."""
@@ -262,6 +280,10 @@ class ModuleModel:
 
     def __post_init__(self) -> None:
         self._by_name.update((p.name, p) for p in self.params)
+
+    @property
+    def markers_complete(self) -> bool:
+        return False  # what the module runs between its markers is known from its graph only
 
     def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
         return {p.name: p.shape for p in self.params}

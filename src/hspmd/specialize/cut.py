@@ -183,6 +183,9 @@ def cut(ag: AnnotatedGraph, stage: Stage, num_layers: int) -> Cut:
     return Cut(start, end, frozenset(keep), frozenset(swap))
 
 
+_TYPE_AS = ("type_as", torch.ops.aten.type_as.default)  # the fx method form and the ATen form
+
+
 def _check_swap(node: torch.fx.Node, keep: set[torch.fx.Node], start: Any) -> None:
     """A pre-stage value used by the stage only for its shape (B, T) or dtype."""
     if node.op == "placeholder":
@@ -193,7 +196,7 @@ def _check_swap(node: torch.fx.Node, keep: set[torch.fx.Node], start: Any) -> No
         shape_read = (user.target is getattr and user.args[1] in ("shape", "device")) or (
             user.target is torch.ops.aten.sym_size.int
         )
-        dtype_read = user.target == "type_as" and user.args[1] is node
+        dtype_read = user.target in _TYPE_AS and user.args[1] is node
         if not (shape_read or dtype_read):
             raise ExecutableError(
                 f"node {user.name} ({user.format_node()}) of a later stage reads "

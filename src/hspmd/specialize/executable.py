@@ -65,7 +65,7 @@ from hspmd.comm.sizing import length_multiple
 from hspmd.deduce import AnnotatedGraph
 from hspmd.markers import is_align_node, is_reshard_node
 from hspmd.models.build import constant, initial_piece
-from hspmd.models.spec import ModelSpec, ModuleModel
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Strategy, StrategyOptions
 from hspmd.randomness import draws_mask, mask_ops
 from hspmd.specialize.align import align_plans
@@ -259,8 +259,7 @@ class _Builder:
         self._copy(node)
         new = self.env[node]
         if isinstance(new, torch.fx.Node) and len(self.graph.nodes) > before:
-            blocks = self.config.blocks if isinstance(self.config, ModuleModel) else "layers"
-            new.meta["layer"] = layer_of(node, blocks=blocks)  # for recompute per layer
+            new.meta["layer"] = layer_of(node, blocks=self.config.blocks)  # recompute per layer
 
     def swapped(self, node: torch.fx.Node, x: torch.fx.Node, x_length: int) -> None:
         """An earlier stage's tensor read for its shape or dtype: the stage input stands in

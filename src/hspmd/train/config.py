@@ -338,13 +338,6 @@ class TrainConfig:
 
     def _check_module(self, model: ModuleModel) -> None:
         """What a user module's run cannot do yet (each one line with the fix)."""
-        refused = [
-            ("--sequence-parallel", self.sequence_parallel,
-             "the markers hspmd inserts keep the stream whole"),
-        ]  # fmt: skip
-        for flag, given, why in refused:
-            if given:
-                raise TrainError(f"{model.name} cannot train with {flag} ({why}): drop {flag}")
         if model.tied and self.zero1 and self.strategy is not None and _staged(self.strategies):
             raise TrainError(
                 f"{model.name} ties {model.tied[0][0]} between its first and last stage, which "

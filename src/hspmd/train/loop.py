@@ -57,7 +57,7 @@ from hspmd.checkpoint import (
     read_manifest,
     save_rank_state,
 )
-from hspmd.models.spec import ModelSpec, ModuleModel, stream_shape
+from hspmd.models.spec import ModelSpec, stream_shape
 from hspmd.plan.params import ParamSpec, state_annotations
 from hspmd.randomness import dropout_key
 from hspmd.runtime.boundary import Pending, recv, send
@@ -401,8 +401,7 @@ def save_checkpoint(
 
 def _hf_config(config: TrainConfig) -> dict[str, Any] | None:
     """A Hugging Face model's config, for ``hspmd export --format hf`` (None: another model)."""
-    model = config.model_config()
-    text = model.hf_config if isinstance(model, ModuleModel) else ""
+    text = config.model_config().hf_config
     return json.loads(text) if text else None
 
 

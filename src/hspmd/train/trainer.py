@@ -27,7 +27,7 @@ import torch
 
 from hspmd.errors import StrategyError
 from hspmd.models.build import check_weights
-from hspmd.models.spec import ModuleModel
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Strategy, StrategyOptions, check_strategy, parse_strategy
 from hspmd.runtime.launch import ElasticLaunch, NodeSpec, launch
 from hspmd.runtime.trace import NULL, Recorder, chrome_trace, gather_parts
@@ -115,11 +115,8 @@ def check_config(config: TrainConfig) -> Strategy:
 
 def fallbacks(config: TrainConfig) -> tuple[str, ...]:
     """Deduce every pipeline of the run's strategies on the meta device, as ``explain``
-    does (user models: the Llama presets are derived by formula and known to deduce), and
-    return the ops computed whole on gathered inputs (``hspmd.deduce.fallback``)."""
+    does, and return the ops computed whole on gathered inputs (``hspmd.deduce.fallback``)."""
     model = config.model_config()
-    if not isinstance(model, ModuleModel):
-        return ()
     options = options_of(config)
     lines: list[str] = []
     for text in dict.fromkeys(config.strategies):
@@ -129,7 +126,7 @@ def fallbacks(config: TrainConfig) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=8)
 def _deduced(
-    text: str, model: ModuleModel, options: StrategyOptions, seq_len: int
+    text: str, model: ModelSpec, options: StrategyOptions, seq_len: int
 ) -> tuple[str, ...]:
     return deduced_sites(parse_strategy(text), model, options, seq_len=seq_len).fallbacks
 
