@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hspmd.comm.bsr import BsrEntry, BsrTable, schedule
+from hspmd.comm.bsr_volume import fused_estimate
 from hspmd.comm.gcpause import paused_gc
 from hspmd.comm.plan import Transfer
 from hspmd.comm.relay import plan_relay
@@ -108,9 +109,21 @@ def estimate_scheme(
     tables: Sequence[BsrTable], algo: str, *, topology: Topology, failed: Collection[int] = ()
 ) -> Estimate:
     """Volumes and time of ``algo`` over ``tables`` on ``topology``."""
+    return _estimate(tables, algo, topology=topology, failed=failed)[0]
+
+
+def _estimate(
+    tables: Sequence[BsrTable], algo: str, *, topology: Topology, failed: Collection[int] = ()
+) -> tuple[Estimate, int]:
+    """Volumes and time of ``algo`` over ``tables``, and its message count. ``fused`` is
+    priced from bytes per (sender, receiver) (``hspmd.comm.bsr_volume``: no transfer per
+    slice, the same figures); the others from their transfers."""
+    if algo == "fused":
+        return fused_estimate(tables, topology=topology)
     stages = scheme_stages(tables, algo, topology=topology, failed=failed)
     itemsizes = {t.tensor: t.itemsize for t in tables}
-    return estimate(stages, topology=topology, itemsizes=itemsizes)
+    est = estimate(stages, topology=topology, itemsizes=itemsizes)
+    return est, _count_messages(stages, fused=algo == "relay")
 
 
 def _count_messages(stages: Sequence[Sequence[Transfer]], *, fused: bool) -> int:
@@ -181,9 +194,7 @@ def switch_cost(
         model=model, source=source, target=target, cluster=cluster, states=states,
         failed=failed, zero1=zero1, model_kwargs=model_kwargs,
     )  # fmt: skip
-    topology = cluster.topology()
-    stages = scheme_stages(tables, algo, topology=topology, failed=failed)
-    itemsizes = {t.tensor: t.itemsize for t in tables}
+    est, count = _estimate(tables, algo, topology=cluster.topology(), failed=failed)
     return SwitchCost(
         model=model,
         source=str(old),
@@ -192,8 +203,8 @@ def switch_cost(
         algo=algo,
         states=states,
         num_tensors=len(tables),
-        num_messages=_count_messages(stages, fused=algo in ("fused", "relay")),
-        estimate=estimate(stages, topology=topology, itemsizes=itemsizes),
+        num_messages=count,
+        estimate=est,
     )
 
 
