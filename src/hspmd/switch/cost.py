@@ -65,28 +65,40 @@ def switch_tables(
     failed: Collection[int] = (),
 ) -> list[BsrTable]:
     """One BSR table per tensor of ``after`` (tensor index = position), failed ranks owning
-    nothing. SwitchError names a slice that only failed ranks held."""
+    nothing. SwitchError names a slice that only failed ranks held.
+
+    Tensors of one shape whose annotations are equal before and after have equal entries,
+    built once (``_entries``): the layers of one stage under both strategies (at 65,536
+    ranks, a table's pieces are 65,536 regions)."""
     tables = []
+    built: dict[tuple[Any, ...], tuple[BsrEntry, ...]] = {}
     for index, (name, spec) in enumerate(after.items()):
         if name not in before or before[name].shape != spec.shape:
             raise SwitchError(f"tensor {name} {list(spec.shape)} is not in the old strategy")
-        src = {
-            r: p.region
-            for r, p in before[name].annotation.pieces(spec.shape).items()
-            if r not in failed
-        }
-        dst = {r: p.region for r, p in spec.annotation.pieces(spec.shape).items()}
-        rows = holders_table(src, dst, spec.shape)
-        for region, owners, _ in rows:
-            if not owners:
-                raise SwitchError(
-                    f"{name} slice {region} was held only by failed ranks "
-                    f"{sorted(set(before[name].annotation.ranks) & set(failed))}: "
-                    "it cannot be moved (restore it from a checkpoint)"
-                )
-        entries = tuple(BsrEntry(*row) for row in rows)
+        key = (before[name].annotation, spec.annotation, spec.shape)
+        entries = built.get(key)
+        if entries is None:
+            entries = built[key] = _entries(name, before[name], spec, failed)
         tables.append(BsrTable(entries, tensor=index, itemsize=itemsize))
     return tables
+
+
+def _entries(
+    name: str, before: ParamSpec, spec: ParamSpec, failed: Collection[int]
+) -> tuple[BsrEntry, ...]:
+    """The BSR entries of tensor ``name`` from ``before`` to ``spec``, failed ranks owning
+    nothing (SwitchError: a slice only they held)."""
+    src = {r: p.region for r, p in before.annotation.pieces(spec.shape).items() if r not in failed}
+    dst = {r: p.region for r, p in spec.annotation.pieces(spec.shape).items()}
+    rows = holders_table(src, dst, spec.shape)
+    for region, owners, _ in rows:
+        if not owners:
+            raise SwitchError(
+                f"{name} slice {region} was held only by failed ranks "
+                f"{sorted(set(before.annotation.ranks) & set(failed))}: "
+                "it cannot be moved (restore it from a checkpoint)"
+            )
+    return tuple(BsrEntry(*row) for row in rows)
 
 
 def scheme_stages(
