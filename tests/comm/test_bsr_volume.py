@@ -61,6 +61,26 @@ def tables_of(source: str, target: str, failed: set[int], zero1: bool) -> list[B
     return switch_tables(before, after, itemsize=12, failed=failed - set(new.ranks))
 
 
+@settings(max_examples=15, deadline=None)
+@given(
+    source=strategies(), target=strategies(), failed=st.sets(st.integers(0, RANKS - 1), max_size=2)
+)
+def test_shared_entries_are_each_tensors_own(source: str, target: str, failed: set[int]) -> None:
+    """switch_tables builds equal annotations' entries once: each is the tensor's own."""
+    from hspmd.switch.cost import _entries
+
+    config = get_config("llama-tiny")
+    old, new = parse_strategy(source), parse_strategy(target)
+    before, after = state_annotations(old, config), state_annotations(new, config)
+    failed -= set(new.ranks)
+    try:
+        tables = switch_tables(before, after, itemsize=2, failed=failed)
+    except SwitchError:
+        return
+    own = [_entries(name, before[name], spec, failed) for name, spec in after.items()]
+    assert [t.entries for t in tables] == own
+
+
 def assert_same(got: Estimate, want: Estimate) -> None:
     assert got.sent == want.sent and got.received == want.received
     assert sorted(got.rank_time) == sorted(want.rank_time)
