@@ -79,4 +79,7 @@ def test_the_llama_preset_is_captured_like_every_model() -> None:
     assert calls.count(rms_norm) == 5 and calls.count(swiglu) == calls.count(causal_attention) == 2
     assert torch.ops.aten.linear.default in calls and torch.ops.aten.to.dtype not in calls[:-3]
     attention = next(n for n in gm.graph.nodes if n.target is causal_attention)
-    assert attention.args[3] is inputs[2] and attention.kwargs == {"enable_gqa": True}
+    assert attention.args[3] is inputs[2] and attention.kwargs == {
+        "scale": None,
+        "enable_gqa": True,
+    }

@@ -348,6 +348,8 @@ def _first_inputs_first(gm: torch.fx.GraphModule) -> None:
     anchor = next(n for n in gm.graph.nodes if n.op != "placeholder")
     for node in ordered:  # each moved to the end of the placeholders, in order
         anchor.prepend(node)
+    for node in ordered[:-1]:  # a default only on the last (packed ids read before block 0)
+        node.args = ()
     gm.graph.lint()
     gm.recompile()
 
@@ -376,6 +378,7 @@ def _export(
 
 def _keep_documents_apart(gm: torch.fx.GraphModule, module: nn.Module, source: str) -> None:
     segments = next(n for n in gm.graph.nodes if n.op == "placeholder" and n.target == "segments")
+    segments.args = ()  # required: a packed step always has its documents' ids
     found = keep_documents_apart(gm.graph, segments)
     gm.recompile()
     convention = convention_of(module)
