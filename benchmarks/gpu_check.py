@@ -251,9 +251,10 @@ def part_profile(data: dict[str, Any], out: Path, *, dry: bool) -> None:
 
     path = out / "profile-bf16.json"
     argv = ["profile", "--dtype", "bf16", "--nproc", "1", "--out", str(path)]
-    if dry:  # CPU: the quick sizes, and no core-sharing processes
-        argv.append("--quick")
+    if dry:  # CPU: the quick sizes, no core-sharing processes, one operand set per matmul
+        argv.append("--quick")  # (cold operands cost 256 bf16 forward graphs per shape)
         measure.measure_core_sharing = lambda most, **_: tuple(1.0 for _ in range(most))
+        measure.COLD_BYTES = 0
     begin = time.perf_counter()
     status = hspmd(argv)
     data["profile_seconds"] = round(time.perf_counter() - begin, 1)

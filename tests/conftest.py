@@ -12,10 +12,22 @@ import pytest
 
 from hspmd.runtime.launch import preload
 
-# The launcher's forkserver imports torch._dynamo once for every worker of the suite's
-# in-process launches: meta-device runs of user modules import it on first use
-# (docs/runtime.md). Subprocesses (CLI tests) keep the plain preload.
-preload("torch._dynamo")
+# The launcher's forkserver imports these once for every worker of the suite's in-process
+# launches (docs/runtime.md), instead of each worker on its own: torch._dynamo, which
+# meta-device runs of user modules import on first use; the trainer every training rank
+# unpickles its work from (about 1 s per worker); torch.export, which a user model's capture
+# imports (0.5 s); Hugging Face's modeling code of the test models (2-4 s; an ImportError
+# in the server is skipped, so a missing transformers costs nothing). Subprocesses (CLI
+# tests) keep the plain preload.
+preload(
+    "torch._dynamo",
+    "hspmd.train.trainer",
+    "torch.export._trace",
+    "transformers.modeling_utils",
+    "transformers.models.llama.modeling_llama",
+    "transformers.models.qwen2.modeling_qwen2",
+    "transformers.models.gpt2.modeling_gpt2",
+)
 
 SHARED_SKIP = "shared ParDNN graphs not found"
 

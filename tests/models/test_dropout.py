@@ -14,6 +14,7 @@ within ``hspmd.train.compare``'s tolerance.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,33 +30,39 @@ DATA = Path(__file__).parent / "data"
 NANOGPT, HF = f"{DATA / 'nanogpt_style.py'}:make_untied", f"{DATA / 'hf_models.py'}"
 GPT2_DROPOUT = (("resid_pdrop", 0.1), ("embd_pdrop", 0.1), ("attn_pdrop", 0.1))
 
-CASES = {
-    "nanoGPT: heterogeneous, then PP, then recompute (live switches)": TrainConfig(
+# Keyword arguments of each case's TrainConfig, made in the fixture: a TrainConfig reads its
+# model, which collection (also of the ``python -O`` pass, which skips this file) must not.
+CASES: dict[str, dict[str, Any]] = {
+    "nanoGPT: heterogeneous, then PP, then recompute (live switches)": dict(
         model=NANOGPT, model_overrides=(("dropout", 0.1),), global_batch=4, seq_len=16, steps=3,
         strategy="2x1: R0-1:L0-2; 1x2: R2:L0-2",
         switches=((2, "4x1: R0:L0 R1-2:L1-2"), (3, "2x1: R0:L0-1:RC2 R1:L2; 2x1: R2:L0-2:RC3")),
     ),
-    "HF GPT-2: DP beside TP, gradient accumulation": TrainConfig(
+    "HF GPT-2: DP beside TP, gradient accumulation": dict(
         model=f"{HF}:gpt2", model_overrides=GPT2_DROPOUT, global_batch=4, seq_len=16, steps=2,
         strategy="2x1: R0-1:L0-3; 1x2: R2:L0-3", grad_accum=2,
     ),
-    "HF Llama: attention dropout on TP heads, PP": TrainConfig(
+    "HF Llama: attention dropout on TP heads, PP": dict(
         model=f"{HF}:llama", model_overrides=(("attention_dropout", 0.1),), global_batch=2,
         seq_len=16, steps=2, strategy="2x1: R0-1:L0-1 R2:L2-3",
     ),
 }  # fmt: skip
 
 
+Runs = dict[str, tuple[TrainConfig, TrainResult]]
+
+
 @pytest.fixture(scope="module")
-def runs() -> dict[str, TrainResult]:
-    return dict(zip(CASES, train_many(list(CASES.values()), threads=1), strict=True))
+def runs() -> Runs:
+    configs = [TrainConfig(**kwargs) for kwargs in CASES.values()]
+    return dict(zip(CASES, zip(configs, train_many(configs, threads=1), strict=True), strict=True))
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_dropout_trains_equal_to_the_reference(runs: dict[str, TrainResult], name: str) -> None:
-    config = CASES[name]
+def test_dropout_trains_equal_to_the_reference(runs: Runs, name: str) -> None:
+    config, run = runs[name]
     reference = run_reference(config)
-    result = compare(runs[name], reference, config=config)
+    result = compare(run, reference, config=config)
     assert result.max_loss_rel <= 1e-5 and result.ok, str(result)
     # the masks matter: without dropout the losses differ by ten times the tolerance or more
     names = {key for key, _ in config.model_overrides}

@@ -10,8 +10,8 @@ import pytest
 
 from hspmd.models.module import load_model
 from hspmd.train.config import TrainConfig, TrainError
-from hspmd.train.reference import run_reference
-from hspmd.train.trainer import train
+from hspmd.train.reference import TrainResult, run_reference
+from hspmd.train.trainer import train_many
 
 pytest.importorskip("transformers")
 
@@ -46,54 +46,84 @@ def test_nanogpt_as_written_is_read_from_itself() -> None:
     assert model.param_kind("transformer.h.0.attn.c_attn.weight") == "replicate"  # fused qkv
 
 
-def _equal(model: str, strategy: str, batch: int, sp: bool = False, **kwargs: object) -> None:
-    config = TrainConfig(model=model, model_overrides=tuple(kwargs.items()), strategy=strategy,
-                         global_batch=batch, seq_len=16, steps=2, sequence_parallel=sp)  # fmt: skip
-    got, want = train(config).losses, run_reference(config).losses
+# Every multi-process case of this file trains in one launch (``train_many``): the workers
+# start, import and capture each model once for all of them. (model, strategy, global batch,
+# sequence parallel); configs are made in the fixture: a TrainConfig reads its model, which
+# collection must not.
+CASES = {
+    "llama": (f"{HF}:llama", "2x1: R0-1:L0-2 R2:L3; 1x2: R3:L0-3", 4, False),
+    "qwen2": (f"{HF}:qwen2", "1x2: R0:L0-1 R1-2:L2-3", 2, False),
+    "gpt2": (f"{HF}:gpt2", "2x1: R0:L0-3; 1x2: R1:L0-3", 4, False),
+    "nanogpt": (f"{NANOGPT}:make", "2x1: R0-1:L0-2; 1x2: R2:L0-2", 4, False),
+    "nanogpt tied": (f"{NANOGPT}:make", "2x1: R0-1:L0-1 R2:L2; 1x2: R3:L0-2", 4, False),
+    "gpt2 tied": (f"{HF}:gpt2", "2x1: R0:L0 R1:L1-3", 2, False),
+    "llama sp": (f"{HF}:llama", "1x2: R0-1:L0-1 R2-3:L2-3", 2, True),
+    "nanogpt sp": (f"{NANOGPT}:make", "1x2: R0-1:L0-2", 2, True),
+}
+Runs = dict[str, tuple[TrainConfig, TrainResult]]
+
+
+@pytest.fixture(scope="module")
+def runs() -> Runs:
+    configs = [
+        TrainConfig(model=model, strategy=strategy, global_batch=batch, seq_len=16, steps=2,
+                    sequence_parallel=sp)
+        for model, strategy, batch, sp in CASES.values()
+    ]  # fmt: skip
+    return dict(zip(CASES, zip(configs, train_many(configs), strict=True), strict=True))
+
+
+def _equal(runs: Runs, name: str) -> None:
+    config, result = runs[name]
+    got, want = result.losses, run_reference(config).losses
     assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5, (got, want)
 
 
 @pytest.mark.multiproc
-def test_hf_llama_trains_under_tp_and_uneven_pp_beside_a_one_rank_pipeline() -> None:
-    _equal(f"{HF}:llama", "2x1: R0-1:L0-2 R2:L3; 1x2: R3:L0-3", 4)
+def test_hf_llama_trains_under_tp_and_uneven_pp_beside_a_one_rank_pipeline(
+    runs: Runs,
+) -> None:
+    _equal(runs, "llama")
 
 
 @pytest.mark.multiproc
-def test_hf_qwen2_trains_with_a_vocab_parallel_last_stage() -> None:
-    _equal(f"{HF}:qwen2", "1x2: R0:L0-1 R1-2:L2-3", 2)
+def test_hf_qwen2_trains_with_a_vocab_parallel_last_stage(runs: Runs) -> None:
+    _equal(runs, "qwen2")
 
 
 @pytest.mark.multiproc
-def test_hf_gpt2_tied_trains_under_dp() -> None:
-    _equal(f"{HF}:gpt2", "2x1: R0:L0-3; 1x2: R1:L0-3", 4)
+def test_hf_gpt2_tied_trains_under_dp(runs: Runs) -> None:
+    _equal(runs, "gpt2")
 
 
 @pytest.mark.multiproc
-def test_nanogpt_as_written_trains_under_tp_and_dp() -> None:
-    _equal(f"{NANOGPT}:make", "2x1: R0-1:L0-2; 1x2: R2:L0-2", 4)
+def test_nanogpt_as_written_trains_under_tp_and_dp(runs: Runs) -> None:
+    _equal(runs, "nanogpt")
 
 
 @pytest.mark.multiproc
-def test_hf_llama_trains_sequence_parallel_across_a_stage_boundary() -> None:
+def test_hf_llama_trains_sequence_parallel_across_a_stage_boundary(runs: Runs) -> None:
     """The stream split on the sequence inside TP stages: the o_proj/down_proj outputs
     reduce-scattered, the q_proj/gate_proj inputs all-gathered, the norms' gradients
     summed over TP, a T/2-long activation sent between the stages."""
-    _equal(f"{HF}:llama", "1x2: R0-1:L0-1 R2-3:L2-3", 2, sp=True)
+    _equal(runs, "llama sp")
 
 
 @pytest.mark.multiproc
-def test_nanogpt_trains_sequence_parallel() -> None:
+def test_nanogpt_trains_sequence_parallel(runs: Runs) -> None:
     """Its fused attention is replicate: deduction gathers the sequence where an op needs
     it whole (the positional embedding's add, attention), the rest runs on T/2 positions."""
-    _equal(f"{NANOGPT}:make", "1x2: R0-1:L0-2", 2, sp=True)
+    _equal(runs, "nanogpt sp")
 
 
 @pytest.mark.multiproc
-def test_tied_weights_across_stages_sum_their_gradient_between_them() -> None:
+def test_tied_weights_across_stages_sum_their_gradient_between_them(
+    runs: Runs,
+) -> None:
     """nanoGPT's and GPT-2's head is the token embedding: a copy on the first and the last
     stage, different TP degrees there, gradients summed between them and the pipelines."""
-    _equal(f"{NANOGPT}:make", "2x1: R0-1:L0-1 R2:L2; 1x2: R3:L0-2", 4)
-    _equal(f"{HF}:gpt2", "2x1: R0:L0 R1:L1-3", 2)
+    _equal(runs, "nanogpt tied")
+    _equal(runs, "gpt2 tied")
 
 
 def test_a_tied_weight_lives_on_both_of_its_stages() -> None:

@@ -18,8 +18,8 @@ from hspmd.plan.strategy import StrategyOptions, check_strategy, parse_strategy
 from hspmd.specialize.executable import build_executable
 from hspmd.specialize.sites import deduced_sites
 from hspmd.train.config import TrainConfig
-from hspmd.train.reference import run_reference
-from hspmd.train.trainer import train
+from hspmd.train.reference import TrainResult, run_reference
+from hspmd.train.trainer import train, train_many
 
 GPT2, CONV = "hspmd.models.examples:gpt2", "hspmd.models.examples:convnet"
 
@@ -142,19 +142,46 @@ def _equal(model: str, strategy: str, kwargs: dict[str, object], batch: int) -> 
     assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5, (got, want)
 
 
-@pytest.mark.multiproc
-def test_gpt2_tied_trains_under_tp_and_dp_equal_to_one_device() -> None:
-    _equal(GPT2, "2x1: R0-1:L0-1; 2x1: R2:L0-1", {"num_layers": 2}, 4)
+# The three cases below train in one launch (``train_many``): the workers start and capture
+# GPT-2 once for both of its cases. (model, strategy, overrides, global batch); configs are
+# made in the fixture: a TrainConfig reads its model, which collection must not.
+CASES = {
+    "gpt2 tied": (GPT2, "2x1: R0-1:L0-1; 2x1: R2:L0-1", {"num_layers": 2}, 4),
+    "gpt2 untied": (GPT2, "2x1: R0-1:L0 R2:L1; 4x1: R3:L0-1", {"num_layers": 2, "tie": False}, 6),
+    "convnet": (CONV, "2x1: R0:L0 R1:L1-2; 2x1: R2:L0-2", {"num_layers": 3}, 4),
+}
+Runs = dict[str, tuple[TrainConfig, TrainResult]]
+
+
+@pytest.fixture(scope="module")
+def runs() -> Runs:
+    configs = [
+        TrainConfig(model=model, model_overrides=tuple(kwargs.items()), strategy=strategy,
+                    global_batch=batch, seq_len=16, steps=2)
+        for model, strategy, kwargs, batch in CASES.values()
+    ]  # fmt: skip
+    return dict(zip(CASES, zip(configs, train_many(configs), strict=True), strict=True))
+
+
+def _launched_equal(runs: Runs, name: str) -> None:
+    config, result = runs[name]
+    got, want = result.losses, run_reference(config).losses
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5, (got, want)
 
 
 @pytest.mark.multiproc
-def test_gpt2_untied_trains_under_a_heterogeneous_strategy() -> None:
-    _equal(GPT2, "2x1: R0-1:L0 R2:L1; 4x1: R3:L0-1", {"num_layers": 2, "tie": False}, 6)
+def test_gpt2_tied_trains_under_tp_and_dp_equal_to_one_device(runs: Runs) -> None:
+    _launched_equal(runs, "gpt2 tied")
 
 
 @pytest.mark.multiproc
-def test_convnet_trains_under_dp_and_uneven_pp() -> None:
-    _equal(CONV, "2x1: R0:L0 R1:L1-2; 2x1: R2:L0-2", {"num_layers": 3}, 4)
+def test_gpt2_untied_trains_under_a_heterogeneous_strategy(runs: Runs) -> None:
+    _launched_equal(runs, "gpt2 untied")
+
+
+@pytest.mark.multiproc
+def test_convnet_trains_under_dp_and_uneven_pp(runs: Runs) -> None:
+    _launched_equal(runs, "convnet")
 
 
 INLINE = """
