@@ -15,6 +15,7 @@ while ``recv`` blocks::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -110,9 +111,13 @@ def _recv_into(
         else:
             buffer = torch.empty(sum(v.numel() for v in views), dtype=dtype, device=out.device)
         world.record("recv", group=(peer, rank), nbytes=buffer.numel() * buffer.element_size())
-        world.wait([dist.irecv(buffer, peer)])  # the world's waiter notices dead peers
+        world.wait(world.post(partial(_irecv, buffer, peer)))  # the waiter notices dead peers
         if buffer is not views[0]:
             offset = 0
             for view in views:
                 view.copy_(buffer[offset : offset + view.numel()].view(view.shape))
                 offset += view.numel()
+
+
+def _irecv(buffer: torch.Tensor, peer: int) -> list[Any]:
+    return [dist.irecv(buffer, peer)]

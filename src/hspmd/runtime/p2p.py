@@ -74,7 +74,7 @@ class Exchange:
         if not ops:
             return [], lambda: None
         self.world.record("batch", group=(self.world.rank,), nbytes=0)
-        works = list(dist.batch_isend_irecv(ops))
+        works = self.world.post(lambda: list(dist.batch_isend_irecv(ops)))
 
         def then() -> None:
             for buffer, targets in unpack:

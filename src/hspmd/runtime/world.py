@@ -181,6 +181,18 @@ class World:
             if work is not None:
                 work.wait()
 
+    def post(self, issue: Callable[[], list[Any]]) -> list[Any]:
+        """``issue()``: post operations. gloo raises while posting to a peer whose
+        connection closed; under a ``waiter`` that error takes the waiter's path (an elastic
+        run then sees the peer's failure, not a bare ``RuntimeError``)."""
+        try:
+            return issue()
+        except RuntimeError as error:
+            if self.waiter is None:
+                raise
+            self.waiter([_Failed(error)])
+            raise
+
     def record(self, op: str, *, group: Sequence[int], nbytes: int) -> None:
         """Add one issued operation to every active counting log (and the trace)."""
         for log in self.logs:
@@ -195,3 +207,16 @@ class World:
 def _threads_per_rank() -> int:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     return max(1, (os.cpu_count() or 1) // max(1, local))
+
+
+class _Failed:
+    """A posted operation that failed while being posted: completed, with its error."""
+
+    def __init__(self, error: RuntimeError) -> None:
+        self.error = error
+
+    def is_completed(self) -> bool:
+        return True
+
+    def wait(self) -> bool:
+        raise self.error

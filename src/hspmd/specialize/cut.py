@@ -74,6 +74,8 @@ def deduce_pipeline(
     vocab-parallel").
     """
     sub = Strategy((pipeline,))
+    # one pipeline of the run: ZeRO's per-pipeline shares shape no activation
+    options = dataclasses.replace(options, zero_shares=())
     inputs = input_annotations(sub, config, seq_len=seq_len)
     markers = {
         name: spec.annotation
