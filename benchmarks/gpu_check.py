@@ -311,7 +311,8 @@ def _achieved(samples: Any, sizes: Any) -> list[dict[str, Any]]:
 def part_equal(data: dict[str, Any], _out: Path, *, dry: bool) -> None:
     import torch
 
-    from hspmd.train.config import AdamConfig, TrainConfig
+    from hspmd.train.api import train_config
+    from hspmd.train.config import AdamConfig
     from hspmd.train.reference import run_reference
     from hspmd.train.trainer import train, train_many
 
@@ -320,7 +321,7 @@ def part_equal(data: dict[str, Any], _out: Path, *, dry: bool) -> None:
         torch.backends.cuda.matmul.allow_tf32 = False  # NVIDIA_TF32_OVERRIDE=0 (parent)
         torch.backends.cudnn.allow_tf32 = False
     device = "cpu" if dry else "cuda"
-    base = TrainConfig(
+    base = train_config(
         model="llama-tiny", strategy="2x1: R0:L0-3", global_batch=2, seq_len=64, steps=3,
         seed=0, adam=AdamConfig(lr=1e-3), data=DATA, device=device,
     )  # fmt: skip
@@ -417,13 +418,13 @@ def _verdict(what: str, result: Any, reference: Any, *, last: bool = False) -> d
 def part_shapes(data: dict[str, Any], out: Path, *, dry: bool) -> None:
     from hspmd.plan.strategy import StrategyOptions, parse_strategy
     from hspmd.planner.memory import OVERHEAD_BYTES, strategy_memory
-    from hspmd.train.config import TrainConfig
+    from hspmd.train.api import train_config
     from hspmd.train.trainer import train
 
     shapes = SHAPES_DRY if dry else SHAPES
     seq_len = shapes["max_seq_len"]
-    config = TrainConfig(
-        model="llama-tiny", model_overrides=tuple(sorted(shapes.items())),
+    config = train_config(
+        model="llama-tiny", model_kwargs=tuple(sorted(shapes.items())),
         strategy=SHAPES_STRATEGY, global_batch=4, seq_len=seq_len, steps=SHAPES_STEPS,
         dtype="bf16", device="cpu" if dry else "cuda", data=DATA,
     )  # fmt: skip

@@ -27,7 +27,6 @@ failed; estimates, nothing runs).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import tempfile
 import time
@@ -45,6 +44,7 @@ from hspmd.switch.cost import ALGOS, switch_cost
 from hspmd.switch.live import plan_switch, run_switch
 from hspmd.switch.weights import plan_weight_switch, run_weight_switch
 from hspmd.train.active import activate
+from hspmd.train.api import revise, train_config
 from hspmd.train.config import TrainConfig
 from hspmd.train.layout import Layout
 from hspmd.train.loop import load_checkpoint, prepare_all, save_checkpoint, switch_to
@@ -136,9 +136,9 @@ def measure_modes(*, layers: int, hidden: int, repeats: int) -> list[dict]:
     b = B.format(last=layers - 1)
     overrides = (("num_layers", layers), ("hidden_size", hidden),
                  ("intermediate_size", 3 * hidden))  # fmt: skip
-    states = TrainConfig(model="llama-small", model_overrides=overrides, seq_len=16,
+    states = train_config(model="llama-small", model_kwargs=overrides, seq_len=16,
                          global_batch=4, strategy=a, switches=((2, b),), dtype="bf16")  # fmt: skip
-    weights = dataclasses.replace(states, switch_mode="weights")
+    weights = revise(states, switch_mode="weights")
     results = launch(_modes_worker, 4, args=(states, weights, a, b, repeats), threads=1,
                      timeout_s=600)  # fmt: skip
     return results[0]
@@ -150,7 +150,7 @@ def measure(*, layers: int, hidden: int, repeats: int) -> list[dict]:
     b = B.format(last=layers - 1)
     overrides = (("num_layers", layers), ("hidden_size", hidden),
                  ("intermediate_size", 3 * hidden))  # fmt: skip
-    config = TrainConfig(model="llama-small", model_overrides=overrides, seq_len=16,
+    config = train_config(model="llama-small", model_kwargs=overrides, seq_len=16,
                          global_batch=4, strategy=a, switches=((2, b),))  # fmt: skip
     results = launch(_worker, 4, args=(config, a, b, repeats), threads=1, timeout_s=600)
     return results[0]

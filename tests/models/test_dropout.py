@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from hspmd.train.api import train_config
 from hspmd.train.compare import compare
 from hspmd.train.config import TrainConfig
 from hspmd.train.reference import TrainResult, run_reference
@@ -30,17 +31,17 @@ NANOGPT, HF = f"{DATA / 'nanogpt_style.py'}:make_untied", f"{DATA / 'hf_models.p
 GPT2_DROPOUT = (("resid_pdrop", 0.1), ("embd_pdrop", 0.1), ("attn_pdrop", 0.1))
 
 CASES = {
-    "nanoGPT: heterogeneous, then PP, then recompute (live switches)": TrainConfig(
-        model=NANOGPT, model_overrides=(("dropout", 0.1),), global_batch=4, seq_len=16, steps=3,
+    "nanoGPT: heterogeneous, then PP, then recompute (live switches)": train_config(
+        model=NANOGPT, model_kwargs=(("dropout", 0.1),), global_batch=4, seq_len=16, steps=3,
         strategy="2x1: R0-1:L0-2; 1x2: R2:L0-2",
         switches=((2, "4x1: R0:L0 R1-2:L1-2"), (3, "2x1: R0:L0-1:RC2 R1:L2; 2x1: R2:L0-2:RC3")),
     ),
-    "HF GPT-2: DP beside TP, gradient accumulation": TrainConfig(
-        model=f"{HF}:gpt2", model_overrides=GPT2_DROPOUT, global_batch=4, seq_len=16, steps=2,
+    "HF GPT-2: DP beside TP, gradient accumulation": train_config(
+        model=f"{HF}:gpt2", model_kwargs=GPT2_DROPOUT, global_batch=4, seq_len=16, steps=2,
         strategy="2x1: R0-1:L0-3; 1x2: R2:L0-3", grad_accum=2,
     ),
-    "HF Llama: attention dropout on TP heads, PP": TrainConfig(
-        model=f"{HF}:llama", model_overrides=(("attention_dropout", 0.1),), global_batch=2,
+    "HF Llama: attention dropout on TP heads, PP": train_config(
+        model=f"{HF}:llama", model_kwargs=(("attention_dropout", 0.1),), global_batch=2,
         seq_len=16, steps=2, strategy="2x1: R0-1:L0-1 R2:L2-3",
     ),
 }  # fmt: skip
@@ -59,7 +60,7 @@ def test_dropout_trains_equal_to_the_reference(runs: dict[str, TrainResult], nam
     assert result.max_loss_rel <= 1e-5 and result.ok, str(result)
     # the masks matter: without dropout the losses differ by ten times the tolerance or more
     names = {key for key, _ in config.model_overrides}
-    plain = TrainConfig(**{**_fields(config), "model_overrides": tuple((n, 0.0) for n in names)})
+    plain = train_config(**{**_fields(config), "model_kwargs": tuple((n, 0.0) for n in names)})
     without = run_reference(plain).losses
     assert max(abs(a - b) / b for a, b in zip(reference.losses, without, strict=True)) > 1e-4
 

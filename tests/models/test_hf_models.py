@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from hspmd.models.module import load_model
-from hspmd.train.config import TrainConfig, TrainError
+from hspmd.train.api import train_config
+from hspmd.train.config import TrainError
 from hspmd.train.reference import run_reference
 from hspmd.train.trainer import train
 
@@ -47,7 +48,7 @@ def test_nanogpt_as_written_is_read_from_itself() -> None:
 
 
 def _equal(model: str, strategy: str, batch: int, **kwargs: object) -> None:
-    config = TrainConfig(model=model, model_overrides=tuple(kwargs.items()), strategy=strategy,
+    config = train_config(model=model, model_kwargs=tuple(kwargs.items()), strategy=strategy,
                          global_batch=batch, seq_len=16, steps=2)  # fmt: skip
     got, want = train(config).losses, run_reference(config).losses
     assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5, (got, want)
@@ -90,5 +91,5 @@ def test_a_tied_weight_lives_on_both_of_its_stages() -> None:
     specs = parameter_annotations(parse_strategy("2x1: R0-1:L0-1 R2:L2; 1x2: R3:L0-2"), model)
     assert str(specs["transformer.wte.weight"].annotation) == "hD: [0,1]{0:2} [2]{} [3]{}"
     with pytest.raises(TrainError, match="--zero1 does not shard yet"):
-        TrainConfig(model=f"{NANOGPT}:make", strategy="2x1: R0:L0 R1:L1-2", global_batch=2,
+        train_config(model=f"{NANOGPT}:make", strategy="2x1: R0:L0 R1:L1-2", global_batch=2,
                     seq_len=16, zero=1).model_config()  # fmt: skip

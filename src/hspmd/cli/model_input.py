@@ -22,7 +22,7 @@ from typing import Any
 from hspmd.models import get_model
 from hspmd.models.hf import HF_PREFIX, hf_source
 from hspmd.models.spec import NO_LIMIT, ModelSpec, ModelSpecError
-from hspmd.plan.strategy import StrategyOptions
+from hspmd.plan.strategy import Strategy, StrategyOptions, parse_strategy
 
 __all__ = [
     "Run",
@@ -127,7 +127,7 @@ class Run:
     """What a metadata command works on: the model, the strategy, options, length."""
 
     model: ModelSpec
-    strategy: str
+    strategy: Strategy
     options: StrategyOptions
     seq_len: int | None  # None: the command's default
 
@@ -140,7 +140,8 @@ def read_run(args: argparse.Namespace, options: StrategyOptions) -> Run:
     if path is None:
         if args.strategy is None:
             raise ModelSpecError('give --strategy "COUNTxSIZE: R..:L.." or --plan plan.json')
-        return Run(read_model(args), args.strategy, options, getattr(args, "seq_len", None))
+        model = read_model(args)
+        return Run(model, parse_strategy(args.strategy), options, getattr(args, "seq_len", None))
     if args.strategy is not None:
         raise ModelSpecError("--plan carries the strategy: drop --strategy (or drop --plan)")
     from hspmd.plan.schema import Plan

@@ -35,8 +35,8 @@ from hspmd.planner.lengths import (
 )
 from hspmd.planner.local import local_cost
 from hspmd.switch.cluster import load_cluster
-from hspmd.train.config import TrainConfig
-from hspmd.train.packing import length_plans, planned_steps
+from hspmd.train.config import LengthPlans, TrainConfig
+from hspmd.train.packing import planned_steps
 
 SAMPLE_STEPS = 32  # sample steps the strategies are chosen on (planner.length_candidates)
 
@@ -105,8 +105,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def read_plans_file(path: str) -> tuple[str, dict[str, Any]]:
-    """``hspmd train --plans FILE``: the file's text and its JSON (errors: one line)."""
+def read_plans_file(path: str) -> tuple[LengthPlans, dict[str, Any]]:
+    """``hspmd train --plans FILE``: the plans as values, read once here, and the file's
+    JSON (errors: one line)."""
     try:
         text = Path(path).read_text()
         data = json.loads(text)
@@ -114,11 +115,16 @@ def read_plans_file(path: str) -> tuple[str, dict[str, Any]]:
         raise LengthPlanError(f"--plans {path}: cannot read it ({error.strerror})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise LengthPlanError(f"--plans {path}: not JSON ({error}): write it with `hspmd plan --data`") from None  # fmt: skip
-    load_plans(data, f"--plans {path}")
-    return text, data
+    return read_length_plans(data, f"--plans {path}"), data
 
 
-def apply_plans(config: TrainConfig, text: str, *, path: str) -> TrainConfig:
+def read_length_plans(data: Any, where: str) -> LengthPlans:
+    """A plans file's JSON as values (``where`` names it in errors)."""
+    plans, switch = load_plans(data, where)
+    return LengthPlans(plans=tuple(plans), switch_s=tuple(tuple(row) for row in switch))
+
+
+def apply_plans(config: TrainConfig, plans: LengthPlans, *, path: str) -> TrainConfig:
     """``config`` under a plans file: it starts under the first step's chosen strategy;
     the later steps are chosen while training runs (``hspmd.train.plan_ahead``), with a
     switch (bf16 weights only) before each step whose choice differs from the one before.
@@ -126,9 +132,8 @@ def apply_plans(config: TrainConfig, text: str, *, path: str) -> TrainConfig:
     (``train.active.strategy_options``; the run's flags carry the most any asks)."""
     if config.strategy is not None or config.switches:
         raise LengthPlanError(f"--plans {path} chooses every step's strategy: drop --strategy and --switch")  # fmt: skip
-    config = replace(config, length_plans=text, switch_mode="weights")
-    plans, _ = length_plans(config)
-    options = [p.options for p in plans]
+    config = replace(config, length_plans=plans, switch_mode="weights")
+    options = [p.options for p in plans.plans]
     recompute = [o for o in options if o.recompute]
     config = replace(
         config,
@@ -137,7 +142,7 @@ def apply_plans(config: TrainConfig, text: str, *, path: str) -> TrainConfig:
         recompute_layers=config.recompute_layers if config.recompute else _most(recompute),
     )
     first = next(planned_steps(replace(config, steps=1)))
-    return replace(config, strategy=str(plans[first.plan or 0].strategy))
+    return replace(config, strategy=plans.plans[first.plan or 0].strategy)
 
 
 def _most(recompute: list[StrategyOptions]) -> int:

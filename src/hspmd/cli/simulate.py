@@ -32,7 +32,7 @@ from hspmd.cli.model_input import add_model_arguments, read_model, read_run, seq
 from hspmd.cli.paths import check_out_folder
 from hspmd.models.config import PRESETS, LlamaConfig
 from hspmd.models.spec import ModelSpec
-from hspmd.plan.strategy import StrategyOptions, check_strategy, parse_strategy
+from hspmd.plan.strategy import StrategyOptions, check_strategy
 from hspmd.planner.cost import CostModel
 from hspmd.planner.predict import Prediction, predict
 from hspmd.switch.cluster import load_cluster
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     if planned.options.dtype != args.dtype:  # the plan's dtype prices the run
         args.dtype = planned.options.dtype
     config, cost, seq_len = setup(args, planned.model, planned.seq_len)
-    strategy = parse_strategy(planned.strategy)
+    strategy = planned.strategy
     options = planned.options
     check_strategy(
         strategy, config, global_batch=args.global_batch, options=options, seq_len=seq_len,

@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hspmd.plan.strategy import parse_strategy
 from hspmd.train.config import TrainConfig, TrainError
 from hspmd.train.reference import TrainResult
 from hspmd.viz.common import check_picture_path
@@ -148,7 +147,7 @@ def _predict(config: TrainConfig, *, profile: str | None) -> Prediction:
     from hspmd.specialize.costs import planning_model
     from hspmd.train.active import options_of
 
-    strategy = parse_strategy(config.strategy_at(config.steps))
+    strategy = config.strategy_at(config.steps)
     cost = local_cost(
         1 + max(strategy.ranks), ranks_per_node=config.ranks_per_node, profile=profile,
         dtype="bf16" if config.dtype == "bf16" else "fp32",

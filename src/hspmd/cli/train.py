@@ -61,7 +61,8 @@ from hspmd.cli.timeline import check_trace_flags, write_outputs
 from hspmd.cli.tokenize import byte_progress
 from hspmd.data import DEFAULT_MAX_BYTES, data_warnings
 from hspmd.data.source import spec_warnings
-from hspmd.plan.strategy import parse_strategy
+from hspmd.errors import StrategyError
+from hspmd.plan.strategy import Strategy, parse_strategy
 from hspmd.runtime.launch import NodeSpec
 from hspmd.runtime.members import how_lost
 from hspmd.train.batches import check_data
@@ -91,15 +92,18 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | Non
         flag.add(parser, **({"default": strategy} if flag.name == "--strategy" else {}))
 
 
-def parse_switches(values: list[str]) -> tuple[tuple[int, str], ...]:
-    """``['3=1x4: R0-1:L0-3']`` -> ``((3, '1x4: R0-1:L0-3'),)``, sorted by step."""
+def parse_switches(values: list[str]) -> tuple[tuple[int, Strategy], ...]:
+    """``['3=1x4: R0-1:L0-3']`` -> ``((3, Strategy(...)),)``, sorted by step."""
     out = []
     for value in values:
         step, sep, text = value.partition("=")
         if not sep or not step.strip().isdigit() or not text.strip():
             raise TrainError(f'--switch {value!r}: write STEP="STRATEGY", e.g. 3="1x4: R0-1:L0-3"')
-        out.append((int(step), text.strip()))
-    return tuple(sorted(out))
+        try:
+            out.append((int(step), parse_strategy(text.strip())))
+        except StrategyError as error:
+            raise StrategyError(f"--switch {int(step)}: {error}") from None
+    return tuple(sorted(out, key=lambda item: item[0]))
 
 
 def parse_slowdown(text: str) -> tuple[tuple[int, float], ...]:
@@ -135,11 +139,12 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             f"--max-seq-len {max_seq_len} needs --tokens-per-step N (variable-length steps); "
             "for fixed batches give --seq-len"
         )
+    strategy = None if args.strategy is None else parse_strategy(args.strategy)  # the edge
     config = TrainConfig(
         model=args.model,
         model_overrides=model_kwargs(getattr(args, "config", None)),
-        strategy=args.strategy,
-        global_batch=global_batch_of(args),
+        strategy=strategy,
+        global_batch=global_batch_of(args, strategy),
         seq_len=max_seq_len or args.seq_len,
         step_tokens=step_tokens,
         long_docs=getattr(args, "long_docs", "truncate"),
@@ -196,13 +201,13 @@ def parse_grow(values: list[str]) -> tuple[tuple[int, int], ...]:
     return tuple(sorted(out))
 
 
-def global_batch_of(args: argparse.Namespace) -> int:
+def global_batch_of(args: argparse.Namespace, strategy: Strategy | None) -> int:
     """``--global-batch``, else the strategy's sum of COUNT x SIZE (8 without a strategy)."""
     if args.global_batch is not None:
         return int(args.global_batch)
-    if args.strategy is None:
+    if strategy is None:
         return REFERENCE_BATCH
-    return parse_strategy(args.strategy).global_batch
+    return strategy.global_batch
 
 
 def warnings_of(args: argparse.Namespace, config: TrainConfig) -> list[str]:
@@ -232,10 +237,10 @@ def warnings_of(args: argparse.Namespace, config: TrainConfig) -> list[str]:
     if getattr(args, "max_seq_len", None) is not None and args.seq_len != DEFAULT_SEQ_LEN:
         out.append(f"--seq-len {args.seq_len} does nothing with --max-seq-len: drop one")
     out += _eval_warnings(args, config)
-    for step, text in config.switches:
+    for step, strategy in config.switches:
         if step > config.steps:
             out.append(
-                f"--switch {step}={text!r} never runs: step {step} is past --steps {config.steps}"
+                f"--switch {step}={str(strategy)!r} never runs: step {step} is past --steps {config.steps}"
             )
     return out
 
@@ -436,7 +441,7 @@ def resume_text(config: TrainConfig) -> str:
     assert config.resume is not None
     folder = latest(config.resume)
     manifest = read_manifest(folder)
-    now = config.strategy_at(manifest.step + 1)
+    now = str(config.strategy_at(manifest.step + 1))
     change = f"{manifest.strategy!r} -> {now!r}" if manifest.strategy != now else repr(now)
     return (
         f"resuming {folder} (saved after step {manifest.step}) at step {manifest.step + 1}: "

@@ -1,6 +1,6 @@
 """The active strategy: this rank's part in the strategy now running, and how it is built.
 
-``activate(world, config, text)`` builds, for strategy ``text`` on this rank, what the
+``activate(world, config, strategy)`` builds, for ``strategy`` on this rank, what the
 training loop (``hspmd.train.loop``) and the elastic loop (``hspmd.train.elastic``) run::
 
     layout  the strategy with its pipelines' roles (hspmd.train.layout)
@@ -23,14 +23,12 @@ mixed-length mode's switch: only the compute weights move, the home state stays.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 from dataclasses import dataclass
 
 import torch
 
 from hspmd.plan.params import lock_step, parameter_annotations
-from hspmd.plan.strategy import Strategy, StrategyOptions, parse_strategy
+from hspmd.plan.strategy import Strategy, StrategyOptions
 from hspmd.runtime.counting import count_comm
 from hspmd.runtime.executable import bind_executable
 from hspmd.runtime.regather import Regather
@@ -75,12 +73,11 @@ class Built:
         return str(Strategy(tuple(pipes)))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Active:
     """This rank's part in the strategy now running (role, exe and plans None on an idle
     rank; post None there too, except for the home shards of ``switch_mode="weights"``)."""
 
-    text: str
     layout: Layout
     role: Role | None = None
     exe: Executable | None = None
@@ -88,6 +85,11 @@ class Active:
     post: Post | None = None
     built: Built | None = None  # the mixed-length mode's reusable executables
     meter: StateMeter | None = None  # with measure_memory: the state's tracked bytes
+
+    @property
+    def strategy(self) -> Strategy:
+        """The strategy now running."""
+        return self.layout.strategy
 
     def gather_params(self) -> None:
         """Make every parameter of the executable whole where ZeRO-3 stores it sharded
@@ -115,27 +117,19 @@ def options_of(config: TrainConfig) -> StrategyOptions:
     )
 
 
-def strategy_options(config: TrainConfig, text: str) -> StrategyOptions:
-    """The options strategy ``text`` runs with: the run's, but under length plans its
+def strategy_options(config: TrainConfig, strategy: Strategy) -> StrategyOptions:
+    """The options ``strategy`` runs with: the run's, but under length plans its
     recompute is the plans file's for that strategy (a long-row strategy may recompute
     while the others do not; the executable is built per strategy anyway)."""
     options = options_of(config)
     if config.length_plans is None:
         return options
-    found = _plan_recompute(config.length_plans).get(text)
+    found = {p.strategy: p.options for p in config.length_plans.plans}.get(strategy)
     if found is None:
         return options
-    return dataclasses.replace(options, recompute=found[0], recompute_layers=found[1])
-
-
-@functools.cache
-def _plan_recompute(plans: str) -> dict[str, tuple[bool, int]]:
-    """Strategy text -> (recompute, recompute_layers) of a plans file's text."""
-    out = {}
-    for entry in json.loads(plans)["strategies"]:
-        text = str(parse_strategy(entry["strategy"]))
-        out[text] = (bool(entry.get("recompute")), int(entry.get("recompute_layers", 0)))
-    return out
+    return dataclasses.replace(
+        options, recompute=found.recompute, recompute_layers=found.recompute_layers
+    )
 
 
 def _post(
@@ -165,23 +159,23 @@ def _post(
 
 
 def activate(
-    world: World, config: TrainConfig, text: str, *, home: HomeState | None = None,
+    world: World, config: TrainConfig, strategy: Strategy, *, home: HomeState | None = None,
     built: Built | None = None,
 ) -> Active:  # fmt: skip
-    """Build this rank's executable graph, boundary plans and Post under strategy ``text``
+    """Build this rank's executable graph, boundary plans and Post under ``strategy``
     (``home``: the mixed-length mode's optimizer state to keep, ``hspmd.train.home``;
     ``built``: its executables built before, reused by layout)."""
     model = config.model_config()
-    layout = Layout.from_text(text, num_layers=model.num_layers)
+    layout = Layout(strategy, model.num_layers)
     role = layout.role(world.rank)
     if config.switch_mode == "weights" and built is None:
         built = Built()
     if role is None:
         if config.switch_mode == "weights":  # an idle rank keeps its home shards
             idle = home_post(world, config, layout.strategy, {}, home=home)
-            return Active(text, layout, post=idle, built=built)
-        return Active(text, layout)
-    key = f"{Built.key(layout.strategy)} [{strategy_options(config, text)}]"
+            return Active(layout=layout, post=idle, built=built)
+        return Active(layout=layout)
+    key = f"{Built.key(strategy)} [{strategy_options(config, strategy)}]"
     if built is not None and key in built.by_layout:
         exe, plans = built.by_layout[key]
         built.reused += 1
@@ -191,7 +185,7 @@ def activate(
                                stage_sync=exe.grad_sync)  # fmt: skip
             if reused is not None:
                 built.posts[key] = reused
-        return Active(text, layout, role, exe, plans, reused, built)
+        return Active(layout=layout, role=role, exe=exe, plans=plans, post=reused, built=built)
     sync = (
         ()
         if config.zero1
@@ -201,7 +195,7 @@ def activate(
     # ZeRO and bf16 change only Pre/Post: the executable graph is the fp32 one
     # (sequence parallel and per-layer recompute are the executable's)
     options = dataclasses.replace(
-        strategy_options(config, text), zero=0, zero_shares=(), dtype="fp32"
+        strategy_options(config, strategy), zero=0, zero_shares=(), dtype="fp32"
     )
     per_layer = config.zero == 3 and _lock_step(config, layout.strategy)
     exe = bind_executable(build_executable(
@@ -241,7 +235,9 @@ def activate(
         meter = StateMeter(lambda: state_tensors(exe.params, post))
         if isinstance(post, ShardedPost):
             post.meter = meter.sample
-    return Active(text, layout, role, exe, plans, post, built, meter)
+    return Active(
+        layout=layout, role=role, exe=exe, plans=plans, post=post, built=built, meter=meter
+    )
 
 
 def _lock_step(config: TrainConfig, strategy: Strategy) -> bool:
@@ -274,10 +270,11 @@ def _recompute(
 
 
 def switch_weights(
-    world: World, config: TrainConfig, active: Active, text: str, *, rederive: bool = False
-) -> tuple[Active, int]:
+    world: World, config: TrainConfig, active: Active, target: Strategy, *,
+    rederive: bool = False,
+) -> tuple[Active, int]:  # fmt: skip
     """The mixed-length switch (``hspmd.train.loop.switch_to`` under ``--switch-mode
-    weights``): one fused BSR of the compute weights from ``active``'s strategy to ``text``,
+    weights``): one fused BSR of the compute weights from ``active``'s strategy to ``target``,
     the new strategy built around the same home state. ``rederive``: skip the move and
     gather the new compute weights from home instead (for comparison). Returns the new
     part and the messages this rank sent."""
@@ -288,13 +285,12 @@ def switch_weights(
     with count_comm(world) as log:
         if not rederive:
             dtype = post.dtype if post is not None else torch.float32
-            target = parse_strategy(text)
             source = active.layout.strategy
             plan = plan_weight_switch(model, source, target, itemsize=dtype.itemsize)
             params = active.exe.params if active.exe is not None else {}
             moved = run_weight_switch(plan, params, world, dtype=dtype)
     del active, post  # the old executable goes before the new one is built
-    new = activate(world, config, text, home=home, built=built)
+    new = activate(world, config, target, home=home, built=built)
     with count_comm(world) as gather, torch.no_grad():
         if rederive and isinstance(new.post, HomePost):
             new.post.refresh()

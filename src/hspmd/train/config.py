@@ -1,13 +1,14 @@
 """What a training run is: a typed, frozen config, and the per-step record it produces.
 
->>> config = TrainConfig(strategy="2x2: R0:L0-3; 2x2: R1:L0-3", global_batch=8, steps=2)
+>>> from hspmd.plan.strategy import parse_strategy
+>>> strategy = parse_strategy("2x2: R0:L0-3; 2x2: R1:L0-3")
+>>> config = TrainConfig(strategy=strategy, global_batch=8, steps=2)
 >>> config.tokens_per_step
 512
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
@@ -17,11 +18,12 @@ from hspmd.data.tokens import TOKEN_DTYPES
 from hspmd.errors import HspmdError
 from hspmd.models.llama import get_config
 from hspmd.models.spec import ModelSpec, ModuleModel
-from hspmd.plan.strategy import Dtype, Schedule, parse_strategy
+from hspmd.plan.strategy import Dtype, Schedule, Strategy
+from hspmd.planner.length_model import LengthStrategy
 from hspmd.train.faults import Injection
 
 __all__ = [
-    "AdamConfig", "Device", "EvalConfig", "EvalRecord", "LrSchedule", "Record", "StepRecord",
+    "AdamConfig", "Device", "EvalConfig", "EvalRecord", "LengthPlans", "LrSchedule", "Record", "StepRecord",
     "SwitchAlgo", "SwitchMode", "TrainConfig", "TrainError",
 ]  # fmt: skip
 
@@ -150,8 +152,18 @@ class EvalConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LengthPlans:
+    """A plans file of ``hspmd plan --data`` as values (read at the edge: the CLI's
+    ``--plans``, ``hspmd.cli.plan_lengths``): its strategies and the predicted seconds of the
+    switch between any two (``switch_s[i][j]``: from strategy ``i`` to ``j``)."""
+
+    plans: tuple[LengthStrategy, ...]
+    switch_s: tuple[tuple[float, ...], ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TrainConfig:
-    """One training run. ``strategy`` is the compact strategy text (None: one rank).
+    """One training run. ``strategy`` is the parsed strategy (None: one rank).
 
     ``global_batch`` counts sequences of ``seq_len`` tokens per optimizer step, summed
     over every pipeline's micro-batches.
@@ -165,7 +177,7 @@ class TrainConfig:
     # a user module's TP kinds by name pattern, ahead of its own tp_rules (a plan file's
     # per-parameter annotations: hspmd.train.planfile); None: the module's only
     tp_rules: tuple[tuple[str, str], ...] | None = None
-    strategy: str | None = None  # e.g. "2x2: R0-1:L0-1 R2:L2-3; 4x1: R3:L0-3"
+    strategy: Strategy | None = None  # e.g. parse_strategy("2x2: R0-1:L0-1 R2:L2-3; 4x1: R3:L0-3")
     global_batch: int = 8
     seq_len: int = 64
     steps: int = 5
@@ -201,7 +213,7 @@ class TrainConfig:
     overlap: bool = True  # gradient sync during the last backward (False: after it)
     bucket_bytes: int = 4 << 20  # flat gradient buckets of Post (hspmd.train.sync)
     # (step, strategy): switch to that strategy in memory before that step (hspmd.switch.live)
-    switches: tuple[tuple[int, str], ...] = ()
+    switches: tuple[tuple[int, Strategy], ...] = ()
     # measure each rank's peak training-state bytes (hspmd.train.meter; benchmarks/zero.py)
     measure_memory: bool = False
     # "states": a switch moves fp32 masters and Adam states (unstable devices);
@@ -231,10 +243,10 @@ class TrainConfig:
     # at least this many documents a step (0: one per micro-batch of the strategy): runs
     # of different strategies then see the same steps (benchmarks/mixed_length.py)
     min_documents: int = 0
-    # a plans file's text (``hspmd plan --data``): per step the strategy with the least
+    # a plans file (``hspmd plan --data``): per step the strategy with the least
     # predicted time is chosen (hspmd.train.packing.planned_steps) on a background worker
     # (hspmd.train.plan_ahead); the loop switches when the choice changes
-    length_plans: str | None = None
+    length_plans: LengthPlans | None = None
     # where the ranks compute (hspmd.train.device): "auto" is CUDA with nccl when torch
     # sees a GPU per rank, else CPU with gloo; "cpu" and "cuda" force one
     device: Device = "auto"
@@ -513,7 +525,7 @@ class TrainConfig:
             "--eval-split": self.evaluation.split,  # its part is never trained on
         }
 
-    def require_strategy(self) -> str:
+    def require_strategy(self) -> Strategy:
         """The starting strategy; a config without one can only train the reference."""
         if self.strategy is None:
             raise TrainError(
@@ -523,16 +535,16 @@ class TrainConfig:
         return self.strategy
 
     @property
-    def strategies(self) -> tuple[str, ...]:
+    def strategies(self) -> tuple[Strategy, ...]:
         """Every strategy of the run, the starting one first (under length plans every
         strategy of the plans file: the run chooses among them step by step)."""
         start = self.require_strategy()
         if self.length_plans is not None:
-            found = (e["strategy"] for e in json.loads(self.length_plans)["strategies"])
-            return (start, *(t for t in dict.fromkeys(found) if t != start))
-        return (start, *(text for _, text in self.switches))
+            found = dict.fromkeys(p.strategy for p in self.length_plans.plans)
+            return (start, *(s for s in found if s != start))
+        return (start, *(strategy for _, strategy in self.switches))
 
-    def strategy_at(self, step: int) -> str:
+    def strategy_at(self, step: int) -> Strategy:
         """The strategy that runs ``step`` (after the switches before it)."""
         start = self.require_strategy()
         return next((t for s, t in reversed(self.switches) if s <= step), start)
@@ -614,10 +626,6 @@ Record = StepRecord | EvalRecord
 """What a run reports as it goes: each step, and each evaluation after its step."""
 
 
-def _staged(strategies: tuple[str, ...]) -> bool:
+def _staged(strategies: tuple[Strategy, ...]) -> bool:
     """True if a pipeline of one of ``strategies`` has more than one stage."""
-    return any(
-        len(pipeline.stages) > 1
-        for text in strategies
-        for pipeline in parse_strategy(text).pipelines
-    )
+    return any(len(pipeline.stages) > 1 for s in strategies for pipeline in s.pipelines)

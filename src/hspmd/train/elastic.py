@@ -45,7 +45,7 @@ import torch
 
 from hspmd.checkpoint import latest, read_manifest
 from hspmd.errors import HspmdError
-from hspmd.plan.strategy import check_strategy, parse_strategy
+from hspmd.plan.strategy import Strategy, check_strategy, parse_strategy
 from hspmd.planner.elastic import replan
 from hspmd.planner.local import local_cost
 from hspmd.runtime.members import key, read_death
@@ -106,12 +106,24 @@ def _reporters(active: Active) -> list[int]:
     return [p.stages[-1].ranks[0] for p in active.layout.strategy.pipelines]
 
 
-def _build(world: World, config: TrainConfig, text: str, watch: Watch) -> Active:
-    """The executables of ``text`` on this rank (its groups first: ``new_group`` is a
+def _build(world: World, config: TrainConfig, strategy: Strategy, watch: Watch) -> Active:
+    """The executables of ``strategy`` on this rank (its groups first: ``new_group`` is a
     collective of the whole generation, so it is watched like any wait)."""
-    watch.run(partial(prepare_strategies, world, config, [text]))
+    watch.run(partial(prepare_strategies, world, config, [strategy]))
     watch.unwatched()  # building executables: local work, no hang check
-    return activate(world, config, text)
+    return activate(world, config, strategy)
+
+
+def _encode(strategy: Strategy) -> str:
+    """A strategy as it crosses the store between ranks (grow requests, published plans):
+    its text form, which ``_decode`` reads back exactly (the one decode of a strategy in
+    ``train``; every other place passes the value)."""
+    return str(strategy)
+
+
+def _decode(text: str) -> Strategy:
+    """``_encode``'s inverse."""
+    return parse_strategy(text)
 
 
 def run_rank_elastic(world: World, config: TrainConfig) -> dict[str, Any]:
@@ -181,7 +193,7 @@ def _grow(run: _Run) -> None:
     if run.world.rank == 0:
         request = {
             "count": dict(run.config.grow)[run.step], "step": run.step, "gen": run.gen,
-            "members": list(run.members), "strategy": run.active.text,
+            "members": list(run.members), "strategy": _encode(run.active.strategy),
             "adam_steps": run.adam_steps, "grown": run.grown,
         }  # fmt: skip
         run.store(lambda s: s.set(key("grow", index), json.dumps(request)))
@@ -201,9 +213,9 @@ def _spare(world: World, config: TrainConfig, watch: Watch) -> tuple[_Run, Any, 
     index = int(watch.store_call(lambda s: s.get(name)))
     request = json.loads(watch.store_call(lambda s: s.get(key("grow", index))))
     model = config.model_config()
-    layout = Layout.from_text(request["strategy"], num_layers=model.num_layers)
+    layout = Layout(_decode(request["strategy"]), model.num_layers)
     run = _Run(
-        config, world, watch, Active(request["strategy"], layout), tuple(request["members"]),
+        config, world, watch, Active(layout=layout), tuple(request["members"]),
         gen=request["gen"], step=request["step"], adam_steps=request["adam_steps"],
         grown=list(request["grown"]),
     )  # fmt: skip
@@ -334,7 +346,7 @@ class _Moved:
     members: tuple[int, ...]
     gen: int
     moved_bytes: float | None  # None: loaded from a checkpoint
-    strategy: str
+    strategy: Strategy
     plan_seconds: float
 
 
@@ -365,7 +377,7 @@ def _recover(run: _Run, failure: PeerFailure, data: Any, batch: Any) -> tuple[An
             break
         except PeerFailure as again:  # a member failed during recovery: again, from settled states
             detected = again.detected_at
-    used = set(parse_strategy(pending.strategy).ranks)
+    used = set(pending.strategy.ranks)
     if pending.moved_bytes is None:  # states lost: the checkpoint's steps come again
         data = step_batches(config, first=run.step)
         batch = next(data)
@@ -373,7 +385,7 @@ def _recover(run: _Run, failure: PeerFailure, data: Any, batch: Any) -> tuple[An
         "event",
         {
             "event": "replan",
-            "strategy": pending.strategy,
+            "strategy": str(pending.strategy),
             "plan_seconds": pending.plan_seconds,
             "idle": [m for r, m in enumerate(pending.members) if r not in used],  # launch ranks
         },
@@ -466,19 +478,19 @@ def _replan_and_move(run: _Run, members: tuple[int, ...]) -> _Moved:
     states were lost); the result, not adopted yet."""
     config, world, watch = run.config, run.world, run.watch
     model = config.model_config()
-    source = parse_strategy(run.active.text)
+    source = run.active.strategy
     renumbered = {r: members.index(m) for r, m in enumerate(run.members) if m in members}
     dead = [r for r, m in enumerate(run.members) if m not in members]
     joined = [m for m in members if m not in run.members]  # spares: numbered after the old
     renumbered.update({len(run.members) + i: members.index(m) for i, m in enumerate(joined)})
-    text, plan_seconds = _plan(run, members, source, renumbered)
-    target = str(renumber_strategy(parse_strategy(text), renumbered))
+    planned, plan_seconds = _plan(run, members, source, renumbered)
+    target = renumber_strategy(planned, renumbered)
     lost = lost_states(model, source, dead)
     if lost:
         return _fallback(run, members, target, lost, plan_seconds)
     watch.enter("switch", run.step)
     inject(config.inject, member=world.member, step=run.step, phase="switch", watch=watch)
-    switch = plan_survivor_switch(model, source, parse_strategy(target), renumbered=renumbered)
+    switch = plan_survivor_switch(model, source, target, renumbered=renumbered)
     state = run.active.post.state() if run.active.post is not None else {}
     moved, _ = run_switch(switch, state, world)
     active = _build(world, config, target, watch)
@@ -490,10 +502,10 @@ def _replan_and_move(run: _Run, members: tuple[int, ...]) -> _Moved:
 
 
 def _plan(
-    run: _Run, members: tuple[int, ...], source: Any, renumbered: dict[int, int]
-) -> tuple[str, float]:
+    run: _Run, members: tuple[int, ...], source: Strategy, renumbered: dict[int, int]
+) -> tuple[Strategy, float]:
     """Rank 0 of the new generation plans (in the old numbers) and publishes; the others
-    read it. Returns the strategy text (old numbers) and the planner's seconds."""
+    read it. Returns the strategy (old numbers) and the planner's seconds."""
     config, world, watch = run.config, run.world, run.watch
     name = key("plan", watch.gen, run.gen, run.step)
     record: dict[str, Any]
@@ -506,12 +518,11 @@ def _plan(
                 current=source, global_batch=config.global_batch, seq_len=config.seq_len,
                 dtype=config.dtype,
             )  # fmt: skip
-            text = str(plan.strategy)
             check_strategy(
                 plan.strategy, config.model_config(), global_batch=config.global_batch,
                 options=options_of(config), seq_len=config.seq_len,
             )  # fmt: skip
-            record = {"strategy": text, "plan_seconds": plan.plan_seconds}
+            record = {"strategy": _encode(plan.strategy), "plan_seconds": plan.plan_seconds}
         except HspmdError as error:
             record = {"error": f"no plan for the {len(members)} ranks left: {error}"}
         run.store(lambda s: s.set(name, json.dumps(record)))
@@ -523,11 +534,11 @@ def _plan(
         record = json.loads(run.store(lambda s: s.get(name)))
     if "error" in record:
         raise TrainError(record["error"])
-    return record["strategy"], float(record["plan_seconds"])
+    return _decode(record["strategy"]), float(record["plan_seconds"])
 
 
 def _fallback(
-    run: _Run, members: tuple[int, ...], target: str, lost: list[str], plan_seconds: float
+    run: _Run, members: tuple[int, ...], target: Strategy, lost: list[str], plan_seconds: float
 ) -> _Moved:
     """Every holder of ``lost`` died: the newest checkpoint, loaded onto ``target``; the
     run goes back to the step after it."""
@@ -552,7 +563,7 @@ def _fallback(
     run.reeval = run.reeval if run.reeval == state.step else 0
     run.notify(
         "event",
-        {"event": "fallback", "lost": what, "checkpoint_step": state.step, "strategy": target},
+        {"event": "fallback", "lost": what, "checkpoint_step": state.step, "strategy": str(target)},
     )
     return _Moved(active, members, run.watch.gen, None, target, plan_seconds)
 

@@ -43,7 +43,7 @@ from hspmd.errors import StrategyError
 from hspmd.models.build import initial_piece
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import ParamSpec, parameter_annotations
-from hspmd.plan.strategy import Strategy, parse_strategy
+from hspmd.plan.strategy import Strategy
 from hspmd.runtime.fused import FusedTensor, run_fused_bsr
 from hspmd.runtime.world import World
 from hspmd.specialize.grad_sync import StageGradSync
@@ -244,7 +244,7 @@ class HomePost:
 
 def run_ranks(config: TrainConfig) -> int:
     """N: the ranks of the run (0..N-1), those of its largest strategy; the home spans them."""
-    return 1 + max(max(parse_strategy(text).ranks) for text in config.strategies)
+    return 1 + max(max(strategy.ranks) for strategy in config.strategies)
 
 
 def home_post(

@@ -58,6 +58,7 @@ from hspmd.checkpoint import (
 )
 from hspmd.models.spec import ModuleModel
 from hspmd.plan.params import ParamSpec, state_annotations
+from hspmd.plan.strategy import Strategy
 from hspmd.randomness import dropout_key
 from hspmd.runtime.boundary import Pending, recv, send
 from hspmd.runtime.counting import count_comm
@@ -75,12 +76,11 @@ from hspmd.train.evaluate import evaluate_rank
 from hspmd.train.faults import inject
 from hspmd.train.home import home_annotations, run_ranks
 from hspmd.train.identity import model_identity
-from hspmd.train.layout import Layout, Role
+from hspmd.train.layout import Role
 from hspmd.train.lr import learning_rate
 from hspmd.train.meter import StateMeter
 from hspmd.train.packing import (
     PackedStep,
-    length_plans,
     packed_steps,
     planned_steps,
     record_fields,
@@ -268,12 +268,11 @@ def prepare_all(world: World, config: TrainConfig) -> None:
     prepare_strategies(world, config, config.strategies)
 
 
-def prepare_strategies(world: World, config: TrainConfig, texts: Sequence[str]) -> None:
-    """Create the process groups of the strategies ``texts`` on every rank."""
+def prepare_strategies(world: World, config: TrainConfig, strategies: Sequence[Strategy]) -> None:
+    """Create the process groups of ``strategies`` on every rank."""
     model = config.model_config()
     plans, groups = [], []
-    for text in dict.fromkeys(texts):
-        strategy = Layout.from_text(text, num_layers=model.num_layers).strategy
+    for strategy in dict.fromkeys(strategies):
         if config.zero1:
             zero = zero1_plan(strategy, model, shares=config.zero_shares)
             plans += [p for z in zero.values() for p in (z.reduce, z.gather)]
@@ -287,21 +286,20 @@ def prepare_strategies(world: World, config: TrainConfig, texts: Sequence[str]) 
 
 
 def switch_to(
-    world: World, config: TrainConfig, active: Active, text: str, *, steps: int
+    world: World, config: TrainConfig, active: Active, target: Strategy, *, steps: int
 ) -> tuple[Active, int]:
-    """Move the training state from ``active``'s strategy to ``text`` in memory (one fused
+    """Move the training state from ``active``'s strategy to ``target`` in memory (one fused
     BSR, ``hspmd.switch.live``) and continue under it; ``steps``: Adam's step count.
     Returns the new part and the messages this rank sent. Under ``switch_mode="weights"``
     only the compute weights move (``hspmd.train.home.switch_weights``)."""
     if config.switch_mode == "weights":
-        return switch_weights(world, config, active, text)
+        return switch_weights(world, config, active, target)
     model = config.model_config()
-    target = Layout.from_text(text, num_layers=model.num_layers)
     nodes = switch_topology(
         cluster=config.cluster, ranks_per_node=config.ranks_per_node, num_ranks=world.world_size
     )
     plan = plan_switch(
-        model, active.layout.strategy, target.strategy, zero1=config.zero1,
+        model, active.strategy, target, zero1=config.zero1,
         shares=config.zero_shares, compute=config.zero < 3, topology=nodes,
         algo=config.switch_algo, num_ranks=world.world_size,
     )  # fmt: skip
@@ -309,7 +307,7 @@ def switch_to(
     with count_comm(world) as log:
         moved, compute = run_switch(plan, state, world)
     del state, active  # the old strategy's tensors go before the new ones are built
-    new = activate(world, config, text)
+    new = activate(world, config, target)
     if new.post is not None:
         new.post.load_state(moved, steps=steps, compute=compute)
     return new, log.counts().get("send", 0)
@@ -337,11 +335,11 @@ def post_step(
 
 
 def _timed_switch(
-    world: World, config: TrainConfig, active: Active, text: str, *, steps: int
+    world: World, config: TrainConfig, active: Active, target: Strategy, *, steps: int
 ) -> tuple[Active, float, int]:
     """``switch_to`` on every rank; the slowest rank's seconds and the messages sent."""
     begin = time.perf_counter()
-    active, sent = switch_to(world, config, active, text, steps=steps)
+    active, sent = switch_to(world, config, active, target, steps=steps)
     took = torch.tensor([time.perf_counter() - begin], dtype=torch.float64, device=world.device)
     dist.all_reduce(took, op=dist.ReduceOp.MAX)
     messages = torch.tensor([sent], dtype=torch.int64, device=world.device)
@@ -379,7 +377,7 @@ def save_checkpoint(
     world.wait([dist.barrier(async_op=True)])  # through the waiter: elastic runs go on
     if world.rank == 0:
         commit_rank_states(
-            directory, step=step, model=config.model, strategy=active.text,
+            directory, step=step, model=config.model, strategy=str(active.strategy),
             param_specs=specs, adam_step=steps, data_position=step,
             run={**config.data_identity(), **config.recipe_identity()},
             identity=model_identity(config), model_config=_hf_config(config),
@@ -464,7 +462,7 @@ def run_rank(
             if config.packed
             else step_batches(config, first=first)  # drawn by step: nothing replayed
         )
-    texts = _plan_texts(config)
+    planned = _planned_strategies(config)
     state_peak = 0  # with measure_memory: the state's tracked bytes (hspmd.train.meter)
     records, executables = [], set()  # executables: one per strategy, whatever the lengths
     evals: list[EvalRecord] = []
@@ -474,10 +472,14 @@ def run_rank(
     for step in range(first, config.steps + 1):
         switched, messages = None, None
         batch = next(data) if ahead is not None else None
-        target = texts[batch.plan or 0] if isinstance(batch, PackedStep) else switches.get(step)
-        if target is not None and target != active.text and (ahead is not None or step != first):
+        target = planned[batch.plan or 0] if isinstance(batch, PackedStep) else switches.get(step)
+        if (
+            target is not None
+            and target != active.strategy
+            and (ahead is not None or step != first)
+        ):
             state_peak = max(state_peak, active.meter.peak if active.meter else 0)
-            with rec.span("switch", cat="switch", step=step, to=target):
+            with rec.span("switch", cat="switch", step=step, to=str(target)):
                 active, switched, messages = _timed_switch(
                     world, config, active, target, steps=adam_steps
                 )
@@ -517,7 +519,7 @@ def run_rank(
             lr=learning_rate(config.optimizer, adam_steps),
             grad_norm=None if grad_norm is None else float(grad_norm),
             switch_seconds=switched, switch_messages=messages,
-            strategy=active.text if switched is not None else None,
+            strategy=str(active.strategy) if switched is not None else None,
             **{"tokens": config.tokens_per_step, **_record_fields(batch)},
         )  # fmt: skip
         records.append(record)
@@ -550,11 +552,11 @@ def run_rank(
             "rank": world.rank, "peak_memory": peak, "state_peak": state_peak}  # fmt: skip
 
 
-def _plan_texts(config: TrainConfig) -> list[str]:
-    """The strategy strings of a length-plans run, by plan index (empty otherwise)."""
+def _planned_strategies(config: TrainConfig) -> list[Strategy]:
+    """The strategies of a length-plans run, by plan index (empty otherwise)."""
     if config.length_plans is None:
         return []
-    return [str(plan.strategy) for plan in length_plans(config)[0]]
+    return [plan.strategy for plan in config.length_plans.plans]
 
 
 def _record_fields(batch: Batch) -> dict[str, Any]:

@@ -27,7 +27,6 @@ compute the same packing from the same data and strategy.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from hspmd.data import DocumentStep
 from hspmd.models.build import model_graph
 from hspmd.plan.dispatch import Assignment, Dispatcher, DispatchError, balanced
 from hspmd.plan.strategy import Strategy
-from hspmd.planner.lengths import LengthStrategy, assignment_seconds, fixed_dispatcher, load_plans
+from hspmd.planner.lengths import LengthStrategy, assignment_seconds, fixed_dispatcher
 from hspmd.randomness import mask_ops
 from hspmd.train.batches import step_documents
 from hspmd.train.config import TrainConfig, TrainError
@@ -207,9 +206,10 @@ def check_packing(config: TrainConfig, strategy: Strategy) -> None:
 
 
 def length_plans(config: TrainConfig) -> tuple[list[LengthStrategy], list[list[float]]]:
-    """The strategies and switch times of ``config.length_plans`` (a plans file's text)."""
+    """The strategies and switch times of ``config.length_plans``."""
     assert config.length_plans is not None
-    return load_plans(json.loads(config.length_plans), "--plans")
+    plans = config.length_plans
+    return list(plans.plans), [list(row) for row in plans.switch_s]
 
 
 def plan_schedule(config: TrainConfig) -> list[tuple[int, float, float]]:

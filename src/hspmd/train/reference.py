@@ -34,7 +34,6 @@ import torch
 from torch import nn
 
 from hspmd.models.build import plain_model, step_loss
-from hspmd.plan.strategy import parse_strategy
 from hspmd.randomness import positional_dropout
 from hspmd.train.batches import accumulation_passes, check_data, eval_batches, step_batches
 from hspmd.train.config import AdamConfig, EvalRecord, Record, StepRecord, TrainConfig, TrainError
@@ -171,7 +170,7 @@ def _batches(config: TrainConfig) -> Iterator[tuple[torch.Tensor, torch.Tensor] 
         )
     if config.length_plans is not None:
         return planned_steps(config)
-    return packed_steps(config, parse_strategy(config.strategy))
+    return packed_steps(config, config.strategy)
 
 
 def _packed_step(model: nn.Module, step: PackedStep, device: torch.device) -> float:

@@ -1,6 +1,8 @@
 """Train on local processes: check the strategy, launch one process per rank, collect.
 
->>> config = TrainConfig(strategy="2x2: R0:L0-3; 2x2: R1:L0-3", global_batch=8, steps=1)
+>>> from hspmd.plan.strategy import parse_strategy
+>>> strategy = parse_strategy("2x2: R0:L0-3; 2x2: R1:L0-3")
+>>> config = TrainConfig(strategy=strategy, global_batch=8, steps=1)
 >>> check_config(config).ranks
 (0, 1)
 
@@ -28,7 +30,7 @@ import torch
 from hspmd.errors import StrategyError
 from hspmd.models.build import check_weights
 from hspmd.models.spec import ModuleModel
-from hspmd.plan.strategy import Strategy, StrategyOptions, check_strategy, parse_strategy
+from hspmd.plan.strategy import Strategy, StrategyOptions, check_strategy
 from hspmd.runtime.launch import ElasticLaunch, NodeSpec, launch
 from hspmd.runtime.trace import NULL, Recorder, chrome_trace, gather_parts
 from hspmd.runtime.world import World
@@ -56,11 +58,9 @@ def check_config(config: TrainConfig) -> Strategy:
         raise TrainError("no strategy: give --strategy '...' or use --reference")
     labels = ["--strategy", *(f"--switch {step}" for step, _ in config.switches)]
     if config.length_plans is not None:
-        labels = [f"--plans strategy {text!r}" for text in config.strategies]
-    strategies = []
-    for label, text in zip(labels, config.strategies, strict=True):
+        labels = [f"--plans strategy {str(s)!r}" for s in config.strategies]
+    for label, strategy in zip(labels, config.strategies, strict=True):
         try:  # name the flag when a run has several strategies (issue 17)
-            strategy = parse_strategy(text)
             check_strategy(
                 strategy,
                 config.model_config(),
@@ -73,7 +73,7 @@ def check_config(config: TrainConfig) -> Strategy:
             if len(labels) == 1:
                 raise
             raise StrategyError(f"{label}: {error}") from None
-        strategies.append(strategy)
+    strategies = config.strategies
     fallbacks(config)  # a model that cannot specialize: one line now, not from a rank later
     strategy = strategies[0]
     used = sorted({r for s in strategies for r in s.ranks})
@@ -118,16 +118,16 @@ def fallbacks(config: TrainConfig) -> tuple[str, ...]:
         return ()
     options = options_of(config)
     lines: list[str] = []
-    for text in dict.fromkeys(config.strategies):
-        lines += _deduced(text, model, options, config.seq_len)
+    for strategy in dict.fromkeys(config.strategies):
+        lines += _deduced(strategy, model, options, config.seq_len)
     return tuple(dict.fromkeys(lines))
 
 
 @functools.lru_cache(maxsize=8)
 def _deduced(
-    text: str, model: ModuleModel, options: StrategyOptions, seq_len: int
+    strategy: Strategy, model: ModuleModel, options: StrategyOptions, seq_len: int
 ) -> tuple[str, ...]:
-    return deduced_sites(parse_strategy(text), model, options, seq_len=seq_len).fallbacks
+    return deduced_sites(strategy, model, options, seq_len=seq_len).fallbacks
 
 
 def _check_writable(folder: str) -> None:
@@ -163,7 +163,7 @@ def _check_elastic(config: TrainConfig, strategy: Strategy, used: list[int]) -> 
 def num_processes(config: TrainConfig) -> int:
     """Processes a run needs: the most ranks of any of its strategies (checked first)."""
     check_config(config)
-    return 1 + max(max(parse_strategy(text).ranks) for text in config.strategies)
+    return 1 + max(max(strategy.ranks) for strategy in config.strategies)
 
 
 def _rank_work(
@@ -266,7 +266,7 @@ def _assemble(
         records = tuple(per_rank[0][index]["records"])
         evals = tuple(per_rank[0][index].get("evals", ()))
         parts = next((o[index]["trace"] for o in per_rank if o[index].get("trace")), None)
-        meta = {"model": config.model, "strategy": config.strategy, "steps": config.steps}
+        meta = {"model": config.model, "strategy": str(config.strategy), "steps": config.steps}
         trace = chrome_trace(parts, meta=meta) if parts else None
         builds = max(outcome[index]["builds"] for outcome in per_rank)
         peaks = {o[index]["rank"]: o[index]["peak_memory"] for o in per_rank
