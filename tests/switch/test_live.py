@@ -14,7 +14,7 @@ import pytest
 
 from hspmd.comm.plan import local_box
 from hspmd.models.llama import get_config
-from hspmd.plan.strategy import parse_strategy
+from hspmd.plan.strategy import Strategy, parse_strategy
 from hspmd.switch.live import plan_switch
 from hspmd.train.api import revise, train_config
 from hspmd.train.config import AdamConfig, TrainConfig
@@ -49,7 +49,7 @@ CASES = {
 }
 
 
-def _strategy_before(config: TrainConfig, step: int) -> str:
+def _strategy_before(config: TrainConfig, step: int) -> Strategy:
     return config.strategy_at(step - 1)
 
 
@@ -145,10 +145,10 @@ def test_switch_records_time_and_one_message_per_pair(runs: dict[str, Any], name
     assert [r.step for r in switched] == [step for step, _ in config.switches]
     for record in switched:
         assert record.switch_seconds > 0
-        assert record.strategy == config.strategy_at(record.step)
+        assert record.strategy == str(config.strategy_at(record.step))
         plan = plan_switch(
             model,
-            parse_strategy(_strategy_before(config, record.step)),
+            _strategy_before(config, record.step),
             parse_strategy(record.strategy),
             zero1=config.zero1,
         )

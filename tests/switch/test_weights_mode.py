@@ -121,9 +121,9 @@ def _worker(world: World, configs: list[TrainConfig]) -> dict[str, Any]:
     runs = [run_rank(world, config) for config in configs]
     config = CONFIGS[("bf16", "weights")]
     prepare_all(world, config)
-    active = activate(world, config, TP4)
+    active = activate(world, config, parse_strategy(TP4))
     with count_comm(world) as log:
-        active, _ = switch_to(world, config, active, HETERO, steps=1)
+        active, _ = switch_to(world, config, active, parse_strategy(HETERO), steps=1)
     return {"runs": runs, "switch_bytes": log.nbytes("send"), "switch_sends": log.counts()}
 
 

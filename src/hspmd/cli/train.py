@@ -185,6 +185,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         grow=parse_grow(getattr(args, "grow", [])),
         device=getattr(args, "device", "auto"),
     )
+    config.check_model()  # the model loads once here, at the edge
     return config if plans is None else apply_plans(config, plans, path=args.plans)
 
 

@@ -157,7 +157,9 @@ def train_config(
     fields = _fields(options, adam=AdamConfig())
     if fields.get("global_batch") is None:
         fields["global_batch"] = REFERENCE_BATCH if start is None else start.global_batch
-    return TrainConfig(model=model_source(model), strategy=start, **fields)
+    config = TrainConfig(model=model_source(model), strategy=start, **fields)
+    config.check_model()  # the model loads here, at the edge, not in the config
+    return config
 
 
 class Changes(RunOptions, total=False):
@@ -185,7 +187,9 @@ def revise(config: TrainConfig, **changes: Unpack[Changes]) -> TrainConfig:
     if "global_batch" in fields and fields["global_batch"] is None:
         chosen = fields.get("strategy", config.strategy)
         fields["global_batch"] = REFERENCE_BATCH if chosen is None else chosen.global_batch
-    return dataclasses.replace(config, **fields)
+    revised = dataclasses.replace(config, **fields)
+    revised.check_model()
+    return revised
 
 
 def _check_names(options: Mapping[str, Any], kind: Any, *, extra: Sequence[str] = ()) -> None:

@@ -298,6 +298,13 @@ class TrainConfig:
         if self.ranks_per_node is not None and self.ranks_per_node < 1:
             raise TrainError(f"ranks_per_node={self.ranks_per_node} must be at least 1")
         self._check_zero()
+        # the model is not loaded here: a config is a value (check_model loads it, once)
+
+    def check_model(self) -> ModelSpec:
+        """The model's metadata (``model_config``: a preset's config, or the user's module
+        built on the meta device, which runs its file), checked against the run. Called at
+        the edges (the CLI, ``train_config``, ``check_config``, ``run_reference``), never
+        when a config is built."""
         model = self.model_config()
         if model.config_only:
             raise TrainError(
@@ -310,6 +317,7 @@ class TrainConfig:
             )
         if isinstance(model, ModuleModel):
             self._check_module(model)
+        return model
 
     @property
     def zero1(self) -> bool:

@@ -86,6 +86,7 @@ def run_reference(
     ``reference_device(config)`` (CUDA when there is a GPU, unless ``device="cpu"``); the
     weights start on CPU from the seed (DESIGN decision 5) and the result is on CPU.
     ``on_step(record)`` after each step and each evaluation (``hspmd.train.evaluate``)."""
+    config.check_model()
     check_data(config)  # bad data: one line, not a traceback from the first step
     device = reference_device(config)
     cuda = device.type == "cuda"

@@ -56,6 +56,7 @@ def check_config(config: TrainConfig) -> Strategy:
     run switches to, cannot train ``config``."""
     if config.strategy is None:
         raise TrainError("no strategy: give --strategy '...' or use --reference")
+    config.check_model()
     labels = ["--strategy", *(f"--switch {step}" for step, _ in config.switches)]
     if config.length_plans is not None:
         labels = [f"--plans strategy {str(s)!r}" for s in config.strategies]
