@@ -23,7 +23,7 @@ import argparse
 import dataclasses
 import typing
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from hspmd.cli.model_input import model_argument
@@ -57,6 +57,7 @@ class Flag:
     name: str
     field: str | None
     help: str
+    _: KW_ONLY
     type: Callable[[str], object] | None = None
     default: object = None
     choices: tuple[str, ...] | None = None

@@ -67,7 +67,7 @@ from hspmd.runtime.launch import NodeSpec
 from hspmd.runtime.members import how_lost
 from hspmd.train.batches import check_data
 from hspmd.train.compare import compare
-from hspmd.train.config import EvalConfig, EvalRecord, Record, TrainConfig, TrainError
+from hspmd.train.config import EvalConfig, EvalRecord, LengthPlans, Record, TrainConfig, TrainError
 from hspmd.train.device import gpu_count, reference_device, run_device, where
 from hspmd.train.faults import parse_injections
 from hspmd.train.logs import RECORDS, RunLog
@@ -122,12 +122,14 @@ def parse_slowdown(text: str) -> tuple[tuple[int, float], ...]:
     return tuple(sorted(out))
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
+def _packed_args(args: argparse.Namespace) -> tuple[int | None, int | None, LengthPlans | None]:
+    """``--tokens-per-step`` and ``--max-seq-len``, else a ``--plans`` file's, and the
+    plans (read here, once)."""
     step_tokens = getattr(args, "tokens_per_step", None)
     max_seq_len = getattr(args, "max_seq_len", None)
     plans = None
     if getattr(args, "plans", None):  # length plans (hspmd.cli.plan_lengths)
-        from hspmd.cli.plan_lengths import apply_plans, read_plans_file
+        from hspmd.cli.plan_lengths import read_plans_file
 
         plans, data = read_plans_file(args.plans)
         step_tokens = int(data["tokens_per_step"]) if step_tokens is None else step_tokens
@@ -139,6 +141,13 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             f"--max-seq-len {max_seq_len} needs --tokens-per-step N (variable-length steps); "
             "for fixed batches give --seq-len"
         )
+    return step_tokens, max_seq_len, plans
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The run's config from the parsed flags: every text (strategies, plans, lists)
+    parsed here, once."""
+    step_tokens, max_seq_len, plans = _packed_args(args)
     strategy = None if args.strategy is None else parse_strategy(args.strategy)  # the edge
     config = TrainConfig(
         model=args.model,
@@ -186,7 +195,11 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         device=getattr(args, "device", "auto"),
     )
     config.check_model()  # the model loads once here, at the edge
-    return config if plans is None else apply_plans(config, plans, path=args.plans)
+    if plans is None:
+        return config
+    from hspmd.cli.plan_lengths import apply_plans
+
+    return apply_plans(config, plans, path=args.plans)
 
 
 def parse_grow(values: list[str]) -> tuple[tuple[int, int], ...]:
@@ -620,15 +633,7 @@ def run(args: argparse.Namespace) -> int:
     if config.data_spec.kind == "text":  # tokenized once, here, into the cache ranks read
         with byte_progress("tokenizing --data", quiet=getattr(args, "quiet", False)) as bar:
             check_data(config, on_progress=bar)
-    if not args.reference and (done := resumed_step(config)) >= config.steps:
-        print(
-            f"nothing to do: checkpoint is at step {done} (in {config.resume}) and --steps is "
-            f"{config.steps}; pass --steps above {done} to train on",
-            file=sys.stderr,
-        )
-        if args.json:
-            print(json.dumps({"nothing_to_do": True, "checkpoint_step": done,
-                              "steps": config.steps, "resume": config.resume}))  # fmt: skip
+    if not args.reference and _nothing_to_do(args, config):
         return 0
     wants_trace = check_trace_flags(args)  # before any work
     if config.resume and not args.reference:
@@ -651,6 +656,28 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if wants_trace:
         write_outputs(args, config, result)
+    _print_summary(args, config, result)
+    return compare_with_reference(args, config, result) if args.compare else 0
+
+
+def _nothing_to_do(args: argparse.Namespace, config: TrainConfig) -> bool:
+    """The checkpoint of ``--resume`` is at ``--steps`` or past it: say so (and in JSON)."""
+    done = resumed_step(config)
+    if done < config.steps:
+        return False
+    print(
+        f"nothing to do: checkpoint is at step {done} (in {config.resume}) and --steps is "
+        f"{config.steps}; pass --steps above {done} to train on",
+        file=sys.stderr,
+    )
+    if args.json:
+        print(json.dumps({"nothing_to_do": True, "checkpoint_step": done,
+                          "steps": config.steps, "resume": config.resume}))  # fmt: skip
+    return True
+
+
+def _print_summary(args: argparse.Namespace, config: TrainConfig, result: TrainResult) -> None:
+    """The run's last lines on stderr: the final loss, GPU peaks, the last checkpoint."""
     if not args.json and result.records:
         print(f"final loss {result.records[-1].loss:.6f}", file=sys.stderr)
     if result.peak_memory:
@@ -661,7 +688,6 @@ def run(args: argparse.Namespace) -> int:
     saved = [r.step for r in result.records if r.step % config.save_every == 0]
     if config.save and not args.reference and saved:
         print(f"checkpoint of step {saved[-1]} saved in {latest(config.save)}", file=sys.stderr)
-    return compare_with_reference(args, config, result) if args.compare else 0
 
 
 def check_compare(args: argparse.Namespace, config: TrainConfig, node: NodeSpec | None) -> None:

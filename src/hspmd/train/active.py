@@ -35,7 +35,6 @@ from hspmd.runtime.regather import Regather
 from hspmd.runtime.world import World
 from hspmd.specialize.boundary import BoundaryPlans, boundary_plans
 from hspmd.specialize.executable import Executable, build_executable
-from hspmd.specialize.grad_sync import StageGradSync
 from hspmd.specialize.recompute import checkpoint_layers
 from hspmd.switch.weights import plan_weight_switch, run_weight_switch
 from hspmd.train.clip import owned_names
@@ -44,7 +43,7 @@ from hspmd.train.home import HomePost, HomeState, home_post
 from hspmd.train.layout import Layout, Role
 from hspmd.train.meter import StateMeter, state_tensors
 from hspmd.train.post import MixedPost, PlainPost, Post
-from hspmd.train.sync import SyncItem, grad_sync_plan
+from hspmd.train.sync import grad_sync_plan
 from hspmd.train.zero import ZeroItem, ZeroOne, zero1_plan
 from hspmd.train.zero_params import ParamStore, StoreAround
 from hspmd.train.zero_shards import ShardedPost, shard_buckets, unit_buckets
@@ -133,29 +132,54 @@ def strategy_options(config: TrainConfig, strategy: Strategy) -> StrategyOptions
 
 
 def _post(
-    config: TrainConfig, params: dict[str, torch.Tensor], sync: tuple[SyncItem, ...],
-    zero: dict[str, ZeroItem], world: World, *, stage_sync: tuple[StageGradSync, ...],
-    strategy: Strategy, units: tuple[Unit, ...] = (),
+    config: TrainConfig, exe: Executable, world: World, *, strategy: Strategy,
+    units: tuple[Unit, ...], per_layer: bool,
 ) -> Post:  # fmt: skip
-    model, adam = config.model_config(), config.optimizer
+    """The states mode's Post of ``exe``: ZeRO 2 and 3 (with ZeRO-3's parameter store
+    bound to the graph), ZeRO-1, or plain gradient sync (bf16: with fp32 masters)."""
+    model, adam, params, stage_sync = (
+        config.model_config(),
+        config.optimizer,
+        exe.params,
+        exe.grad_sync,
+    )
+    zero = zero1_plan(strategy, model, shares=config.zero_shares) if config.zero1 else {}
     if zero and config.zero >= 2:
         buckets = unit_buckets(zero, units) if units else shard_buckets(
             zero, bucket_bytes=config.bucket_bytes,
             layer_of=model.param_layer if config.zero == 3 else None,
         )  # fmt: skip
-        return ShardedPost(
+        post = ShardedPost(
             zero, params, config=model, seed=config.seed, adam=adam, world=world,
             zero=config.zero, buckets=buckets,
             every_backward=config.overlap and _lock_step(config, strategy),
             stage_sync=stage_sync, in_flight=1 if config.zero_overlap else 0,
         )  # fmt: skip
+        if config.zero == 3:
+            _attach_store(config, exe, post, zero, units, world, per_layer=per_layer)
+        return post
     if zero:
         return ZeroOne(zero, params, config=model, seed=config.seed, adam=adam,
                        world=world, stage_sync=stage_sync)  # fmt: skip
+    sync = grad_sync_plan(strategy, model, bucket_bytes=config.bucket_bytes)
     # the pieces of the parameters this rank counts in the global gradient norm
     owned = owned_names(parameter_annotations(strategy, model), world.rank)
     kind = MixedPost if config.dtype == "bf16" else PlainPost
     return kind(params, sync, adam=adam, world=world, stage_sync=stage_sync, owned=owned)
+
+
+def _attach_store(
+    config: TrainConfig, exe: Executable, post: ShardedPost, zero: dict[str, ZeroItem],
+    units: tuple[Unit, ...], world: World, *, per_layer: bool,
+) -> None:  # fmt: skip
+    """ZeRO-3: the executable's parameters stored as shards, gathered at its points."""
+    store = ParamStore(
+        exe.params, {n: zero[n].gather for n in exe.params}, post.shard, units, world,
+        per_layer=per_layer, prefetch=config.zero_overlap, on_change=lambda: post.meter(),
+    )  # fmt: skip
+    store.bind(exe.graph_module)
+    exe.around = StoreAround(store, exe.around if isinstance(exe.around, Regather) else None)
+    post.attach(store)
 
 
 def activate(
@@ -177,59 +201,23 @@ def activate(
         return Active(layout=layout)
     key = f"{Built.key(strategy)} [{strategy_options(config, strategy)}]"
     if built is not None and key in built.by_layout:
-        exe, plans = built.by_layout[key]
-        built.reused += 1
-        reused = built.posts.get(key)
-        if reused is None or reused.home is not home:
-            reused = home_post(world, config, layout.strategy, exe.params, home=home,
-                               stage_sync=exe.grad_sync)  # fmt: skip
-            if reused is not None:
-                built.posts[key] = reused
-        return Active(layout=layout, role=role, exe=exe, plans=plans, post=reused, built=built)
-    sync = (
-        ()
-        if config.zero1
-        else grad_sync_plan(layout.strategy, model, bucket_bytes=config.bucket_bytes)
-    )
-    zero = zero1_plan(layout.strategy, model, shares=config.zero_shares) if config.zero1 else {}
-    # ZeRO and bf16 change only Pre/Post: the executable graph is the fp32 one
-    # (sequence parallel and per-layer recompute are the executable's)
-    options = dataclasses.replace(
-        strategy_options(config, strategy), zero=0, zero_shares=(), dtype="fp32"
-    )
-    per_layer = config.zero == 3 and _lock_step(config, layout.strategy)
-    exe = bind_executable(build_executable(
-        model, _unrecomputed(layout.strategy) if per_layer else layout.strategy,
-        dataclasses.replace(options, recompute=False) if per_layer else options,
-        world.rank, seq_len=config.seq_len, seed=config.seed,
-    ), world)  # fmt: skip
-    names = {n: n for n in model.parameter_shapes() if n in exe.params}  # model order
-    units = insert_points(exe.graph_module, names) if per_layer else ()
-    if per_layer:  # the points ride into the recomputed layers' submodules
-        exe.graph_module = _recompute(exe, layout.strategy, options)
+        return _reused(world, config, layout, role, built, key=key, home=home)
+    exe, units, per_layer = _executable(world, config, strategy)
     shape = (role.micro_batch_size, config.seq_len, model.hidden_size)
-    plans = boundary_plans(layout.strategy, model, world.rank, shape, options=options)
+    plans = boundary_plans(
+        strategy, model, world.rank, shape, options=_exe_options(config, strategy)
+    )
     if config.dtype == "bf16":
         exe.graph_module.to(torch.bfloat16)  # compute copy; Post keeps fp32 masters
     post: Post | None
     if built is not None:
         built.by_layout[key] = (exe, plans)
     if config.switch_mode == "weights":
-        post = home_post(world, config, layout.strategy, exe.params, home=home,
-                         stage_sync=exe.grad_sync)  # fmt: skip
+        post = home_post(world, config, strategy, exe.params, home=home, stage_sync=exe.grad_sync)
         if built is not None and post is not None:
             built.posts[key] = post
     else:  # Post also sums the gradients still partial inside the stage (SP norm weights)
-        post = _post(config, exe.params, sync, zero, world, stage_sync=exe.grad_sync,
-                     strategy=layout.strategy, units=units)  # fmt: skip
-    if isinstance(post, ShardedPost) and config.zero == 3:
-        store = ParamStore(
-            exe.params, {n: zero[n].gather for n in exe.params}, post.shard, units, world,
-            per_layer=per_layer, prefetch=config.zero_overlap, on_change=lambda: post.meter(),
-        )  # fmt: skip
-        store.bind(exe.graph_module)
-        exe.around = StoreAround(store, exe.around if isinstance(exe.around, Regather) else None)
-        post.attach(store)
+        post = _post(config, exe, world, strategy=strategy, units=units, per_layer=per_layer)
     meter = None
     if config.measure_memory:
         meter = StateMeter(lambda: state_tensors(exe.params, post))
@@ -238,6 +226,51 @@ def activate(
     return Active(
         layout=layout, role=role, exe=exe, plans=plans, post=post, built=built, meter=meter
     )
+
+
+def _reused(
+    world: World, config: TrainConfig, layout: Layout, role: Role, built: Built, *, key: str,
+    home: HomeState | None,
+) -> Active:  # fmt: skip
+    """The mixed-length mode's executable and boundary plans built before for ``key``, with
+    a Post over ``home`` (the one built before if it holds the same home)."""
+    exe, plans = built.by_layout[key]
+    built.reused += 1
+    reused = built.posts.get(key)
+    if reused is None or reused.home is not home:
+        reused = home_post(world, config, layout.strategy, exe.params, home=home,
+                           stage_sync=exe.grad_sync)  # fmt: skip
+        if reused is not None:
+            built.posts[key] = reused
+    return Active(layout=layout, role=role, exe=exe, plans=plans, post=reused, built=built)
+
+
+def _exe_options(config: TrainConfig, strategy: Strategy) -> StrategyOptions:
+    """The options the executable is built with: ZeRO and bf16 change only Pre/Post, so
+    the executable graph is the fp32 one (sequence parallel and per-layer recompute are
+    the executable's)."""
+    options = strategy_options(config, strategy)
+    return dataclasses.replace(options, zero=0, zero_shares=(), dtype="fp32")
+
+
+def _executable(
+    world: World, config: TrainConfig, strategy: Strategy
+) -> tuple[Executable, tuple[Unit, ...], bool]:
+    """This rank's executable under ``strategy``, bound to the world; under ZeRO-3 in lock
+    step also its gather points (per layer, placed before the recompute split)."""
+    model = config.model_config()
+    options = _exe_options(config, strategy)
+    per_layer = config.zero == 3 and _lock_step(config, strategy)
+    exe = bind_executable(build_executable(
+        model, _unrecomputed(strategy) if per_layer else strategy,
+        dataclasses.replace(options, recompute=False) if per_layer else options,
+        world.rank, seq_len=config.seq_len, seed=config.seed,
+    ), world)  # fmt: skip
+    names = {n: n for n in model.parameter_shapes() if n in exe.params}  # model order
+    units = insert_points(exe.graph_module, names) if per_layer else ()
+    if per_layer:  # the points ride into the recomputed layers' submodules
+        exe.graph_module = _recompute(exe, strategy, options)
+    return exe, units, per_layer
 
 
 def _lock_step(config: TrainConfig, strategy: Strategy) -> bool:

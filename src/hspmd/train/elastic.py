@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from functools import partial
 from typing import Any
 
@@ -77,6 +77,7 @@ class _Run:
     watch: Watch
     active: Active
     members: tuple[int, ...]  # member of each rank of the strategy's generation
+    _: KW_ONLY
     gen: int  # the generation the strategy (and the step's commit counter) belongs to
     step: int = 1
     adam_steps: int = 0
@@ -338,7 +339,7 @@ def _eval_settled(run: _Run, step: int) -> bool:
     return True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _Moved:
     """A new generation's state, built and loaded, adopted once every member has it."""
 
@@ -498,7 +499,8 @@ def _replan_and_move(run: _Run, members: tuple[int, ...]) -> _Moved:
     if active.post is not None:
         active.post.load_state(moved, steps=run.adam_steps)
     sent = float(sum(switch.sent_bytes().values()))
-    return _Moved(active, members, watch.gen, sent, target, plan_seconds)
+    return _Moved(active=active, members=members, gen=watch.gen, moved_bytes=sent,
+                  strategy=target, plan_seconds=plan_seconds)  # fmt: skip
 
 
 def _plan(
@@ -565,7 +567,8 @@ def _fallback(
         "event",
         {"event": "fallback", "lost": what, "checkpoint_step": state.step, "strategy": str(target)},
     )
-    return _Moved(active, members, run.watch.gen, None, target, plan_seconds)
+    return _Moved(active=active, members=members, gen=run.watch.gen, moved_bytes=None,
+                  strategy=target, plan_seconds=plan_seconds)  # fmt: skip
 
 
 def _has_checkpoint(directory: str) -> bool:

@@ -89,7 +89,7 @@ def home_annotations(config: ModelSpec, *, num_ranks: int) -> Mapping[str, Param
     )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HomePlan:
     """Post's communication under one strategy: gradient sync, grads to home, weights out."""
 
@@ -124,7 +124,14 @@ def home_plan(strategy: Strategy, config: ModelSpec, *, num_ranks: int, itemsize
         return schedule(tables, topology=Topology.flat(), fused=True)
 
     sync = grad_sync_plan(strategy, config)
-    return HomePlan(names, sync, grads, fused(grads, 4), weights, fused(weights, itemsize))
+    return HomePlan(
+        names=names,
+        sync=sync,
+        grads=grads,
+        grad_transfers=fused(grads, 4),
+        weights=weights,
+        weight_transfers=fused(weights, itemsize),
+    )
 
 
 class HomeState:

@@ -24,7 +24,7 @@ from hspmd.plan.strategy import Pipeline, Strategy
 __all__ = ["Layout", "Role"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Role:
     """One rank's part in a strategy."""
 

@@ -142,7 +142,7 @@ def _micro_batch(
     return tokens[rows.start : rows.stop], targets[rows.start : rows.stop], None, weight, place
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class _Live:
     """Tensors of one step still needed, by micro-batch, and the sends in flight."""
 
@@ -421,6 +421,49 @@ def _resume(world: World, config: TrainConfig) -> tuple[Active, int, int]:
     return active, first, state.adam_step
 
 
+@dataclass(slots=True, kw_only=True)
+class _RankRun:
+    """What ``run_rank`` carries from step to step on one rank."""
+
+    active: Active
+    adam_steps: int  # Adam's steps so far
+    slow: Slowdown  # this rank's emulated slowdown
+    planned: list[Strategy]  # under length plans: the strategies, by plan index
+    records: list[StepRecord] = field(default_factory=list)
+    evals: list[EvalRecord] = field(default_factory=list)
+    executables: set[int] = field(default_factory=set)  # one per strategy, whatever the lengths
+    held: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # eval batches
+    state_peak: int = 0  # with measure_memory: the state's tracked bytes (hspmd.train.meter)
+
+    def sample_peak(self) -> None:
+        meter = self.active.meter
+        self.state_peak = max(self.state_peak, meter.peak if meter else 0)
+
+
+@dataclass(slots=True)
+class _Data:
+    """The step data of one rank: every rank reads the stream (a rank idle now may train
+    after a switch). A worker thread draws the next steps' data while this one trains (a
+    step's data depends on its number only, not on when it is drawn); under length plans
+    it also plans them, and the loop draws a step before its switch (``ahead``)."""
+
+    stream: Iterator[Batch]
+    worker: PlanAhead[Batch]
+    ahead: bool
+
+    @staticmethod
+    def open(config: TrainConfig, strategy: Strategy, first: int) -> _Data:
+        if config.length_plans is not None:
+            worker: PlanAhead[Batch] = PlanAhead(planned_steps(config))
+            return _Data(islice(worker, first - 1, None), worker, ahead=True)
+        worker = PlanAhead(
+            islice(packed_steps(config, strategy), first - 1, None)
+            if config.packed
+            else step_batches(config, first=first)  # drawn by step: nothing replayed
+        )
+        return _Data(worker, worker, ahead=False)
+
+
 def run_rank(
     world: World,
     config: TrainConfig,
@@ -437,9 +480,7 @@ def run_rank(
     ``Recorder`` (``hspmd.runtime.trace``) records steps, F, B, Post, switches, saves and
     every communication step.
     """
-    first_strategy = config.require_strategy()
-    cuda = world.device.type == "cuda"
-    if cuda:  # this run's peak (a launch may run several configs)
+    if world.device.type == "cuda":  # this run's peak (a launch may run several configs)
         torch.cuda.reset_peak_memory_stats(world.device)
     world.tracer = rec if isinstance(rec, Recorder) else None
     end_setup = rec.begin("setup", cat="setup")  # groups, executables (and a resume)
@@ -447,96 +488,103 @@ def run_rank(
     if config.resume:
         active, first, adam_steps = _resume(world, config)
     else:
-        active, first, adam_steps = activate(world, config, first_strategy), 1, 0
-    switches = dict(config.switches)
-    # every rank reads the stream: a rank idle now may train after a switch. A worker thread
-    # draws the next steps' data while this one trains (a step's data depends on its number
-    # only, not on when it is drawn); under length plans it also plans them
-    ahead = PlanAhead(planned_steps(config)) if config.length_plans else None
-    drawn: PlanAhead[Batch] | None = None
-    if ahead is not None:
-        data: Iterator[Batch] = islice(ahead, first - 1, None)
-    else:
-        data = drawn = PlanAhead(
-            islice(packed_steps(config, active.layout.strategy), first - 1, None)
-            if config.packed
-            else step_batches(config, first=first)  # drawn by step: nothing replayed
-        )
-    planned = _planned_strategies(config)
-    state_peak = 0  # with measure_memory: the state's tracked bytes (hspmd.train.meter)
-    records, executables = [], set()  # executables: one per strategy, whatever the lengths
-    evals: list[EvalRecord] = []
-    held: list[tuple[torch.Tensor, torch.Tensor]] = []  # the evaluations' batches, once drawn
-    slow = slowdown_of(config.slowdown, world.rank, device=world.device)
+        active, first, adam_steps = activate(world, config, config.require_strategy()), 1, 0
+    run = _RankRun(
+        active=active, adam_steps=adam_steps, planned=_planned_strategies(config),
+        slow=slowdown_of(config.slowdown, world.rank, device=world.device),
+    )  # fmt: skip
+    data = _Data.open(config, active.strategy, first)
     end_setup()
+    switches = dict(config.switches)
     for step in range(first, config.steps + 1):
+        batch = next(data.stream) if data.ahead else None
+        target = (
+            run.planned[batch.plan or 0] if isinstance(batch, PackedStep) else switches.get(step)
+        )
         switched, messages = None, None
-        batch = next(data) if ahead is not None else None
-        target = planned[batch.plan or 0] if isinstance(batch, PackedStep) else switches.get(step)
-        if (
-            target is not None
-            and target != active.strategy
-            and (ahead is not None or step != first)
-        ):
-            state_peak = max(state_peak, active.meter.peak if active.meter else 0)
+        if target is not None and target != run.active.strategy and (data.ahead or step != first):
+            run.sample_peak()
             with rec.span("switch", cat="switch", step=step, to=str(target)):
-                active, switched, messages = _timed_switch(
-                    world, config, active, target, steps=adam_steps
+                run.active, switched, messages = _timed_switch(
+                    world, config, run.active, target, steps=run.adam_steps
                 )
         end_step = rec.begin(f"step {step}", cat="step", step=step)
-        batch = next(data) if batch is None else batch
+        batch = next(data.stream) if batch is None else batch
         inject(config.inject, member=world.rank, step=step, phase="forward")  # ends the run
         start = time.perf_counter()
-        loss = torch.zeros(1, dtype=torch.float64, device=world.device)
-        role, exe, plans, post = active.role, active.exe, active.plans, active.post
-        if role is not None and exe is not None and plans is not None and post is not None:
-            post.zero_grad()
-            value = run_step(
-                exe, role, plans, config, world, batch, step=step, post=post, slow=slow, rec=rec
-            )  # fmt: skip
-            executables.add(id(exe))
-            if active.meter is not None:  # every gradient made (ZeRO-0, 1: the peak)
-                active.meter.sample()
-            end_post = rec.begin("Post", cat="post")
-            if role.is_last and role.rank == role.tp_ranks[0]:  # one reporter per pipeline
-                loss += value
-            with slow:
-                grad_norm = post_step(post, world, config, loss=loss, meter=active.meter)
-            end_post()
-        else:  # an idle rank: its home shards (switch_mode="weights"), the clipping norm
-            grad_norm = None
-            if post is not None or config.clip_grad_norm is not None:
-                with rec.span("Post", cat="post"), slow:
-                    grad_norm = post_step(post, world, config, loss=loss)
-        adam_steps += 1
-        with rec.span("loss all-reduce", cat="wait"):  # waits for the slowest rank
-            if grad_norm is None:  # else summed with the norm's squares (hspmd.train.clip)
-                dist.all_reduce(loss)
-            total = float(loss)  # on CUDA: waits for the step's kernels too
+        total, grad_norm = _train_step(world, config, run, batch, step=step, rec=rec)
         end_step()
-        record = StepRecord(
+        run.records.append(StepRecord(
             step=step, loss=total, seconds=time.perf_counter() - start,
-            lr=learning_rate(config.optimizer, adam_steps),
-            grad_norm=None if grad_norm is None else float(grad_norm),
+            lr=learning_rate(config.optimizer, run.adam_steps), grad_norm=grad_norm,
             switch_seconds=switched, switch_messages=messages,
-            strategy=str(active.strategy) if switched is not None else None,
+            strategy=str(run.active.strategy) if switched is not None else None,
             **{"tokens": config.tokens_per_step, **_record_fields(batch)},
+        ))  # fmt: skip
+        _after_step(world, config, run, step=step, report=report, rec=rec)
+    data.worker.close()
+    return _outcome(world, run)
+
+
+def _train_step(
+    world: World, config: TrainConfig, run: _RankRun, batch: Batch, *, step: int, rec: Spans
+) -> tuple[float, float | None]:
+    """One optimizer step on this rank (an idle one joins Post's collectives and the loss
+    sum): the global loss and, with clipping, the global gradient norm."""
+    active, slow = run.active, run.slow
+    loss = torch.zeros(1, dtype=torch.float64, device=world.device)
+    role, exe, plans, post = active.role, active.exe, active.plans, active.post
+    if role is not None and exe is not None and plans is not None and post is not None:
+        post.zero_grad()
+        value = run_step(
+            exe, role, plans, config, world, batch, step=step, post=post, slow=slow, rec=rec
         )  # fmt: skip
-        records.append(record)
+        run.executables.add(id(exe))
+        if active.meter is not None:  # every gradient made (ZeRO-0, 1: the peak)
+            active.meter.sample()
+        end_post = rec.begin("Post", cat="post")
+        if role.is_last and role.rank == role.tp_ranks[0]:  # one reporter per pipeline
+            loss += value
+        with slow:
+            grad_norm = post_step(post, world, config, loss=loss, meter=active.meter)
+        end_post()
+    else:  # an idle rank: its home shards (switch_mode="weights"), the clipping norm
+        grad_norm = None
+        if post is not None or config.clip_grad_norm is not None:
+            with rec.span("Post", cat="post"), slow:
+                grad_norm = post_step(post, world, config, loss=loss)
+    run.adam_steps += 1
+    with rec.span("loss all-reduce", cat="wait"):  # waits for the slowest rank
+        if grad_norm is None:  # else summed with the norm's squares (hspmd.train.clip)
+            dist.all_reduce(loss)
+        total = float(loss)  # on CUDA: waits for the step's kernels too
+    return total, None if grad_norm is None else float(grad_norm)
+
+
+def _after_step(
+    world: World, config: TrainConfig, run: _RankRun, *, step: int,
+    report: Callable[[Record], None] | None, rec: Spans,
+) -> None:  # fmt: skip
+    """Report the step's record, then its checkpoint and its evaluation, if due."""
+    if report is not None and world.rank == 0:
+        report(run.records[-1])
+    if config.save and step % config.save_every == 0:
+        with rec.span("save", cat="checkpoint", step=step):
+            save_checkpoint(
+                world, config, run.active, directory=config.save, step=step, steps=run.adam_steps
+            )  # fmt: skip
+    if config.evaluation.due(step):
+        run.held = run.held or eval_batches(config)
+        with rec.span("eval", cat="eval", step=step):
+            run.evals.append(evaluate_rank(world, config, run.active, run.held, step=step))
         if report is not None and world.rank == 0:
-            report(record)
-        if config.save and step % config.save_every == 0:
-            with rec.span("save", cat="checkpoint", step=step):
-                save_checkpoint(
-                    world, config, active, directory=config.save, step=step, steps=adam_steps
-                )
-        if config.evaluation.due(step):
-            held = held or eval_batches(config)
-            with rec.span("eval", cat="eval", step=step):
-                evals.append(evaluate_rank(world, config, active, held, step=step))
-            if report is not None and world.rank == 0:
-                report(evals[-1])
-    state_peak = max(state_peak, active.meter.peak if active.meter else 0)
+            report(run.evals[-1])
+
+
+def _outcome(world: World, run: _RankRun) -> dict[str, Any]:
+    """What a rank returns: its parameter pieces, the records, builds and peaks."""
+    run.sample_peak()
+    active = run.active
     active.gather_params()  # ZeRO-3: the pieces are read whole
     pieces = {}
     if active.exe is not None:
@@ -544,12 +592,11 @@ def run_rank(
             # numpy, not tensors: tensors would travel as shared-memory fds
             pieces[name] = (active.exe.pieces[name].region, p.detach().float().cpu().numpy().copy())
     world.tracer = None
-    for worker in (ahead, drawn):
-        if worker is not None:
-            worker.close()
+    cuda = world.device.type == "cuda"
     peak = torch.cuda.max_memory_allocated(world.device) if cuda else None
-    return {"pieces": pieces, "records": records, "evals": evals, "builds": len(executables),
-            "rank": world.rank, "peak_memory": peak, "state_peak": state_peak}  # fmt: skip
+    return {"pieces": pieces, "records": run.records, "evals": run.evals,
+            "builds": len(run.executables), "rank": world.rank, "peak_memory": peak,
+            "state_peak": run.state_peak}  # fmt: skip
 
 
 def _planned_strategies(config: TrainConfig) -> list[Strategy]:

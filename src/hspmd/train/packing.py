@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from itertools import islice
 from typing import Any
 
@@ -69,6 +69,7 @@ class PackedStep:
 
     micro_batches: tuple[tuple[MicroBatch, ...], ...]
     assignment: Assignment
+    _: KW_ONLY
     truncated: int = 0
     dropped: int = 0
     plan: int | None = None  # with length plans: the strategy chosen for this step
@@ -121,7 +122,8 @@ def pack(
                 real += at
             micro.append(MicroBatch(tokens, targets, segments, real))
         pipelines.append(tuple(micro))
-    return PackedStep(tuple(pipelines), assignment, step.truncated, step.dropped, plan, predicted)
+    return PackedStep(tuple(pipelines), assignment, truncated=step.truncated,
+                      dropped=step.dropped, plan=plan, predicted=predicted)  # fmt: skip
 
 
 def packed_steps(

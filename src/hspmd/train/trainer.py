@@ -202,12 +202,7 @@ def train_many(
     """
     nproc = max(num_processes(c) for c in configs)
     if node is not None:
-        if nproc % node.num_nodes:
-            raise TrainError(
-                f"{nproc} ranks do not split evenly over {node.num_nodes} nodes: use a "
-                f"strategy whose rank count is a multiple of {node.num_nodes}"
-            )
-        nproc //= node.num_nodes
+        nproc = _even_share(nproc, node)
     devices = {run_device(c, num_ranks=nproc) for c in configs}
     if len(devices) > 1:
         raise TrainError(
@@ -362,21 +357,7 @@ def train_elastic(
     if node is not None:
         (store, first, count), total = node, nproc
         nproc = count
-    # a step (an evaluation) reported again across a failure (a new rank 0) is dropped
-    last = {"step": 0, "eval": 0}
-
-    def on_message(_rank: int, payload: Any) -> None:
-        kind, value = payload
-        if kind in last:
-            if value.step > last[kind]:
-                last[kind] = value.step
-                if on_step is not None:
-                    on_step(value)
-            return
-        if value.get("event") == "fallback":
-            last["step"] = last["eval"] = value["checkpoint_step"]
-        if on_event is not None:
-            on_event(value)
+    on_message = _elastic_messages(on_step, on_event)
 
     def on_start(pids: list[int]) -> None:  # for tests and users that kill ranks from outside
         if on_event is not None:
@@ -398,14 +379,43 @@ def train_elastic(
     return _assemble(alive, [config])[0]
 
 
-def node_share(config: TrainConfig, node: NodeSpec) -> tuple[int, int]:
-    """The first launch rank and the rank count of ``node`` (an even share of the run's
-    processes; checked before any process starts)."""
-    total = num_processes(config)
+def _elastic_messages(
+    on_step: Callable[[Record], None] | None, on_event: Callable[[dict[str, Any]], None] | None
+) -> Callable[[int, Any], None]:
+    """The launcher's handler of the ranks' messages in an elastic run: records to
+    ``on_step``, events to ``on_event``. A step (an evaluation) reported again across a
+    failure (by a new rank 0) is dropped; after a fallback to a checkpoint, the steps after
+    it are reported again."""
+    last = {"step": 0, "eval": 0}
+
+    def on_message(_rank: int, payload: Any) -> None:
+        kind, value = payload
+        if kind in last:
+            if value.step > last[kind]:
+                last[kind] = value.step
+                if on_step is not None:
+                    on_step(value)
+            return
+        if value.get("event") == "fallback":
+            last["step"] = last["eval"] = value["checkpoint_step"]
+        if on_event is not None:
+            on_event(value)
+
+    return on_message
+
+
+def _even_share(total: int, node: NodeSpec) -> int:
+    """The ranks of one node: ``total`` split evenly over the nodes (else one line)."""
     if total % node.num_nodes:
         raise TrainError(
             f"{total} ranks do not split evenly over {node.num_nodes} nodes: use a "
             f"strategy whose rank count is a multiple of {node.num_nodes}"
         )
-    share = total // node.num_nodes
+    return total // node.num_nodes
+
+
+def node_share(config: TrainConfig, node: NodeSpec) -> tuple[int, int]:
+    """The first launch rank and the rank count of ``node`` (an even share of the run's
+    processes; checked before any process starts)."""
+    share = _even_share(num_processes(config), node)
     return node.node_rank * share, share
