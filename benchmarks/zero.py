@@ -39,7 +39,7 @@ import torch.distributed as dist
 from rich.console import Console
 from rich.table import Table
 
-from hspmd.plan.strategy import StrategyOptions, parse_strategy
+from hspmd.plan.strategy import StrategyOptions
 from hspmd.planner.memory import largest_unit, rank_memory, stage_places
 from hspmd.runtime.launch import launch
 from hspmd.runtime.world import World
@@ -70,9 +70,11 @@ RANK = 1  # the rank whose memory is shown (rank 0 of the uneven run holds more)
 def predicted(config: TrainConfig, rank: int = RANK) -> float:
     """The memory model's weights + gradients + masters and Adam of ``rank``."""
     model = config.model_config()
-    options = StrategyOptions(zero=config.zero, dtype=config.dtype)
-    strategy = parse_strategy(config.strategy or "")
-    places = stage_places(strategy, model.num_layers, options.schedule, shares=config.zero_shares)
+    options = StrategyOptions(zero=config.zero, dtype=config.options.dtype)
+    strategy = config.require_strategy()
+    places = stage_places(
+        strategy, model.num_layers, options.schedule, shares=config.options.zero_shares
+    )
     for _, _, stage, place in places:
         if rank in stage.ranks:
             m = rank_memory(

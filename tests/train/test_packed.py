@@ -77,7 +77,7 @@ def documents_per_row(step: PackedStep) -> list[int]:
 
 def test_packed_steps_vary_in_length(corpus: Path) -> None:
     config = config_of(*STRATEGIES["PP x TP, rows differ"], corpus)
-    steps = list(packed_steps(config, parse_strategy(config.strategy or "")))
+    steps = list(packed_steps(config, config.require_strategy()))
     lengths = {n for s in steps for pipe in s.assignment.lengths for n in pipe}
     assert len(lengths) > 2 and max(lengths) <= 64
     assert max(n for s in steps for n in documents_per_row(s)) >= 3  # packed
@@ -106,6 +106,6 @@ def test_packed_training_equals_the_reference(corpus: Path) -> None:
             assert got.pipeline_tokens is not None and sum(got.pipeline_tokens) == got.tokens
             assert got.dropped == 0
         assert sum(r.truncated or 0 for r in result.records) > 0
-        multiple = 2 if config.sequence_parallel else 1
-        steps = packed_steps(config, parse_strategy(config.strategy or ""))
+        multiple = 2 if config.options.sequence_parallel else 1
+        steps = packed_steps(config, config.require_strategy())
         assert all(n % multiple == 0 for s in steps for p in s.assignment.lengths for n in p)

@@ -55,7 +55,7 @@ def test_each_strategy_of_a_plans_file_keeps_its_recompute(tmp_path: Path) -> No
     text["strategies"][1] |= {"recompute": True, "recompute_layers": 1}
     base = train_config(data=str(data), seq_len=256, step_tokens=256, steps=2)
     run = apply_plans(base, read_length_plans(text, "plans.json"), path="plans.json")
-    assert run.recompute and run.recompute_layers == 1  # the most any strategy asks
+    assert run.options.recompute and run.options.recompute_layers == 1  # the most any strategy asks
     short, long = (parse_strategy(e["strategy"]) for e in text["strategies"])
     assert not strategy_options(run, short).recompute  # but each runs its own
     assert strategy_options(run, long).recomputed(4) == 1

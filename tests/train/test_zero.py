@@ -150,7 +150,7 @@ def test_stages_and_shares_are_checked_in_one_line() -> None:
         StrategyOptions(zero=4)
     with pytest.raises(StrategyError, match="with a ZeRO stage"):
         StrategyOptions(zero_shares=(1.0, 2.0))
-    with pytest.raises(TrainError, match="--zero 5: choose"):
+    with pytest.raises(StrategyError, match="zero=5: choose"):  # the config's options
         train_config(zero=5)
     with pytest.raises(StrategyError, match="zero_shares has 3 weights for 2 pipelines"):
         check_config(revise(BASE, strategy=DP, zero=3, zero_shares=(1, 2, 3)))

@@ -158,12 +158,7 @@ def read_run(args: argparse.Namespace, options: StrategyOptions) -> Run:
     config = config_from_plan(plan, base)
     check_plan(plan, config)
     assert config.strategy is not None
-    planned = StrategyOptions(
-        zero=config.zero, zero_shares=config.zero_shares, sequence_parallel=config.sequence_parallel,
-        recompute=config.recompute, recompute_layers=config.recompute_layers,
-        schedule=config.schedule, dtype=config.dtype,
-    )  # fmt: skip
-    return Run(config.model_config(), config.strategy, planned, config.seq_len)
+    return Run(config.model_config(), config.strategy, config.options, config.seq_len)
 
 
 def seq_len_of(model: ModelSpec, given: int | None) -> int:

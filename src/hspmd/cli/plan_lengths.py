@@ -135,12 +135,13 @@ def apply_plans(config: TrainConfig, plans: LengthPlans, *, path: str) -> TrainC
     config = replace(config, length_plans=plans, switch_mode="weights")
     options = [p.options for p in plans.plans]
     recompute = [o for o in options if o.recompute]
-    config = replace(
-        config,
-        sequence_parallel=config.sequence_parallel or any(o.sequence_parallel for o in options),
-        recompute=config.recompute or bool(recompute),
-        recompute_layers=config.recompute_layers if config.recompute else _most(recompute),
-    )
+    given = config.options
+    config = replace(config, options=replace(
+        given,
+        sequence_parallel=given.sequence_parallel or any(o.sequence_parallel for o in options),
+        recompute=given.recompute or bool(recompute),
+        recompute_layers=given.recompute_layers if given.recompute else _most(recompute),
+    ))  # fmt: skip
     first = next(planned_steps(replace(config, steps=1)))
     return replace(config, strategy=plans.plans[first.plan or 0].strategy)
 

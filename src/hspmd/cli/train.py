@@ -62,7 +62,7 @@ from hspmd.cli.tokenize import byte_progress
 from hspmd.data import DEFAULT_MAX_BYTES, data_warnings
 from hspmd.data.source import spec_warnings
 from hspmd.errors import StrategyError
-from hspmd.plan.strategy import Strategy, parse_strategy
+from hspmd.plan.strategy import Strategy, StrategyOptions, parse_strategy
 from hspmd.runtime.launch import NodeSpec
 from hspmd.runtime.members import how_lost
 from hspmd.train.batches import check_data
@@ -169,14 +169,16 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         eod_id=getattr(args, "eod_id", None),
         tokenizer=getattr(args, "tokenizer", None),
         data_cache=getattr(args, "data_cache", None),
-        schedule=args.schedule,
-        dtype=args.dtype,
-        zero=zero_of(args),
-        zero_shares=shares_of(args),
+        options=StrategyOptions(
+            schedule=args.schedule,
+            dtype=args.dtype,
+            zero=zero_of(args),
+            zero_shares=shares_of(args),
+            sequence_parallel=args.sequence_parallel,
+            recompute=args.recompute,
+            recompute_layers=args.recompute_layers,
+        ),  # fmt: skip
         zero_overlap=not getattr(args, "zero_no_overlap", False),
-        sequence_parallel=args.sequence_parallel,
-        recompute=args.recompute,
-        recompute_layers=args.recompute_layers,
         overlap=not getattr(args, "no_overlap", False),
         switches=parse_switches(args.switch),
         switch_mode=getattr(args, "switch_mode", "states"),

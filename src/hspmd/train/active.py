@@ -49,7 +49,7 @@ from hspmd.train.zero_params import ParamStore, StoreAround
 from hspmd.train.zero_shards import ShardedPost, shard_buckets, unit_buckets
 from hspmd.train.zero_units import Unit, insert_points
 
-__all__ = ["Active", "Built", "activate", "options_of", "strategy_options", "switch_weights"]
+__all__ = ["Active", "Built", "activate", "strategy_options", "switch_weights"]
 
 
 class Built:
@@ -103,24 +103,11 @@ class Active:
         return self.post.home if isinstance(self.post, HomePost) else None
 
 
-def options_of(config: TrainConfig) -> StrategyOptions:
-    """The strategy options of a run (what ``check_strategy`` and the planner take)."""
-    return StrategyOptions(
-        zero=config.zero,
-        zero_shares=config.zero_shares,
-        sequence_parallel=config.sequence_parallel,
-        recompute=config.recompute,
-        recompute_layers=config.recompute_layers,
-        schedule=config.schedule,
-        dtype=config.dtype,
-    )
-
-
 def strategy_options(config: TrainConfig, strategy: Strategy) -> StrategyOptions:
     """The options ``strategy`` runs with: the run's, but under length plans its
     recompute is the plans file's for that strategy (a long-row strategy may recompute
     while the others do not; the executable is built per strategy anyway)."""
-    options = options_of(config)
+    options = config.options
     if config.length_plans is None:
         return options
     found = {p.strategy: p.options for p in config.length_plans.plans}.get(strategy)
@@ -143,7 +130,7 @@ def _post(
         exe.params,
         exe.grad_sync,
     )
-    zero = zero1_plan(strategy, model, shares=config.zero_shares) if config.zero1 else {}
+    zero = zero1_plan(strategy, model, shares=config.options.zero_shares) if config.zero1 else {}
     if zero and config.zero >= 2:
         buckets = unit_buckets(zero, units) if units else shard_buckets(
             zero, bucket_bytes=config.bucket_bytes,
@@ -164,7 +151,7 @@ def _post(
     sync = grad_sync_plan(strategy, model, bucket_bytes=config.bucket_bytes)
     # the pieces of the parameters this rank counts in the global gradient norm
     owned = owned_names(parameter_annotations(strategy, model), world.rank)
-    kind = MixedPost if config.dtype == "bf16" else PlainPost
+    kind = MixedPost if config.options.dtype == "bf16" else PlainPost
     return kind(params, sync, adam=adam, world=world, stage_sync=stage_sync, owned=owned)
 
 
@@ -207,7 +194,7 @@ def activate(
     plans = boundary_plans(
         strategy, model, world.rank, shape, options=_exe_options(config, strategy)
     )
-    if config.dtype == "bf16":
+    if config.options.dtype == "bf16":
         exe.graph_module.to(torch.bfloat16)  # compute copy; Post keeps fp32 masters
     post: Post | None
     if built is not None:

@@ -41,6 +41,7 @@ from typing import Any, TypedDict, Unpack, get_type_hints
 from hspmd.models.hf import HF_PREFIX, hf_source
 from hspmd.plan.strategy import Dtype, Schedule, Strategy, parse_strategy
 from hspmd.train.config import (
+    SECTIONS,
     AdamConfig,
     Device,
     EvalConfig,
@@ -154,7 +155,7 @@ def train_config(
     """The ``TrainConfig`` of ``fit(model, strategy, **options)`` (module docstring)."""
     _check_names(options, RunOptions, extra=("strategy",))
     start = _strategy(strategy)
-    fields = _fields(options, adam=AdamConfig())
+    fields = _fields(options, base=TrainConfig())
     if fields.get("global_batch") is None:
         fields["global_batch"] = REFERENCE_BATCH if start is None else start.global_batch
     config = TrainConfig(model=model_source(model), strategy=start, **fields)
@@ -179,7 +180,7 @@ def revise(config: TrainConfig, **changes: Unpack[Changes]) -> TrainConfig:
     """
     _check_names(changes, Changes)
     options = {k: v for k, v in changes.items() if k not in ("model", "strategy")}
-    fields = _fields(options, adam=config.adam)
+    fields = _fields(options, base=config)
     if "model" in changes:
         fields["model"] = model_source(changes["model"])
     if "strategy" in changes:
@@ -199,16 +200,17 @@ def _check_names(options: Mapping[str, Any], kind: Any, *, extra: Sequence[str] 
         raise TrainError(f"unknown option {unknown[0]!r}: give one of {allowed}")
 
 
-def _fields(options: Mapping[str, Any], *, adam: AdamConfig) -> dict[str, Any]:
+def _fields(options: Mapping[str, Any], *, base: TrainConfig) -> dict[str, Any]:
     """``TrainConfig``'s fields of ``options`` (``RunOptions``): ``lr`` into ``adam`` (the
-    given one, else ``adam``), ``model_kwargs`` as ``model_overrides``, ``zero1`` as
-    ``zero=1``, strategies parsed, sequences as tuples."""
+    given one, else ``base``'s), ``model_kwargs`` as ``model_overrides``, ``zero1`` as
+    ``zero=1``, names of a section into it (``SECTIONS``: on ``base``'s section), strategies
+    parsed, sequences as tuples."""
     fields: dict[str, Any] = dict(options)
     if "model_kwargs" in fields:
         fields["model_overrides"] = _frozen(dict(fields.pop("model_kwargs") or {}))
     lr = fields.pop("lr", None)
     if lr is not None:
-        fields["adam"] = dataclasses.replace(fields.get("adam") or adam, lr=lr)
+        fields["adam"] = dataclasses.replace(fields.get("adam") or base.adam, lr=lr)
     if "switches" in fields:
         fields["switches"] = tuple((int(step), _strategy(s)) for step, s in fields["switches"])
     if fields.pop("zero1", False):
@@ -218,6 +220,10 @@ def _fields(options: Mapping[str, Any], *, adam: AdamConfig) -> dict[str, Any]:
     for name in ("slowdown", "grow", "zero_shares", "inject", "tp_rules"):
         if name in fields:
             fields[name] = _frozen(fields[name])
+    for section in dict.fromkeys(SECTIONS.values()):
+        changes = {n: fields.pop(n) for n in list(fields) if SECTIONS.get(n) == section}
+        if changes:
+            fields[section] = dataclasses.replace(getattr(base, section), **changes)
     return fields
 
 

@@ -18,12 +18,12 @@ from hspmd.data.tokens import TOKEN_DTYPES
 from hspmd.errors import HspmdError
 from hspmd.models.llama import get_config
 from hspmd.models.spec import ModelSpec, ModuleModel
-from hspmd.plan.strategy import Dtype, Schedule, Strategy
+from hspmd.plan.strategy import Strategy, StrategyOptions
 from hspmd.planner.length_model import LengthStrategy
 from hspmd.train.faults import Injection
 
 __all__ = [
-    "AdamConfig", "Device", "EvalConfig", "EvalRecord", "LengthPlans", "LrSchedule", "Record", "StepRecord",
+    "AdamConfig", "Device", "EvalConfig", "EvalRecord", "LengthPlans", "LrSchedule", "SECTIONS", "Record", "StepRecord",
     "SwitchAlgo", "SwitchMode", "TrainConfig", "TrainError",
 ]  # fmt: skip
 
@@ -151,6 +151,15 @@ class EvalConfig:
         return self.every > 0 and step > 0 and step % self.every == 0
 
 
+SECTIONS: dict[str, str] = {
+    name: "options"
+    for name in ("zero", "zero_shares", "sequence_parallel", "recompute", "recompute_layers",
+                 "schedule", "dtype")
+}  # fmt: skip
+"""Flat option names (``hspmd.fit``'s keywords, the CLI's flags) that live in a section of
+``TrainConfig``, and the section's field (``TrainConfig.options``: ``StrategyOptions``)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LengthPlans:
     """A plans file of ``hspmd plan --data`` as values (read at the edge: the CLI's
@@ -198,18 +207,12 @@ class TrainConfig:
     eod_id: int | None = None  # a token file's end-of-document id (packed steps split there)
     tokenizer: str | None = None  # tokenizer.json or a local HF folder: text is tokenized
     data_cache: str | None = None  # tokenizations' cache (None: $HSPMD_CACHE, ~/.cache/hspmd)
-    schedule: Schedule = "1f1b"  # or "gpipe"
-    dtype: Dtype = "fp32"  # compute dtype; masters are fp32
-    # ZeRO stage (docs/zero.md): 0; 1 shards fp32 masters and Adam states over the
-    # data-parallel replicas; 2 also the gradients; 3 also the parameters between uses
-    zero: int = 0
-    zero_shares: tuple[float, ...] = ()  # per pipeline: its part of the shards (even if empty)
+    # the options every strategy of the run runs with: the ZeRO stage (docs/zero.md) and its
+    # shares, sequence parallelism, recompute, the pipeline schedule, the compute dtype
+    options: StrategyOptions = field(default_factory=StrategyOptions)
     # ZeRO 2 and 3: one gradient bucket in flight while backward goes on, and under ZeRO-3
     # the next unit's gather prefetched; False: each waited at once (the least memory)
     zero_overlap: bool = True
-    sequence_parallel: bool = False
-    recompute: bool = False
-    recompute_layers: int = 0  # with recompute: the first k layers of each stage (0: all)
     overlap: bool = True  # gradient sync during the last backward (False: after it)
     bucket_bytes: int = 4 << 20  # flat gradient buckets of Post (hspmd.train.sync)
     # (step, strategy): switch to that strategy in memory before that step (hspmd.switch.live)
@@ -268,18 +271,17 @@ class TrainConfig:
                 f"switch steps {steps}: give each step once, in increasing order, from 2 on "
                 "(the strategy of step 1 is --strategy)"
             )
-        if self.recompute_layers < 0 or (self.recompute_layers and not self.recompute):
+        if self.options.recompute_layers and not self.options.recompute:
             raise TrainError(
-                f"--recompute-layers {self.recompute_layers}: give a count of at least 0, "
-                "with --recompute (0: every layer of a stage)"
+                f"--recompute-layers {self.options.recompute_layers}: give a count of at "
+                "least 0, with --recompute (0: every layer of a stage)"
             )
         self._check_recipe()
         self._check_slowdown()
         self._check_elastic()
         self._check_packed()
         # the Literal types check callers under mypy; these check everyone else
-        for name, kind in (("schedule", Schedule), ("dtype", Dtype),
-                           ("switch_mode", SwitchMode), ("switch_algo", SwitchAlgo),
+        for name, kind in (("switch_mode", SwitchMode), ("switch_algo", SwitchAlgo),
                            ("device", Device)):  # fmt: skip
             if getattr(self, name) not in get_args(kind):
                 raise TrainError(
@@ -322,18 +324,16 @@ class TrainConfig:
     @property
     def zero1(self) -> bool:
         """Whether the fp32 masters and Adam states are sharded (ZeRO 1, 2 or 3)."""
-        return self.zero >= 1
+        return self.options.zero1
+
+    @property
+    def zero(self) -> int:
+        """The ZeRO stage (``options.zero``)."""
+        return self.options.zero
 
     def _check_zero(self) -> None:
-        """The ZeRO stage and shares, and what they do not combine with (docs/zero.md)."""
-        if self.zero not in (0, 1, 2, 3):
-            raise TrainError(f"--zero {self.zero}: choose a ZeRO stage 0, 1, 2 or 3")
-        object.__setattr__(self, "zero_shares", tuple(float(w) for w in self.zero_shares))
-        if self.zero_shares and (not self.zero or min(self.zero_shares) <= 0):
-            raise TrainError(
-                f"--zero-shares {self.zero_shares}: give positive weights, one per pipeline, "
-                "with --zero 1|2|3"
-            )
+        """What the ZeRO stage does not combine with (docs/zero.md; ``StrategyOptions``
+        checks the stage and the shares)."""
         if self.switch_mode == "weights" and self.zero:
             raise TrainError(
                 f"--zero {self.zero} adds nothing under switch mode 'weights': its home layout "
@@ -346,7 +346,7 @@ class TrainConfig:
         refused = [
             ("--tokens-per-step", self.step_tokens is not None,
              "packed documents need the model's attention to take segments"),
-            ("--sequence-parallel", self.sequence_parallel,
+            ("--sequence-parallel", self.options.sequence_parallel,
              "the markers hspmd inserts keep the stream whole"),
         ]  # fmt: skip
         for flag, given, why in refused:

@@ -30,7 +30,9 @@ def describe_ranks(config: TrainConfig) -> list[tuple[str, ...]]:
     for rank in strategy.ranks:
         role = layout.role(rank)
         assert role is not None
-        schedule = make_schedule(config.schedule, role.num_stages, role.stage, role.micro_batches)
+        schedule = make_schedule(
+            config.options.schedule, role.num_stages, role.stage, role.micro_batches
+        )
         shape = (role.micro_batch_size, config.seq_len, model.hidden_size)
         plans = boundary_plans(strategy, model, rank, shape)
         edges = [

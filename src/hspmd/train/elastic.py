@@ -54,7 +54,7 @@ from hspmd.runtime.world import World
 from hspmd.specialize.costs import planning_model
 from hspmd.switch.live import run_switch
 from hspmd.switch.survivors import lost_states, plan_survivor_switch, renumber_strategy
-from hspmd.train.active import Active, activate, options_of
+from hspmd.train.active import Active, activate
 from hspmd.train.batches import eval_batches, step_batches
 from hspmd.train.clip import clip_gradients
 from hspmd.train.config import EvalRecord, StepRecord, TrainConfig, TrainError
@@ -518,11 +518,11 @@ def _plan(
                 planning_model(config.model_config()), local_cost(max(len(run.members), max(renumbered) + 1)),
                 alive=sorted(renumbered),
                 current=source, global_batch=config.global_batch, seq_len=config.seq_len,
-                dtype=config.dtype,
+                dtype=config.options.dtype,
             )  # fmt: skip
             check_strategy(
                 plan.strategy, config.model_config(), global_batch=config.global_batch,
-                options=options_of(config), seq_len=config.seq_len,
+                options=config.options, seq_len=config.seq_len,
             )  # fmt: skip
             record = {"strategy": _encode(plan.strategy), "plan_seconds": plan.plan_seconds}
         except HspmdError as error:

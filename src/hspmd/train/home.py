@@ -264,7 +264,7 @@ def home_post(
     if world.rank >= num_ranks:
         return None
     model = config.model_config()
-    dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
+    dtype = torch.bfloat16 if config.options.dtype == "bf16" else torch.float32
     if home is None:
         home = HomeState(
             model, rank=world.rank, num_ranks=num_ranks, seed=config.seed, adam=config.optimizer,

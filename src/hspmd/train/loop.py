@@ -226,12 +226,12 @@ def _run_pass(
     """One pass of ``run_step``: the schedule on one global batch (``first_row``: its
     first row's place in the step's rows)."""
     schedule = _without_empty(
-        make_schedule(config.schedule, role.num_stages, role.stage, role.micro_batches),
+        make_schedule(config.options.schedule, role.num_stages, role.stage, role.micro_batches),
         batch, role,
     )  # fmt: skip
     live = _Live(slow=slow or Slowdown())
     hidden = config.model_config().hidden_size
-    dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
+    dtype = torch.bfloat16 if config.options.dtype == "bf16" else torch.float32
     last_b = max((i for i, a in enumerate(schedule) if a.kind == "B"), default=-1)
     for index, action in enumerate(schedule):
         if on_action is not None:
@@ -274,7 +274,7 @@ def prepare_strategies(world: World, config: TrainConfig, strategies: Sequence[S
     plans, groups = [], []
     for strategy in dict.fromkeys(strategies):
         if config.zero1:
-            zero = zero1_plan(strategy, model, shares=config.zero_shares)
+            zero = zero1_plan(strategy, model, shares=config.options.zero_shares)
             plans += [p for z in zero.values() for p in (z.reduce, z.gather)]
         else:
             plans += [
@@ -300,7 +300,7 @@ def switch_to(
     )
     plan = plan_switch(
         model, active.strategy, target, zero1=config.zero1,
-        shares=config.zero_shares, compute=config.zero < 3, topology=nodes,
+        shares=config.options.zero_shares, compute=config.zero < 3, topology=nodes,
         algo=config.switch_algo, num_ranks=world.world_size,
     )  # fmt: skip
     state = active.post.state() if active.post is not None else {}
@@ -355,7 +355,7 @@ def _state_specs(config: TrainConfig, active: Active) -> dict[str, ParamSpec]:
     if config.switch_mode == "weights":
         return dict(home_annotations(model, num_ranks=run_ranks(config)))
     return state_annotations(
-        active.layout.strategy, model, zero1=config.zero1, shares=config.zero_shares
+        active.layout.strategy, model, zero1=config.zero1, shares=config.options.zero_shares
     )
 
 

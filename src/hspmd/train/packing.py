@@ -143,7 +143,7 @@ def _dispatched(
     """Each step's documents and where ``dispatch`` puts them (``packed_steps``, unpacked)."""
     assert config.step_tokens is not None
     slots = [(p.num_micro_batches, p.micro_batch_size) for p in strategy.pipelines]
-    multiple = length_multiple(strategy, sequence_parallel=config.sequence_parallel)
+    multiple = length_multiple(strategy, sequence_parallel=config.options.sequence_parallel)
     stream = step_documents(
         config, min_documents=max(config.min_documents, sum(m for m, _ in slots))
     )
@@ -235,7 +235,9 @@ def _planned(config: TrainConfig) -> Iterator[tuple[PackedStep, float]]:
     assert config.step_tokens is not None
     plans, switch = length_plans(config)
     strategies = [p.strategy for p in plans]
-    multiples = [length_multiple(s, sequence_parallel=config.sequence_parallel) for s in strategies]
+    multiples = [
+        length_multiple(s, sequence_parallel=config.options.sequence_parallel) for s in strategies
+    ]
     stream = step_documents(
         config, min_documents=max(config.min_documents, min(len(s.pipelines) for s in strategies))
     )

@@ -34,7 +34,6 @@ from hspmd.plan.identity import check_identity
 from hspmd.plan.params import ParamSpec
 from hspmd.plan.schema import FORMAT, SECTIONS, Plan, build_plan, plan_from_json, plan_to_json
 from hspmd.plan.strategy import parse_strategy
-from hspmd.train.active import options_of
 from hspmd.train.config import TrainConfig, TrainError
 from hspmd.train.identity import model_identity
 
@@ -120,13 +119,7 @@ def config_from_plan(plan: PlanFile, config: TrainConfig) -> TrainConfig:
         global_batch=strategy.global_batch,
         seq_len=tokens.shape[1],
         tp_rules=rules if config.module_model else None,
-        zero=options.zero,
-        zero_shares=options.zero_shares,
-        sequence_parallel=options.sequence_parallel,
-        recompute=options.recompute,
-        recompute_layers=options.recompute_layers,
-        schedule=options.schedule,
-        dtype=options.dtype,
+        options=options,
     )
 
 
@@ -138,13 +131,7 @@ def _config_from_choice(choice: StrategyChoice, config: TrainConfig) -> TrainCon
         strategy=strategy,
         global_batch=strategy.global_batch,
         seq_len=choice.seq_len or config.seq_len,
-        zero=options.zero,
-        zero_shares=options.zero_shares,
-        sequence_parallel=options.sequence_parallel,
-        recompute=options.recompute,
-        recompute_layers=options.recompute_layers,
-        schedule=options.schedule,
-        dtype=options.dtype,
+        options=options,
     )
 
 
@@ -152,7 +139,7 @@ def derived_plan(config: TrainConfig) -> Plan:
     """The plan hspmd derives for ``config``'s starting strategy, naming its model."""
     plan = build_plan(
         config.require_strategy(), config.model_config(),
-        seq_len=config.seq_len, options=options_of(config), global_batch=config.global_batch,
+        seq_len=config.seq_len, options=config.options, global_batch=config.global_batch,
     )  # fmt: skip
     return dataclasses.replace(plan, model=model_identity(config))
 

@@ -35,7 +35,6 @@ from hspmd.runtime.launch import ElasticLaunch, NodeSpec, launch
 from hspmd.runtime.trace import NULL, Recorder, chrome_trace, gather_parts
 from hspmd.runtime.world import World
 from hspmd.specialize.sites import deduced_sites
-from hspmd.train.active import options_of
 from hspmd.train.batches import check_data
 from hspmd.train.config import Record, TrainConfig, TrainError
 from hspmd.train.device import backend_of, run_device
@@ -67,7 +66,7 @@ def check_config(config: TrainConfig) -> Strategy:
                 config.model_config(),
                 # packed steps: rows are documents, not a global batch of samples
                 global_batch=strategy.global_batch if config.packed else config.global_batch,
-                options=options_of(config),
+                options=config.options,
                 seq_len=config.seq_len,
             )
         except StrategyError as error:
@@ -117,7 +116,7 @@ def fallbacks(config: TrainConfig) -> tuple[str, ...]:
     model = config.model_config()
     if not isinstance(model, ModuleModel):
         return ()
-    options = options_of(config)
+    options = config.options
     lines: list[str] = []
     for strategy in dict.fromkeys(config.strategies):
         lines += _deduced(strategy, model, options, config.seq_len)
