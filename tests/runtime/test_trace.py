@@ -225,7 +225,7 @@ def test_one_launcher_per_node_gathers_every_rank_on_node_0() -> None:
               "steps": 2}  # fmt: skip
     code = (
         "from hspmd.runtime.launch import NodeSpec\n"
-        "from hspmd.train.config import TrainConfig\n"
+        "from hspmd.train.api import train_config\n"
         "from hspmd.train.trainer import train\n"
         f"r = train(train_config(**{kwargs!r}), trace=True,\n"
         f"          node=NodeSpec(1, 2, '127.0.0.1', {port}), threads=1)\n"
