@@ -22,6 +22,7 @@ test: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest
 	# again without asserts (python -O): nothing a caller can cause may rest on an assert
+	# (tests/conftest.py keeps the tests that expect a failure, where an assert could differ)
 	$(PY) -O -m pytest -m "not multiproc" -p no:cacheprovider
 
 bench: $(STAMP)

@@ -7,7 +7,7 @@ per parameter, moved as one tensor per parameter); the failed rank owns nothing.
 
 Assumed figures: NVLink 450 GB/s per GPU in one direction (Table 7's 900 GB/s for the H20 is
 NVIDIA's total of both directions); one 400 Gb/s (50 GB/s) InfiniBand NIC per GPU (not given
-in the paper). Time model: ``hspmd.comm.traffic``.
+in the paper). Time model: ``hspmd.cost.traffic``.
 
     .venv/bin/python benchmarks/bsr_reconfig.py            # the table, then one JSON line
     .venv/bin/python benchmarks/bsr_reconfig.py --all-ranks # every rank, not only senders
@@ -27,7 +27,7 @@ import time
 from hspmd.comm.bsr import BsrTable, messages
 from hspmd.comm.resolve import _resolve, resolve
 from hspmd.comm.topology import NVLINK, LinkClass, Topology
-from hspmd.comm.traffic import Estimate
+from hspmd.cost.traffic import Estimate
 from hspmd.models import get_config
 from hspmd.plan.params import parameter_annotations, state_annotations
 from hspmd.plan.strategy import parse_strategy

@@ -22,7 +22,9 @@ Per configuration, every step time from the same simulator (``hspmd.planner.pred
 - **Megatron**: the paper's Table 10 Megatron plan (DP x TP x PP, even layers, ZeRO-1,
   Megatron's rank order) and **homog.**: our best homogeneous plan, both on the nodes
   Megatron keeps (it drops a failed GPU's whole node: C2 runs on C3's GPUs, C6 on C7's).
-  DeepSpeed's ZeRO-3 + Ulysses plans are not simulated: the simulator has no ZeRO-3.
+- **DeepSpeed**: the paper's Table 10 DeepSpeed plan (ZeRO-3 over every DP x SP rank,
+  Ulysses SP, activation checkpointing; ``hspmd.planner.deepspeed``) on the same nodes.
+  The best baseline is the fastest of the three that fits.
 
 Reconfiguration overhead per change:
 
@@ -59,14 +61,15 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from hspmd.cost.cluster import Cluster, NodeGroup, load_cluster
+from hspmd.cost.lines import CostModel
+from hspmd.cost.stage import stage_params
 from hspmd.models.config import LlamaConfig, get_config
 from hspmd.plan.strategy import Strategy, StrategyOptions, format_ranks, parse_strategy
-from hspmd.planner.cost import CostModel
+from hspmd.planner.deepspeed import parse_deepspeed, predict_deepspeed
 from hspmd.planner.elastic import ElasticPlan, replan
 from hspmd.planner.predict import Prediction, predict
 from hspmd.planner.search import homogeneous_plan, megatron_strategy, plan
-from hspmd.planner.workload import stage_params
-from hspmd.switch.cluster import Cluster, NodeGroup, load_cluster
 
 MODEL, BATCH, SEQ = "llama-32b", 64, 4096
 H800, H20 = list(range(0, 16)), list(range(16, 48))
@@ -83,6 +86,7 @@ class Config:
     megatron_nodes: tuple[int, int]  # whole (H800, H20) nodes the baselines keep
     megatron: tuple[int, int, int, int]  # Table 10: DP, TP, PP, micro-batch size
     paper: str  # Tables 11-12, cluster rank ids
+    deepspeed: str = ""  # Table 10: ZeRO-3, Ulysses SP, checkpointing (hspmd.planner.deepspeed)
 
 
 def _h20(text: str) -> str:
@@ -119,6 +123,12 @@ TRACE = (
            "32x1: R16-19:L0-8 R20-23:L9-18 R24-27:L19-28 R0-3:L29-59; "
            "32x1: R28-31:L0-8 R32-35:L9-18 R36-39:L19-28 R4-7:L29-59"),
 )  # fmt: skip
+DEEPSPEED = {  # Table 10's DeepSpeed column, on the whole nodes Megatron keeps too
+    "C1": "DP16SP2AC, bs2", "C2": "DP12SP2AC, bs2", "C3": "DP12SP2AC, bs2",
+    "C4": "DP24SP2AC, bs1", "C5": "DP20SP2AC, bs2", "C6": "DP16SP2AC, bs2",
+    "C7": "DP16SP2AC, bs2",
+}  # fmt: skip
+TRACE = tuple(dataclasses.replace(c, deepspeed=DEEPSPEED[c.name]) for c in TRACE)
 
 
 def _fitting(
@@ -152,11 +162,15 @@ def _baselines(full: Cluster, c: Config, config: LlamaConfig) -> dict[str, Any]:
     )
     m = _fitting(mega, config, cost, zero1=dp > 1)
     h = homogeneous_plan(config, cost, global_batch=BATCH, seq_len=SEQ)
+    ds = predict_deepspeed(parse_deepspeed(c.deepspeed), config, cost, global_batch=BATCH,
+                           seq_len=SEQ)  # fmt: skip
     return {
         "baseline_gpus": cost.num_ranks,
         "megatron_s": m.step_time_s,
         "megatron_fits": m.fits,
         "megatron_recompute": m.options.recompute,
+        "deepspeed_s": ds.step_time_s,
+        "deepspeed_fits": ds.fits,
         "homogeneous_s": h.step_time_s if h else math.inf,
         "homogeneous": str(h.strategy) if h else None,
     }
@@ -185,7 +199,8 @@ def sim_part(args: argparse.Namespace) -> dict[str, Any]:
         )  # fmt: skip
         paper = _fitting(parse_strategy(c.paper), config, cost, zero1=False)
         base = _baselines(full, c, config)
-        best_base = min(base["megatron_s"], base["homogeneous_s"])
+        ds = base["deepspeed_s"] if base["deepspeed_fits"] else math.inf
+        best_base = min(base["megatron_s"], base["homogeneous_s"], ds)
         row: dict[str, Any] = {
             "config": c.name, "event": c.event, "alive": format_ranks(c.alive),
             "gpus": len(c.alive), "ours_s": ours.step_time_s, "paper_plan_s": paper.step_time_s,
@@ -236,21 +251,24 @@ def _report(
     break_even = (ours_total - base_no_restart) / restarts if restarts else math.nan
     print(f"Figure 16 in simulation: {MODEL}, global batch {BATCH}, seq {SEQ}, {steps} steps "
           f"per configuration; step times (s), ratios baseline / ours")  # fmt: skip
-    head = (f"{'cfg':<4}{'GPUs':>5}{'base':>5}{'ours':>7}{'paper':>7}{'Megatr.':>8}{'homog.':>7}"
-            f"{'x base':>7}{'plan s':>7}{'switch':>7}{'GB':>6}{'ovh ours':>9}{'ovh base':>9}")  # fmt: skip
+    head = (f"{'cfg':<4}{'GPUs':>5}{'base':>5}{'ours':>7}{'paper':>7}{'Megatr.':>8}{'DeepSp.':>8}"
+            f"{'homog.':>7}{'x Meg':>6}{'x DS':>6}{'x base':>7}{'plan s':>7}{'switch':>7}{'GB':>6}{'ovh ours':>9}{'ovh base':>9}")  # fmt: skip
     print(head)
     for r in rows:
         mega = f"{r['megatron_s']:.2f}" + ("" if r["megatron_fits"] else "!") + (
             "r" if r["megatron_recompute"] else ""
         )  # fmt: skip
         paper = f"{r['paper_plan_s']:.2f}" + ("r" if r["paper_plan_recompute"] else "")
+        ds = f"{r['deepspeed_s']:.2f}" + ("" if r["deepspeed_fits"] else "!")
         print(f"{r['config']:<4}{r['gpus']:>5}{r['baseline_gpus']:>5}{r['ours_s']:7.2f}{paper:>7}{mega:>8}"
-              f"{r['homogeneous_s']:7.2f}{r['best_baseline_s'] / r['ours_s']:7.2f}"
+              f"{ds:>8}{r['homogeneous_s']:7.2f}{r['megatron_s'] / r['ours_s']:6.2f}"
+              f"{r['deepspeed_s'] / r['ours_s']:6.2f}{r['best_baseline_s'] / r['ours_s']:7.2f}"
               f"{r['plan_seconds']:7.2f}{r['switch_s']:7.2f}{r['moved_GB']:6.0f}"
               f"{r['ours_overhead_s']:9.1f}{r['baseline_overhead_s']:9.1f}")  # fmt: skip
     print(
-        "  r: recompute (no fit without); !: does not fit even with it. base: the GPUs Megatron "
-        "and homog. run on (whole nodes: C2 on C3's 24 H20, C6 on C7's 8 H800 + 24 H20)"
+        "  r: recompute (no fit without); !: does not fit even with it. base: the GPUs Megatron, "
+        "DeepSpeed and homog. run on (whole nodes: C2 on C3's 24 H20, C6 on C7's 8 H800 + 24 "
+        "H20); DeepSp.: Table 10's ZeRO-3 + Ulysses SP + checkpointing plan"
     )
     print(
         f"  ours: plan + {args.specialize_s:g} s specialization (assumed, paper Table 5) + "

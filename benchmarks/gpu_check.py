@@ -17,7 +17,7 @@ b. ``equal``: a 1-rank ``hspmd train`` of llama-tiny in fp32 on the GPU (nccl, w
    mixed-length mode's home layout, and a checkpoint saved and resumed, traced (each
    against the CPU reference).
 d. ``activations``: what one Llama block keeps for its backward on the device (bf16),
-   per token, against the memory model's ``llama_layer_bytes``: each tensor autograd saves
+   per token, against the memory model's ``LlamaCost.token_bytes``: each tensor autograd saves
    (listed; views of one storage once), and ``torch.cuda.memory_allocated``'s growth over
    a second block chained to the first (the first call also allocates one-time workspace);
    Llama-2-7B's block and Llama-3-70B's (grouped-query attention), 4096 tokens.
@@ -246,8 +246,8 @@ def _step(data: dict[str, Any], key: str, fn: Callable[[], Any]) -> Any:
 
 def part_profile(data: dict[str, Any], out: Path, *, dry: bool) -> None:
     from hspmd.cli import main as hspmd
-    from hspmd.planner import measure
-    from hspmd.planner.profile import load_profile
+    from hspmd.cost import measure
+    from hspmd.cost.profile import load_profile
 
     path = out / "profile-bf16.json"
     argv = ["profile", "--dtype", "bf16", "--nproc", "1", "--out", str(path)]
@@ -562,7 +562,7 @@ def part_activations(data: dict[str, Any], out: Path, *, dry: bool) -> None:
 
     from hspmd.models.config import get_config
     from hspmd.models.llama import Block, rope_tables
-    from hspmd.planner.memory import llama_layer_bytes
+    from hspmd.models.llama_cost import LlamaCost
 
     device = torch.device("cpu" if dry else "cuda")
     tokens = 64 if dry else 4096
@@ -572,7 +572,7 @@ def part_activations(data: dict[str, Any], out: Path, *, dry: bool) -> None:
         cos, sin = (t[:tokens].to(device=device, dtype=torch.bfloat16) for t in rope_tables(config))
         x = torch.randn(1, tokens, config.hidden_size, device=device, dtype=torch.bfloat16,
                         requires_grad=True)  # fmt: skip
-        formula = llama_layer_bytes(config, 1, elt=2, sequence_parallel=False)
+        formula = LlamaCost(config).token_bytes(1, elt=2, sequence_parallel=False)
         if not dry:
             torch.cuda.synchronize()
             before = torch.cuda.memory_allocated()

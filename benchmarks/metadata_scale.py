@@ -21,6 +21,9 @@ Each command runs in a process of its own, so ``peak_MB`` (the process's maximum
   heterogeneous search and the homogeneous baseline; 16384 at 65,536 ranks);
 - ``switch``: ``hspmd switch-cost --from S --to TARGET --algo fused --json`` (fp32 masters and
   Adam states);
+- ``replan`` (only when named in ``--commands``): the elastic re-plan ``hspmd plan ...
+  --alive 0-(N-9) --current @P --json`` with ``P = N/8*(1xM: R0-7:L0-79)`` (one TP-8 replica
+  per node, the global batch's micro-batches) and the last node gone;
 - ``executable``: ``build_executable`` of rank 0 on the meta device (nothing allocated;
   capture, deduction and the per-rank graph, as a worker builds it before binding a world),
   in a fresh process after a warm-up build of a 2-layer llama-tiny: the warm-up pays the
@@ -59,6 +62,7 @@ MODEL = "llama-70b"
 SEQ_LEN = 4096
 GLOBAL_BATCH = {48: 1024, 512: 1024, 4096: 1024, 65536: 16384}
 COMMANDS = ("explain", "simulate", "plan", "switch", "executable")
+EXTRA = ("replan",)  # measured when named: minutes at 65,536 ranks
 
 
 def strategy_text(pipelines: int, stages: int, tp: int, layers: int) -> str:
@@ -119,11 +123,26 @@ def cli_args(command: str, num_ranks: int, cluster: str) -> list[str]:
         return ["explain", *common, "--strategy", text, "--rank", "0", "--dtype", "bf16", "--json"]
     if command == "simulate":
         return ["simulate", *common, "--cluster", cluster, "--strategy", text, "--json"]
-    if command == "plan":
+    if command in ("plan", "replan"):
         batch = ["--global-batch", str(GLOBAL_BATCH[num_ranks])]
-        return ["plan", *common, "--cluster", cluster, *batch, "--json"]
+        return ["plan", *common, "--cluster", cluster, *batch, "--json", *elastic_args(
+            command, num_ranks, cluster)]  # fmt: skip
     return ["switch-cost", "--model", MODEL, "--from", text, "--to", f"@{target}", "--cluster",
             cluster, "--algo", "fused", "--json"]  # fmt: skip
+
+
+def elastic_args(command: str, num_ranks: int, cluster: str) -> list[str]:
+    """``replan``: the elastic re-plan after the last node's 8 ranks are gone, from one TP-8
+    replica of every layer per node (``N*(1x2: R0-7:L0-79)``, as file beside ``cluster``)."""
+    if command != "replan":
+        return []
+    from hspmd.models.config import get_config
+
+    layers = get_config(MODEL).num_layers
+    path = Path(cluster).with_name(f"current{num_ranks}.txt")
+    path.write_text(f"{num_ranks // 8}*(1x{GLOBAL_BATCH[num_ranks] * 8 // num_ranks}: "
+                    f"R0-7:L0-{layers - 1})")  # fmt: skip
+    return ["--alive", f"0-{num_ranks - 9}", "--current", f"@{path}"]
 
 
 def measure(num_ranks: int, command: str, cluster: str) -> dict[str, Any]:
@@ -171,6 +190,9 @@ def measure(num_ranks: int, command: str, cluster: str) -> dict[str, Any]:
         row["predicted_step_s"] = data["step_time_s"]
     elif command == "plan":
         row["plan_step_s"] = data["step_time_s"]
+    elif command == "replan":
+        row["replan_step_s"], row["replan_strategy"] = data["step_time_s"], data["strategy"]
+        row["replan_moved_bytes"] = data["moved_bytes"]
     elif command == "switch":
         row["switch_predicted_s"] = data["seconds"]
         row["switch_messages"] = data["messages"]
@@ -206,8 +228,8 @@ def main() -> None:
         "--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES), choices=sorted(SIZES)
     )
     parser.add_argument(
-        "--commands", nargs="+", default=list(COMMANDS), choices=COMMANDS,
-        help="commands to measure (default: all)",
+        "--commands", nargs="+", default=list(COMMANDS), choices=COMMANDS + EXTRA,
+        help="commands to measure (default: all but replan)",
     )  # fmt: skip
     parser.add_argument("--one", nargs=3, default=None, help=argparse.SUPPRESS)  # child
     args = parser.parse_args()

@@ -1,4 +1,4 @@
-"""Mixed-length data: five ways to train the same steps, side by side in one run (simulation).
+"""Mixed-length data: six ways to train the same steps, side by side in one run (simulation).
 
 The paper's setting (scenario (c), Figures 17-18): llama-32b on 32 H20 (the shipped
 ``h20x32`` cluster: 4 nodes of 8, NVLink within, one 50 GB/s NIC per GPU across), bf16,
@@ -13,10 +13,14 @@ corpora (its exact histograms are not published as numbers):
 
 A document over the context is truncated to it. Each step takes documents until the next
 would pass the step's tokens. Every method below is costed by the same model
-(``hspmd.planner.lengths``: ``workload.stage_work`` per row, exact in the quadratic
+(``hspmd.planner.lengths``: ``cost.stage.stage_work`` per row, exact in the quadratic
 attention term, 1F1B fill and drain, the gradient all-reduce and Adam once per step,
 memory checked per configuration), over the same steps:
 
+- ``deepspeed``: the paper's Table 13 DeepSpeed plan (16K: ``DP8SP4AC``, 32K:
+  ``DP4SP8AC``, micro-batch 1: ZeRO-3 over every rank, Ulysses SP, activation
+  checkpointing), simulated by ``hspmd.planner.deepspeed``: the step's documents packed
+  into windows of the context (the last one taken whole), ``dp`` windows at a time;
 - ``full-window``: Megatron's default: the step's documents concatenated and cut into
   windows of the context, attention across the documents of a window (``L^2`` per
   window), windows round-robin over the pipelines of the best homogeneous DP x TP x CP x
@@ -49,9 +53,11 @@ from typing import Any
 
 import numpy as np
 
+from hspmd.cost.cluster import load_cluster
+from hspmd.cost.lines import CostModel
 from hspmd.models.config import get_config
 from hspmd.plan.strategy import StrategyOptions
-from hspmd.planner.cost import CostModel
+from hspmd.planner.deepspeed import parse_deepspeed, predict_deepspeed
 from hspmd.planner.lengths import (
     Histogram,
     LengthStrategy,
@@ -68,9 +74,9 @@ from hspmd.planner.lengths import (
     sync_seconds,
     to_strategy,
 )
-from hspmd.switch.cluster import load_cluster
 
 DISTRIBUTIONS = {"commoncrawl": (700, 1.2), "github": (900, 1.7)}
+TABLE13_DEEPSPEED = {16384: "DP8SP4AC, bs1", 32768: "DP4SP8AC, bs1"}  # the paper's Table 13
 STEP_TOKENS = 200_000
 BUCKETS = (4096, 8192, 16384, 32768)
 
@@ -156,6 +162,18 @@ def run_case(dist: str, max_len: int, n_steps: int, seed: int) -> dict[str, Any]
         return out
 
     full_plan, full = best_homogeneous(homs(max_len), steps, full_window_seconds)
+    ds_plan = parse_deepspeed(TABLE13_DEEPSPEED[max_len])
+    ds_steps: dict[int, Any] = {}  # windows a step -> the simulated step
+
+    def deepspeed_seconds(step: list[int]) -> float:
+        """Windows of the context (the last one taken whole), ``dp`` at a time in lock step."""
+        windows = -(-sum(step) // max_len)
+        if windows not in ds_steps:
+            ds_steps[windows] = predict_deepspeed(ds_plan, config, cost, global_batch=windows,
+                                                  seq_len=max_len)  # fmt: skip
+        return ds_steps[windows].step_time_s
+
+    deepspeed = [deepspeed_seconds(step) for step in steps]
 
     def varlen_fn(step: list[int], plan: LengthStrategy) -> float:
         return step_seconds(dispatch(step, plan), plan)
@@ -221,6 +239,8 @@ def run_case(dist: str, max_len: int, n_steps: int, seed: int) -> dict[str, Any]
         "docs_per_step": mean(len(s) for s in steps),
         "under_8k": sum(n < 8192 for n in lengths) / len(lengths),
         "full_window_s": mean(full), "varlen_s": mean(varlen), "hotspa_s": mean(hotspa),
+        "deepspeed_s": mean(deepspeed), "deepspeed_plan": str(ds_plan),
+        "deepspeed_fits": all(p.fits for p in ds_steps.values()),
         "ours_s": mean(ours), "ideal_s": mean(ideal),
         "hotspa_switches": hotspa_switches, "ours_switches": ours_switches,
         "ours_chosen": {str(m): chosen.count(m) for m in sorted(set(chosen))},
@@ -276,27 +296,34 @@ def sim_part(steps: int, seed: int) -> None:
     for dist in DISTRIBUTIONS:
         for max_len in (16384, 32768):
             rows.append(run_case(dist, max_len, steps, seed))
-    head = f"{'case':<16}{'full-window':>12}{'varlen':>9}{'hotspa':>9}{'ours':>9}{'ideal':>9}  (s/step)  vs full  vs varlen  vs hotspa  ideal/ours"
+    head = (f"{'case':<16}{'deepspeed':>10}{'full-window':>12}{'varlen':>9}{'hotspa':>9}{'ours':>9}"
+            f"{'ideal':>9}  (s/step)  vs DS  vs full  vs varlen  vs hotspa  ideal/ours")  # fmt: skip
     print(head)
     for r in rows:
+        ds = f"{r['deepspeed_s']:.2f}" + ("" if r["deepspeed_fits"] else "!")
         print(
-            f"{r['case']:<16}{r['full_window_s']:12.2f}{r['varlen_s']:9.2f}{r['hotspa_s']:9.2f}"
-            f"{r['ours_s']:9.2f}{r['ideal_s']:9.2f}            "
-            f"{r['full_window_s'] / r['ours_s']:7.3f}{r['varlen_s'] / r['ours_s']:10.3f}"
+            f"{r['case']:<16}{ds:>10}{r['full_window_s']:12.2f}{r['varlen_s']:9.2f}"
+            f"{r['hotspa_s']:9.2f}{r['ours_s']:9.2f}{r['ideal_s']:9.2f}            "
+            f"{r['deepspeed_s'] / r['ours_s']:5.3f}"
+            f"{r['full_window_s'] / r['ours_s']:9.3f}{r['varlen_s'] / r['ours_s']:10.3f}"
             f"{r['hotspa_s'] / r['ours_s']:11.3f}{r['ideal_s'] / r['ours_s']:12.3f}"
         )
+    print("  deepspeed: the paper's Table 13 DeepSpeed plan (ZeRO-3 over DP x SP, Ulysses SP, "
+          "checkpointing; hspmd.planner.deepspeed), full windows; !: over memory")  # fmt: skip
     for r in rows:
         print(f"{r['case']}: {r['docs_per_step']:.0f} docs, {r['tokens_per_step']:.0f} tokens a "
               f"step, {r['under_8k']:.1%} of documents under 8K; planning {r['plan_s']:.2f} s, "
               f"choosing {r['choose_s'] * 1e3:.1f} ms a step, switches {r['switch_s'][0]:.2f}-"
               f"{r['switch_s'][1]:.2f} s")  # fmt: skip
-        print(f"  full-window {r['full_window_plan']}; varlen {r['varlen_plan']}")
+        print(f"  deepspeed {r['deepspeed_plan']}; full-window {r['full_window_plan']}; "
+              f"varlen {r['varlen_plan']}")  # fmt: skip
         print(f"  hotspa {r['hotspa_plans']} ({r['hotspa_switches']} switches)")
         print(
             f"  ours {r['ours_plans']}; chosen {r['ours_chosen']} ({r['ours_switches']} switches)"
         )
     ratios = {
         r["case"]: {
+            "vs_deepspeed": round(r["deepspeed_s"] / r["ours_s"], 4),
             "vs_full_window": round(r["full_window_s"] / r["ours_s"], 4),
             "vs_varlen": round(r["varlen_s"] / r["ours_s"], 4),
             "vs_hotspa": round(r["hotspa_s"] / r["ours_s"], 4),

@@ -38,10 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from hspmd.cli.plan_lengths import apply_plans, read_length_plans
+from hspmd.cost.cluster import load_cluster
+from hspmd.cost.lines import CostModel
 from hspmd.data import DEFAULT_MAX_BYTES, document_steps, load_documents, split_documents
 from hspmd.models.config import LlamaConfig, get_config
 from hspmd.plan.strategy import StrategyOptions
-from hspmd.planner.cost import CostModel
 from hspmd.planner.length_candidates import homogeneous_strategies, pick, sampled_seconds
 from hspmd.planner.lengths import (
     Histogram,
@@ -54,7 +55,6 @@ from hspmd.planner.lengths import (
     sync_seconds,
     to_strategy,
 )
-from hspmd.switch.cluster import load_cluster
 from hspmd.train.api import train_config
 from hspmd.train.config import LengthPlans, TrainConfig
 
@@ -72,7 +72,7 @@ def cost_model(directory: Path, profile: str | None, memory_mb: float = MEMORY_M
     each with ``memory_mb`` of memory (the planners keep under it; the processes do not)."""
     path = Path(profile) if profile else directory / "profile.json"
     if not profile:
-        from hspmd.planner.measure import profile_machine
+        from hspmd.cost.measure import profile_machine
 
         path.write_text(profile_machine(quick=True, nproc=NPROC, dtype="fp32").to_json())
     kind = {"memory_mb": memory_mb, "bf16_tflops": 1, "profile": str(path),

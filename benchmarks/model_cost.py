@@ -1,8 +1,8 @@
 """The cost of any model, measured on its graph, against the Llama formulas (issue 12).
 
-The planner costs a Llama preset by formula (``hspmd.planner.workload``) and any other
-model by the figures ``hspmd.specialize.costs.model_cost`` measures on its graph on the
-meta device. Here both paths cost the same Llama shapes (2 layers of each preset, one
+The planner costs every model by its own cost function (``ModelSpec.cost``): a Llama
+preset by formula (``hspmd.models.llama_cost``), any other model by the figures
+``hspmd.cost.captured.model_cost`` measures on its graph on the meta device. Here both paths cost the same Llama shapes (2 layers of each preset, one
 micro-batch of 4096 tokens, or the preset's max, bf16, the ``hetu-h800-h20`` cost lines) and
 the table prints measured / formula for a middle stage (``mid``), the first (``first``)
 and the last (``last``): forward and backward seconds, TP communication seconds, kept
@@ -22,17 +22,17 @@ import json
 import time
 from typing import Any
 
+from hspmd.cost.captured import model_cost
+from hspmd.cost.cluster import load_cluster
+from hspmd.cost.lines import CostModel
+from hspmd.cost.stage import stage_params, stage_work
 from hspmd.models.config import LlamaConfig, get_config
 from hspmd.models.spec import ModelCost
-from hspmd.planner.cost import CostModel
 from hspmd.planner.memory import activation_bytes_per_layer
-from hspmd.planner.workload import stage_params, stage_work
-from hspmd.specialize.costs import model_cost
-from hspmd.switch.cluster import load_cluster
 
 
 class Measured:
-    """A Llama config that the planner costs by its measured figures, not its formulas."""
+    """A Llama config whose cost function is its measured figures, not its formulas."""
 
     def __init__(self, config: LlamaConfig) -> None:
         self._config = config

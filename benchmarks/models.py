@@ -26,7 +26,7 @@ one micro-batch of 4 x 256 tokens, fp32, one torch thread. Per family:
 Then the cost check of benchmarks/model_cost.py on the HF Llama: for llama-small, -32b
 and -70b (2 layers), an HF ``LlamaConfig`` of the same sizes, and the FLOPs per token at the
 preset's longest sequence (at most 4096) that ``model_cost(load_model(hf llama))`` measures,
-over the Llama formulas' (``hspmd.planner.workload``): a block's matmuls, its attention,
+over the Llama formulas' (``hspmd.cost.stage``): a block's matmuls, its attention,
 the head's matmul; the hspmd preset measured the same way beside it.
 
 ``--profile`` adds, per family, the ATen ops whose self CPU time per step differs most
@@ -41,12 +41,18 @@ alone (SDPA forward + backward) as the exported graph runs it over as HF runs it
 What the executable runs beyond eager comes from the captured graph, not from hspmd's
 runtime (one rank: no marker is left, the graph is straight-line code):
 
-- HF under torch.export: ``masking_utils._ignore_causal_mask_sdpa`` returns False while
-  ``torch.compiler.is_exporting()``, so the graph builds a boolean (B, 1, T, T) causal mask
-  and calls SDPA with it and without ``is_causal``; with a mask, ``use_gqa_in_sdpa`` is
-  False and GQA runs by ``repeat_kv`` (k and v copied to every query head, summed back in
-  backward). The fused kernel then computes the blocks above the diagonal too, and
-  ``model_cost`` counts that attention whole: 2x the formulas' causal FLOPs;
+- HF under torch.export, left to itself, builds a boolean (B, 1, T, T) causal mask and calls
+  SDPA with it and without ``is_causal`` (``find_packed_sequence_indices`` cannot read the
+  ``position_ids`` while tracing, ``_ignore_causal_mask_sdpa`` refuses to skip the mask while
+  exporting); with a mask, GQA runs by ``repeat_kv``, the fused kernel computes the blocks
+  above the diagonal too, and ``model_cost`` counted that attention whole (2x the formulas'
+  causal FLOPs, now 1.0000). hspmd captures HF models under ``hspmd.models.hf.training_masks``, which
+  makes both decisions as eager makes them for a training step: SDPA with ``is_causal`` and
+  ``enable_gqa``, as eager runs it (2026-12-06, load 17, two runs at once, main at 1001abe
+  and with training_masks: ATen ops 304-311 -> 247 for the GQA families, 212 -> 179 for GPT-2, loss
+  difference to eager 1e-6 -> 0, CPU-time ratio medians Llama 1.014 -> 0.997, Mistral 1.036
+  -> 0.999, Qwen2 1.002 -> 0.992, GPT-2 1.043 -> 1.022; ``--profile``'s attention line times
+  the masked path against eager);
 - export records ``x[:, :, None]`` (``repeat_kv``) and ``hidden_states[:, slice(0, None)]``
   (``slice_logits_to_keep``) as ``aten.slice`` over whole dims, and hspmd's capture turns
   ``split`` (nanoGPT's and GPT-2's fused qkv) into slices: each slice's backward writes
@@ -73,13 +79,13 @@ import torch
 from torch import nn
 
 import hspmd.models.module as module_api
+from hspmd.cost.captured import model_cost
 from hspmd.models.calling import convention_of
 from hspmd.models.config import get_config
 from hspmd.models.initial import plain_module
 from hspmd.models.module import load_model, model_graph
 from hspmd.models.spec import ModuleModel
 from hspmd.plan.strategy import StrategyOptions, parse_strategy
-from hspmd.specialize.costs import model_cost
 from hspmd.specialize.cut import deduce_pipeline
 from hspmd.specialize.executable import build_executable
 from hspmd.train.config import AdamConfig
@@ -280,9 +286,10 @@ def _to_end(end: tuple[Any, ...]) -> bool:
 
 def attention_paths(s: Sizes, *, rounds: int) -> dict[str, float]:
     """SDPA forward + backward at the HF families' shapes here, as HF runs it eagerly
-    (``is_causal=True``, ``enable_gqa=True``) and as the graph torch.export captures runs it
-    (under export HF's ``_ignore_causal_mask_sdpa`` is False: a boolean causal mask, so no
-    ``is_causal``, and GQA by ``repeat_kv``): exported / eager, per round, alternating."""
+    (``is_causal=True``, ``enable_gqa=True``; hspmd's capture too) and as transformers' own
+    masks under torch.export would run it (without ``hspmd.models.hf.training_masks``: a
+    boolean causal mask, so no ``is_causal``, and GQA by ``repeat_kv``): masked / eager, per
+    round, alternating."""
     import torch.nn.functional as F
 
     b, heads, kv, t, d = s.batch, s.heads, s.heads // 2, s.seq, s.hidden // s.heads
@@ -342,7 +349,7 @@ def flops_per_token(cost: Any, s: int) -> dict[str, float]:
 
 
 def formula_flops(preset: str, s: int) -> dict[str, float]:
-    """The same per token by the Llama formulas (``hspmd.planner.workload._layer``, its head)."""
+    """The same per token by the Llama formulas (``hspmd.cost.stage._layer``, its head)."""
     c = get_config(preset, num_layers=2)
     H, F, V = c.hidden_size, c.intermediate_size, c.vocab_size
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -451,7 +458,8 @@ def main() -> None:
     print_families(rows)
     if attention is not None:
         print(
-            f"HF attention (SDPA forward + backward, GQA) as exported / as eager: {ranged(attention)}"
+            f"HF attention (SDPA forward + backward, GQA) with export's mask / as eager: "
+            f"{ranged(attention)}"
         )
     print_costs(costs)
     print(json.dumps({

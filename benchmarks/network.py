@@ -208,7 +208,7 @@ def _cases(ranks_per_node: int) -> tuple[Case, ...]:
 
 
 def _worker(world: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
-    from hspmd.switch.cluster import load_cluster
+    from hspmd.cost.cluster import load_cluster
 
     topology = load_cluster(args.cluster).topology()
     config = _config(args)
@@ -420,16 +420,16 @@ def _train_across(spec: Any, strategy: str, port: int, flags: Sequence[str] = ()
 
 def sim_part(args: argparse.Namespace) -> dict[str, Any]:
     from hspmd.cli.netcluster import profile_across
+    from hspmd.cost.cluster import load_cluster
+    from hspmd.cost.lines import CostModel
+    from hspmd.cost.measure import profile_machine
     from hspmd.models import get_config
     from hspmd.netcluster import run
     from hspmd.netcluster.describe import KIND, cluster_json
     from hspmd.netcluster.spec import NetSpec
     from hspmd.plan.strategy import StrategyOptions, parse_strategy
-    from hspmd.planner.cost import CostModel
-    from hspmd.planner.measure import profile_machine
     from hspmd.planner.predict import predict
     from hspmd.planner.search import plan
-    from hspmd.switch.cluster import load_cluster
 
     spec = NetSpec(2, 2, args.inter_gbps)
     config = get_config("llama-small")

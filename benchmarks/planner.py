@@ -5,8 +5,10 @@ llama-70b, global batch 64, sequence 4096, on 16 H800 with 16, 24 and 32 H20 (th
 cluster files hetu-h800-h20x16, -h20x24, hetu-h800-h20; their ``assumed`` entries list
 what is not in the paper). Each row simulates, with the same simulator: our plan, the
 paper's Table 9 plan (ZeRO-1, sequence parallel assumed), the paper's Table 8 Megatron
-plan (DP x TP x PP, even layers, Megatron rank order) and our best homogeneous plan; and
-the planning time. Then planning time on 4096 ranks.
+plan (DP x TP x PP, even layers, Megatron rank order), its Table 8 DeepSpeed plan (ZeRO-3
+over DP x SP, Ulysses SP, activation checkpointing: ``hspmd.planner.deepspeed``) and our
+best homogeneous plan; and the planning time. Our plan's ZeRO stage and shares are the
+planner's choice (docs/zero.md). Then planning time on 4096 ranks.
 
 Part ``local`` (real processes, minutes): ``hspmd profile`` on this machine, then
 llama-small on 4 local processes: predicted against measured step time for six
@@ -36,12 +38,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from hspmd.cost.cluster import load_cluster
+from hspmd.cost.lines import CostModel
 from hspmd.models.config import get_config
 from hspmd.plan.strategy import StrategyOptions, parse_strategy
-from hspmd.planner.cost import CostModel
+from hspmd.planner.deepspeed import parse_deepspeed, predict_deepspeed
 from hspmd.planner.predict import predict
 from hspmd.planner.search import homogeneous_plan, megatron_strategy, plan
-from hspmd.switch.cluster import load_cluster
 from hspmd.train.api import train_config
 
 CLUSTERS = {"16+16": "hetu-h800-h20x16", "16+24": "hetu-h800-h20x24", "16+32": "hetu-h800-h20"}
@@ -72,6 +75,16 @@ TABLE8 = {  # the paper's Table 8 (Megatron): (DP, TP, PP, micro-batch size)
 }
 
 
+TABLE8_DEEPSPEED = {  # the paper's Table 8 (DeepSpeed: ZeRO-3, Ulysses SP, checkpointing)
+    ("llama-32b", "16+16"): "DP16SP2AC, bs2",
+    ("llama-32b", "16+24"): "DP20SP2AC, bs4",
+    ("llama-32b", "16+32"): "DP24SP2AC, bs1",
+    ("llama-70b", "16+16"): "DP16SP2AC, bs1",
+    ("llama-70b", "16+24"): "DP20SP2AC, bs2",
+    ("llama-70b", "16+32"): "DP24SP2AC, bs1",
+}
+
+
 def paper_part() -> dict[str, Any]:
     rows, out = [], {}
     for model in ("llama-32b", "llama-70b"):
@@ -92,11 +105,16 @@ def paper_part() -> dict[str, Any]:
             )
             t8o = StrategyOptions(zero=int(dp > 1), sequence_parallel=True, dtype="bf16")
             t8 = predict(t8s, config, cost, seq_len=4096, options=t8o)
+            ds = predict_deepspeed(parse_deepspeed(TABLE8_DEEPSPEED[model, name]), config, cost,
+                                   global_batch=64, seq_len=4096)  # fmt: skip
             h = base.step_time_s if base else float("nan")
             row = {
                 "ours_s": ours.step_time_s, "table9_s": t9.step_time_s,
                 "table9_fits": t9.fits, "table8_s": t8.step_time_s, "table8_fits": t8.fits,
-                "homogeneous_s": h, "plan_seconds": planning,
+                "deepspeed_s": ds.step_time_s, "deepspeed_fits": ds.fits,
+                "vs_deepspeed": ds.step_time_s / ours.step_time_s,
+                "homogeneous_s": h, "plan_seconds": planning, "zero": ours.options.zero,
+                "zero_shares": list(ours.options.zero_shares),
                 "vs_table9": t9.step_time_s / ours.step_time_s,
                 "vs_homogeneous": h / ours.step_time_s, "vs_table8": t8.step_time_s / ours.step_time_s,
                 "strategy": str(ours.strategy), "homogeneous": str(base.strategy) if base else None,
@@ -104,14 +122,18 @@ def paper_part() -> dict[str, Any]:
             out[f"{model} {name}"] = row
             rows.append((model, name, row))
     print("scenario (a), simulated step time in seconds (ratios: other / ours)")
-    print(f"{'model':<10}{'H800+H20':<9}{'ours':>7}{'Table 9':>9}{'Table 8':>9}{'homog.':>8}"
-          f"{'x T9':>6}{'x T8':>6}{'x hom':>7}{'plan s':>8}")  # fmt: skip
+    print("  Table 8: Megatron (DP x TP x PP, ZeRO-1); DeepSpeed (ZeRO-3 over DP x SP, Ulysses "
+          "SP, checkpointing; hspmd.planner.deepspeed); !: over memory")  # fmt: skip
+    print(f"{'model':<10}{'H800+H20':<9}{'ours':>7}{'Table 9':>9}{'T8 Meg.':>9}{'T8 DS':>8}"
+          f"{'homog.':>8}{'x T9':>6}{'x Meg':>6}{'x DS':>6}{'x hom':>7}{'plan s':>8}")  # fmt: skip
     for model, name, r in rows:
+        ds = f"{r['deepspeed_s']:.2f}" + ("" if r["deepspeed_fits"] else "!")
         print(f"{model:<10}{name:<9}{r['ours_s']:7.2f}{r['table9_s']:9.2f}{r['table8_s']:9.2f}"
-              f"{r['homogeneous_s']:8.2f}{r['vs_table9']:6.2f}{r['vs_table8']:6.2f}"
-              f"{r['vs_homogeneous']:7.2f}{r['plan_seconds']:8.2f}")  # fmt: skip
+              f"{ds:>8}{r['homogeneous_s']:8.2f}{r['vs_table9']:6.2f}{r['vs_table8']:6.2f}"
+              f"{r['vs_deepspeed']:6.2f}{r['vs_homogeneous']:7.2f}{r['plan_seconds']:8.2f}")  # fmt: skip
     for model, name, r in rows:
-        print(f"  {model} {name}: {r['strategy']}")
+        shares = f" zero_shares={r['zero_shares']}" if r["zero_shares"] else ""
+        print(f"  {model} {name}: ZeRO {r['zero']}{shares}: {r['strategy']}")
     return out
 
 
@@ -182,7 +204,7 @@ def _measure(configs: list[Any], repeats: int) -> list[float]:
 
 def local_part(repeats: int = REPEATS, keep: str | None = None) -> dict[str, Any]:
     """``keep``: also write the profile taken to this file."""
-    from hspmd.planner.measure import profile_machine
+    from hspmd.cost.measure import profile_machine
 
     config = get_config("llama-small")
     with tempfile.TemporaryDirectory() as tmp:

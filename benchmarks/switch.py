@@ -37,10 +37,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hspmd.cost.cluster import load_cluster
 from hspmd.plan.strategy import Strategy, parse_strategy
 from hspmd.runtime.launch import launch
 from hspmd.runtime.world import World
-from hspmd.switch.cluster import load_cluster
 from hspmd.switch.cost import ALGOS, switch_cost
 from hspmd.switch.live import plan_switch, run_switch
 from hspmd.switch.weights import plan_weight_switch, run_weight_switch

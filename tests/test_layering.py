@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -12,9 +13,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "hspmd"
-TORCH_EXCEPTIONS = {"hspmd.planner.measure"}  # the profiler: runs collectives on gloo
 
 
+@functools.cache
 def _table() -> dict[str, tuple[set[str], bool]]:
     text = (ROOT / "docs" / "decisions.md").read_text()
     block = re.search(r"<!-- layering:.*?-->\n(.*?)<!-- /layering -->", text, re.S)
@@ -31,11 +32,15 @@ def _table() -> dict[str, tuple[set[str], bool]]:
 
 
 def _package(module: str) -> str | None:
+    """The table's row of ``module``: its package, or the longest dotted row that names it
+    (``models.spec``, ``cost.measure``)."""
     parts = module.split(".")
     if parts[0] != "hspmd" or len(parts) < 2 or parts[1] in ("__init__", "__main__"):
         return None
-    if parts[1] == "models" and len(parts) > 2:
-        return f"models.{parts[2]}"
+    rows = _table()
+    for end in range(len(parts), 2, -1):
+        if (row := ".".join(parts[1:end])) in rows:
+            return row
     return parts[1]
 
 
@@ -74,18 +79,14 @@ def test_imports_follow_the_table() -> None:
         allowed = table[me][0] | {me}
         for imported in _imports(path):
             other = _package(imported)
-            if other is not None and other not in allowed and name not in TORCH_EXCEPTIONS:
+            if other is not None and other not in allowed:
                 wrong.append(f"{name} imports {imported} ({me} -> {other})")
     assert not wrong, "imports the layering table does not allow:\n" + "\n".join(wrong)
 
 
 def _torch_free_modules() -> list[str]:
     table = _table()
-    return [
-        name
-        for name, _ in _modules()
-        if (p := _package(name)) and table[p][1] and name not in TORCH_EXCEPTIONS
-    ]
+    return [name for name, _ in _modules() if (p := _package(name)) and table[p][1]]
 
 
 @pytest.mark.parametrize("chunk", [0, 1])
@@ -101,3 +102,20 @@ def test_torch_free_packages_import_no_torch(chunk: int) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout == "", f"{out.stdout.strip()} imports torch (or a module it imports does)"
+
+
+def test_the_planner_names_no_model() -> None:
+    """The planner, the simulator and the cost model read a model through ``ModelSpec`` and
+    its own cost function (``ModelSpec.cost``): no model class appears in their code."""
+    models = {"LlamaConfig", "LlamaCost", "ModuleModel", "get_config"}
+    wrong = []
+    for name, path in _modules():
+        if _package(name) not in ("planner", "sim", "cost"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            found = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+            if isinstance(node, ast.alias):
+                found = node.name
+            if found in models:
+                wrong.append(f"{name}:{node.lineno} names {found}")
+    assert not wrong, "\n".join(wrong)

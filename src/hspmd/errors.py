@@ -23,7 +23,7 @@ ScheduleError       hspmd.specialize.schedule      HspmdError, ValueError
 BoundaryError       hspmd.specialize.boundary      HspmdError, ValueError
 ExecutableError     hspmd.specialize.cut           HspmdError, ValueError
 CheckpointError     hspmd.checkpoint.store         HspmdError, ValueError
-ClusterError        hspmd.switch.cluster           HspmdError, ValueError
+ClusterError        hspmd.cost.cluster             HspmdError, ValueError
 SwitchError         hspmd.switch.cost              HspmdError, ValueError
 ExecuteError        hspmd.runtime.execute          HspmdError, ValueError
 WorldError          hspmd.runtime.world            HspmdError, RuntimeError
@@ -31,7 +31,8 @@ LaunchError         hspmd.runtime.launch           HspmdError, RuntimeError
 TrainError          hspmd.train.config             HspmdError, ValueError
 VocabLossError      hspmd.specialize.loss          HspmdError, ValueError
 FusedInputError     hspmd.runtime.fused            HspmdError, ValueError
-ProfileError        hspmd.planner.profile          HspmdError, ValueError
+ProfileError        hspmd.cost.profile             HspmdError, ValueError
+NoCostError         hspmd.cost.stage               HspmdError, ValueError
 ==================  =============================  ==================================
 
 ``hspmd.deduce.rules.RuleError`` and ``hspmd.deduce.axes.AxesError`` are internal: a

@@ -25,8 +25,9 @@ gradient is resharded to ``x``'s annotation without partial axes (docs/deduction
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 import torch.fx
@@ -36,6 +37,9 @@ __all__ = [
     "MARKER_TARGET",
     "align",
     "capturing",
+    "eager_function",
+    "is_capturing",
+    "record_as",
     "is_align_node",
     "is_reshard_node",
     "reshard",
@@ -53,6 +57,28 @@ def _marker_op(x: torch.Tensor, name: str) -> torch.Tensor:
 @_marker_op.register_fake
 def _(x: torch.Tensor, name: str) -> torch.Tensor:
     return torch.empty_like(x)
+
+
+_EAGER: dict[Any, Callable[..., Any]] = {}
+
+
+def record_as(op: Any, function: Callable[..., Any]) -> None:
+    """Capture records ``function`` (a Python function hspmd's graphs call, e.g. a fused
+    norm with its own backward) as the custom op ``op``, an opaque node that export keeps
+    whole; ``graph.export`` puts ``function`` back in its place (``eager_function``), so
+    deduction rules and executables see the function, as they would in an eager run."""
+    _EAGER[op] = function
+
+
+def eager_function(op: Any) -> Callable[..., Any] | None:
+    """The Python function that custom op ``op`` stands for at capture (``record_as``)."""
+    return _EAGER.get(op)
+
+
+def is_capturing() -> bool:
+    """Whether a capture (``capturing()``) is running: functions registered with
+    ``record_as`` then call their custom op instead of computing."""
+    return _CAPTURING.get()
 
 
 @contextmanager
@@ -79,6 +105,8 @@ def reshard(x: torch.Tensor, name: str) -> torch.Tensor:
         return _marker_op(x, name)
     return x
 
+
+record_as(torch.ops.hspmd.marker.default, reshard)
 
 MARKER_TARGET = "hspmd.markers.reshard"
 """The qualified name fx prints for a marker node's target."""

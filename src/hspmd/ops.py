@@ -10,6 +10,10 @@ gradients may still differ in the last bit, where autograd sums the three uses o
 fp32 input, the norm's two and the residual's, in another order). For deduction
 (``hspmd.deduce.layers``) it is ``F.rms_norm``: the same arguments, the same rule.
 
+At capture (``hspmd.graph.export``) each is one opaque custom op (``hspmd::rms_norm``,
+``hspmd::swiglu``), put back as the function in the captured graph (``hspmd.markers.record_as``),
+so executables run these backwards and the dtype casts inside stay those of the run.
+
 ``swiglu``: ``silu(gate) * up`` keeps gate, silu(gate) and up (``3F`` elements a token)
 written with autograd's ops; ``swiglu`` keeps gate and up and computes silu again in
 backward (``2F``), as Megatron-LM's fused bias-SwiGLU does; its gradients are autograd's,
@@ -33,6 +37,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from hspmd.markers import is_capturing, record_as
+
 __all__ = ["rms_norm", "swiglu"]
 
 
@@ -47,9 +53,26 @@ def rms_norm(
             f"rms_norm normalizes the last dimension only: got normalized_shape "
             f"{tuple(normalized_shape)} for an input of shape {tuple(x.shape)}"
         )
+    if is_capturing():
+        return _rms_norm_op(x, list(normalized_shape), weight, eps)
     out = _RMSNorm.apply(x, weight, eps)
     assert isinstance(out, torch.Tensor)
     return out
+
+
+@torch.library.custom_op("hspmd::rms_norm", mutates_args=())
+def _rms_norm_op(
+    x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """``rms_norm`` as one node of a captured graph (capture only)."""
+    return _RMSNorm.apply(x, weight, eps)
+
+
+@_rms_norm_op.register_fake
+def _(
+    x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    return x.new_empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype))
 
 
 class _RMSNorm(torch.autograd.Function):
@@ -84,9 +107,23 @@ def _wide(x: torch.Tensor) -> torch.Tensor:
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up``, keeping only ``gate`` and ``up`` for backward."""
+    if is_capturing():
+        return _swiglu_op(gate, up)
     out = _SwiGLU.apply(gate, up)
     assert isinstance(out, torch.Tensor)
     return out
+
+
+@torch.library.custom_op("hspmd::swiglu", mutates_args=())
+def _swiglu_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``swiglu`` as one node of a captured graph (capture only)."""
+    return _SwiGLU.apply(gate, up)
+
+
+@_swiglu_op.register_fake
+def _(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    shape = torch.broadcast_shapes(gate.shape, up.shape)
+    return gate.new_empty(shape, dtype=torch.promote_types(gate.dtype, up.dtype))
 
 
 class _SwiGLU(torch.autograd.Function):
@@ -105,3 +142,7 @@ class _SwiGLU(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_gate = torch.ops.aten.silu_backward(grad * up, gate)
         return grad_gate, grad_up
+
+
+record_as(torch.ops.hspmd.rms_norm.default, rms_norm)
+record_as(torch.ops.hspmd.swiglu.default, swiglu)

@@ -33,8 +33,10 @@ DIFFERENT = {
     "plan": {"--model": "any preset (required)", "--cluster": "the cluster planned on",
              "--seq-len": "defaults to the model's maximum", "--dtype": "bf16 by default",
              "--global-batch": "no strategy yet: no default", "--zero1": "auto by default",
+             "--zero": "auto by default: chosen per plan",
              "--data": "the corpus whose lengths are planned for",
-             "--tokens-per-step": "the steps planned for", "--max-seq-len": "likewise"},
+             "--tokens-per-step": "the steps planned for", "--max-seq-len": "likewise",
+             "--slowdown": "the ranks planned as slower, not an emulation"},
     "switch-cost": {"--model": "any preset, the metadata-only ones too",
                     "--config": "a factory's keyword arguments only",
                     "--cluster": "the cluster estimated on"},
@@ -98,6 +100,7 @@ def test_other_commands_share_the_help_of_train() -> None:
 
 
 # argv that sets each flag's field away from its default (with what else it needs)
+ITEMS = Path(__file__).parents[1] / "models" / "data" / "image_items.py"
 SAMPLES: dict[str, list[str]] = {
     "--model": ["--model", "llama-small"],
     "--config": ["--config", '{"num_layers": 2}'],
@@ -122,6 +125,7 @@ SAMPLES: dict[str, list[str]] = {
     "--eval-data": ["--eval-data", "held.txt", "--eval-every", "2"],
     "--eval-split": ["--eval-split", "0.1"],
     "--data": ["--data", "corpus.txt"],
+    "--dataset": ["--model", f"{ITEMS}:make", "--dataset", f"{ITEMS}:images"],
     "--data-max-bytes": ["--data-max-bytes", "100"],
     "--data-dtype": ["--data-dtype", "uint32"],
     "--eod-id": ["--eod-id", "0"],

@@ -51,3 +51,53 @@ def test_plan_data_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixtu
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_plan_data_for_alive_ranks_uses_the_one_planner(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--alive`` (elastic): only those ranks, two pipelines each holding every layer, the
+    slowed rank (``--slowdown``) a kind of its own: never in a stage with another rank."""
+    out = tmp_path / "plans.json"
+    argv = ["plan", "--data", str(corpus(tmp_path)), "--max-seq-len", "256",
+            "--tokens-per-step", "512", "--nproc", "4", "--alive", "0,1,3",
+            "--slowdown", "3=2", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    plans, switch = load_plans(json.loads(out.read_text()), str(out))
+    assert len(switch) == len(plans)
+    for p in plans:
+        assert set(p.strategy.ranks) <= {0, 1, 3} and len(p.strategy.pipelines) >= 2
+        for pipe in p.strategy.pipelines:
+            assert pipe.stages[0].first_layer == 0 and pipe.stages[-1].last_layer == 3
+            assert all(st.ranks == (3,) or 3 not in st.ranks for st in pipe.stages)
+    capsys.readouterr()
+    assert main([*argv[:-2], "--slowdown", "3"]) == 2
+    assert "is not RANK=FACTOR" in capsys.readouterr().err
+
+
+NANOGPT = f"{Path(__file__).parents[1] / 'models' / 'data' / 'nanogpt_style.py'}:make"
+
+
+def test_plan_data_plans_a_captured_model_that_train_plans_takes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """nanoGPT as written, costed from its graph (no sequence parallelism: a captured model
+    has none yet); `hspmd train --plans` takes its plans (the steps, without a launch)."""
+    from hspmd.cli.plan_lengths import apply_plans, read_plans_file
+    from hspmd.train.api import train_config
+    from hspmd.train.packing import planned_steps
+
+    data, out = corpus(tmp_path), tmp_path / "plans.json"
+    argv = ["plan", "--data", str(data), "--max-seq-len", "32", "--tokens-per-step", "128",
+            "--model", NANOGPT, "--strategies", "2", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    assert "nanogpt_style.py:make on local-4" in capsys.readouterr().out
+    plans, _ = load_plans(json.loads(out.read_text()), str(out))
+    assert plans[-1].max_len == 32
+    config = train_config(NANOGPT, data=str(data), step_tokens=128, seq_len=32, steps=2)
+    config = apply_plans(config, read_plans_file(str(out))[0], path=str(out))
+    assert not config.options.sequence_parallel
+    assert all(0 < step.tokens <= 128 for step in planned_steps(config))
+    argv[argv.index("32")] = "64"  # nanoGPT's block_size is 32
+    assert main(argv) == 2
+    assert "--max-seq-len 64 exceeds" in capsys.readouterr().err

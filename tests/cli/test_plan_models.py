@@ -10,8 +10,8 @@ import pytest
 from hspmd.cli import main
 from hspmd.models.module import load_model
 from hspmd.plan.strategy import check_strategy, parse_strategy
+from tests.cost.test_captured import MODEL
 from tests.planner.conftest import cluster_file
-from tests.planner.test_model_cost import MODEL
 
 
 @pytest.fixture

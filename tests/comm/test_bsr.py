@@ -10,7 +10,7 @@ from hspmd.comm.plan import Transfer
 from hspmd.comm.relay import plan_relay
 from hspmd.comm.slices import holders_table, merge_boxes
 from hspmd.comm.topology import LinkClass, Topology, TopologyError
-from hspmd.comm.traffic import estimate
+from hspmd.cost.traffic import estimate
 from hspmd.errors import ResolutionError
 
 

@@ -15,7 +15,7 @@ from hspmd.comm.bsr import BsrTable, schedule
 from hspmd.comm.plan import Transfer, volume
 from hspmd.comm.slices import merge_boxes
 from hspmd.comm.topology import LinkClass, Topology
-from hspmd.comm.traffic import estimate
+from hspmd.cost.traffic import estimate
 from hspmd.models import get_config
 from hspmd.plan.params import state_annotations
 from hspmd.plan.strategy import parse_strategy

@@ -12,7 +12,7 @@ from hspmd.comm.bsr import BsrTable, schedule
 from hspmd.comm.plan import local_box
 from hspmd.comm.relay import RelayPlan, plan_relay
 from hspmd.comm.topology import Topology
-from hspmd.comm.traffic import estimate
+from hspmd.cost.traffic import estimate
 from hspmd.models.llama import get_config
 from hspmd.plan.strategy import parse_strategy
 from hspmd.switch.live import plan_switch

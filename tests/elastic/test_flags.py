@@ -24,7 +24,6 @@ NODES = ["--nnodes", "2", "--master-addr", "127.0.0.1"]
         (["--elastic", "--inject-failure", "1@2:sync:nap"], "mode 'nap' is not kill or hang"),
         (["--elastic", "--inject-failure", "5@2"], "names a rank the run does not have"),
         (["--inject-failure", "1@2:sync"], "without --elastic only a kill in forward"),
-        (["--elastic", "--tokens-per-step", "512"], "does not take --tokens-per-step"),
         (["--elastic", "--trace", "run.json"], "--elastic does not take --trace/--timeline"),
         (["--elastic", "--timeline", "run.png"], "--elastic does not take --trace/--timeline"),
         (["--elastic", "--spares", "1", *NODES], "--spares holds processes back on one launcher"),
@@ -43,6 +42,22 @@ def test_bad_elastic_flags_are_one_line(extra: list[str], message: str, capsys) 
 
 def test_elastic_needs_two_pipelines(capsys) -> None:  # type: ignore[no-untyped-def]
     assert main(["train", "--strategy", "2x2: R0-1:L0-3", "--elastic"]) == 2
+    assert "--elastic needs data-parallel redundancy" in capsys.readouterr().err
+
+
+def test_elastic_plans_need_two_pipelines_each(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Every strategy of a plans file is one the run may choose: each needs replicas."""
+    import json
+
+    from tests.cli.test_train_plans import write_inputs
+
+    plans, data = write_inputs(tmp_path)
+    content = json.loads(plans.read_text())
+    content["strategies"][1]["strategy"] = "1x1: R0-1:L0-1 R2-3:L2-3"
+    content["strategies"][1]["pipelines"] = content["strategies"][1]["pipelines"][:1]
+    plans.write_text(json.dumps(content))
+    argv = ["train", "--plans", str(plans), "--data", str(data), "--elastic", "--steps", "2"]
+    assert main(argv) == 2
     assert "--elastic needs data-parallel redundancy" in capsys.readouterr().err
 
 

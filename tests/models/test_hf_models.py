@@ -47,9 +47,9 @@ def test_nanogpt_as_written_is_read_from_itself() -> None:
     assert model.param_kind("transformer.h.0.attn.c_attn.weight") == "replicate"  # fused qkv
 
 
-def _equal(model: str, strategy: str, batch: int, **kwargs: object) -> None:
+def _equal(model: str, strategy: str, batch: int, sp: bool = False, **kwargs: object) -> None:
     config = train_config(model=model, model_kwargs=tuple(kwargs.items()), strategy=strategy,
-                         global_batch=batch, seq_len=16, steps=2)  # fmt: skip
+                         global_batch=batch, seq_len=16, steps=2, sequence_parallel=sp)  # fmt: skip
     got, want = train(config).losses, run_reference(config).losses
     assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5, (got, want)
 
@@ -75,6 +75,21 @@ def test_nanogpt_as_written_trains_under_tp_and_dp() -> None:
 
 
 @pytest.mark.multiproc
+def test_hf_llama_trains_sequence_parallel_across_a_stage_boundary() -> None:
+    """The stream split on the sequence inside TP stages: the o_proj/down_proj outputs
+    reduce-scattered, the q_proj/gate_proj inputs all-gathered, the norms' gradients
+    summed over TP, a T/2-long activation sent between the stages."""
+    _equal(f"{HF}:llama", "1x2: R0-1:L0-1 R2-3:L2-3", 2, sp=True)
+
+
+@pytest.mark.multiproc
+def test_nanogpt_trains_sequence_parallel() -> None:
+    """Its fused attention is replicate: deduction gathers the sequence where an op needs
+    it whole (the positional embedding's add, attention), the rest runs on T/2 positions."""
+    _equal(f"{NANOGPT}:make", "1x2: R0-1:L0-2", 2, sp=True)
+
+
+@pytest.mark.multiproc
 def test_tied_weights_across_stages_sum_their_gradient_between_them() -> None:
     """nanoGPT's and GPT-2's head is the token embedding: a copy on the first and the last
     stage, different TP degrees there, gradients summed between them and the pipelines."""
@@ -93,3 +108,15 @@ def test_a_tied_weight_lives_on_both_of_its_stages() -> None:
     with pytest.raises(TrainError, match="--zero1 does not shard yet"):
         train_config(model=f"{NANOGPT}:make", strategy="2x1: R0:L0 R1:L1-2", global_batch=2,
                     seq_len=16, zero=1).model_config()  # fmt: skip
+
+
+def test_context_parallelism_is_refused_in_one_line_naming_what_the_model_lacks() -> None:
+    """CP trades the sequence split for a heads split at attention-head markers; a captured
+    model has none (docs/models.md), so a CP stage on it is refused before launch."""
+    from hspmd.errors import StrategyError
+    from hspmd.plan.schema import activation_annotations
+    from hspmd.plan.strategy import parse_strategy
+
+    model = load_model(f"{HF}:llama")
+    with pytest.raises(StrategyError, match="has no attention-head markers .* use :C1 there"):
+        activation_annotations(parse_strategy("1x2: R0-1:L0-3:C2"), model, seq_len=16)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hspmd.cost.stage import embed_params, head_params, layer_params
 from hspmd.models.config import PRESETS
-from hspmd.planner.workload import embed_params, head_params, layer_params
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 

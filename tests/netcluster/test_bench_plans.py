@@ -7,9 +7,9 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from hspmd.cost.cluster import cluster_from_json
 from hspmd.netcluster.describe import Measured, cluster_json
 from hspmd.netcluster.spec import NetSpec
-from hspmd.switch.cluster import cluster_from_json
 
 PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "network.py"
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from hspmd.cli import main
+from hspmd.cost.cluster import load_cluster
 from hspmd.netcluster import run
 from hspmd.netcluster.spec import NetClusterError, NetSpec
-from hspmd.switch.cluster import load_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -123,9 +123,9 @@ def test_the_veth_timed_across_nodes_prices_calls_in_the_cluster_file(netns, tmp
     """``profile_across`` (what ``up --profile`` runs) adds link "veth" to a profile; a
     cluster file naming it prices a call across the nodes by those lines."""
     from hspmd.cli.netcluster import profile_across
+    from hspmd.cost.lines import CostModel
     from hspmd.netcluster.describe import KIND, cluster_json
-    from hspmd.planner.cost import CostModel
-    from tests.planner.test_cost import _profile_with_link
+    from tests.cost.test_lines import _profile_with_link
 
     spec = NetSpec(2, 2, 0.4)
     base = _profile_with_link(tmp_path / "base.json", "loopback", slope=1e-9, overhead=1e-3)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from hspmd.cost.cluster import cluster_from_json
 from hspmd.netcluster.describe import Measured, cluster_json
 from hspmd.netcluster.spec import (
     HUB,
@@ -13,7 +14,6 @@ from hspmd.netcluster.spec import (
     render,
     up_commands,
 )
-from hspmd.switch.cluster import cluster_from_json
 
 
 def test_every_command_names_only_our_namespaces() -> None:

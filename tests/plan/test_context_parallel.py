@@ -13,7 +13,7 @@ from hspmd.plan.schema import activation_annotations, build_plan, plan_from_json
 from hspmd.plan.strategy import Strategy, StrategyOptions, check_strategy, parse_strategy
 from hspmd.specialize.cut import deduce_pipeline
 from hspmd.specialize.executable import executable_groups
-from hspmd.specialize.sites import llama_params, llama_sites
+from hspmd.specialize.sites import marker_params, marker_sites
 
 KV4 = get_config("llama-tiny", num_layers=2, num_kv_heads=4)  # 4 heads, 4 KV heads
 TINY = get_config("llama-tiny", num_layers=2)  # 4 heads, 2 KV heads
@@ -66,7 +66,7 @@ def test_sequence_parallel_leaves_cp_stages_alone() -> None:
     got = {name: str(specs[name].annotation) for name in specs}
     assert got["layers.0.input"] == "h0: [0,1,2,3]{D:2,1:2} [6,7]{1:2}"  # CP; SP
     assert got["layers.1.input"] == "h0: [4,5]{1:2} [6,7]{1:2}"  # SP on both
-    norms = llama_params(strategy, KV4, sp)
+    norms = marker_params(strategy, KV4, sp)
     # the SP stages' norm weights sum over TP; the CP stage's over CP (its TP copies agree)
     assert str(norms["layers.1.attn_norm.weight"].grad) == "hP: [4,5]{P:2} [6,7]{P:2}"
     assert str(norms["layers.0.attn_norm.weight"].grad) == "hP: [0,1,2,3]{D:2,P:2} [6,7]{P:2}"
@@ -104,29 +104,29 @@ def test_markers_split_the_sequence_inside_the_layers_only() -> None:
     ],
 )
 def test_deduction_finds_the_ulysses_reshards(text: str, config, sp: bool) -> None:
-    """Deduction on the traced model gives every marker the annotations ``llama_sites``
-    derives by hand, and every parameter the gradient ``llama_params`` does."""
+    """Deduction on the traced model gives every marker the annotations ``marker_sites``
+    derives by hand, and every parameter the gradient ``marker_params`` does."""
     strategy, options = parse_strategy(text), StrategyOptions(sequence_parallel=sp)
     pipeline = strategy.pipelines[0]
     ag = deduce_pipeline(config, pipeline, options, seq_len=8)
-    for site in llama_sites(Strategy((pipeline,)), config, options, seq_len=8):
+    for site in marker_sites(Strategy((pipeline,)), config, options, seq_len=8):
         found = ag.reshard(site.name)
         want = (site.src, site.dst, site.grad_out, site.grad_in)
         assert (found.src, found.dst, found.grad_out, found.grad_in) == want, site.name
-    for name, layout in llama_params(Strategy((pipeline,)), config, options).items():
+    for name, layout in marker_params(Strategy((pipeline,)), config, options).items():
         assert ag.param_grads[name] == layout.grad, name
 
 
 def test_cp_only_resolves_to_all_to_alls_and_all_reduces() -> None:
     strategy, options = parse_strategy("1x1: R0-1:L0-1:C2"), StrategyOptions()
-    sites = {s.name: s for s in llama_sites(strategy, TINY, options, seq_len=8)}
+    sites = {s.name: s for s in marker_sites(strategy, TINY, options, seq_len=8)}
     for name in ("layers.0.attn.q", "layers.0.attn.k", "layers.0.attn.ctx"):
         forward, backward = sites[name].forward_plan(), sites[name].backward_plan()
         assert forward.kinds == backward.kinds == ("all-to-all",), name
     assert sites["embed"].forward_plan().kinds == ("local",)  # whole rows, then a slice
     assert sites["head_in"].forward_plan().kinds == ("all-gather",)
     assert sites["head_in"].backward_plan().kinds == ("local",)
-    params = llama_params(strategy, TINY, options)
+    params = marker_params(strategy, TINY, options)
     assert params["layers.0.attn.wq.weight"].sync_plan().kinds == ("all-reduce",)  # over CP
     assert params["head.weight"].sync_plan().kinds == ("identity",)  # saw whole rows
 
@@ -134,7 +134,7 @@ def test_cp_only_resolves_to_all_to_alls_and_all_reduces() -> None:
 def test_tp_and_cp_resolve_to_all_to_alls_over_the_cp_groups() -> None:
     """``{2:t,1:c} -> {2:tc}``: the resolver refines the axes and finds the all-to-all."""
     strategy, options = parse_strategy("1x1: R0-3:L0-1:C2"), StrategyOptions()
-    sites = {s.name: s for s in llama_sites(strategy, KV4, options, seq_len=8)}
+    sites = {s.name: s for s in marker_sites(strategy, KV4, options, seq_len=8)}
     q = sites["layers.0.attn.q"].forward_plan()
     assert q.kinds == ("all-to-all",) and q.steps[0].groups == ((0, 1), (2, 3))
     assert sites["layers.0.attn.ctx"].backward_plan().kinds == ("all-to-all",)

@@ -7,14 +7,14 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+from hspmd.cost.cluster import load_cluster
+from hspmd.cost.lines import CostModel
+from hspmd.cost.stage import stage_work
 from hspmd.models import get_config
 from hspmd.plan.strategy import StrategyOptions
 from hspmd.planner.closed_form import StageCosts, Unit
-from hspmd.planner.cost import CostModel
 from hspmd.planner.ilp import layers_per_stage
 from hspmd.planner.search import _Search
-from hspmd.planner.workload import stage_work
-from hspmd.switch.cluster import load_cluster
 from tests.planner.conftest import cluster_file
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from hspmd.cost.cluster import load_cluster
+from hspmd.cost.lines import CostModel
+from hspmd.cost.stage import stage_work
 from hspmd.models.config import get_config
 from hspmd.plan.strategy import StrategyOptions, parse_strategy
-from hspmd.planner.cost import CostModel
 from hspmd.planner.memory import rank_memory
 from hspmd.planner.predict import predict
-from hspmd.planner.workload import stage_work
-from hspmd.switch.cluster import load_cluster
 
 CONFIG = get_config("llama-32b")
 

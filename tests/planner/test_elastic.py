@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from hspmd.cost.cluster import ClusterError, load_cluster
+from hspmd.cost.lines import CostModel
 from hspmd.models.config import get_config
 from hspmd.plan.strategy import check_strategy, parse_strategy
-from hspmd.planner.cost import CostModel
 from hspmd.planner.elastic import (
     ElasticPlan,
     ElasticPlanError,
@@ -22,7 +23,6 @@ from hspmd.planner.elastic import (
 from hspmd.planner.local import local_cost
 from hspmd.planner.memory import layer_holders
 from hspmd.planner.search import plan
-from hspmd.switch.cluster import ClusterError, load_cluster
 from hspmd.switch.cost import switch_cost
 from tests.planner.conftest import cluster_file
 

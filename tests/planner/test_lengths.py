@@ -6,10 +6,11 @@ import json
 
 import pytest
 
+from hspmd.cost.cluster import load_cluster
+from hspmd.cost.lines import CostModel
 from hspmd.models.config import get_config
 from hspmd.plan.dispatch import DispatchError
 from hspmd.plan.strategy import StrategyOptions, parse_strategy
-from hspmd.planner.cost import CostModel
 from hspmd.planner.length_model import _quadratic
 from hspmd.planner.lengths import (
     Histogram,
@@ -27,7 +28,6 @@ from hspmd.planner.lengths import (
     plans_json,
     switch_matrix,
 )
-from hspmd.switch.cluster import load_cluster
 
 # a "short" configuration: cheap per token, fits rows of 1024; a "long" one fits 4096
 SHORT = PipeModel(PipeConfig(1, 1), o=0.0, a=1.0, q=0.0, send_o=0.0, send_a=0.0, fit_len=1024)

@@ -7,7 +7,7 @@ import torch
 
 from hspmd.models.config import get_config
 from hspmd.models.llama import Block, rope_tables
-from hspmd.planner.memory import llama_layer_bytes
+from hspmd.models.llama_cost import LlamaCost
 
 
 def _saved_bytes_per_token(dtype: torch.dtype, tokens: int) -> float:
@@ -34,7 +34,7 @@ def _saved_bytes_per_token(dtype: torch.dtype, tokens: int) -> float:
 @pytest.mark.parametrize("dtype, elt", [(torch.bfloat16, 2), (torch.float32, 4)])
 def test_llama_layer_bytes_count_what_autograd_keeps(dtype: torch.dtype, elt: int) -> None:
     config = get_config("llama-tiny", hidden_size=64, intermediate_size=96, num_heads=8)
-    formula = llama_layer_bytes(config, 1, elt=elt, sequence_parallel=False)
+    formula = LlamaCost(config).token_bytes(1, elt=elt, sequence_parallel=False)
     measured = _saved_bytes_per_token(dtype, tokens=32)
     # beyond the formula: the RoPE tables (cos, sin: 2 x head_dim per position)
     small = 2 * config.head_dim * elt
@@ -44,8 +44,8 @@ def test_llama_layer_bytes_count_what_autograd_keeps(dtype: torch.dtype, elt: in
 def test_sequence_parallel_splits_the_norms_and_the_matmul_inputs() -> None:
     config = get_config("llama-70b")
     H = config.hidden_size
-    whole = llama_layer_bytes(config, 8, elt=2, sequence_parallel=False)
-    split = llama_layer_bytes(config, 8, elt=2, sequence_parallel=True)
+    whole = LlamaCost(config).token_bytes(8, elt=2, sequence_parallel=False)
+    split = LlamaCost(config).token_bytes(8, elt=2, sequence_parallel=True)
     # the norms run on the shard; the matmuls keep their inputs' shards (gathered again)
     norms, inputs = 2 * (2 * H + 4), 2 * 2 * H
     assert whole - split == pytest.approx((norms + inputs) * (1 - 1 / 8))

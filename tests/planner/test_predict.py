@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
+from hspmd.cost.cluster import load_cluster
+from hspmd.cost.lines import CostModel
+from hspmd.cost.stage import StageWork, layer_params
 from hspmd.models.config import LlamaConfig, get_config
 from hspmd.plan.strategy import StrategyOptions, parse_strategy
-from hspmd.planner.cost import CostModel
 from hspmd.planner.memory import OVERHEAD_BYTES, in_flight, rank_memory
 from hspmd.planner.predict import _pipeline_tasks, predict, segments
-from hspmd.planner.workload import StageWork, layer_params
 from hspmd.sim.engine import simulate
 from hspmd.specialize.schedule import make_schedule
-from hspmd.switch.cluster import load_cluster
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
@@ -60,7 +60,7 @@ def test_memory_by_hand() -> None:
         options=StrategyOptions(zero=1, dtype="bf16"),
     )  # fmt: skip
     assert (mem.weights, mem.gradients, mem.optimizer) == (2 * p, 4 * p, 12 * p / 2)
-    # per token of a layer (memory.llama_layer_bytes), H = 64, F = 128, q = 64, kv = 32,
+    # per token of a layer (LlamaCost.token_bytes), H = 64, F = 128, q = 64, kv = 32,
     # 4 heads, bf16: norms 2 (2H + 4), matmul inputs 2 (2H), attention 2 (2q + 2kv) + 4 x 4,
     # MLP 3 (2F); 8 tokens of each of 2 micro-batches in flight
     per_token = 2 * (2 * 64 + 4) + 4 * 64 + 2 * (128 + 64) + 16 + 6 * 128
@@ -95,7 +95,7 @@ def test_prediction_reports_over_memory(tmp_path: Path) -> None:
 def test_shared_cores_slow_the_ranks_that_compute_at_once(tmp_path: Path) -> None:
     """DP4 on a host where 4 processes at once compute 2x slower: every task twice as long;
     a 4-stage pipeline, mostly one stage at a time, much less."""
-    from tests.planner.test_cost import _profiled_cluster
+    from tests.cost.test_lines import _profiled_cluster
 
     config = get_config("llama-tiny")
     opts = StrategyOptions(dtype="fp32")
@@ -117,7 +117,7 @@ def test_shared_cores_slow_the_ranks_that_compute_at_once(tmp_path: Path) -> Non
 
 
 def test_shared_cores_slow_tp_collectives_only_beyond_their_group(tmp_path: Path) -> None:
-    from tests.planner.test_cost import _profiled_cluster
+    from tests.cost.test_lines import _profiled_cluster
 
     config = get_config("llama-tiny")
     opts = StrategyOptions(dtype="fp32")
@@ -139,7 +139,7 @@ def test_shared_cores_slow_tp_collectives_only_beyond_their_group(tmp_path: Path
 def test_gradient_sync_overlaps_the_last_backward_on_gpus(tmp_path: Path) -> None:
     """As the runtime issues it (hspmd.train.overlap): the sync of the last layers runs
     beside the backward of the first; on CPU processes sharing cores it waits."""
-    from tests.planner.test_cost import _profiled_cluster
+    from tests.cost.test_lines import _profiled_cluster
 
     config = get_config("llama-tiny")  # 4 layers
     dp = parse_strategy("4x1: R0:L0-3; 4x1: R1:L0-3")

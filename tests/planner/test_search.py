@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from hspmd.cost.cluster import load_cluster
+from hspmd.cost.lines import CostModel
 from hspmd.models.config import get_config
 from hspmd.plan.strategy import check_strategy
-from hspmd.planner.cost import CostModel
 from hspmd.planner.search import PlanError, plan, tp_degrees
-from hspmd.switch.cluster import load_cluster
 from tests.planner.conftest import cluster_file
 
 
@@ -67,9 +67,9 @@ def test_the_plan_is_never_slower_than_the_homogeneous_baseline() -> None:
     priced 4% slower than even layers: the baseline, itself in the search's space, wins."""
     from pathlib import Path
 
+    from hspmd.cost.cluster import load_cluster
+    from hspmd.cost.lines import CostModel
     from hspmd.models import get_config
-    from hspmd.planner.cost import CostModel
-    from hspmd.switch.cluster import load_cluster
 
     cluster = load_cluster(Path(__file__).parent / "data" / "netcluster-2x2.json")
     cost = CostModel.of(cluster, dtype="fp32")

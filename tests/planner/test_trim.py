@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from hspmd.cost.cluster import load_cluster
+from hspmd.cost.lines import CostModel
 from hspmd.models.config import get_config
 from hspmd.plan.strategy import StrategyOptions, parse_strategy
 from hspmd.planner.closed_form import PLAN_HEADROOM
-from hspmd.planner.cost import CostModel
 from hspmd.planner.memory import strategy_memory
 from hspmd.planner.predict import predict
 from hspmd.planner.trim import trim_recompute
-from hspmd.switch.cluster import load_cluster
 
 CONFIG = get_config("llama-32b")
 COST = CostModel.of(load_cluster("h200x8"))

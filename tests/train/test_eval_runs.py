@@ -2,7 +2,8 @@
 
 An evaluation after every step (two batches of the last tenth of the corpus, forward only)
 under DP, PP, TP, two heterogeneous pipelines, a switch between evaluations in both modes
-(the second runs under the new strategy) and ZeRO-1 with gradient accumulation: every
+(the second runs under the new strategy), ZeRO-1 with gradient accumulation and ZeRO-3
+(gathered per layer in lock step, once per step otherwise): every
 evaluation's loss within 1e-5 relative of the plain module's in eval mode, the steps'
 losses too (an evaluation changes nothing of the training); bf16 compute within 1e-3. All
 cases share one launch.
@@ -38,6 +39,9 @@ CASES: dict[str, dict[str, Any]] = {
     "switch (weights)": dict(strategy="4x1: R0:L0 R1:L1", switches=((2, HETERO),),
                              switch_mode="weights"),
     "ZeRO-1, accumulation": dict(strategy=HETERO, zero=1, grad_accum=2),
+    # ZeRO-3: parameters gathered per layer (lock step) or once per step (heterogeneous)
+    "ZeRO-3 DP": dict(strategy="2x1: R0:L0-1; 2x1: R1:L0-1", zero=3),
+    "ZeRO-3 heterogeneous": dict(strategy=HETERO, zero=3),
     # bf16 compute weights against the fp32 reference, as tests/train/test_recipe_runs.py
     "bf16": dict(strategy=HETERO, dtype="bf16"),
 }  # fmt: skip

@@ -86,16 +86,14 @@ def test_half_a_row_plus_one_is_the_bound() -> None:
         balanced([25] * 5, slots=[(2, 1), (1, 2)], max_len=48)
 
 
-def test_packed_documents_refuse_a_model_that_drops(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_packed_documents_refuse_a_model_that_drops() -> None:
     """Dropout masks are keyed by the row of the step's batch (DESIGN decision 17): packed
-    rows have none, so packing a model that drops is one line before launch. (User models
-    do not pack yet, issue 35 item 5: the config's own check is lifted here.)"""
+    rows have none, so packing a model that drops is one line before launch."""
     from pathlib import Path
 
-    from hspmd.train.config import TrainConfig, TrainError
+    from hspmd.train.config import TrainError
     from hspmd.train.packing import check_packed_dropout
 
-    monkeypatch.setattr(TrainConfig, "_check_module", lambda self, model: None)
     nanogpt = f"{Path(__file__).parents[1] / 'models' / 'data' / 'nanogpt_style.py'}:make"
     config = train_config(model=nanogpt, model_kwargs=(("dropout", 0.1),), step_tokens=64,
                          seq_len=16, strategy="2x1: R0:L0-2")  # fmt: skip

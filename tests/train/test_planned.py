@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from hspmd.cost.cluster import load_cluster
+from hspmd.cost.lines import CostModel
 from hspmd.models.config import get_config
-from hspmd.planner.cost import CostModel
 from hspmd.planner.search import plan
-from hspmd.switch.cluster import load_cluster
 from hspmd.train.api import train_config
 from hspmd.train.reference import run_reference
 from hspmd.train.trainer import train_many

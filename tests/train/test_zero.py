@@ -201,10 +201,10 @@ def test_the_simulator_prices_zero3_gathers_and_the_model_its_memory() -> None:
     """Lock step: ZeRO-3 costs at least ZeRO-1's step (its gathers, partly hidden behind
     compute). Different schedules: one gather of the stage per step, in the F's (the step
     may even shorten: Post's all-gather after Adam goes)."""
+    from hspmd.cost.cluster import load_cluster
+    from hspmd.cost.lines import CostModel
     from hspmd.models.config import get_config
-    from hspmd.planner.cost import CostModel
     from hspmd.planner.predict import predict
-    from hspmd.switch.cluster import load_cluster
 
     config, cost = get_config("llama-32b"), CostModel.of(load_cluster("h20x32"))
     for text in (

@@ -21,17 +21,17 @@ from typing import Any, Literal
 from hspmd.annotation import Annotation, parse_annotation
 from hspmd.comm.plan import CommPlan
 from hspmd.comm.resolve import resolve as _resolve
+from hspmd.cost.cluster import load_cluster
+from hspmd.cost.lines import CostModel
 from hspmd.models import get_model
 from hspmd.models.config import LlamaConfig
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Strategy, StrategyOptions, check_strategy, parse_strategy
-from hspmd.planner.cost import CostModel
 from hspmd.planner.predict import Prediction, predict
 from hspmd.planner.search import Plan, Zero1
 from hspmd.planner.search import plan as _plan
 from hspmd.specialize.explain import Explanation
 from hspmd.specialize.explain import explain as _explain
-from hspmd.switch.cluster import load_cluster
 from hspmd.train.api import model_source
 
 __all__ = ["explain", "model_spec", "plan_strategy", "resolve", "simulate"]
@@ -81,7 +81,7 @@ def _costed(spec: ModelSpec) -> ModelSpec:
     """A preset as it is; any other model with its cost measured on the meta device."""
     if isinstance(spec, LlamaConfig):
         return spec
-    from hspmd.specialize.costs import planning_model
+    from hspmd.cost.captured import planning_model
 
     return planning_model(spec)
 

@@ -39,6 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=HelpFormatter,
     )
     add_model_arguments(parser, presets=sorted(PRESETS), default="llama-tiny", plan=True)
+    add_flags(parser, ["--dataset"])
     add_flags(parser, ["--strategy"])
     parser.add_argument("--rank", type=int, default=None, help="show only this rank")
     parser.add_argument("--seq-len", type=int, default=None, help="default: the model's max")
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _gpu_kinds(cluster_name: str, ranks: tuple[int, ...]) -> dict[int, str]:
     """Each rank's GPU kind in the cluster (ClusterError when it lacks a rank)."""
-    from hspmd.switch.cluster import load_cluster
+    from hspmd.cost.cluster import load_cluster
 
     cluster = load_cluster(cluster_name)
     cluster.check_ranks(ranks, what="the strategy")

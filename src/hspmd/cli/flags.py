@@ -159,6 +159,10 @@ TRAIN_FLAGS: tuple[Flag, ...] = (
     Flag("--data", "data",
          help="text or JSONL file or a directory, or a token file: flat .bin, Megatron "
          ".bin/.idx, .npy (docs/data.md) (default: stdlib)"),
+    Flag("--dataset", "dataset", metavar="FILE.py:FACTORY",
+         help="train on the items of a user's dataset instead of tokens: the factory returns "
+         "a map-style dataset or an iterable of tensors, tuples or dicts of tensors; the "
+         "--model forward takes their fields and returns the loss (docs/data.md)"),
     Flag("--data-max-bytes", "data_max_bytes", type=int, help="read at most this much text"),
     Flag("--data-dtype", "data_dtype", choices=TOKEN_DTYPES,
          help="the ids of a flat .bin token file (default: uint16, as nanoGPT writes)"),

@@ -118,8 +118,20 @@ def add_model_arguments(
 
 
 def read_model(args: argparse.Namespace) -> ModelSpec:
-    """The model ``--model`` and ``--config`` name, as metadata (nothing allocated)."""
-    return get_model(args.model, **dict(model_kwargs(getattr(args, "config", None))))
+    """The model ``--model`` and ``--config`` name (with ``--dataset``: called with its
+    items' fields), as metadata (nothing allocated)."""
+    kwargs = dict(model_kwargs(getattr(args, "config", None)))
+    dataset = getattr(args, "dataset", None)
+    if dataset is None:
+        return get_model(args.model, **kwargs)
+    from hspmd.models.module import load_model
+    from hspmd.train.config import dataset_items
+
+    if ":" not in args.model:
+        raise ModelSpecError(
+            f"--dataset needs --model FILE.py:FACTORY, not the preset {args.model}"
+        )
+    return load_model(args.model, kwargs, items=dataset_items(dataset))
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +166,8 @@ def read_run(args: argparse.Namespace, options: StrategyOptions) -> Run:
         seq_len = tokens.shape[1] if tokens is not None else 64
     else:  # a strategy file of hspmd plan --out
         seq_len = plan.seq_len or 64
-    base = TrainConfig(model=args.model, model_overrides=model_kwargs(args.config), seq_len=seq_len)
+    base = TrainConfig(model=args.model, model_overrides=model_kwargs(args.config), seq_len=seq_len,
+                       dataset=getattr(args, "dataset", None))  # fmt: skip
     config = config_from_plan(plan, base)
     check_plan(plan, config)
     assert config.strategy is not None
@@ -162,7 +175,10 @@ def read_run(args: argparse.Namespace, options: StrategyOptions) -> Run:
 
 
 def seq_len_of(model: ModelSpec, given: int | None) -> int:
-    """``--seq-len``, else the model's ``max_seq_len`` (a model that states none needs one)."""
+    """``--seq-len``, else the model's ``max_seq_len`` (a model that states none needs one);
+    1 for a dataset's model (its fields have no sequence dim)."""
+    if getattr(model, "batch", ()):
+        return 1
     if given is not None:
         if given < 1:
             raise ModelSpecError(f"--seq-len {given}: give a positive sequence length")

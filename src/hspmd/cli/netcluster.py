@@ -28,9 +28,9 @@ import sys
 from pathlib import Path
 
 from hspmd.cli.paths import check_out_folder
+from hspmd.cost.profile import load_profile
 from hspmd.netcluster.describe import KIND
 from hspmd.netcluster.spec import NetClusterError, NetSpec, node_namespace
-from hspmd.planner.profile import load_profile
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

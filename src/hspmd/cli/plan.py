@@ -16,6 +16,11 @@ formulation.
 With ``--alive`` or ``--current`` it re-plans for elastic training instead
 (docs/elastic-planning.md): only the alive ranks, at least ``--min-replicas`` pipelines,
 ZeRO-1 off, warm-started from the current strategy, and prints what the switch moves.
+
+The ZeRO stage is chosen per candidate plan (``--zero auto``): the simulator prices each
+stage, and more sharding is taken only where memory binds (docs/zero.md, "The planner's
+choice"); where a layer's replicas sit on devices of unequal memory, memory-proportional
+``zero_shares`` too. The strategy file's ``options`` carry both to ``hspmd train --plan``.
 """
 
 from __future__ import annotations
@@ -29,11 +34,11 @@ from hspmd.cli.model_input import model_kwargs
 from hspmd.cli.paths import check_out_folder, write_out
 from hspmd.cli.simulate import GIB, add_common, setup
 from hspmd.cli.strategy_arg import strategy_argument
+from hspmd.cost.lines import CostModel
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.choice import choice_fields
 from hspmd.plan.identity import ModelIdentity
 from hspmd.plan.strategy import format_ranks, parse_ranks, parse_strategy
-from hspmd.planner.cost import CostModel
 from hspmd.planner.elastic import replan
 from hspmd.planner.search import Plan, PlanError, plan
 
@@ -49,7 +54,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--global-batch", type=int, default=None, help="samples per step")
     parser.add_argument(
         "--zero1", default="auto", choices=("auto", "on", "off"),
-        help="ZeRO-1 (auto: on wherever there are replicas)",
+        help="ZeRO-1 (auto: on wherever there are replicas; off: no ZeRO stage at all)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--zero", default="auto", choices=("auto", "0", "1", "2", "3"),
+        help="the ZeRO stage (auto: chosen per plan with its shares, docs/zero.md)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--even-shares", action="store_true",
+        help="never give replicas uneven ZeRO shares (default: memory-proportional where "
+        "their devices differ)",
     )  # fmt: skip
     parser.add_argument(
         "--time-limit", type=float, default=None, help="seconds per ILP solve (default: none)"
@@ -102,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
     chosen = plan(
         config, cost, global_batch=args.global_batch, seq_len=seq_len, zero1=args.zero1,
         dtype=args.dtype, time_limit=args.time_limit, homogeneous=not args.no_homogeneous,
+        zero=None if args.zero == "auto" else int(args.zero), uneven_shares=not args.even_shares,
     )  # fmt: skip
     data = strategy_file(args, chosen.to_json(cost), chosen, model=config, seq_len=seq_len)
     if args.out:
@@ -167,7 +182,10 @@ def _run_elastic(
 
 def _flags(p: Plan | Any) -> str:
     o = p.options
-    flags = [f"--{n}" for n, on in (("zero1", o.zero1), ("recompute", o.recompute)) if on]
+    flags = [f"--zero {o.zero}"] if o.zero and len(p.strategy.pipelines) > 1 else []
+    if o.zero_shares and len(p.strategy.pipelines) > 1:
+        flags.append("--zero-shares " + ",".join(f"{w:g}" for w in o.zero_shares))
+    flags += ["--recompute"] if o.recompute else []
     if o.recompute and o.recompute_layers:
         flags.append(f"--recompute-layers {o.recompute_layers}")
     if o.sequence_parallel:

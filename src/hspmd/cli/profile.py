@@ -7,8 +7,8 @@ Times matmul, causal attention, RMS norm, elementwise ops and an Adam step on th
 machine (the CUDA device when there is one, at Llama's shapes), and all-reduce, all-gather,
 reduce-scatter, all-to-all and send-recv over ``--nproc`` local gloo processes (link
 "loopback"; on a CUDA host nccl, one GPU per process; ``--nproc 1``: none); fits
-``seconds = overhead_s + slope * units`` per family (units in hspmd.planner.profile) and
-writes the profile (format hspmd.profile/1, read back by hspmd.planner.profile.load_profile).
+``seconds = overhead_s + slope * units`` per family (units in hspmd.cost.profile) and
+writes the profile (format hspmd.profile/1, read back by hspmd.cost.profile.load_profile).
 Prints a table of the fits, or with ``--json`` the profile itself.
 
 Across nodes, one command per node (as ``hspmd train --nnodes``), after a profile of one
@@ -31,7 +31,7 @@ import dataclasses
 
 from hspmd.cli.paths import check_out_folder, write_out
 from hspmd.cli.train import add_node_arguments, node_of
-from hspmd.planner.profile import COMPUTE_UNIT, Profile, ProfileError, load_profile
+from hspmd.cost.profile import COMPUTE_UNIT, Profile, ProfileError, load_profile
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if args.base or args.link:
         raise ProfileError("--base and --link go with --nnodes (a link across nodes)")
     check_out_folder(args.out, "--out")  # before a minute of measuring
-    from hspmd.planner.measure import profile_machine  # torch: only when measuring
+    from hspmd.cost.measure import profile_machine  # torch: only when measuring
 
     return _write(args, profile_machine(quick=args.quick, nproc=args.nproc, dtype=args.dtype))
 
@@ -96,7 +96,7 @@ def _across_nodes(args: argparse.Namespace) -> int:
     base = load_profile(args.base)
     if node.node_rank == 0:
         check_out_folder(args.out, "--out")
-    from hspmd.planner.measure import link_fits, measure_across_nodes  # torch
+    from hspmd.cost.measure import link_fits, measure_across_nodes  # torch
 
     backend = "nccl" if base.kind == "cuda" else "gloo"
     by_group = measure_across_nodes(node, args.nproc, quick=args.quick, backend=backend)
@@ -116,7 +116,7 @@ def _across_nodes(args: argparse.Namespace) -> int:
 def fits_text(profile: Profile) -> str:
     """One line per fitted family: slope, overhead and r2.
 
-    >>> from hspmd.planner.profile import Fit
+    >>> from hspmd.cost.profile import Fit
     >>> p = Profile(kind="cpu", device="cpu", dtype="float32", threads=2, created="-",
     ...             host={}, compute={"matmul": Fit(1e-11, 1e-4, 0.995)}, links={})
     >>> print(fits_text(p))

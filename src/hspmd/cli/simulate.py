@@ -11,14 +11,14 @@
 
 Runs the schedules the runtime would run (1F1B or GPipe per stage, sends, the gradient
 sync, Adam) on the discrete-event simulator with the cluster's cost model
-(hspmd.planner.cost: its profiles, achieved_tflops, or half of the bf16 peak) and prints
+(hspmd.cost.lines: its profiles, achieved_tflops, or half of the bf16 peak) and prints
 the step time, per stage its forward and backward time, busy / communication / idle time
 and peak memory against the cap, and the critical path. Exit status 1 when a rank's peak
 exceeds its memory (the line names the rank, the peak and the cap).
 
 ``--model`` is a preset or any nn.Module's factory (docs/models.md): a preset is costed by
 formula, any other model from its graph measured on the meta device
-(``hspmd.specialize.costs``; docs/planner.md, "Any model"). ``--plan plan.json`` gives the
+(``hspmd.cost.captured``; docs/planner.md, "Any model"). ``--plan plan.json`` gives the
 strategy, options and sequence length in place of ``--strategy`` and the option flags.
 """
 
@@ -30,12 +30,12 @@ import json
 from hspmd.cli.flags import STRATEGY_FLAGS, HelpFormatter, add_flags, shares_of, zero_of
 from hspmd.cli.model_input import add_model_arguments, read_model, read_run, seq_len_of
 from hspmd.cli.paths import check_out_folder
+from hspmd.cost.cluster import load_cluster
+from hspmd.cost.lines import CostModel
 from hspmd.models.config import PRESETS, LlamaConfig
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import StrategyOptions, check_strategy
-from hspmd.planner.cost import CostModel
 from hspmd.planner.predict import Prediction, predict
-from hspmd.switch.cluster import load_cluster
 
 GIB = 2**30
 
@@ -43,6 +43,7 @@ GIB = 2**30
 def add_common(parser: argparse.ArgumentParser, *, plan: bool = False) -> None:
     """Arguments `simulate` and `plan` share (``plan``: ``--plan``, simulate's)."""
     add_model_arguments(parser, presets=sorted(PRESETS), default=None, plan=plan)
+    add_flags(parser, ["--dataset"])
     parser.add_argument("--cluster", required=True, help="cluster file or shipped name")
     parser.add_argument("--seq-len", type=int, default=None, help="default: the model's max")
     parser.add_argument(
@@ -83,10 +84,10 @@ def setup(
 
 def costed_model(model: ModelSpec) -> ModelSpec:
     """A Llama preset as it is (its formulas); any other model with its cost figures
-    measured on the meta device (``hspmd.specialize.costs.planning_model``)."""
+    measured on the meta device (``hspmd.cost.captured.planning_model``)."""
     if isinstance(model, LlamaConfig):
         return model  # no torch import
-    from hspmd.specialize.costs import planning_model
+    from hspmd.cost.captured import planning_model
 
     return planning_model(model)
 

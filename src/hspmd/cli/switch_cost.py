@@ -9,7 +9,7 @@
 
 Prints, for every rank that sends or receives, the bytes it sends over each link class, the
 bytes it receives and the time it is busy (in B, KB, MB or GB, whichever fits the largest
-figure), then the totals and the estimated time of the slowest rank (hspmd.comm.traffic's
+figure), then the totals and the estimated time of the slowest rank (hspmd.cost.traffic's
 model). ``--picture FILE.png|.svg`` draws the bytes per rank pair of ``--algo`` by link
 class and each rank's bytes sent and received under naive, fused and relay. ``--cluster`` takes a cluster file or a shipped name (hetu-h800-h20, h20x32).
 """
@@ -22,9 +22,9 @@ import json
 from hspmd.cli.flags import add_flags
 from hspmd.cli.model_input import model_argument
 from hspmd.cli.strategy_arg import strategy_argument
+from hspmd.cost.cluster import Cluster, load_cluster
 from hspmd.models.config import PRESETS
 from hspmd.plan.strategy import parse_ranks
-from hspmd.switch.cluster import Cluster, load_cluster
 from hspmd.switch.cost import ALGOS, STATES, SwitchCost, switch_cost
 from hspmd.viz.common import check_picture_path
 

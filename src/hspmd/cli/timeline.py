@@ -142,9 +142,9 @@ def write_outputs(args: argparse.Namespace, config: TrainConfig, result: TrainRe
 
 def _predict(config: TrainConfig, *, profile: str | None) -> Prediction:
     """The simulator's step of the run's last strategy on local processes."""
+    from hspmd.cost.captured import planning_model
     from hspmd.planner.local import local_cost
     from hspmd.planner.predict import predict
-    from hspmd.specialize.costs import planning_model
 
     strategy = config.strategy_at(config.steps)
     cost = local_cost(

@@ -164,6 +164,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         evaluation=eval_from_args(args),
         grad_accum=getattr(args, "grad_accum", 1),
         data=args.data,
+        dataset=getattr(args, "dataset", None),
         data_max_bytes=args.data_max_bytes,
         data_dtype=getattr(args, "data_dtype", None),
         eod_id=getattr(args, "eod_id", None),

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+from array import array
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -121,12 +122,7 @@ def schedule(
     topology = topology or Topology.flat()
     # (sender, receiver, tensor) as one int, (src * ranks + dst) * tensors + tensor: sorted
     # as the tuples would be, several times faster (a million keys at 4096 ranks)
-    ranks = 1 + max(
-        (max(max(e.owners, default=0), max(e.needers, default=0))
-         for t in tables for e in t.entries), default=0,
-    )  # fmt: skip
-    low = min((t.tensor for t in tables), default=0)
-    tensors = 1 + max((t.tensor for t in tables), default=0) - low
+    ranks, low, tensors = key_space(tables)
     picked = _pick(tables, topology, method=method, fused=fused, ranks=ranks, tensors=tensors)
     out = []
     for key in sorted(picked):
@@ -138,6 +134,17 @@ def schedule(
     return tuple(out)
 
 
+def key_space(tables: Sequence[BsrTable]) -> tuple[int, int, int]:
+    """1 + the highest rank, the lowest tensor index and the count of tensor indices from
+    it: the sizes of ``walk``'s keys."""
+    ranks = 1 + max(
+        (max(max(e.owners, default=0), max(e.needers, default=0))
+         for t in tables for e in t.entries), default=0,
+    )  # fmt: skip
+    low = min((t.tensor for t in tables), default=0)
+    return ranks, low, 1 + max((t.tensor for t in tables), default=0) - low
+
+
 def _pick(
     tables: Sequence[BsrTable], topology: Topology, *, method: str, fused: bool, ranks: int,
     tensors: int,
@@ -145,25 +152,52 @@ def _pick(
     """``schedule``'s choice of sender per (slice, needer): key (sender, receiver, tensor)
     as one int -> its region, or a list of its regions where there are several (most have
     one: no list per key, 10 million at 65,536 ranks)."""
+    picked: dict[int, Any] = {}
+    keys, regions = walk(tables, topology, method=method, fused=fused, ranks=ranks,
+                         tensors=tensors, local=True, sizes=False)  # fmt: skip
+    for key, region in zip(keys, regions, strict=True):
+        had = picked.get(key)
+        if had is None:
+            picked[key] = region
+        elif type(had) is list:
+            had.append(region)
+        else:
+            picked[key] = [had, region]
+    return picked
+
+
+def walk(
+    tables: Sequence[BsrTable], topology: Topology, *, method: str, fused: bool, ranks: int,
+    tensors: int, local: bool, sizes: bool,
+) -> tuple[array, Any]:  # fmt: skip
+    """The scheme's rules applied to every (slice, needer) of ``tables`` in order: the key
+    (sender, receiver, tensor) as one int, ``(sender * ranks + receiver) * tensors +
+    tensor - lowest tensor``, of each pick, and beside it the slice's region, or its bytes
+    (``sizes``: an ``array('d')``); ``tensors=1`` keys pairs alone. ``local=False`` leaves local copies out (they move
+    nothing and count in no sender's load, so the other picks are the same)."""
     node = functools.cache(topology.node_of)  # TopologyError for a rank on no node
     links = _Links(tables, topology) if method == "heuristic" else None
     loads = [0.0] * (links.num_ranks if links else 0)  # bytes sent so far (rule 3)
     heaps: dict[int, tuple[tuple[int, ...], list[tuple[float, int]]]] = {}
     low = min((t.tensor for t in tables), default=0)
-    picked: dict[int, Any] = {}
+    keys, values = array("q"), (array("d") if sizes else [])
+    add_key, add_value = keys.append, values.append
     for table in tables:
         if not fused:
             loads = [0.0] * len(loads)
             heaps.clear()
-        tensor = table.tensor
+        tensor = table.tensor - low if tensors > 1 else 0  # tensors=1: keys of pairs
         for entry in table.entries:
             region, owners = entry.region, entry.owners
             size = volume(region) * table.itemsize
+            value: Any = size if sizes else region
             owned = frozenset(owners) if len(owners) > 4 else owners
             # needer's node -> owners on its fastest link, shared by every slice these own
             fastest = links.of(owners) if links is not None else None
             for needer in entry.needers:
                 if needer in owned:
+                    if not local:
+                        continue
                     owner = needer
                 elif fastest is None:
                     owner = owners[0]
@@ -174,15 +208,9 @@ def _pick(
                         loads[owner] += size
                     else:
                         owner = _least_loaded(ints, loads, heaps, size)
-                key = (owner * ranks + needer) * tensors + tensor - low
-                had = picked.get(key)
-                if had is None:
-                    picked[key] = region
-                elif type(had) is list:
-                    had.append(region)
-                else:
-                    picked[key] = [had, region]
-    return picked
+                add_key((owner * ranks + needer) * tensors + tensor)
+                add_value(value)
+    return keys, values
 
 
 def _least_loaded(

@@ -12,7 +12,7 @@ The owner's own chunk skips round 0 and the needer's skips round 2 (the owner an
 are each the i-th rank of their node for some i); every transfer that is not relayed (local
 copies, same-node, several owners, or fewer than two NIC pairs) runs in round 1 as is. Intermediate
 chunks live in *relay buffers* on the relaying ranks, keyed by ``(tensor, region)``, for the
-duration of the switch. The cost model (``hspmd.comm.traffic.estimate``) takes the rounds
+duration of the switch. The cost model (``hspmd.cost.traffic.estimate``) takes the rounds
 as its stages (``RelayPlan.stages``), so the estimate and the executor
 (``hspmd.runtime.relay.run_relay``) read the same plan.
 

@@ -49,7 +49,7 @@ __all__ = [
 def deduce(
     module_or_graph: nn.Module | torch.fx.GraphModule,
     *,
-    input_annotations: Mapping[str, Annotation],
+    input_annotations: Mapping[str, Annotation | None],
     param_annotations: Mapping[str, Annotation],
     marker_annotations: Mapping[str, Annotation],
     input_shapes: Mapping[str, Sequence[int]],
@@ -63,7 +63,8 @@ def deduce(
     a given GraphModule is not changed) and ``ag.alignments`` lists them.
 
     ``input_shapes`` are global per-micro-batch shapes; ``input_dtypes`` default to int64
-    (token ids). Parameters are named as in ``named_parameters()``; markers by their name.
+    (token ids). An input annotated ``None`` is data every rank holds whole (a constant:
+    packed documents' ``segments``). Parameters are named as in ``named_parameters()``; markers by their name.
 
     An op whose rule refuses its inputs' layouts (or that has no rule) runs whole on
     gathered inputs (``ag.fallbacks``, ``hspmd.deduce.fallback``); ``strict=True`` raises

@@ -87,8 +87,8 @@ def linear(call: OpCall, placements: tuple[int, ...]) -> int:
         return out
     bias = placements[2]
     last = len(call.out_shape) - 1
-    if (out, bias) in ((DUP, DUP), (last, 0)):
-        return out
+    if (out, bias) in ((DUP, DUP), (last, 0)) or (bias == DUP and 0 <= out < last):
+        return out  # a duplicate bias broadcasts over the leading (batch, sequence) dims
     raise RuleError(
         f"linear output {placements_text((out,))} cannot take a bias that is "
         f"{placements_text((bias,))} on the same axis",

@@ -205,8 +205,8 @@ def deduce_node(
 
 
 def _leaf(
-    node: torch.fx.Node, params: Mapping[str, Annotation], inputs: Mapping[str, Annotation],
-    module: torch.nn.Module,
+    node: torch.fx.Node, params: Mapping[str, Annotation],
+    inputs: Mapping[str, Annotation | None], module: torch.nn.Module,
 ) -> Annotation | None:  # fmt: skip
     if node.op == "placeholder":
         if node.target not in inputs:
@@ -214,7 +214,7 @@ def _leaf(
                 f"input {node.target!r} has no annotation: pass input_annotations="
                 f"{{{node.target!r}: ...}}"
             )
-        return inputs[str(node.target)]
+        return inputs[str(node.target)]  # None: data every rank holds whole (a constant)
     if node.name in params:  # a tied weight's node on one stage (hspmd.specialize.cut)
         return params[node.name]
     name = str(node.target)
@@ -246,7 +246,7 @@ def forward_annotations(
     gm: torch.fx.GraphModule,
     info: ShapeInfo,
     *,
-    input_annotations: Mapping[str, Annotation],
+    input_annotations: Mapping[str, Annotation | None],
     param_annotations: Mapping[str, Annotation],
     marker_annotations: Mapping[str, Annotation],
     strict: bool = False,

@@ -11,8 +11,10 @@ The graph is then put in the form the rest of hspmd reads:
 
     export's form                              hspmd's form
     placeholder p_model_h_0_w (PARAMETER)      get_attr h.0.w  (the module's own name)
-    placeholders of user inputs                placeholders tokens, targets
+    placeholders of user inputs                placeholders tokens, targets (segments; or
+                                               the names of ``inputs``: a dataset's fields)
     torch.ops.hspmd.marker(x, name)            hspmd.markers.reshard(x, name)
+    torch.ops.hspmd.rms_norm(x, ...) etc.      the function it stands for (markers.record_as)
     split(x, 64, 2) + getitem(.., i)           slice(x, 2, 64 i, 64 (i + 1))
     unbind(x, d) + getitem(.., i)              select(x, d, i)
     device(type='meta') arguments              getattr(tokens, "device")
@@ -33,10 +35,12 @@ The graph is then put in the form the rest of hspmd reads:
 
 from __future__ import annotations
 
+import inspect
 import operator
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -44,16 +48,65 @@ import torch.fx
 from torch import nn
 
 from hspmd.errors import HspmdError
-from hspmd.markers import capturing, reshard
+from hspmd.markers import capturing, eager_function, reshard
 
-__all__ = ["ExportError", "StepCall", "capture_step", "user_frame"]
+__all__ = [
+    "SEGMENTS_INPUT", "TOKEN_INPUTS", "ExportError", "GraphInput", "LengthRangeError", "StepCall",
+    "capture_step", "sample_batch", "user_frame",
+]  # fmt: skip
 
-StepCall = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
-"""How one training step calls the module: ``(module, tokens, targets) -> scalar loss``."""
+StepCall = Callable[..., torch.Tensor]
+"""How one training step calls the module: ``(module, *inputs) -> scalar loss`` (the
+inputs in ``GraphInput`` order: ``tokens, targets`` by default; with packed documents
+``tokens, targets, segments``, segments the (B, T) document ids)."""
 
 SAMPLE_BATCH, SAMPLE_LENGTH = 3, 7
 """The meta inputs' sizes at capture: odd primes, so that no model constant is mistaken
 for a symbolic size (export gives equal sizes one symbol)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GraphInput:
+    """One input of the captured step: its name (the placeholder's), its shape after the
+    batch dim (``None``: the symbolic sequence length) and its dtype.
+
+    >>> GraphInput("image", (1, 8, 8), "float32").sample(3).shape
+    torch.Size([3, 1, 8, 8])
+    """
+
+    name: str
+    trailing: tuple[int | None, ...]
+    dtype: str = "int64"
+
+    def sample(self, batch: int, length: int = SAMPLE_LENGTH) -> torch.Tensor:
+        """A meta tensor of this input at ``batch`` rows (and ``length`` positions)."""
+        shape = (batch, *(length if d is None else d for d in self.trailing))
+        return torch.zeros(shape, dtype=getattr(torch, self.dtype), device="meta")
+
+    def dims(self, max_length: int | None = None) -> dict[int, Any]:
+        """export's ``dynamic_shapes`` entry: the batch dim and any sequence dim symbolic
+        (the latter up to ``max_length`` when given)."""
+        auto = torch.export.Dim.AUTO
+        length = auto if max_length is None else auto(max=max(max_length, SAMPLE_LENGTH))
+        return {0: auto, **{i + 1: length for i, d in enumerate(self.trailing) if d is None}}
+
+
+TOKEN_INPUTS = (GraphInput("tokens", (None,)), GraphInput("targets", (None,)))
+"""The token protocol's inputs: ``tokens`` and ``targets``, (B, T) int64."""
+
+SEGMENTS_INPUT = GraphInput("segments", (None,))
+"""Packed documents' third input: ``segments``, (B, T) int64 document ids."""
+
+
+def sample_batch(inputs: Sequence[GraphInput]) -> int:
+    """The capture's batch size: ``SAMPLE_BATCH`` or the next prime that no static size of
+    the inputs equals (a batch of 3 beside 3 channels would let export tie them)."""
+    static = {d for i in inputs for d in i.trailing if d is not None}
+    batch = SAMPLE_BATCH
+    while batch in static or any(batch % k == 0 for k in range(2, batch)):
+        batch += 2
+    return batch
+
 
 _ASSERTS = frozenset(
     {
@@ -68,16 +121,26 @@ class ExportError(HspmdError, ValueError):
     """A forward that torch.export cannot run on meta tensors (names the user's line)."""
 
 
-class _Step(nn.Module):
-    """The module and its calling convention as one ``forward(tokens, targets) -> loss``."""
+class LengthRangeError(ExportError):
+    """A capture whose graph holds only for sequences shorter than the length it was given:
+    the forward's Python decided something by the sample length (``upper``: the most it
+    holds for)."""
 
-    def __init__(self, model: nn.Module, call: StepCall) -> None:
+    def __init__(self, message: str, upper: int) -> None:
+        super().__init__(message)
+        self.upper = upper
+
+
+class _Step(nn.Module):
+    """The module and its calling convention as one ``forward(*inputs) -> loss``."""
+
+    def __init__(self, model: nn.Module, call: Callable[..., torch.Tensor]) -> None:
         super().__init__()
         self.model = model
         self._call = call
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return self._call(self.model, tokens, targets)
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self._call(self.model, *inputs)
 
 
 def user_frame(error: BaseException) -> str | None:
@@ -112,20 +175,24 @@ def _block_markers(blocks: Sequence[nn.Module] | None) -> Iterator[None]:
 def capture_step(
     module: nn.Module,
     *,
-    call: StepCall,
+    call: StepCall | Callable[..., torch.Tensor],
     blocks: Sequence[nn.Module] | None = None,
+    inputs: Sequence[GraphInput] = TOKEN_INPUTS,
+    max_length: int | None = None,
 ) -> torch.fx.GraphModule:
-    """The ATen graph of ``call(module, tokens, targets)`` (module docstring); ``blocks``
-    get ``layers.{i}.input`` markers on their first argument. ``module`` may live on meta."""
+    """The ATen graph of ``call(module, *inputs)`` (module docstring), one placeholder per
+    input, named as it; ``blocks`` get ``layers.{i}.input`` markers on their first
+    argument. ``module`` may live on meta. Packed documents: ``inputs`` end with
+    ``SEGMENTS_INPUT``. ``max_length``: the sequence dim ranges up to it (the model's
+    longest), and a graph that holds only for shorter sequences is a ``LengthRangeError``."""
     step = _Step(module, call)
-    tokens = torch.zeros(SAMPLE_BATCH, SAMPLE_LENGTH, dtype=torch.long, device="meta")
-    targets = torch.zeros(SAMPLE_BATCH, SAMPLE_LENGTH, dtype=torch.long, device="meta")
-    auto = torch.export.Dim.AUTO
-    dims = ({0: auto, 1: auto}, {0: auto, 1: auto})
+    batch = sample_batch(inputs)
+    samples = tuple(i.sample(batch) for i in inputs)
+    dims = tuple(i.dims(max_length) for i in inputs)
     try:
         with capturing(), _block_markers(blocks):
             program = torch.export.export(
-                step, (tokens, targets), dynamic_shapes=dims, strict=False
+                step, samples, dynamic_shapes={"inputs": dims}, strict=False
             )
     except HspmdError:
         raise
@@ -138,7 +205,28 @@ def capture_step(
             "must run on meta tensors of any batch and length (no .item(), no data-dependent "
             "shapes)"
         ) from error
-    return _normalize(program, module)
+    if max_length is not None:
+        _check_length_range(program, module, max_length)
+    return _normalize(program, module, [i.name for i in inputs])
+
+
+def _check_length_range(
+    program: torch.export.ExportedProgram, module: nn.Module, max_length: int
+) -> None:
+    tokens = next(n for n in program.graph.nodes if n.op == "placeholder"
+                  and n.name in program.graph_signature.user_inputs)  # fmt: skip
+    length = tokens.meta["val"].shape[1]
+    if not isinstance(length, torch.SymInt):
+        upper = int(length)
+    else:
+        ranges = program.range_constraints.get(length.node.expr)
+        upper = max_length if ranges is None or not ranges.upper.is_finite else int(ranges.upper)
+    if upper < max_length:
+        raise LengthRangeError(
+            f"{type(module).__name__}.forward's capture holds for sequences of at most {upper} "
+            f"tokens, not {max_length}",
+            upper,
+        )
 
 
 # -- from export's form to hspmd's -------------------------------------------------------------
@@ -154,21 +242,26 @@ def _names(module: nn.Module) -> dict[int, str]:
     return found
 
 
-def _normalize(program: torch.export.ExportedProgram, module: nn.Module) -> torch.fx.GraphModule:
+def _normalize(
+    program: torch.export.ExportedProgram, module: nn.Module, input_names: Sequence[str]
+) -> torch.fx.GraphModule:
     source = program.graph_module.graph
     names = _names(module)
     root: dict[str, Any] = {}
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, Any] = {}
-    user_inputs = iter(("tokens", "targets"))
+    user_inputs = iter(input_names)
     specs = {spec.arg.name: spec for spec in program.graph_signature.input_specs}
     user = torch.export.graph_signature.InputKind.USER_INPUT
     placeholders = [n for n in source.nodes if n.op == "placeholder"]
     for node in placeholders:  # the inputs first: fx code takes them as arguments
         if specs[node.name].kind == user:
-            env[node] = graph.placeholder(next(user_inputs))
+            name = next(user_inputs)
+            optional = {"default_value": None} if name == "segments" else {}
+            env[node] = graph.placeholder(name, **optional)
             env[node].meta = dict(node.meta)
-    device = graph.call_function(getattr, (env[placeholders[-2]], "device"))
+    first = next(n for n in placeholders if specs[n.name].kind == user)
+    device = graph.call_function(getattr, (env[first], "device"))
     for node in source.nodes:
         if node.op == "placeholder":
             spec = specs[node.name]
@@ -226,8 +319,10 @@ def _copy(
         return value
 
     args, kwargs = arg(node.args), arg(node.kwargs)
-    if node.target is torch.ops.hspmd.marker.default:
-        new = graph.call_function(reshard, args, kwargs)
+    function = eager_function(node.target)
+    if function is not None:
+        args, kwargs = _function_arguments(node.target, function, args, kwargs)
+        new = graph.call_function(function, args, kwargs)
     else:
         new = graph.call_function(node.target, args, kwargs)  # type: ignore[arg-type]
     new.meta = dict(node.meta)
@@ -236,6 +331,19 @@ def _copy(
         new.meta["nn_module_stack"] = _module_stack(stack)
     new.name = node.name
     env[node] = new  # type: ignore[index]
+
+
+def _function_arguments(
+    op: Any, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A custom op's arguments as ``function`` takes them (the same names, its keyword-only
+    ones by keyword): ``causal_attention(q, k, v, segments, enable_gqa=True)``."""
+    names = [a.name for a in op._schema.arguments]
+    bound = {**dict(zip(names, args, strict=False)), **kwargs}
+    params = inspect.signature(function).parameters
+    keyword = {n for n in names if params[n].kind is inspect.Parameter.KEYWORD_ONLY}
+    positional = tuple(bound[n] for n in names if n not in keyword and n in bound)
+    return positional, {n: bound[n] for n in names if n in keyword and n in bound}
 
 
 def _module_stack(stack: Mapping[str, tuple[str, Any]]) -> dict[str, tuple[str, Any]]:

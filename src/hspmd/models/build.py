@@ -16,7 +16,7 @@ import torch
 import torch.fx
 from torch import nn
 
-from hspmd.graph.capture import capture
+from hspmd.graph.export import SEGMENTS_INPUT, TOKEN_INPUTS, capture_step
 from hspmd.models.config import LlamaConfig
 from hspmd.models.module import params_before_first_block
 from hspmd.models.spec import ModelSpec, ModelSpecError, ModuleModel
@@ -33,9 +33,14 @@ def _llama_graph(config: LlamaConfig) -> torch.fx.GraphModule:
 
     with torch.device("meta"):
         module = Llama(config)
-    # traced outside the device context: the same graph (forward creates no tensor), a
-    # third faster, as the context's mode no longer intercepts each of the 6,000 calls
-    return capture(module)
+    # the same capture as every user model's (its own markers; packed documents' ids)
+    return capture_step(module, call=_llama_step, inputs=(*TOKEN_INPUTS, SEGMENTS_INPUT))
+
+
+def _llama_step(
+    module: nn.Module, tokens: torch.Tensor, targets: torch.Tensor, segments: torch.Tensor
+) -> torch.Tensor:
+    return module(tokens, targets, segments)
 
 
 def model_graph(model: ModelSpec) -> torch.fx.GraphModule:
@@ -127,16 +132,20 @@ def check_weights(model: ModelSpec) -> None:
         weight_files(model)
 
 
-def step_loss(
-    model: ModelSpec, module: nn.Module, tokens: torch.Tensor, targets: torch.Tensor
-) -> torch.Tensor:
-    """The loss of one step of ``plain_model(model)`` on ``(tokens, targets)``, called the
-    way the model is called (``hspmd.models.calling``: positional or Hugging Face)."""
+def step_loss(model: ModelSpec, module: nn.Module, *inputs: torch.Tensor) -> torch.Tensor:
+    """The loss of one step of ``plain_model(model)`` on ``(tokens, targets)`` (with packed
+    documents ``(tokens, targets, segments)``; or a dataset's fields, in ``model.batch``
+    order), called the way the model is called (``hspmd.models.calling``: positional,
+    Hugging Face, or the items' fields)."""
     if isinstance(model, ModuleModel):
-        from hspmd.models.calling import call_step
+        from hspmd.models.calling import call_fields, eager_step
 
-        return call_step(module, tokens, targets, model.convention)  # type: ignore[arg-type]
-    return module(tokens, targets)
+        if model.batch:
+            named = dict(zip((f.name for f in model.batch), inputs, strict=True))
+            return call_fields(module, model.structure, named)
+        tokens, targets, *segments = inputs
+        return eager_step(module, tokens, targets, model.convention, *segments)  # type: ignore[arg-type]
+    return module(*inputs)
 
 
 def _module(model: ModelSpec) -> ModuleModel:

@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from hspmd.errors import HspmdError
+from hspmd.models.llama_cost import LlamaCost, llama_cost
 from hspmd.models.spec import MarkerSpec, TPKind, kind_by_rules
 
 __all__ = [
@@ -68,11 +69,28 @@ class LlamaConfig:
     # -- the ModelSpec protocol (hspmd.models.spec) ------------------------------------------
 
     @property
+    def cost(self) -> LlamaCost:
+        """The Llama's own cost function, by formula (``hspmd.models.llama_cost``)."""
+        return llama_cost(self)
+
+    @property
     def name(self) -> str:
         for name, preset in PRESETS.items():
             if preset == self:
                 return name
         return f"llama ({self.num_layers} layers, hidden {self.hidden_size})"
+
+    @property
+    def blocks(self) -> str:
+        return "layers"
+
+    @property
+    def hf_config(self) -> str:
+        return ""
+
+    @property
+    def markers_complete(self) -> bool:
+        return True  # hspmd.models.llama places every marker of Megatron's layout
 
     def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
         return parameter_shapes(self)

@@ -10,18 +10,21 @@ seed (``hspmd.models.replay``).
 
 >>> hf_directory("hf:/models/llama"), hf_directory("model.py:make")
 (PosixPath('/models/llama'), None)
+
+``training_masks`` is how hspmd captures any Hugging Face model's training step (below).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 from hspmd.models.spec import ModelSpecError
 
-__all__ = ["HF_PREFIX", "build_hf", "hf_config", "hf_directory", "hf_source"]
+__all__ = ["HF_PREFIX", "build_hf", "hf_config", "hf_directory", "hf_source", "training_masks"]
 
 HF_PREFIX = "hf:"
 CONFIG = "config.json"
@@ -77,3 +80,51 @@ def build_hf(directory: Path, **overrides: Any) -> Any:
             f"--model hf:{directory}: transformers cannot build model_type {model_type!r} as a "
             f"causal LM: {first} (hspmd runs no code from the folder: trust_remote_code is off)"
         ) from None
+
+
+@contextmanager
+def _replaced(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """``owner.name = value`` within; nothing if ``owner`` has no ``name`` (another version)."""
+    if not hasattr(owner, name):
+        yield
+        return
+    before = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, before)
+
+
+@contextmanager
+def training_masks(*, causal_skip: bool) -> Iterator[None]:
+    """Within it, a Hugging Face model's masks are built for a training step as its eager
+    forward builds them, also under ``torch.export`` (hspmd's capture).
+
+    transformers decides two things from values it cannot read while exporting, and then
+    builds a ``(B, 1, T, T)`` mask for every batch: SDPA then runs with the mask (the fused
+    kernel computes the blocks above the diagonal too) and GQA copies k and v to every head
+    (``repeat_kv``), up to 1.13x the eager step (``benchmarks/models.py``):
+
+    - ``find_packed_sequence_indices`` reads ``position_ids`` for packed rows. hspmd keeps
+      packed documents apart itself (``hspmd.graph.documents``: per-document causal
+      attention from ``segments``) and gives the model restarting ``position_ids`` only for
+      the positions, so here it finds none, as eager does for one sequence per row;
+    - ``causal_skip``: ``_ignore_causal_mask_sdpa`` refuses to rely on SDPA's
+      ``is_causal`` under export, because an exported inference graph may later run one
+      query against a cache. A training step has no cache and ``q_length == kv_length``,
+      so eager's decision holds: no padding mask, ``is_causal=True``, GQA inside SDPA. A
+      sliding window longer than some lengths the model takes makes that decision depend on
+      the length; the capture then says so (``LengthRangeError``) and is taken again
+      without ``causal_skip``.
+    """
+    try:
+        import transformers.masking_utils as masking
+    except ImportError:
+        yield
+        return
+    with ExitStack() as stack:
+        stack.enter_context(_replaced(masking, "find_packed_sequence_indices", lambda _: None))
+        if causal_skip:
+            stack.enter_context(_replaced(masking, "is_torchdynamo_exporting", lambda: False))
+        yield

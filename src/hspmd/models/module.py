@@ -4,7 +4,9 @@
 device and returns a ``ModuleModel`` (``hspmd.models.spec``): plain data that every process
 can rebuild the module from. What hspmd reads from the module (docs/models.md):
 
-- ``forward(tokens, targets)`` -> the mean loss, tokens and targets (B, T) int64;
+- ``forward(tokens, targets)`` -> the mean loss, tokens and targets (B, T) int64; or, with
+  ``items=`` (``--dataset``), the fields of a dataset's items (``hspmd.data.items``), one
+  graph input each, and a ``(B, ...)`` stream between the blocks;
 - the blocks: the ``nn.ModuleList`` named by the module's ``hspmd_blocks`` attribute, or
   its one longest ``ModuleList``; block ``i``'s first argument is the stream ``(B, T, H)``
   and gets the pipeline marker ``layers.{i}.input`` (unless the module places its own
@@ -20,7 +22,10 @@ can rebuild the module from. What hspmd reads from the module (docs/models.md):
   that reads the tokens, and no limit);
 - initial weights: the factory's own initialization, recorded on the meta device and
   replayed per slice from the seed (``hspmd.models.initial``); ``hf:DIR`` (a Hugging Face
-  folder: ``hspmd.models.hf``) starts from its safetensors weights.
+  folder: ``hspmd.models.hf``) starts from its safetensors weights;
+- packed documents (``load_model(..., packed=True)``): the graph takes ``segments`` too and
+  every causal SDPA runs per document (``hspmd.graph.documents``); a model whose attention
+  takes a mask, or that calls no SDPA, must take ``segments`` itself, else it is refused.
 
 >>> import torch
 >>> model = load_model("hspmd.models.examples:gpt2", {"num_layers": 2})
@@ -50,18 +55,35 @@ from torch.overrides import TorchFunctionMode
 
 from hspmd.errors import HspmdError
 from hspmd.graph.capture import CaptureError, source_line
-from hspmd.graph.export import ExportError, capture_step, user_frame
+from hspmd.graph.documents import keep_documents_apart
+from hspmd.graph.export import (
+    SEGMENTS_INPUT,
+    TOKEN_INPUTS,
+    ExportError,
+    GraphInput,
+    LengthRangeError,
+    capture_step,
+    user_frame,
+)
 from hspmd.markers import is_reshard_node, reshard
-from hspmd.models.calling import convention_of, step_call
-from hspmd.models.hf import build_hf, hf_config, hf_directory
+from hspmd.models.calling import (
+    check_fields,
+    convention_of,
+    document_arguments,
+    fields_call,
+    step_call,
+)
+from hspmd.models.hf import build_hf, hf_config, hf_directory, training_masks
 from hspmd.models.spec import (
     NO_LIMIT,
     TIED_LAYER,
     TP_KINDS,
+    BatchField,
     MarkerSpec,
     ModelSpecError,
     ModuleModel,
     ParamInfo,
+    Placement,
     kind_by_rules,
 )
 
@@ -282,23 +304,101 @@ def _mark_output(graph: torch.fx.Graph, user: torch.fx.Node, name: str) -> None:
     user.replace_all_uses_with(last, delete_user_cb=lambda n: n is not marked)
 
 
+Items = tuple[str, tuple[BatchField, ...]]
+"""A dataset's items as a model's inputs: how the forward takes them, and their fields."""
+
+
 def capture_model(
-    module: nn.Module, kinds: Mapping[str, str], source: str
-) -> tuple[torch.fx.GraphModule, bool]:
-    """The module's graph with hspmd's markers; True if the module placed its own."""
+    module: nn.Module, kinds: Mapping[str, str], source: str, items: Items | None = None,
+    *, packed: bool = False,
+) -> tuple[torch.fx.GraphModule, bool]:  # fmt: skip
+    """The module's graph with hspmd's markers; True if the module placed its own.
+    ``items``: the module is called with a dataset's fields, not (tokens, targets); the
+    fields the first block's input depends on come first among the graph's inputs.
+    ``packed``: the step takes ``segments`` and keeps documents apart (module docstring)."""
     _, blocks = _blocks(module, source)
     call = step_call(convention_of(module))
-    try:
-        gm = capture_step(module, call=call, blocks=list(blocks))
-    except ExportError as error:
-        raise CaptureError(f"{source}: {error}") from error
+    inputs = TOKEN_INPUTS + ((SEGMENTS_INPUT,) if packed else ())
+    if items is not None:
+        structure, fields = items
+        check_fields(module, structure, [f.name for f in fields], source)
+        call = fields_call(structure, [f.name for f in fields])
+        inputs = tuple(GraphInput(f.name, f.shape, f.dtype) for f in fields)
+    gm = _export(module, list(blocks), source, call, inputs, items is not None)
     names = [str(n.args[1]) for n in gm.graph.nodes if is_reshard_node(n)]
     own = len(names) != len(set(names))  # the module's own layers.{i}.input and ours
     if own:
-        gm = capture_step(module, call=call)
+        gm = _export(module, None, source, call, inputs, items is not None)
+    _first_inputs_first(gm)
+    if packed:
+        _keep_documents_apart(gm, module, source)
     _insert_tp_markers(gm, kinds, source)
     _split_tied(gm)
     return gm, own
+
+
+def _first_inputs_first(gm: torch.fx.GraphModule) -> None:
+    """Move the inputs block 0's input depends on before the others: a stage's first
+    input is the one a later stage replaces by the activation it receives."""
+    before = _before_first_block(gm)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    ordered = sorted(placeholders, key=lambda n: n not in before)
+    if ordered == placeholders:
+        return
+    anchor = next(n for n in gm.graph.nodes if n.op != "placeholder")
+    for node in ordered:  # each moved to the end of the placeholders, in order
+        anchor.prepend(node)
+    for node in ordered[:-1]:  # a default only on the last (packed ids read before block 0)
+        node.args = ()
+    gm.graph.lint()
+    gm.recompile()
+
+
+def _export(
+    module: nn.Module, blocks: list[nn.Module] | None, source: str, call: Any,
+    inputs: tuple[GraphInput, ...], fields: bool,
+) -> torch.fx.GraphModule:  # fmt: skip
+    """``capture_step`` of ``call`` on ``inputs``; a Hugging Face model's masks as eager
+    builds them for training (``hspmd.models.hf.training_masks``), unless that holds only
+    for some of its lengths. ``fields``: the inputs are a dataset's."""
+    try:
+        if convention_of(module) != "hf" or fields:
+            return capture_step(module, call=call, blocks=blocks, inputs=inputs)
+        try:
+            with training_masks(causal_skip=True):
+                return capture_step(module, call=call, blocks=blocks, inputs=inputs,
+                                    max_length=_max_len(module))  # fmt: skip
+        except LengthRangeError:  # e.g. a sliding window shorter than the longest length
+            with training_masks(causal_skip=False):
+                return capture_step(module, call=call, blocks=blocks, inputs=inputs)
+    except ExportError as error:
+        hint = "" if fields else " (a forward of other inputs than tokens: give --dataset)"
+        raise CaptureError(f"{source}: {error}{hint}") from error
+
+
+def _keep_documents_apart(gm: torch.fx.GraphModule, module: nn.Module, source: str) -> None:
+    segments = next(n for n in gm.graph.nodes if n.op == "placeholder" and n.target == "segments")
+    segments.args = ()  # required: a packed step always has its documents' ids
+    found = keep_documents_apart(gm.graph, segments)
+    gm.recompile()
+    convention = convention_of(module)
+    if "segments" in document_arguments(module, convention):
+        return  # the forward keeps documents apart itself where its attention has a mask
+    if found.dropped:
+        return  # refused in one line before launch: hspmd.train.packing.check_packed_dropout
+    if found.masked:
+        where = source_line(found.masked[0]) or found.masked[0].name
+        why = f"its attention at {where} takes a mask, which hspmd cannot keep to one document"
+    elif not found.replaced:
+        why = "its graph has no F.scaled_dot_product_attention to run per document"
+    else:
+        return
+    raise ModelSpecError(
+        f"{source} cannot train on packed documents (--tokens-per-step): {why}. A model must "
+        "call F.scaled_dot_product_attention(q, k, v, is_causal=True) without a mask (hspmd "
+        "runs it per document), or take `segments` in its forward and keep documents apart "
+        "itself"
+    )
 
 
 def _split_tied(gm: torch.fx.GraphModule) -> None:
@@ -380,8 +480,10 @@ def _checked(rules: tuple[tuple[str, str], ...], source: str) -> tuple[tuple[str
     return rules
 
 
-def _shapes(gm: torch.fx.GraphModule, batch: int, length: int) -> dict[str, tuple[int, ...]]:
-    """Output shape of every marker at (batch, length), run on the meta device."""
+def _shapes(
+    gm: torch.fx.GraphModule, samples: tuple[torch.Tensor, ...]
+) -> dict[str, tuple[int, ...]]:
+    """Output shape of every marker on the inputs ``samples``, run on the meta device."""
     found: dict[str, tuple[int, ...]] = {}
 
     class Recorder(torch.fx.Interpreter):
@@ -391,16 +493,31 @@ def _shapes(gm: torch.fx.GraphModule, batch: int, length: int) -> dict[str, tupl
                 found[str(args[1])] = tuple(out.shape)
             return out
 
-    tokens = torch.zeros(batch, length, dtype=torch.long, device="meta")
-    Recorder(gm).run(tokens, tokens)
+    Recorder(gm).run(*samples)
     return found
 
 
-def _before_first_block(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
-    """The ``layers.0.input`` marker and every node it depends on (empty: no such marker)."""
-    first = next(
-        (n for n in gm.graph.nodes if is_reshard_node(n) and n.args[1] == "layers.0.input"), None
-    )
+def _samples(
+    gm: torch.fx.GraphModule, rows: tuple[int, ...], items: Items | None, packed: bool = False
+) -> tuple[torch.Tensor, ...]:
+    """Meta inputs of ``rows`` leading dims: tokens and targets (and packed documents'
+    segments), or a dataset's fields."""
+    if items is None:
+        tokens = torch.zeros(rows, dtype=torch.long, device="meta")
+        return (tokens, tokens, tokens) if packed else (tokens, tokens)
+    fields = {f.name: f for f in items[1]}
+    return tuple(
+        GraphInput(str(n.target), fields[str(n.target)].shape, fields[str(n.target)].dtype).sample(rows[0])
+        for n in gm.graph.nodes if n.op == "placeholder"
+    )  # fmt: skip
+
+
+aten_sym_size = torch.ops.aten.sym_size.int
+
+
+def _ancestors_of(gm: torch.fx.GraphModule, marker: str) -> set[torch.fx.Node]:
+    """The marker ``marker`` and every node it depends on (empty: no such marker)."""
+    first = next((n for n in gm.graph.nodes if is_reshard_node(n) and n.args[1] == marker), None)
     before: set[torch.fx.Node] = set()
     stack = [] if first is None else [first]
     while stack:
@@ -409,6 +526,11 @@ def _before_first_block(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
             before.add(node)
             stack.extend(node.all_input_nodes)
     return before
+
+
+def _before_first_block(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
+    """The ``layers.0.input`` marker and every node it depends on (empty: no such marker)."""
+    return _ancestors_of(gm, "layers.0.input")
 
 
 def params_before_first_block(gm: torch.fx.GraphModule) -> set[str]:
@@ -438,16 +560,34 @@ def load_model(
     kwargs: Mapping[str, Any] | None = None,
     *,
     tp_rules: tuple[tuple[str, str], ...] | None = None,
+    items: Items | None = None,
+    packed: bool = False,
 ) -> ModuleModel:
     """Read the model ``source`` names (module docstring) into a ``ModuleModel``;
-    ``tp_rules`` go before the module's own (a plan's per-parameter annotations)."""
+    ``tp_rules`` go before the module's own (a plan's per-parameter annotations);
+    ``items``: it trains on a dataset's items (``--dataset``), not on tokens; ``packed``:
+    its graph (``model_graph``) takes packed documents' ``segments``."""
     kwargs = dict(kwargs or {})
-    return _load(source, tuple(sorted(kwargs.items())), tp_rules)
+    return _load(source, tuple(sorted(kwargs.items())), tp_rules, _items_key(items), packed)
+
+
+def _items_key(items: Items | None) -> Items | None:
+    """The fields by name, layers unset: one capture however they were listed."""
+    if items is None:
+        return None
+    structure, fields = items
+    return structure, tuple(
+        sorted((BatchField(f.name, f.shape, f.dtype) for f in fields), key=lambda f: f.name)
+    )
 
 
 @functools.lru_cache(maxsize=16)
 def _load(
-    source: str, kwargs: tuple[tuple[str, Any], ...], override: tuple[tuple[str, str], ...] | None
+    source: str,
+    kwargs: tuple[tuple[str, Any], ...],
+    override: tuple[tuple[str, str], ...] | None,
+    items: Items | None,
+    packed: bool,
 ) -> ModuleModel:
     with on_meta():
         module = build_module(source, dict(kwargs))
@@ -457,29 +597,20 @@ def _load(
         rules = _checked(override, source) + rules
     names = [n for n, _ in module.named_parameters()]
     kinds = {n: kind_by_rules(n, rules) for n in names}
-    gm, own = _capture(source, kwargs, rules)
+    gm, own = _capture(source, kwargs, rules, items, packed)
     num_layers = len(blocks)
-    max_len = _max_len(module)
-    shapes = _shapes(gm, 2, min(8, max_len))
-    markers = []
-    for node in gm.graph.nodes:
-        if not is_reshard_node(node):
-            continue
-        name = str(node.args[1])
-        shape = shapes[name]
-        if shape[:2] != (2, min(8, max_len)):
-            raise ModelSpecError(
-                f"{source}: marker {name} holds a tensor of shape {list(shape)}; hspmd cuts and "
-                "reshards (batch, seq, ...) tensors only"
-            )
-        markers.append((name, shape[2:]))
+    max_len = NO_LIMIT if items is not None else _max_len(module)
+    rows = (2,) if items is not None else (2, min(8, max_len))
+    markers = _marker_shapes(gm, rows, items, source, packed)
     block_inputs = {shape for name, shape in markers if name.endswith(".input")}
-    if len(block_inputs) != 1 or len(next(iter(block_inputs))) != 1:
+    if len(block_inputs) != 1 or (items is None and len(next(iter(block_inputs))) != 1):
+        what = "(B, T, H)" if items is None else "(B, ...)"
         raise ModelSpecError(
-            f"{source}: the blocks' inputs have shapes {sorted(block_inputs)} after (B, T); "
-            "a pipeline stage receives one (B, T, H) stream: give every block the same"
+            f"{source}: the blocks' inputs have shapes {sorted(block_inputs)} after "
+            f"{'(B, T)' if items is None else 'B'}; a pipeline stage receives one {what} stream: "
+            "give every block the same"
         )
-    (hidden,) = next(iter(block_inputs))
+    stream = next(iter(block_inputs))
     layers = _param_layers(gm, names, num_layers, path)
     shared = len(list(module.named_parameters(remove_duplicate=False))) > len(names)
     params = tuple(
@@ -490,8 +621,8 @@ def _load(
         kwargs=kwargs,
         name=f"{type(module).__name__} ({source})",
         num_layers=num_layers,
-        hidden_size=hidden,
-        vocab_size=_vocab_size(module, gm),
+        hidden_size=stream[-1] if stream else 1,
+        vocab_size=_vocab_size(module, gm) if items is None else 0,
         max_seq_len=max_len,
         params=params,
         marker_specs=tuple(
@@ -504,7 +635,86 @@ def _load(
         convention=convention_of(module),
         tied=_tied(gm, num_layers),
         hf_config=_hf_config(module, source, dict(kwargs)),
+        **_batch_fields(gm, items, num_layers, stream, source),
+        ignore_index=_ignore_index(gm),
+        packed=packed,
     )
+
+
+def _marker_shapes(
+    gm: torch.fx.GraphModule, rows: tuple[int, ...], items: Items | None, source: str,
+    packed: bool,
+) -> list[tuple[str, tuple[int, ...]]]:  # fmt: skip
+    """Every marker's name and its shape after the ``rows`` dims (B, T; or B alone)."""
+    shapes = _shapes(gm, _samples(gm, rows, items, packed))
+    markers = []
+    for node in gm.graph.nodes:
+        if not is_reshard_node(node):
+            continue
+        name = str(node.args[1])
+        shape = shapes[name]
+        if shape[: len(rows)] != rows:
+            what = "(batch, seq, ...)" if len(rows) == 2 else "(batch, ...)"
+            raise ModelSpecError(
+                f"{source}: marker {name} holds a tensor of shape {list(shape)}; hspmd cuts and "
+                f"reshards {what} tensors only"
+            )
+        markers.append((name, shape[len(rows) :]))
+    return markers
+
+
+def _batch_fields(
+    gm: torch.fx.GraphModule, items: Items | None, num_layers: int, stream: tuple[int, ...],
+    source: str,
+) -> dict[str, Any]:  # fmt: skip
+    """A dataset model's fields in the graph's order, each with the layer whose stage
+    reads it: 0 if block 0's input depends on it, else the last (after the blocks)."""
+    if items is None:
+        return {}
+    structure, fields = items
+    by_name = {f.name: f for f in fields}
+    before = _before_first_block(gm)
+    last = _ancestors_of(gm, f"layers.{num_layers - 1}.input")
+    out = []
+    for node in (n for n in gm.graph.nodes if n.op == "placeholder"):
+        f = by_name[str(node.target)]
+        if node in before:
+            late = [
+                u
+                for u in node.users
+                if u not in before and u.target not in (aten_sym_size, getattr)
+            ]
+            if late:
+                raise ModelSpecError(
+                    f"{source}: the field {f.name} is read before the first block and after it "
+                    f"(at {source_line(late[0]) or late[0].name}): a pipeline passes a field to "
+                    "the first stage or to the last, not to both; return it from the blocks' "
+                    "stream or read it once"
+                )
+            layer = 0
+        elif num_layers > 1 and node in last:
+            raise ModelSpecError(
+                f"{source}: the field {f.name} is read inside the blocks: a pipeline passes a "
+                "field to the first stage (before the blocks) or to the last (after them)"
+            )
+        else:
+            layer = num_layers - 1
+        out.append(BatchField(f.name, f.shape, f.dtype, layer))
+    return {"batch": tuple(out), "structure": structure, "stream": stream}
+
+
+_CROSS_ENTROPY = torch.ops.aten.cross_entropy_loss.default
+
+
+def _ignore_index(gm: torch.fx.GraphModule) -> int:
+    """The ``ignore_index`` of the graph's cross-entropy (``F.cross_entropy``'s -100 where
+    it has none, or several that differ)."""
+    found = {
+        int(n.args[4] if len(n.args) > 4 else n.kwargs.get("ignore_index", -100))
+        for n in gm.graph.nodes
+        if n.target is _CROSS_ENTROPY
+    }
+    return found.pop() if len(found) == 1 else -100
 
 
 def _hf_config(module: nn.Module, source: str, kwargs: Mapping[str, Any]) -> str:
@@ -551,9 +761,14 @@ def _marker_layers(gm: torch.fx.GraphModule) -> dict[str, int]:
 
 
 def _marker_spec(name: str, trailing: tuple[int, ...], layers: Mapping[str, int]) -> MarkerSpec:
+    """A block input is the stream (``residual``); so is the reduced output of a row layer
+    or a vocab-parallel embedding (``*.tp_out``): under sequence parallelism the all-reduce
+    there becomes a reduce-scatter of the sequence, and the column layers' inputs
+    (``*.tp_in``, ``dup``) all-gather it (Megatron's sequence parallelism)."""
     if name.startswith("layers.") and name.endswith(".input"):
         return MarkerSpec(name, int(name.split(".")[1]), "residual", trailing)
-    return MarkerSpec(name, layers[name], "dup", trailing)
+    placement: Placement = "residual" if name.endswith(".tp_out") else "dup"
+    return MarkerSpec(name, layers[name], placement, trailing)
 
 
 def _vocab_size(module: nn.Module, gm: torch.fx.GraphModule) -> int:
@@ -573,15 +788,20 @@ def _vocab_size(module: nn.Module, gm: torch.fx.GraphModule) -> int:
 
 @functools.lru_cache(maxsize=16)
 def _capture(
-    source: str, kwargs: tuple[tuple[str, Any], ...], rules: tuple[tuple[str, str], ...]
+    source: str,
+    kwargs: tuple[tuple[str, Any], ...],
+    rules: tuple[tuple[str, str], ...],
+    items: Items | None = None,
+    packed: bool = False,
 ) -> tuple[torch.fx.GraphModule, bool]:
     with on_meta():
         module = build_module(source, dict(kwargs))
     kinds = {n: kind_by_rules(n, rules) for n, _ in module.named_parameters()}
-    return capture_model(module, kinds, source)
+    return capture_model(module, kinds, source, items, packed=packed)
 
 
 def model_graph(model: ModuleModel) -> torch.fx.GraphModule:
     """The captured graph of ``model`` on the meta device, with its markers (shared: read
-    only, docs/decisions.md "Shared caches")."""
-    return _capture(model.source, model.kwargs, model.tp_rules)[0]
+    only, docs/decisions.md "Shared caches"); with ``model.packed`` it takes ``segments``."""
+    items = _items_key((model.structure, model.batch)) if model.batch else None
+    return _capture(model.source, model.kwargs, model.tp_rules, items, model.packed)[0]

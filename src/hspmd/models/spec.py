@@ -46,13 +46,23 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, get_args
 
 from hspmd.errors import HspmdError
+from hspmd.models.cost_function import (
+    Amount,
+    CommItem,
+    CostFunction,
+    ModelCost,
+    PartCost,
+    WorkItem,
+)
 
 __all__ = [
     "NO_LIMIT",
     "TIED_LAYER",
     "NOT_ARCHITECTURE",
     "Amount",
+    "BatchField",
     "CommItem",
+    "CostFunction",
     "ModelCost",
     "PartCost",
     "WorkItem",
@@ -61,9 +71,12 @@ __all__ = [
     "ModelSpecError",
     "ModuleModel",
     "ParamInfo",
+    "Placement",
     "TPKind",
     "TP_KINDS",
     "kind_by_rules",
+    "row_dims",
+    "stream_shape",
 ]
 
 NO_LIMIT = 1 << 30  # max_seq_len of a model that states none
@@ -122,6 +135,23 @@ class ModelSpec(Protocol):
     def config_only(self) -> bool: ...
     @property
     def tie_embeddings(self) -> bool: ...
+    @property
+    def blocks(self) -> str:
+        """The module path of the blocks' ModuleList (a block's parameters are
+        ``{blocks}.{i}.*``; recompute and costs find a node's layer by it)."""
+        ...
+
+    @property
+    def hf_config(self) -> str:
+        """A Hugging Face model's config as canonical JSON ("" for other models)."""
+        ...
+
+    @property
+    def markers_complete(self) -> bool:
+        """Whether the markers stand where Megatron's layout puts them and nothing between
+        them reshards, so that every reshard site follows from their placements with no
+        graph (``hspmd.specialize.sites.marker_sites``; tests check it against deduction)."""
+        ...
 
     def parameter_shapes(self) -> Mapping[str, tuple[int, ...]]:
         """Every parameter's global shape, in ``named_parameters()`` order."""
@@ -143,6 +173,13 @@ class ModelSpec(Protocol):
         """Named sizes the TP degree of a stage holding those layers must divide."""
         ...
 
+    @property
+    def cost(self) -> CostFunction | None:
+        """The model's own cost function (``hspmd.models.cost_function``): the Llama's
+        formulas, or the figures measured on a captured graph (None until measured:
+        ``hspmd.cost.captured.costed``)."""
+        ...
+
 
 def kind_by_rules(name: str, rules: tuple[tuple[str, str], ...]) -> TPKind:
     """The kind of the first rule whose ``fnmatch`` pattern matches ``name``; else replicate.
@@ -159,6 +196,37 @@ def kind_by_rules(name: str, rules: tuple[tuple[str, str], ...]) -> TPKind:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchField:
+    """One input of a model trained on a user's dataset (``--dataset``): a field of the
+    items, its shape in one item (the batch stacks them on dim 0), its dtype, and the
+    layer whose stage reads it (0: before the first block; the last layer: after it)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    layer: int = 0
+
+
+def row_dims(model: Any, batch: int, seq_len: int) -> tuple[int, ...]:
+    """The leading dims of every marker's tensor: ``(B, T)`` for a model of tokens,
+    ``(B,)`` for one of a dataset's items (its fields have no sequence dim).
+
+    >>> row_dims(object(), 4, 16)
+    (4, 16)
+    """
+    return (batch,) if getattr(model, "batch", ()) else (batch, seq_len)
+
+
+def stream_shape(model: Any, batch: int, seq_len: int) -> tuple[int, ...]:
+    """The shape of the stream a pipeline stage sends: ``(B, T, hidden)``, or ``(B, *S)``
+    for a dataset's model whose blocks take ``S`` per item."""
+    stream = getattr(model, "stream", ())
+    if getattr(model, "batch", ()):
+        return (batch, *stream)
+    return (batch, seq_len, model.hidden_size)
+
+
+@dataclass(frozen=True, slots=True)
 class ParamInfo:
     """One parameter of a user model: name, global shape, TP kind, layer."""
 
@@ -166,79 +234,6 @@ class ParamInfo:
     shape: tuple[int, ...]
     kind: TPKind
     layer: int
-
-
-# -- what a model costs, as plain data (hspmd.specialize.costs derives it; the planner reads it)
-
-
-@dataclass(frozen=True, slots=True)
-class Amount:
-    """A figure of one micro-batch of ``b`` sequences of ``s`` tokens:
-    ``b * s * (per_token + per_square * s)`` (attention scales with ``s`` squared).
-
-    >>> Amount(10.0, 0.5).at(2, 4)
-    96.0
-    """
-
-    per_token: float = 0.0
-    per_square: float = 0.0
-
-    def at(self, b: int, s: int) -> float:
-        return b * s * (self.per_token + self.per_square * s)
-
-
-@dataclass(frozen=True, slots=True)
-class WorkItem:
-    """Ops of one cost line (``matmul``, ``attention``: FLOPs; ``norm``, ``elementwise``:
-    elements written; ``saved``: elements autograd keeps for the backward) in one part of
-    the model: ``calls`` ops in all, ``split`` if they run on tensors split (or partial)
-    under TP, so each rank does ``1/t``; ``split_sp`` the same under sequence parallelism."""
-
-    line: str
-    split: bool
-    split_sp: bool
-    calls: float
-    units: Amount
-
-
-@dataclass(frozen=True, slots=True)
-class CommItem:
-    """TP collectives of one part: ``calls`` of ``kind`` moving ``elements`` in all (the
-    whole tensor, as ``LinkCost.seconds`` takes it), in the backward or the forward, with
-    or without sequence parallelism; ``fp32`` where they move fp32 whatever the dtype."""
-
-    kind: str
-    backward: bool
-    sequence_parallel: bool
-    calls: float
-    elements: Amount
-    fp32: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class PartCost:
-    """One part of a model: the pre part (before block 0), one block (the mean of the
-    blocks), or the post part (after the last block, the loss included)."""
-
-    work: tuple[WorkItem, ...] = ()
-    comm: tuple[CommItem, ...] = ()
-    saved: tuple[WorkItem, ...] = ()
-    params_split: float = 0.0  # parameters TP splits (column, row, vocab)
-    params_dup: float = 0.0  # parameters every TP rank holds whole
-
-
-@dataclass(frozen=True, slots=True)
-class ModelCost:
-    """What a model costs per micro-batch, part by part (docs/planner.md, "Any model"):
-    measured from its graph on the meta device at ``lengths``, split by deducing it at
-    TP ``probe`` (1: nothing splits). ``vocab_split``: the loss reads vocab-split logits."""
-
-    pre: PartCost
-    layer: PartCost
-    post: PartCost
-    vocab_split: bool
-    probe: int
-    lengths: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -269,14 +264,26 @@ class ModuleModel:
     # a parameter used on two stages' layers (a head tied to the embedding): name, its
     # second layer; it lives on both stages, its gradient summed between them
     tied: tuple[tuple[str, int], ...] = ()
-    cost: ModelCost | None = None  # filled by hspmd.specialize.costs.costed (the planner's)
+    cost: ModelCost | None = None  # filled by hspmd.cost.captured.costed (the planner's)
     hf_config: str = ""  # a Hugging Face model's config, canonical JSON (identity, export)
+    # trained on a user's dataset (``--dataset``): the items' fields in the graph's input
+    # order, how the forward takes them ("tuple", "dict", "tensor"), and the shape of the
+    # stream entering each block after the batch dim; () and "": tokens and targets
+    batch: tuple[BatchField, ...] = ()
+    structure: str = ""
+    stream: tuple[int, ...] = ()
+    packed: bool = False  # its graph takes packed documents' segments (hspmd.models.module)
+    ignore_index: int = -100  # the target its loss ignores (padding of packed rows)
     _by_name: dict[str, ParamInfo] = field(
         default_factory=dict, init=False, compare=False, hash=False, repr=False
     )
 
     def __post_init__(self) -> None:
         self._by_name.update((p.name, p) for p in self.params)
+
+    @property
+    def markers_complete(self) -> bool:
+        return False  # what the module runs between its markers is known from its graph only
 
     def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
         return {p.name: p.shape for p in self.params}

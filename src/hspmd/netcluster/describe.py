@@ -14,7 +14,7 @@ among the flows leaving at once); the measured figures themselves are kept under
     >>> data = cluster_json(spec, Measured(loopback_Bps=2e9, inter_Bps=4.8e7), memory_mb=1000)
     >>> data["inter_link"], data["gpu_kinds"]["netns-cpu"]["intra_link"]
     ({'name': 'veth', 'GBps': 0.024, 'shared': True}, {'name': 'loopback', 'GBps': 2.0})
-    >>> from hspmd.switch.cluster import cluster_from_json
+    >>> from hspmd.cost.cluster import cluster_from_json
     >>> str(cluster_from_json(data).topology().link(0, 2))
     'veth(0.024 GB/s)'
 """

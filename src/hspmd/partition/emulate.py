@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hspmd.cost.link import transfer_time
 from hspmd.errors import PartitionError
 from hspmd.partition import native
 from hspmd.partition.graph import OpGraph
@@ -38,7 +39,8 @@ from hspmd.partition.graph import OpGraph
 
 @dataclass(frozen=True, slots=True)
 class CommModel:
-    """Point-to-point cost: ``latency_us + bytes / bytes_per_us`` (140 000 B/µs = 140 GB/s)."""
+    """Point-to-point cost: ``latency_us + bytes / bytes_per_us`` (140 000 B/µs = 140 GB/s),
+    priced by the link model every cost in hspmd uses (``hspmd.cost.link``)."""
 
     latency_us: float = 25.0
     bytes_per_us: float = 140000.0
@@ -55,7 +57,8 @@ class CommModel:
 
     def cost_us(self, num_bytes: np.ndarray) -> np.ndarray:
         """Transfer time of each output, in µs."""
-        return self.latency_us + np.asarray(num_bytes, dtype=np.float64) / self.bytes_per_us
+        num_bytes = np.asarray(num_bytes, dtype=np.float64)
+        return transfer_time(num_bytes, per_byte=1.0 / self.bytes_per_us, latency=self.latency_us)
 
 
 @dataclass(frozen=True, eq=False)

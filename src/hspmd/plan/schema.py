@@ -37,7 +37,7 @@ from typing import Any
 
 from hspmd.annotation import DUP, Annotation, DeviceGroup
 from hspmd.errors import AnnotationError, StrategyError
-from hspmd.models.spec import ModelSpec
+from hspmd.models.spec import ModelSpec, row_dims
 from hspmd.plan.identity import ModelIdentity
 from hspmd.plan.params import ParamSpec, parameter_annotations, stage_states, state_annotations
 from hspmd.plan.strategy import Stage, Strategy, StrategyOptions, check_strategy
@@ -228,7 +228,7 @@ def activation_annotations(
         named = {"residual": DUP, "dup": DUP, "heads": 2}
         dim = placement if isinstance(placement, int) else named[placement]
         cp_dim = 2 if placement == "heads" else DUP if marker.post else 1
-        shape = (B, seq_len, *marker.trailing)
+        shape = (*row_dims(config, B, seq_len), *marker.trailing)
         split = options.sequence_parallel and placement == "residual"
         specs[marker.name] = ParamSpec(
             marker.name, shape,
@@ -241,8 +241,15 @@ def input_annotations(
     strategy: Strategy, config: ModelSpec, *, seq_len: int
 ) -> dict[str, ParamSpec]:
     """``tokens`` on layer 0's stages and ``targets`` on the last layer's, both (B, T) int64,
-    batch split over the pipelines as for the markers, duplicate inside a stage."""
+    batch split over the pipelines as for the markers, duplicate inside a stage; a
+    dataset's fields (``ModuleModel.batch``) each on its layer's stages, (B, *item shape)."""
     B = sum(p.micro_batch_size for p in strategy.pipelines)
+    fields = getattr(config, "batch", ())
+    if fields:
+        return {
+            f.name: ParamSpec(f.name, (B, *f.shape), _batch_annotation(strategy, f.layer, DUP))
+            for f in fields
+        }
     return {
         "tokens": ParamSpec("tokens", (B, seq_len), _batch_annotation(strategy, 0, DUP)),
         "targets": ParamSpec(

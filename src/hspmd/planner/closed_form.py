@@ -2,7 +2,7 @@
 
 A configuration's stages are *units* (TP groups of one GPU kind inside one node). Per unit
 and micro-batch size, ``StageCosts`` gives lines ``slope * layers + constant``: seconds of
-forward plus backward (``hspmd.planner.workload``), bytes of memory
+forward plus backward (``hspmd.cost.stage``), bytes of memory
 (``hspmd.planner.memory``), sends between neighbours, and the gradient sync and Adam of
 the slowest stage. ``water_fill`` spreads the layers so every stage below its memory cap
 ends at the same time; the 1F1B formula ``(m - 1) * slowest + sum`` then gives the time.
@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from hspmd.cost.lines import CostModel
+from hspmd.cost.stage import StageWork, layer_params, stage_work
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import StrategyOptions
-from hspmd.planner.cost import CostModel
 from hspmd.planner.memory import in_flight, rank_memory
 from hspmd.planner.predict import Prediction
-from hspmd.planner.workload import StageWork, layer_params, stage_work
 
 __all__ = [
     "MICRO_BATCH_SIZES",

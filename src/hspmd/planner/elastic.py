@@ -18,7 +18,7 @@ bytes wins (fused BSR of the fp32 masters and both Adam moments, 12 bytes a para
 ``hspmd.switch.cost``): a plan a hair faster is not worth moving the whole model.
 
     >>> from hspmd.models.config import get_config
-    >>> from hspmd.switch.cluster import load_cluster
+    >>> from hspmd.cost.cluster import load_cluster
     >>> cost = CostModel.of(load_cluster("h20x32"))
     >>> p = replan(get_config("llama-32b"), cost, alive=range(24), current=None,
     ...            global_batch=64, seq_len=4096)
@@ -33,22 +33,22 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Literal
 
 from hspmd.comm.bsr import BsrTable
+from hspmd.cost.cluster import ClusterError
+from hspmd.cost.lines import CostModel
+from hspmd.cost.stage import stage_params
 from hspmd.models.spec import ModelSpec
-from hspmd.plan.params import state_annotations
+from hspmd.plan.params import ParamSpec, state_annotations
 from hspmd.plan.strategy import Strategy, format_ranks
 from hspmd.planner.closed_form import PLAN_HEADROOM, Unit, tp_degrees
-from hspmd.planner.cost import CostModel
 from hspmd.planner.memory import OVERHEAD_BYTES
 from hspmd.planner.predict import Predicted, Prediction
 from hspmd.planner.search import Layout, PlanError, plan
-from hspmd.planner.workload import stage_params
-from hspmd.switch.cluster import ClusterError
 from hspmd.switch.cost import STATES, estimate_scheme, switch_tables
 
 __all__ = [
@@ -75,7 +75,7 @@ class ElasticPlanError(PlanError):
 @dataclass(frozen=True, slots=True)
 class SwitchEstimate:
     """What switching ``current -> new`` moves: bytes sent over links (local copies free)
-    and the predicted seconds of the slowest rank (``hspmd.comm.traffic``)."""
+    and the predicted seconds of the slowest rank (``hspmd.cost.traffic``)."""
 
     moved_bytes: float
     seconds: float
@@ -159,13 +159,11 @@ def replan(
     lost = () if current is None else lost_layers(current, ranks, config.num_layers)
     fastest = found.alternatives[0].step_time_s
     close = [p for p in found.alternatives if p.step_time_s <= fastest * (1 + margin)]
-    moved = {p.strategy: 0.0 for p in close}
+    chosen, switch = min(close, key=lambda p: p.step_time_s), None
     if current is not None and not lost:
-        moved = {p.strategy: moved_bytes(current, p.strategy, config, dead=dead) for p in close}
-    chosen = min(close, key=lambda p: (moved[p.strategy], p.step_time_s))
-    switch = None
-    if current is not None and not lost:
-        switch = switch_estimate(current, chosen.strategy, config, cost, dead=dead)
+        chosen, tables = _least_moved(current, close, config, set(dead))
+        est = estimate_scheme(tables, SWITCH_ALGO, topology=cost.cluster.topology())
+        switch = SwitchEstimate(est.total(), est.time)
     used = set(chosen.strategy.ranks)
     return ElasticPlan(
         prediction=chosen,
@@ -258,14 +256,33 @@ def _dead(current: Strategy, new: Strategy, dead: Collection[int] | None) -> set
 
 
 def _tables(
-    current: Strategy, new: Strategy, config: ModelSpec, failed: set[int]
-) -> list[BsrTable]:
+    current: Strategy, new: Strategy, config: ModelSpec, failed: set[int],
+    before: Mapping[str, ParamSpec] | None = None,
+) -> list[BsrTable]:  # fmt: skip
+    """The switch's BSR tables (``before``: ``current``'s state annotations, when known)."""
     return switch_tables(
-        state_annotations(current, config),
+        before if before is not None else state_annotations(current, config),
         state_annotations(new, config),
         itemsize=STATES[SWITCH_STATES],
         failed=failed,
     )
+
+
+def _least_moved(
+    current: Strategy, close: Sequence[Prediction], config: ModelSpec, dead: set[int]
+) -> tuple[Prediction, list[BsrTable]]:
+    """The plan of ``close`` that moves the fewest bytes from ``current`` (then the fastest,
+    then the first) and its switch tables. ``current``'s annotations are built once, and
+    one plan alone is chosen without counting its bytes."""
+    before = state_annotations(current, config)
+    best: tuple[float, float] | None = None
+    chosen, kept = close[0], []
+    for p in close:
+        tables = _tables(current, p.strategy, config, dead, before)
+        key = (_table_bytes(tables) if len(close) > 1 else 0.0, p.step_time_s)
+        if best is None or key < best:
+            best, chosen, kept = key, p, tables
+    return chosen, kept
 
 
 def moved_bytes(
@@ -275,8 +292,13 @@ def moved_bytes(
     finest slice once per rank that needs it and does not own it (whatever the scheme). The
     ``dead`` ranks own nothing (default: every rank of ``current`` not in ``new``; an alive
     rank that ``new`` leaves idle can still send)."""
+    return _table_bytes(_tables(current, new, config, _dead(current, new, dead)))
+
+
+def _table_bytes(tables: Sequence[BsrTable]) -> float:
+    """``moved_bytes`` of the switch whose tables are ``tables``."""
     total = 0.0
-    for table in _tables(current, new, config, _dead(current, new, dead)):
+    for table in tables:
         for entry in table.entries:
             missing = len(set(entry.needers) - set(entry.owners))
             if missing:

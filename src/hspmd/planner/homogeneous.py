@@ -12,6 +12,8 @@ import itertools
 from collections.abc import Iterable
 from typing import Literal
 
+from hspmd.cost.lines import CostModel
+from hspmd.cost.stage import trains_sequence_parallel
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
 from hspmd.planner.closed_form import (
@@ -23,9 +25,7 @@ from hspmd.planner.closed_form import (
     tp_degrees,
     within_headroom,
 )
-from hspmd.planner.cost import CostModel
 from hspmd.planner.predict import Prediction, predict
-from hspmd.planner.workload import trains_sequence_parallel
 
 __all__ = ["homogeneous_plan", "megatron_strategy"]
 

@@ -21,10 +21,10 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from hspmd.models.config import LlamaConfig
+from hspmd.cost.lines import CostModel
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.dispatch import DispatchError
 from hspmd.plan.strategy import StrategyOptions, uniform_recompute
-from hspmd.planner.cost import CostModel
 from hspmd.planner.length_dispatch import assignment_seconds, fixed_dispatcher
 from hspmd.planner.length_model import (
     LengthStrategy,
@@ -41,7 +41,7 @@ FINALISTS = 6  # candidates scored on every sample, after a first cut on three
 
 def homogeneous_strategies(
     models: Sequence[PipeModel], *, gpus: int, row_len: int, step_tokens: int,
-    config: LlamaConfig | None = None, cost: CostModel | None = None,
+    config: ModelSpec | None = None, cost: CostModel | None = None,
     options: StrategyOptions | None = None, replicas: int | None = None,
 ) -> list[LengthStrategy]:  # fmt: skip
     """Every strategy of ``gpus // size`` equal pipelines of one of ``models`` (``replicas``:

@@ -14,10 +14,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from hspmd.models.config import LlamaConfig
+from hspmd.cost.lines import CostModel
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.dispatch import Assignment, DispatchError
 from hspmd.plan.strategy import Strategy
-from hspmd.planner.cost import CostModel
 from hspmd.planner.length_model import LengthPlanError, LengthStrategy, PipeSpec
 
 __all__ = [
@@ -115,7 +115,7 @@ def choose(
     return best[1], best[2], best[3]
 
 
-def switch_seconds(a: Strategy, b: Strategy, config: LlamaConfig, cost: CostModel) -> float:
+def switch_seconds(a: Strategy, b: Strategy, config: ModelSpec, cost: CostModel) -> float:
     """The fused BSR of the bf16 compute weights ``a -> b`` (``--switch-mode weights``)."""
     from hspmd.plan.params import state_annotations
     from hspmd.switch.cost import STATES, estimate_scheme, switch_tables

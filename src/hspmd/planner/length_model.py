@@ -4,7 +4,7 @@ configuration, the longest row it fits, and the strategies the DP returns (as da
 A pipeline of ``pp`` stages of ``tp x cp`` ranks (TP, and context parallelism inside each
 stage), layers split evenly, runs a packed row of documents ``l_1..l_k`` on its slowest
 stage in ``o + a * sum(l) + q * sum(l^2)`` seconds forward and backward
-(``hspmd.planner.workload.stage_work`` is exactly quadratic in the length: attention is
+(``hspmd.cost.stage.stage_work`` is exactly quadratic in the length: attention is
 ``s^2``, so three evaluations give ``o, a, q``). ``hspmd.planner.lengths`` plans with it.
 
 >>> h = Histogram.of([100] * 90 + [3000] * 10, max_len=4096, smallest=1024)
@@ -20,13 +20,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hspmd.cost.lines import CostModel
+from hspmd.cost.stage import stage_params, stage_work
 from hspmd.errors import HspmdError
-from hspmd.models.config import LlamaConfig
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
 from hspmd.planner.closed_form import PLAN_HEADROOM, split_evenly
-from hspmd.planner.cost import CostModel
 from hspmd.planner.memory import rank_memory
-from hspmd.planner.workload import stage_params, stage_work
 
 __all__ = [
     "Histogram",
@@ -158,7 +158,7 @@ def _quadratic(f: Callable[[int], float]) -> tuple[float, float, float]:
 
 
 def pipe_model(
-    config: LlamaConfig, cost: CostModel, pipe: PipeConfig, *, options: StrategyOptions,
+    config: ModelSpec, cost: CostModel, pipe: PipeConfig, *, options: StrategyOptions,
     max_len: int, replicas: int = 1,
 ) -> PipeModel:  # fmt: skip
     """The ``PipeModel`` of ``pipe`` on ranks ``0..gpus-1`` of ``cost``'s cluster; with
@@ -190,7 +190,7 @@ def pipe_model(
 
 
 def _fit_len(
-    config: LlamaConfig, cost: CostModel, pipe: PipeConfig, *, max_len: int,
+    config: ModelSpec, cost: CostModel, pipe: PipeConfig, *, max_len: int,
     options: StrategyOptions, replicas: int,
 ) -> int:  # fmt: skip
     """The longest row that fits memory: ``max_len``, else the longest power of two below
@@ -205,7 +205,7 @@ def _fit_len(
 
 
 def _memory(
-    config: LlamaConfig, pipe: PipeConfig, length: int, options: StrategyOptions, replicas: int
+    config: ModelSpec, pipe: PipeConfig, length: int, options: StrategyOptions, replicas: int
 ) -> float:
     """The larger peak of a pipeline's first and last stage with rows of ``length``."""
     layers = -(-config.num_layers // pipe.pp)
@@ -220,7 +220,7 @@ def _memory(
 
 
 def pipe_configs(
-    config: LlamaConfig,
+    config: ModelSpec,
     cost: CostModel,
     *,
     options: StrategyOptions,
@@ -251,16 +251,20 @@ def pipe_configs(
     return out
 
 
-def _tp_cp(config: LlamaConfig, node: int, *, context_parallel: bool) -> list[tuple[int, int]]:
-    """``(tp, cp)`` pairs of powers of two: ``tp`` dividing the heads, ``tp * cp`` within
-    ``node`` and, for ``cp > 1``, dividing the heads and the KV heads."""
+def _tp_cp(config: ModelSpec, node: int, *, context_parallel: bool) -> list[tuple[int, int]]:
+    """``(tp, cp)`` pairs of powers of two: ``tp`` dividing every size the model's TP must
+    divide (``tp_sizes``), ``tp * cp`` within ``node`` and, for ``cp > 1``, dividing the
+    heads of every attention tensor (the ``heads`` markers: split TP x CP ways there); a
+    model that states no heads (a captured module) takes no CP."""
+    sizes = list(config.tp_sizes(0, config.num_layers - 1).values())
+    heads = [m.trailing[0] for m in config.markers() if m.placement == "heads"]
     out = []
     tp = 1
-    while tp <= node and config.num_heads % tp == 0:
+    while tp <= node and all(n % tp == 0 for n in sizes):
         cp = 1
         while tp * cp <= node:
             degree = tp * cp
-            if cp == 1 or (config.num_heads % degree == 0 and config.num_kv_heads % degree == 0):
+            if cp == 1 or (heads and all(n % degree == 0 for n in heads)):
                 out.append((tp, cp))
             if not context_parallel:
                 break
@@ -317,7 +321,7 @@ class LengthStrategy:
         }  # fmt: skip
 
 
-def ideal_seconds(lengths: Sequence[int], config: LlamaConfig, cost: CostModel) -> float:
+def ideal_seconds(lengths: Sequence[int], config: ModelSpec, cost: CostModel) -> float:
     """Every GPU computing the step's FLOPs (document-masked attention), no communication,
     no bubbles, no launch overheads: the bound."""
 
@@ -348,7 +352,7 @@ def to_strategy(pipes: Sequence[PipeSpec], num_layers: int) -> Strategy:
 
 
 def sync_seconds(
-    strategy: Strategy, config: LlamaConfig, cost: CostModel, *, zero1: bool = False
+    strategy: Strategy, config: ModelSpec, cost: CostModel, *, zero1: bool = False
 ) -> float:
     """The gradient all-reduce across pipelines (fp32, the largest per-rank shard, over the
     pipelines' first ranks) and Adam on the largest per-rank shard, once per step; with

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hspmd.models.config import LlamaConfig
+from hspmd.cost.lines import CostModel
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import StrategyOptions
-from hspmd.planner.cost import CostModel
 from hspmd.planner.length_dispatch import switch_seconds
 from hspmd.planner.length_model import (
     Histogram,
@@ -37,7 +37,7 @@ def plans_json(
 
 
 def switch_matrix(
-    plans: Sequence[LengthStrategy], config: LlamaConfig, cost: CostModel
+    plans: Sequence[LengthStrategy], config: ModelSpec, cost: CostModel
 ) -> list[list[float]]:
     """``switch_seconds`` between every pair of ``plans`` (0 on the diagonal)."""
     return [

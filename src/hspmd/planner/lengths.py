@@ -7,7 +7,7 @@ each) and the tokens per step ``N``:
 1. **Micro-batch cost** (``PipeModel``): a pipeline of ``pp`` stages of ``tp`` ranks, layers
    split evenly, runs a packed micro-batch (one row of documents ``l_1..l_k``) on its
    slowest stage in ``o + a * sum(l) + q * sum(l^2)`` seconds forward and backward:
-   ``hspmd.planner.workload.stage_work`` is exactly quadratic in the length (attention is
+   ``hspmd.cost.stage.stage_work`` is exactly quadratic in the length (attention is
    ``s^2``), so three evaluations give ``o, a, q``. A step of rows ``t_1..t_m`` takes
    ``sum(t_i) + (pp - 1) * (max(t_i) + 2 * send)`` (1F1B: the fill and drain of the
    longest row). A configuration fits a row length when both end stages' memory
@@ -48,9 +48,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from hspmd.models.config import LlamaConfig
+from hspmd.cost.lines import CostModel
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import StrategyOptions, uniform_recompute
-from hspmd.planner.cost import CostModel
 from hspmd.planner.length_candidates import homogeneous_strategies, pick
 from hspmd.planner.length_dispatch import (
     Rows,
@@ -133,7 +133,7 @@ def _longest(hist: Histogram, per: Sequence[tuple[float, float, float]], j: int)
 
 def plan_lengths(
     hist: Histogram, models: Sequence[PipeModel], *, gpus: int, step_tokens: int,
-    config: LlamaConfig | None = None, cost: CostModel | None = None,
+    config: ModelSpec | None = None, cost: CostModel | None = None,
     options: StrategyOptions | None = None,
 ) -> LengthStrategy:  # fmt: skip
     """The DP of the module docstring on ``hist`` over ``gpus`` GPUs: one heterogeneous
@@ -210,7 +210,7 @@ def plan_lengths(
 
 
 def plan_strategies(
-    config: LlamaConfig, cost: CostModel, hist: Histogram, *, step_tokens: int,
+    config: ModelSpec, cost: CostModel, hist: Histogram, *, step_tokens: int,
     options: Sequence[StrategyOptions], count: int = 4,
     samples: Sequence[Sequence[int]] = (),
 ) -> list[LengthStrategy]:  # fmt: skip

@@ -1,6 +1,6 @@
 """Peak memory of each rank under a strategy: model states, activations, logits, overhead.
 
-Per rank of a stage holding ``P`` parameters (its TP shard, ``workload.stage_params``):
+Per rank of a stage holding ``P`` parameters (its TP shard, ``cost.stage.stage_params``):
 
 ==================  ================================  =====================================
 what                bf16 compute                      fp32 compute
@@ -29,9 +29,11 @@ do not run in lock step and a stage has several micro-batches, the full gradient
 accumulates until the last B (``e*P``), and ZeRO-3 holds the stage's whole parameters
 through the step. Communication buffers in flight are not counted.
 
-Activations kept per layer per micro-batch: what autograd saves in one block of the Llama
-as the runtime runs it (``llama_layer_bytes``; counted tensor by tensor on a real block in
-``tests/planner/test_memory.py``), per token, ``e`` the compute dtype's bytes:
+Activations kept per layer per micro-batch: what the model's own cost function says a block
+keeps (``CostFunction.saved_bytes``; a captured model: what autograd saved on its graph).
+For the Llama, what autograd saves in one block as the runtime runs it
+(``hspmd.models.llama_cost.LlamaCost.token_bytes``; counted tensor by tensor on a real block
+in ``tests/planner/test_memory.py``), per token, ``e`` the compute dtype's bytes:
 
 - each RMS norm keeps its input (``eH``) and one fp32 reciprocal per token (``hspmd.ops``),
   divided by ``t`` under sequence parallelism (the norm runs on the sequence shard);
@@ -64,11 +66,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from hspmd.models.config import LlamaConfig
+from hspmd.cost.stage import cost_of, stage_params
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import lock_step
 from hspmd.plan.strategy import Stage, Strategy, StrategyOptions
-from hspmd.planner.workload import figures, stage_params
 
 __all__ = [
     "OVERHEAD_BYTES",
@@ -78,7 +79,6 @@ __all__ = [
     "in_flight",
     "layer_holders",
     "largest_unit",
-    "llama_layer_bytes",
     "rank_memory",
     "stage_memory",
     "stage_places",
@@ -120,41 +120,14 @@ def activation_bytes_per_layer(
     config: ModelSpec, micro_batch_size: int, seq_len: int, tp: int, *, elt: int,
     sequence_parallel: bool, recompute: bool,
 ) -> tuple[float, float]:  # fmt: skip
-    """(kept per layer per micro-batch, one layer's full set) in bytes."""
-    if not isinstance(config, LlamaConfig):
-        sp = sequence_parallel and tp > 1
-        full = elt * sum(
-            w.units.at(micro_batch_size, seq_len) / (tp if (w.split_sp if sp else w.split) else 1)
-            for w in figures(config).layer.saved
-        )
-        if not recompute:
-            return full, 0.0
-        return micro_batch_size * seq_len * config.hidden_size * elt / (tp if sp else 1), full
+    """(kept per layer per micro-batch, one layer's full set) in bytes: the full set is
+    what the model's cost function says a block keeps (``CostFunction.saved_bytes``); a
+    recomputed layer keeps its input only."""
     sp = sequence_parallel and tp > 1
-    tokens = seq_len * micro_batch_size
-    full = tokens * llama_layer_bytes(config, tp, elt=elt, sequence_parallel=sp)
+    full = cost_of(config).saved_bytes(micro_batch_size, seq_len, tp, elt=elt, sequence_parallel=sp)
     if not recompute:
         return full, 0.0
-    kept = tokens * config.hidden_size * elt / (tp if sp else 1)
-    return kept, full
-
-
-def llama_layer_bytes(config: LlamaConfig, tp: int, *, elt: int, sequence_parallel: bool) -> float:
-    """Bytes one Llama block keeps for its backward per token of a micro-batch on a rank of
-    TP degree ``tp`` (the module docstring lists them).
-
-    >>> from hspmd.models.config import get_config
-    >>> c = get_config("llama-tiny", hidden_size=64, intermediate_size=96, num_heads=8)
-    >>> llama_layer_bytes(c, 1, elt=2, sequence_parallel=False)  # 1480 less the RoPE tables
-    1448.0
-    """
-    H, F, heads = config.hidden_size, config.intermediate_size, config.num_heads
-    q, kv = heads * config.head_dim, config.num_kv_heads * config.head_dim
-    norms = 2 * (elt * H + 4) / (tp if sequence_parallel else 1)
-    inputs = 2 * elt * H / (tp if sequence_parallel else 1)  # shards: gathered again
-    attention = elt * (2 * q + 2 * kv) + 4 * heads
-    mlp = 3 * elt * F  # gate, up, their SwiGLU product
-    return norms + inputs + (attention + mlp) / tp
+    return micro_batch_size * seq_len * config.hidden_size * elt / (tp if sp else 1), full
 
 
 def _activations(
@@ -206,7 +179,7 @@ def rank_memory(
         recomputed=options.recomputed(num_layers) if recomputed is None else recomputed,
         sequence_parallel=options.sequence_parallel and cp == 1,
     )  # fmt: skip
-    vocab_tp = tp if isinstance(config, LlamaConfig) or figures(config).vocab_split else 1
+    vocab_tp = tp if cost_of(config).vocab_split else 1
     logits = 8 * micro_batch_size * seq_len * config.vocab_size / vocab_tp if last else 0.0
     return RankMemory(rank, weights, gradients, optimizer, activations, logits)
 

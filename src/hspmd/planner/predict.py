@@ -18,9 +18,12 @@ in lock step, each F and each B gathers every layer (the embedding and the head 
 more) over the stage's replicas, the next one prefetched: the first gather is exposed, each
 later one only by what it takes beyond the previous layer's compute; otherwise the stage is
 gathered once per step, its time spread over the F's. The reduce of every B but the last
-(lock step) is not priced: it overlaps backward.
+(lock step) is not priced: it overlaps backward. Under uneven shards (``--zero-shares``)
+every exchange between replicas takes ``hspmd.planner.shard_parts.exchange_factor`` times
+as long (the replica holding the most sets the pace) and each replica's Adam runs on its
+own part.
 
-Durations come from ``hspmd.planner.cost`` via ``hspmd.planner.workload``; memory from
+Durations come from ``hspmd.cost.lines`` via ``hspmd.cost.stage``; memory from
 ``hspmd.planner.memory``.
 """
 
@@ -31,12 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hspmd.models.spec import ModelSpec
-from hspmd.plan.params import lock_step
-from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
-from hspmd.planner.cost import CostModel
-from hspmd.planner.memory import RankMemory, layer_holders, strategy_memory
-from hspmd.planner.workload import (
+from hspmd.cost.lines import CostModel
+from hspmd.cost.stage import (
     StageWork,
     embed_params,
     head_params,
@@ -44,6 +43,11 @@ from hspmd.planner.workload import (
     stage_params,
     stage_work,
 )
+from hspmd.models.spec import ModelSpec
+from hspmd.plan.params import lock_step
+from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
+from hspmd.planner.memory import RankMemory, layer_holders, strategy_memory
+from hspmd.planner.shard_parts import exchange_factor, shard_parts
 from hspmd.sim.engine import Result, Task, simulate
 from hspmd.specialize.schedule import make_schedule
 
@@ -126,6 +130,8 @@ class Prediction:
         return {
             "strategy": str(self.strategy),
             "zero1": self.options.zero1,
+            "zero": self.options.zero,
+            "zero_shares": list(self.options.zero_shares),
             "recompute": any(k for ks in recomputed for k in ks),
             "recompute_layers": [list(ks) for ks in recomputed],
             "sequence_parallel": self.options.sequence_parallel,
@@ -265,6 +271,9 @@ def _sync_tasks(
     }
     zero = options.zero1 and d > 1
     gather_in_post = options.zero < 3
+    # uneven shards (--zero-shares): the replica holding the most sets each exchange's pace
+    parts = shard_parts(options.zero_shares) if zero and options.zero_shares else ()
+    slower = exchange_factor(parts)
     synced: dict[int, list[str]] = {}
     for p, s, stage in strategy.stages():  # context parallel: grads partial over CP groups
         if stage.cp > 1:
@@ -285,7 +294,7 @@ def _sync_tasks(
         ring = tuple(st.ranks[0] for st in stages)
         shard = seg.params / tmin * grad_elt
         if zero:
-            seconds = cost.collective("reduce-scatter", shard, ring, tmin)
+            seconds = slower * cost.collective("reduce-scatter", shard, ring, tmin)
             if gather_in_post:
                 gathers.append((seg, ranks, ring, tmin))
         else:
@@ -306,14 +315,15 @@ def _sync_tasks(
         n = stage_params(
             config, len(stage.layers), stage.tp, first=s == 0, last=s == len(pipe.stages) - 1
         )
-        z = min(holders[x] for x in stage.layers) if zero else 1
-        seconds = cost.device_of(stage.ranks[0]).seconds("optimizer", 4 * n / z)
+        part = 1 / min(holders[x] for x in stage.layers) if zero else 1.0
+        part = parts[p] if parts else part  # the part of the shard this replica holds
+        seconds = cost.device_of(stage.ranks[0]).seconds("optimizer", 4 * n * part)
         deps = tuple(synced.get(stage.ranks[0], [])) or (last_b[(p, s)],)
         tasks.append(Task(f"adam p{p}s{s}", stage.ranks[0], "compute", seconds, category="optimizer",
                           deps=deps, ranks=stage.ranks if len(stage.ranks) > 1 else (), label="Adam",
                           share=cost.share_of(stage.ranks[0]), weight=_busy(cost, stage.ranks)))  # fmt: skip
     for seg, ranks, ring, tmin in gathers:
-        seconds = cost.collective("all-gather", seg.params / tmin * weight_elt, ring, tmin)
+        seconds = slower * cost.collective("all-gather", seg.params / tmin * weight_elt, ring, tmin)
         deps = tuple(f"adam p{p}s{s}" for p, s in seg.holders)
         tasks.append(Task(f"gather{seg.first}-{seg.last}", ranks[0], "comm", seconds, category="comm",
                           deps=deps, ranks=ranks if len(ranks) > 1 else (), label=f"gather L{seg.first}-{seg.last}"))  # fmt: skip
@@ -343,19 +353,23 @@ def stage_works(
             cp=stage.cp, recompute_layers=redo,
         )  # fmt: skip
         if options.zero == 3 and len(strategy.pipelines) > 1:
-            works[(p, s)] = zero_gathers(works[(p, s)], strategy, config, cost, p=p, s=s)
+            works[(p, s)] = zero_gathers(
+                works[(p, s)], strategy, config, cost, p=p, s=s, shares=options.zero_shares
+            )
     return works
 
 
 def zero_gathers(
-    work: StageWork, strategy: Strategy, config: ModelSpec, cost: CostModel, *, p: int, s: int
-) -> StageWork:
-    """``work`` with ZeRO-3's parameter gathers added (module docstring)."""
+    work: StageWork, strategy: Strategy, config: ModelSpec, cost: CostModel, *, p: int, s: int,
+    shares: tuple[float, ...] = (),
+) -> StageWork:  # fmt: skip
+    """``work`` with ZeRO-3's parameter gathers added (module docstring; ``shares``: the
+    pipelines' uneven parts, ``hspmd.planner.shard_parts``)."""
     pipe = strategy.pipelines[p]
     stage = pipe.stages[s]
     ring = tuple(q.stage_of_layer(stage.first_layer).ranks[0] for q in strategy.pipelines)
     first, last = s == 0, s == len(pipe.stages) - 1
-    elt = cost.element_bytes
+    elt = cost.element_bytes * exchange_factor(shard_parts(shares) if shares else ())
     if not lock_step(strategy):  # once per step, spread over the F's
         whole = stage_params(config, len(stage.layers), stage.tp, first=first, last=last)
         seconds = cost.collective("all-gather", whole * elt, ring, stage.tp)

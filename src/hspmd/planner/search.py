@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from hspmd.comm.gcpause import paused_gc
+from hspmd.cost.lines import CostModel
+from hspmd.cost.stage import trains_sequence_parallel
 from hspmd.errors import HspmdError
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
@@ -55,12 +57,10 @@ from hspmd.planner.closed_form import (
     water_fill,
     within_headroom,
 )
-from hspmd.planner.cost import CostModel
 from hspmd.planner.homogeneous import homogeneous_plan, megatron_strategy
 from hspmd.planner.ilp import layers_per_stage, micro_batches_per_pipeline
-from hspmd.planner.predict import Predicted, Prediction, predict
-from hspmd.planner.trim import trim_recompute
-from hspmd.planner.workload import trains_sequence_parallel
+from hspmd.planner.predict import Predicted, Prediction
+from hspmd.planner.zero_choice import zero_predictions, zero_stages
 
 __all__ = [
     "Layout",
@@ -182,11 +182,12 @@ class _Search:
     def __init__(
         self, config: ModelSpec, cost: CostModel, global_batch: int, seq_len: int,
         zero1: Zero1, dtype: Literal["bf16", "fp32"], time_limit: float | None,
-        ranks: Collection[int] | None = None, min_pipelines: int = 1,
+        ranks: Collection[int] | None = None, min_pipelines: int = 1, *, zero: int | None = None,
     ) -> None:  # fmt: skip
         self.config, self.cost, self.B, self.seq_len = config, cost, global_batch, seq_len
         self.zero1, self.dtype, self.time_limit = zero1, dtype, time_limit
         self.min_pipelines = min_pipelines
+        self.zero = zero  # a ZeRO stage asked for (plan(zero=...)); None: chosen per plan
         alive = set(range(cost.num_ranks)) if ranks is None else set(ranks)
         # (kind, alive ranks, node index, full node size) of every node with an alive rank
         self.nodes = [
@@ -203,10 +204,10 @@ class _Search:
         self._lines: dict[Any, Any] = {}
 
     def options(self, d: int, tps: Sequence[int], recompute: bool) -> StrategyOptions:
-        zero = self.zero1 == "on" or (self.zero1 == "auto" and d > 1)
+        zero = zero_stages(self.zero1, self.zero, d)[0]
         sp = max(tps) > 1 and all(self.seq_len % t == 0 for t in tps) and self.sp_ok
         return StrategyOptions(
-            zero=int(zero), sequence_parallel=sp, recompute=recompute, schedule="1f1b",
+            zero=zero, sequence_parallel=sp, recompute=recompute, schedule="1f1b",
             dtype=self.dtype,
         )  # fmt: skip
 
@@ -309,7 +310,7 @@ class _Search:
     def estimate(self, pipes: Layout, tps: Sequence[int], mbs: int) -> _Config | None:
         d = len(pipes)
         counts = split_evenly(self.B // mbs, d)
-        for recompute in (False, True):
+        for recompute in (False, True):  # ZeRO 2 and 3: per plan, at level 2 (zero_choice)
             options = self.options(d, tps, recompute)
             worst = 0.0
             for units, m in zip(pipes, counts, strict=True):
@@ -418,8 +419,12 @@ def plan(
     zero1: Zero1 = "auto", dtype: Literal["bf16", "fp32"] = "bf16",
     time_limit: float | None = None, homogeneous: bool = True, keep: int = KEEP,
     ranks: Collection[int] | None = None, min_pipelines: int = 1, seeds: Sequence[Layout] = (),
+    zero: int | None = None, uneven_shares: bool = True,
 ) -> Plan:  # fmt: skip
-    """The fastest strategy the search finds that fits every rank's memory.
+    """The fastest strategy the search finds that fits every rank's memory, with the ZeRO
+    stage and shares chosen per plan (``zero``: that stage only; else as ``zero1`` allows,
+    ``hspmd.planner.zero_choice.zero_stages``; ``uneven_shares``: memory-proportional
+    shares considered where the replicas' devices differ).
 
     ``ranks`` restricts it to those cluster ranks (default: all), ``min_pipelines`` to
     layouts with at least that many pipelines, and every layout of ``seeds`` is solved and
@@ -427,9 +432,12 @@ def plan(
     began = time.perf_counter()
     if global_batch < 1 or seq_len < 1:
         raise PlanError(f"global_batch={global_batch}, seq_len={seq_len}: both must be >= 1")
+    if zero is not None and zero not in (0, 1, 2, 3):
+        raise PlanError(f"zero={zero}: choose a ZeRO stage 0, 1, 2 or 3, or None (chosen)")
     search = _Search(
-        config, cost, global_batch, seq_len, zero1, dtype, time_limit, ranks, min_pipelines
-    )
+        config, cost, global_batch, seq_len, zero1, dtype, time_limit, ranks, min_pipelines,
+        zero=zero,
+    )  # fmt: skip
     best: dict[int, list[tuple[float, int, _Config]]] = {}
     serial = itertools.count()
     for pipes, tps in search.layouts():
@@ -447,18 +455,8 @@ def plan(
                 heapq.heapreplace(heap, item)
     kept = sorted((c for heap in best.values() for c in heap), key=lambda x: (-x[0], x[1]))
     confs = [conf for _, _, conf in kept[:KEEP_ALL]] + _seed_configs(search, seeds)
-    predictions, seen = [], set()
-    for conf in confs:
-        strategy = search.solve(conf)
-        if strategy is None:
-            continue
-        # recompute: each stage only the first layers its memory needs (:RC<k>)
-        strategy, options = trim_recompute(
-            strategy, config, cost, seq_len=seq_len, options=conf.options
-        )
-        if (strategy, options) not in seen:
-            seen.add((strategy, options))
-            predictions.append(predict(strategy, config, cost, seq_len=seq_len, options=options))
+    predictions = _simulated(search, confs, uneven=uneven_shares)
+    seen = {(p.strategy, p.options) for p in predictions}
     base = (
         homogeneous_plan(
             config, cost, global_batch=global_batch, seq_len=seq_len, zero1=zero1, dtype=dtype
@@ -486,6 +484,32 @@ def plan(
         (p for p in predictions if within_headroom(p, cost)), key=lambda p: p.step_time_s
     )
     return Plan(chosen, time.perf_counter() - began, search.count, base, unused, tuple(fitting))
+
+
+def _simulated(search: _Search, confs: Sequence[_Config], *, uneven: bool) -> list[Prediction]:
+    """Level 2: each configuration solved, then simulated under the ZeRO stages and shares
+    its memory calls for, recompute trimmed per stage to what each needs (:RC<k>;
+    ``hspmd.planner.zero_choice``), bounded by the fastest fitting plan found so far."""
+    cost = search.cost
+    predictions: list[Prediction] = []
+    seen, solved = set(), set()
+    for conf in confs:
+        strategy = search.solve(conf)
+        if strategy is None or (strategy, conf.options) in solved:
+            continue
+        solved.add((strategy, conf.options))
+        stages = zero_stages(search.zero1, search.zero, len(strategy.pipelines))
+        fastest = min(
+            (p.step_time_s for p in predictions if within_headroom(p, cost)), default=math.inf
+        )
+        for found in zero_predictions(
+            strategy, search.config, cost, seq_len=search.seq_len, options=conf.options,
+            stages=stages, uneven=uneven, bound=fastest,
+        ):  # fmt: skip
+            if (found.strategy, found.options) not in seen:
+                seen.add((found.strategy, found.options))
+                predictions.append(found)
+    return predictions
 
 
 def _seed_configs(search: _Search, seeds: Sequence[Layout], per_seed: int = 2) -> list[_Config]:

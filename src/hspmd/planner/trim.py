@@ -11,8 +11,8 @@ gives each stage of such a plan the least count ``k`` of its first layers to rec
 says its count where they differ, ``uniform_recompute``).
 
 >>> from hspmd.models.config import get_config
->>> from hspmd.planner.cost import CostModel
->>> from hspmd.switch.cluster import load_cluster
+>>> from hspmd.cost.lines import CostModel
+>>> from hspmd.cost.cluster import load_cluster
 >>> config, cost = get_config("llama-32b"), CostModel.of(load_cluster("h200x8"))
 >>> strategy = parse_strategy("8x1: R0-1:L0-14 R2-3:L15-29 R4-5:L30-44 R6-7:L45-59")
 >>> options = StrategyOptions(recompute=True, sequence_parallel=True, dtype="bf16")
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from hspmd.cost.lines import CostModel
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import (  # noqa: F401
     Strategy,
@@ -33,7 +34,6 @@ from hspmd.plan.strategy import (  # noqa: F401
     uniform_recompute,
 )
 from hspmd.planner.closed_form import PLAN_HEADROOM
-from hspmd.planner.cost import CostModel
 from hspmd.planner.memory import stage_memory, stage_places
 
 __all__ = ["trim_recompute"]

@@ -85,13 +85,25 @@ def deduce_pipeline(
         markers["logits"] = _gathered_logits(markers["logits"])
     params = {name: spec.annotation for name, spec in parameter_annotations(sub, config).items()}
     gm = model_graph(config)
+    annotations: dict[str, Annotation | None] = {n: s.annotation for n, s in inputs.items()}
+    shapes = {name: spec.shape for name, spec in inputs.items()}
+    if _takes_segments(gm):  # packed documents' ids: data every rank of the stage holds whole
+        annotations["segments"], shapes["segments"] = None, inputs["tokens"].shape
     return deduce(
         gm,
-        input_annotations={name: spec.annotation for name, spec in inputs.items()},
+        input_annotations=annotations,
         param_annotations={**params, **tied_annotations(gm, pipeline, params, config)},
         marker_annotations=markers,
-        input_shapes={name: spec.shape for name, spec in inputs.items()},
+        input_shapes=shapes,
+        input_dtypes={f.name: getattr(torch, f.dtype) for f in getattr(config, "batch", ())},
     )
+
+
+def _takes_segments(gm: torch.fx.GraphModule) -> bool:
+    """True if the graph needs ``segments`` (a captured model's packed step); the Llama's
+    is optional (``segments=None``)."""
+    return any(n.op == "placeholder" and n.target == "segments" and not n.args
+               for n in gm.graph.nodes)  # fmt: skip
 
 
 def tied_annotations(
@@ -171,6 +183,9 @@ def cut(ag: AnnotatedGraph, stage: Stage, num_layers: int) -> Cut:
     return Cut(start, end, frozenset(keep), frozenset(swap))
 
 
+_TYPE_AS = ("type_as", torch.ops.aten.type_as.default)  # the fx method form and the ATen form
+
+
 def _check_swap(node: torch.fx.Node, keep: set[torch.fx.Node], start: Any) -> None:
     """A pre-stage value used by the stage only for its shape (B, T) or dtype."""
     if node.op == "placeholder":
@@ -181,7 +196,7 @@ def _check_swap(node: torch.fx.Node, keep: set[torch.fx.Node], start: Any) -> No
         shape_read = (user.target is getattr and user.args[1] in ("shape", "device")) or (
             user.target is torch.ops.aten.sym_size.int
         )
-        dtype_read = user.target == "type_as" and user.args[1] is node
+        dtype_read = user.target in _TYPE_AS and user.args[1] is node
         if not (shape_read or dtype_read):
             raise ExecutableError(
                 f"node {user.name} ({user.format_node()}) of a later stage reads "

@@ -65,7 +65,7 @@ from hspmd.comm.sizing import length_multiple
 from hspmd.deduce import AnnotatedGraph
 from hspmd.markers import is_align_node, is_reshard_node
 from hspmd.models.build import constant, initial_piece
-from hspmd.models.spec import ModelSpec, ModuleModel
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Strategy, StrategyOptions
 from hspmd.randomness import draws_mask, mask_ops
 from hspmd.specialize.align import align_plans
@@ -110,7 +110,8 @@ def stage_shape(x: torch.Tensor, shape: tuple[int, ...], x_length: int) -> torch
     torch.Size([2, 6])
     """
     out = list(shape)
-    out[SEQ_DIM] = shape[SEQ_DIM] * x.shape[SEQ_DIM] // x_length
+    if x_length:  # 0: no sequence dim (a dataset's fields)
+        out[SEQ_DIM] = shape[SEQ_DIM] * x.shape[SEQ_DIM] // x_length
     return torch.Size(out)
 
 
@@ -147,7 +148,8 @@ class Executable:
     """One rank's stage program (``hspmd.train.loop.StageProgram``).
 
     ``forward(x, targets, segments=None, key=None)``: ``x`` is the micro-batch's tokens on
-    stage 0, else the activation received from the previous stage; ``segments`` the
+    stage 0, else the activation received from the previous stage (a dataset's model: its
+    first field, ``targets`` the others, a tuple where there are several); ``segments`` the
     document ids of packed rows (``hspmd.attention``); ``key`` the step and the
     micro-batch's rows of the global batch, from which dropout draws its masks
     (``hspmd.randomness.dropout_key``; needed only where the stage drops); returns the
@@ -180,12 +182,13 @@ class Executable:
     def forward(
         self,
         x: torch.Tensor,
-        targets: torch.Tensor,
+        targets: torch.Tensor | tuple[torch.Tensor, ...],
         segments: torch.Tensor | None = None,
         key: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        rest = targets if isinstance(targets, tuple) else (targets,)
         with self.around or nullcontext():
-            out = self.graph_module(x, targets, segments, key)
+            out = self.graph_module(x, *rest, segments, key)
         assert isinstance(out, torch.Tensor)
         return out
 
@@ -256,8 +259,7 @@ class _Builder:
         self._copy(node)
         new = self.env[node]
         if isinstance(new, torch.fx.Node) and len(self.graph.nodes) > before:
-            blocks = self.config.blocks if isinstance(self.config, ModuleModel) else "layers"
-            new.meta["layer"] = layer_of(node, blocks=blocks)  # for recompute per layer
+            new.meta["layer"] = layer_of(node, blocks=self.config.blocks)  # recompute per layer
 
     def swapped(self, node: torch.fx.Node, x: torch.fx.Node, x_length: int) -> None:
         """An earlier stage's tensor read for its shape or dtype: the stage input stands in
@@ -497,14 +499,11 @@ def build_executable(
     ag = deduce_pipeline(config, pipeline, options, seq_len=seq_len, gather_logits=gather_logits)
     stage_cut = cut(ag, stage, config.num_layers)
     b = _Builder(ag, config, rank, seed, mask_ops=mask_ops(ag.module.graph))
-    x = b.graph.placeholder("tokens" if stage_cut.start is None else "activation")
-    inputs = {
-        "targets": b.graph.placeholder("targets"),
-        "segments": b.graph.placeholder("segments", default_value=None),
-    }
-    b.key = b.graph.placeholder("key", default_value=None)
-    # the local length of the stage input at seq_len (the sizes of swapped tensors scale by it)
+    x, inputs = _placeholders(b, first_stage=stage_cut.start is None)
+    # the local length of the stage input at seq_len (the sizes of swapped tensors scale
+    # by it; 0: a dataset's fields, whose sizes are static)
     x_length = seq_len if stage_cut.start is None else b.local_shape(stage_cut.start)[SEQ_DIM]
+    x_length = 0 if getattr(config, "batch", ()) else x_length
     for node in ag.module.graph.nodes:
         if node.op == "placeholder" and node.target in inputs:
             b.env[node] = inputs[str(node.target)]
@@ -534,6 +533,19 @@ def build_executable(
         grad_sync=_grad_sync(ag, b.pieces, rank),
         seq_len=seq_len,
     )
+
+
+def _placeholders(b: _Builder, *, first_stage: bool) -> tuple[torch.fx.Node, dict[str, Any]]:
+    """The executable's inputs: the stage input (the graph's first input on stage 0, else
+    the activation received), the graph's other inputs by name (targets; a dataset's other
+    fields), ``segments`` and ``key`` (None by default)."""
+    first, *rest = [n for n in b.ag.module.graph.nodes if n.op == "placeholder"]
+    x = b.graph.placeholder(str(first.target) if first_stage else "activation")
+    names = [str(n.target) for n in rest if n.target != "segments"]
+    inputs: dict[str, Any] = {name: b.graph.placeholder(name) for name in names}
+    inputs["segments"] = b.graph.placeholder("segments", default_value=None)
+    b.key = b.graph.placeholder("key", default_value=None)
+    return x, inputs
 
 
 def _params_by_target(

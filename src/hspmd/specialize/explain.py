@@ -39,13 +39,12 @@ from hspmd.comm.plan import (
     volume,
 )
 from hspmd.comm.resolve import resolve
-from hspmd.models.config import LlamaConfig
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import lock_step, state_annotations
 from hspmd.plan.strategy import Strategy, StrategyOptions
 from hspmd.specialize.pipeline import PipelineLayout, check_pipelines, construct_pipelines
 from hspmd.specialize.schedule import make_schedule
-from hspmd.specialize.sites import ParamLayout, deduced_sites, llama_params, llama_sites
+from hspmd.specialize.sites import ParamLayout, deduced_sites, marker_params, marker_sites
 
 __all__ = ["Explanation", "RankSummary", "Traffic", "explain", "steps_by_rank", "traffic"]
 
@@ -247,30 +246,27 @@ def _kinds(entries: Sequence[Entry]) -> tuple[tuple[str, int], ...]:
 
 
 @functools.cache
-def _ops_per_part(config: LlamaConfig) -> tuple[int, int, int]:
-    """Ops (fx call nodes) of (embedding part, one layer, final norm + head + loss).
+def _ops_per_part(config: ModelSpec) -> tuple[int, int, int]:
+    """Ops (call nodes of the captured graph) of (the part before the first block, one
+    block, the part after the last one, the loss included).
 
-    Every layer has the same ops, so a 1- and a 2-layer trace on the meta device give them.
+    Every block has the same ops, so the graphs of a 1- and a 2-block copy of the model on
+    the meta device give them (``markers_complete`` models: dataclasses of ``num_layers``).
     """
     import dataclasses
 
-    import torch
-    import torch.fx
-
     from hspmd.markers import is_reshard_node
-    from hspmd.models.llama import Llama
+    from hspmd.models.build import model_graph
 
+    assert dataclasses.is_dataclass(config) and not isinstance(config, type)
     totals, embed_ops = [], 0
     for layers in (1, 2):
         small = dataclasses.replace(config, num_layers=layers, max_seq_len=8)
-        with torch.device("meta"):
-            nodes = list(torch.fx.symbolic_trace(Llama(small)).graph.nodes)
-        calls = [n for n in nodes if n.op.startswith("call")]
+        calls = [n for n in model_graph(small).graph.nodes if n.op.startswith("call")]
         totals.append(len(calls))
-        first = next(
+        embed_ops = next(
             i for i, n in enumerate(calls) if is_reshard_node(n) and n.args[1] == "layers.0.input"
         )
-        embed_ops = first
     per_layer = totals[1] - totals[0]
     return embed_ops, per_layer, totals[0] - per_layer - embed_ops
 
@@ -286,15 +282,16 @@ def explain(
     by_deduction: bool = False,
 ) -> Explanation:
     """Metadata-only specialization summary of every rank, or of ``ranks`` only (module
-    docstring). A Llama's sites come by formula (``llama_sites``); any other model's, or
-    a Llama's with ``by_deduction=True``, by deducing each pipeline's graph on the meta
-    device (``deduced_sites``)."""
+    docstring). The sites of a model whose markers fix them (``markers_complete``: the
+    Llama presets) come from the markers' placements (``marker_sites``, no graph); any
+    other model's, or with ``by_deduction=True``, by deducing each pipeline's graph on the
+    meta device (``deduced_sites``)."""
     options = options or StrategyOptions()
     ops: dict[tuple[int, int], int] | None = None
     fallbacks: tuple[str, ...] = ()
-    if isinstance(config, LlamaConfig) and not by_deduction:
-        sites = llama_sites(strategy, config, options, seq_len=seq_len)
-        params = llama_params(strategy, config, options)
+    if config.markers_complete and not by_deduction:
+        sites = marker_sites(strategy, config, options, seq_len=seq_len)
+        params = marker_params(strategy, config, options)
     else:
         found = deduced_sites(strategy, config, options, seq_len=seq_len)
         sites, params, ops = found.sites, found.params, found.num_ops
@@ -430,7 +427,6 @@ def _summary(
     if ops is not None:
         num_ops = ops[(p, pipeline.stages.index(stage))]
     else:
-        assert isinstance(config, LlamaConfig)
         embed_ops, layer_ops, head_ops = _ops_per_part(config)
         num_ops = layer_ops * len(stage.layers)
         num_ops += embed_ops if stage.first_layer == 0 else 0

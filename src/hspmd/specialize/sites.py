@@ -1,40 +1,38 @@
-"""The reshard sites and parameter layouts of the Llama model under a strategy.
+"""The reshard sites and parameter layouts of a model under a strategy.
 
 A *site* is one reshard marker with the four annotations specialization needs: the
 marker's input (``src``) and output (``dst``) annotations, and those of the gradients that
 flow back through it (``grad_out`` arrives, ``grad_in`` leaves). Its forward plan is
 ``resolve(src, dst, shape)`` and its backward plan ``resolve(grad_out, grad_in, shape)``.
 
-The Llama model's markers fix where sites are, so their annotations follow from the
-strategy alone (Megatron's layout, t = a stage's TP degree, residual = ``{D:t}``, or
-``{1:t}`` under sequence parallelism)::
+``deduced_sites`` finds them for any model (``ModelSpec``): each pipeline's graph deduced
+on the meta device (``hspmd.specialize.cut.deduce_pipeline``), its reshard markers and
+align nodes as sites, its parameters' gradients as deduced.
 
-    site              src (input)       dst (output)   grad_out      grad_in
-    embed             {P:t}             residual       residual      {D:t}
-    layers.i.input    residual (prev)   residual       residual      residual (prev)
-    layers.i.attn_in  residual          {D:t}          {P:t}         residual
-    layers.i.attn.q   {2:t}             {2:t}          {2:t}         {2:t}
-    (attn.k, attn.v, attn.ctx as attn.q)
-    layers.i.attn_out {P:t}             residual       residual      {D:t}
-    (mlp_in / mlp_out as attn_in / attn_out)
-    head_in           residual          {D:t}          {P:t}         residual
-    logits            {2:t}             {2:t}          {2:t}         {2:t}
-    (logits_gather)   {2:t}             {D:t}          {D:t}         {2:t}
+``marker_sites`` derives them from the markers' placements alone (``MarkerSpec``), with no
+graph, for a model whose markers stand where Megatron's layout puts them and nothing
+between them reshards (``ModelSpec.markers_complete``; tests compare it with deduction).
+By role (t = a stage's TP degree, residual = ``{D:t}``, or ``{1:t}`` under sequence
+parallelism)::
 
-On a stage of context-parallel degree c every DS gains the CP axis (``stage_states``):
-``1:c`` (the sequence split) inside the layers, ``D:c`` for the embedding's output before
-its marker and after ``head_in`` (the post part runs on whole rows); ``attn.q/k/v`` go
-from ``{2:t,1:c}`` to ``{2:tc}`` (the all-to-all) and ``attn.ctx`` back.
+    marker (placement)            src (input)      dst (output)   grad_out    grad_in
+    layers.i.input (residual)     residual (prev)  residual       residual    residual (prev)
+    reduced output (residual)     {P:t}            residual       residual    {D:t}
+    layer input (dup)             residual         {D:t}          {P:t}       residual
+    heads (heads)                 {2:t}            {2:t}          {2:t}       {2:t}
+    split on dim d (int)          {d:t}            {d:t}          {d:t}       {d:t}
+    (logits_gather: a post int)   {d:t}            {D:t}          {D:t}       {d:t}
+
+(the Llama: ``embed``, ``attn_out``, ``mlp_out`` are reduced outputs, ``attn_in``,
+``mlp_in`` and ``head_in`` layer inputs, ``attn.q/k/v`` heads, ``attn.ctx`` and ``logits``
+split on dim 2.) On a stage of context-parallel degree c every DS gains the CP axis
+(``stage_states``): ``1:c`` (the sequence split) inside the layers, ``D:c`` before the
+first block input and in the post part (whole rows); heads markers go from ``{2:t,1:c}``
+to ``{2:tc}`` (the all-to-all) and a split marker inside a layer back.
 
 Across pipelines every activation is ``h0(b0,b1,..)``: dim 0 (batch) cut into the
 pipelines' micro-batch sizes, one subgroup per pipeline (the ranks of the stage holding
 that layer there). Parameters are ``hD`` over the pipelines, and their gradients ``hP``.
-
-This is the deduction's answer for this one model, derived directly so that ``hspmd
-explain`` needs no graph; ``hspmd.deduce`` computes the same annotations for any graph
-(tests compare the two). ``deduced_sites`` is that path, for any model (``ModelSpec``):
-each pipeline's graph deduced on the meta device (``hspmd.specialize.cut.deduce_pipeline``),
-its reshard markers and align nodes as sites, its parameters' gradients as deduced.
 """
 
 from __future__ import annotations
@@ -45,13 +43,14 @@ from hspmd.annotation import DUP, PARTIAL, Annotation, DeviceGroup, DistributedS
 from hspmd.comm.plan import CommPlan
 from hspmd.comm.resolve import resolve
 from hspmd.deduce import AnnotatedGraph, Fallback
-from hspmd.models.config import LlamaConfig
-from hspmd.models.spec import ModelSpec
+from hspmd.models.spec import MarkerSpec, ModelSpec
 from hspmd.plan.params import stage_states
 from hspmd.plan.schema import residual_dim
 from hspmd.plan.strategy import Stage, Strategy, StrategyOptions
 
-__all__ = ["DeducedSites", "ParamLayout", "Site", "deduced_sites", "llama_params", "llama_sites"]
+__all__ = [
+    "DeducedSites", "ParamLayout", "Site", "deduced_sites", "marker_params", "marker_sites",
+]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,101 +98,98 @@ def _union(
 
 
 class _Builder:
-    def __init__(self, strategy: Strategy, config: LlamaConfig, options: StrategyOptions) -> None:
-        self.strategy, self.config, self.sp = strategy, config, options.sequence_parallel
+    def __init__(self, strategy: Strategy, options: StrategyOptions) -> None:
+        self.strategy, self.sp = strategy, options.sequence_parallel
         self.sizes = tuple(p.micro_batch_size for p in strategy.pipelines)
 
     def stages(self, layer: int) -> list[Stage]:
         return [p.stage_of_layer(layer) for p in self.strategy.pipelines]
 
-    def act(self, layer: int, kind: str, cp: int = 1) -> Annotation:
-        """Activation annotation on the stages of ``layer``: residual, D, P or S(2) on the
-        TP axis, ``cp`` (1: the sequence, DUP, or 2: the heads) on the CP axis."""
+    def act(self, layer: int, kind: str | int, cp: int = 1) -> Annotation:
+        """Activation annotation on the stages of ``layer``: residual, D, P or a split dim on
+        the TP axis, ``cp`` (1: the sequence, DUP, or a dim) on the CP axis."""
         stages = self.stages(layer)
         states = [
             stage_states(s, residual_dim(s, sequence_parallel=self.sp) if kind == "residual"
-                         else {"D": DUP, "P": PARTIAL, "S2": 2}[kind], cp)
+                         else kind if isinstance(kind, int) else {"D": DUP, "P": PARTIAL}[kind], cp)
             for s in stages
         ]  # fmt: skip
         return _union(stages, states, hdim=0, sizes=self.sizes)
 
 
-def llama_sites(
+def marker_sites(
     strategy: Strategy,
-    config: LlamaConfig,
+    model: ModelSpec,
     options: StrategyOptions,
     *,
     seq_len: int,
     logits_gather: bool = False,
 ) -> tuple[Site, ...]:
-    """Every reshard site of the model in forward order (see the module docstring).
-
-    The ``dst`` annotations equal ``hspmd.plan.schema.activation_annotations``.
-    """
-    b = _Builder(strategy, config, options)
-    batch, H, V = sum(b.sizes), config.hidden_size, config.vocab_size
-    hidden, last = (batch, seq_len, H), config.num_layers - 1
-    first = b.act(0, "residual")
-    embed_src, embed_grad = b.act(0, "P", DUP), b.act(0, "D", DUP)
-    sites = [Site("embed", hidden, embed_src, first, first, embed_grad)]
-    nh, nkv, hd = config.num_heads, config.num_kv_heads, config.head_dim
-    for i in range(config.num_layers):
-        prev = b.act(max(i - 1, 0), "residual")
-        here = b.act(i, "residual")
-        sites.append(Site(f"layers.{i}.input", hidden, prev, here, here, prev))
-        for part in ("attn", "mlp"):
-            sites.append(
-                Site(f"layers.{i}.{part}_in", hidden, here, b.act(i, "D"), b.act(i, "P"), here)
-            )
-            if part == "attn":  # Ulysses all-to-alls on a CP stage; nothing without CP
-                seq, heads = b.act(i, "S2"), b.act(i, "S2", 2)
-                for name, n in (("q", nh), ("k", nkv), ("v", nkv)):
-                    shape = (batch, seq_len, n, hd)
-                    sites.append(Site(f"layers.{i}.attn.{name}", shape, seq, heads, heads, seq))
-                sites.append(Site(f"layers.{i}.attn.ctx", (batch, seq_len, nh, hd), heads, seq, seq, heads))  # fmt: skip
-            sites.append(Site(f"layers.{i}.{part}_out", hidden, b.act(i, "P"), here, here, b.act(i, "D")))  # fmt: skip
-    final = b.act(last, "residual")
-    whole = b.act(last, "D", DUP)
-    sites.append(Site("head_in", hidden, final, whole, b.act(last, "P", DUP), final))
-    # hspmd.plan.schema keeps the logits vocab-split ({2:t}, a vocab-parallel loss); the
-    # training design's alternative all-gathers them ({D:t}): logits_gather=True.
-    logits_src = b.act(last, "S2", DUP)
-    logits_dst = whole if logits_gather else logits_src
-    sites.append(
-        Site("logits", (batch, seq_len, V), logits_src, logits_dst, logits_dst, logits_src)
+    """Every reshard site of ``model`` in forward order, from its markers' placements (see
+    the module docstring). The ``dst`` annotations equal ``activation_annotations``."""
+    b = _Builder(strategy, options)
+    batch, markers = sum(b.sizes), model.markers()
+    first = next((k for k, m in enumerate(markers) if m.name == "layers.0.input"), 0)
+    return tuple(
+        _marker_site(b, m, (batch, seq_len, *m.trailing), pre=k < first, gather=logits_gather)
+        for k, m in enumerate(markers)
     )
-    return tuple(sites)
 
 
-def llama_params(
-    strategy: Strategy, config: LlamaConfig, options: StrategyOptions
+def _marker_site(
+    b: _Builder, marker: MarkerSpec, shape: tuple[int, ...], *, pre: bool, gather: bool
+) -> Site:
+    """One marker's site by its role (module docstring)."""
+    name, layer, placement = marker.name, marker.layer, marker.placement
+    here = b.act(layer, "residual")
+    whole = DUP if pre or marker.post else 1  # the CP axis outside the blocks: whole rows
+    if name == f"layers.{layer}.input":
+        prev = b.act(max(layer - 1, 0), "residual")
+        return Site(name, shape, prev, here, here, prev)
+    if placement == "residual":
+        return Site(name, shape, b.act(layer, "P", whole), here, here, b.act(layer, "D", whole))
+    if placement == "dup":
+        dup, partial = b.act(layer, "D", whole), b.act(layer, "P", whole)
+        return Site(name, shape, here, dup, partial, here)
+    if placement == "heads":
+        seq, heads = b.act(layer, 2), b.act(layer, 2, 2)
+        return Site(name, shape, seq, heads, heads, seq)
+    if marker.post:
+        split = b.act(layer, placement, DUP)
+        out = b.act(layer, "D", DUP) if gather else split
+        return Site(name, shape, split, out, out, split)
+    split, heads = b.act(layer, placement), b.act(layer, placement, placement)
+    return Site(name, shape, heads, split, split, heads)  # from the heads split back
+
+
+def marker_params(
+    strategy: Strategy, model: ModelSpec, options: StrategyOptions
 ) -> dict[str, ParamLayout]:
-    """Every parameter's layout (``hspmd.plan.params``) with its gradient's annotation.
+    """Every parameter's layout (``hspmd.plan.params``) with its gradient's annotation, for
+    the models of ``marker_sites``.
 
     The gradient has the parameter's groups with the top tier partial (each pipeline's
-    gradient is a summand); under sequence parallelism a norm weight's gradient is also a
-    summand inside the stage, and on a context-parallel stage every parameter's gradient
-    but the embedding's and the head's (which see whole rows) is a summand over the CP
-    group (``{0:t,P:c}``).
+    gradient is a summand); under sequence parallelism a replicate parameter's (a norm's,
+    computed on the split stream) is also a summand inside the stage, and on a
+    context-parallel stage every parameter's gradient but the vocab-parallel ones (the
+    embedding and the head see whole rows) is a summand over the CP group (``{0:t,P:c}``).
     """
     from hspmd.plan.params import parameter_annotations
 
     out = {}
-    for name, spec in parameter_annotations(strategy, config).items():
-        ann = spec.annotation
+    for name, spec in parameter_annotations(strategy, model).items():
+        ann, kind = spec.annotation, model.param_kind(name)
+        stages = [p.stage_of_layer(model.param_layer(name)) for p in strategy.pipelines]
         states = ann.states
-        layer = config.param_layer(name) if name not in ("embed.weight", "head.weight") else -1
-        stages = [p.stage_of_layer(max(layer, 0)) for p in strategy.pipelines]
-        if options.sequence_parallel and name.endswith("norm.weight"):  # not on CP stages
+        if options.sequence_parallel and kind == "replicate":  # not on CP stages
             states = tuple(
                 _ds((PARTIAL, len(g))) if stage.cp == 1 else ds
                 for g, ds, stage in zip(ann.groups, states, stages, strict=True)
             )
-        if layer >= 0:
+        if kind != "vocab":
             states = tuple(_cp_partial(ds, stage) for ds, stage in zip(states, stages, strict=True))
         hdim = PARTIAL if ann.hsize > 1 else DUP
-        grad = Annotation(ann.groups, states, hdim=hdim)
-        out[name] = ParamLayout(name, spec.shape, ann, grad)
+        out[name] = ParamLayout(name, spec.shape, ann, Annotation(ann.groups, states, hdim=hdim))
     return out
 
 

@@ -1,6 +1,6 @@
 """Graph switching: cluster files, the cost of a switch between strategies, checkpoints."""
 
-from hspmd.switch.cluster import Cluster, ClusterError, load_cluster
+from hspmd.cost.cluster import Cluster, ClusterError, load_cluster
 from hspmd.switch.cost import ALGOS, STATES, SwitchCost, SwitchError, switch_cost
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 Every parameter's BSR table (``hspmd.comm.bsr``) goes from its annotation under the old
 strategy to its annotation under the new one; a scheme picks the senders; the traffic model
-(``hspmd.comm.traffic``) gives each rank's send volume per link class and the time of the
+(``hspmd.cost.traffic``) gives each rank's send volume per link class and the time of the
 slowest rank. What moves (``states``):
 
     states      tensors moved per parameter              bytes per element  mode
@@ -20,7 +20,7 @@ The three fp32 tensors of a parameter share one annotation, so they move as one 
 
 Ranks in ``failed`` own nothing (their pieces are lost) and relay nothing.
 
-    >>> from hspmd.switch.cluster import load_cluster
+    >>> from hspmd.cost.cluster import load_cluster
     >>> cost = switch_cost(model="llama-tiny", source="1x1: R0-1:L0-3", target="1x1: R8:L0-3",
     ...                    cluster=load_cluster("h20x32"), algo="fused", states="bf16")
     >>> cost.slowest_rank, sorted(cost.estimate.sent[0])
@@ -39,12 +39,13 @@ from hspmd.comm.plan import Transfer
 from hspmd.comm.relay import plan_relay
 from hspmd.comm.slices import holders_table
 from hspmd.comm.topology import Topology
-from hspmd.comm.traffic import Estimate, estimate
+from hspmd.cost.bsr_volume import fused_estimate
+from hspmd.cost.cluster import Cluster
+from hspmd.cost.traffic import Estimate, estimate
 from hspmd.errors import HspmdError
 from hspmd.models import get_model
 from hspmd.plan.params import ParamSpec, parameter_annotations, state_annotations
 from hspmd.plan.strategy import Strategy, parse_strategy
-from hspmd.switch.cluster import Cluster
 
 __all__ = ["ALGOS", "STATES", "SwitchCost", "SwitchError", "estimate_scheme", "plan_tables", "switch_cost", "switch_tables"]  # fmt: skip
 
@@ -64,28 +65,40 @@ def switch_tables(
     failed: Collection[int] = (),
 ) -> list[BsrTable]:
     """One BSR table per tensor of ``after`` (tensor index = position), failed ranks owning
-    nothing. SwitchError names a slice that only failed ranks held."""
+    nothing. SwitchError names a slice that only failed ranks held.
+
+    Tensors of one shape whose annotations are equal before and after have equal entries,
+    built once (``_entries``): the layers of one stage under both strategies (at 65,536
+    ranks, a table's pieces are 65,536 regions)."""
     tables = []
+    built: dict[tuple[Any, ...], tuple[BsrEntry, ...]] = {}
     for index, (name, spec) in enumerate(after.items()):
         if name not in before or before[name].shape != spec.shape:
             raise SwitchError(f"tensor {name} {list(spec.shape)} is not in the old strategy")
-        src = {
-            r: p.region
-            for r, p in before[name].annotation.pieces(spec.shape).items()
-            if r not in failed
-        }
-        dst = {r: p.region for r, p in spec.annotation.pieces(spec.shape).items()}
-        rows = holders_table(src, dst, spec.shape)
-        for region, owners, _ in rows:
-            if not owners:
-                raise SwitchError(
-                    f"{name} slice {region} was held only by failed ranks "
-                    f"{sorted(set(before[name].annotation.ranks) & set(failed))}: "
-                    "it cannot be moved (restore it from a checkpoint)"
-                )
-        entries = tuple(BsrEntry(*row) for row in rows)
+        key = (before[name].annotation, spec.annotation, spec.shape)
+        entries = built.get(key)
+        if entries is None:
+            entries = built[key] = _entries(name, before[name], spec, failed)
         tables.append(BsrTable(entries, tensor=index, itemsize=itemsize))
     return tables
+
+
+def _entries(
+    name: str, before: ParamSpec, spec: ParamSpec, failed: Collection[int]
+) -> tuple[BsrEntry, ...]:
+    """The BSR entries of tensor ``name`` from ``before`` to ``spec``, failed ranks owning
+    nothing (SwitchError: a slice only they held)."""
+    src = {r: p.region for r, p in before.annotation.pieces(spec.shape).items() if r not in failed}
+    dst = {r: p.region for r, p in spec.annotation.pieces(spec.shape).items()}
+    rows = holders_table(src, dst, spec.shape)
+    for region, owners, _ in rows:
+        if not owners:
+            raise SwitchError(
+                f"{name} slice {region} was held only by failed ranks "
+                f"{sorted(set(before.annotation.ranks) & set(failed))}: "
+                "it cannot be moved (restore it from a checkpoint)"
+            )
+    return tuple(BsrEntry(*row) for row in rows)
 
 
 def scheme_stages(
@@ -108,9 +121,21 @@ def estimate_scheme(
     tables: Sequence[BsrTable], algo: str, *, topology: Topology, failed: Collection[int] = ()
 ) -> Estimate:
     """Volumes and time of ``algo`` over ``tables`` on ``topology``."""
+    return _estimate(tables, algo, topology=topology, failed=failed)[0]
+
+
+def _estimate(
+    tables: Sequence[BsrTable], algo: str, *, topology: Topology, failed: Collection[int] = ()
+) -> tuple[Estimate, int]:
+    """Volumes and time of ``algo`` over ``tables``, and its message count. ``fused`` is
+    priced from bytes per (sender, receiver) (``hspmd.cost.bsr_volume``: no transfer per
+    slice, the same figures); the others from their transfers."""
+    if algo == "fused":
+        return fused_estimate(tables, topology=topology)
     stages = scheme_stages(tables, algo, topology=topology, failed=failed)
     itemsizes = {t.tensor: t.itemsize for t in tables}
-    return estimate(stages, topology=topology, itemsizes=itemsizes)
+    est = estimate(stages, topology=topology, itemsizes=itemsizes)
+    return est, _count_messages(stages, fused=algo == "relay")
 
 
 def _count_messages(stages: Sequence[Sequence[Transfer]], *, fused: bool) -> int:
@@ -181,9 +206,7 @@ def switch_cost(
         model=model, source=source, target=target, cluster=cluster, states=states,
         failed=failed, zero1=zero1, model_kwargs=model_kwargs,
     )  # fmt: skip
-    topology = cluster.topology()
-    stages = scheme_stages(tables, algo, topology=topology, failed=failed)
-    itemsizes = {t.tensor: t.itemsize for t in tables}
+    est, count = _estimate(tables, algo, topology=cluster.topology(), failed=failed)
     return SwitchCost(
         model=model,
         source=str(old),
@@ -192,8 +215,8 @@ def switch_cost(
         algo=algo,
         states=states,
         num_tensors=len(tables),
-        num_messages=_count_messages(stages, fused=algo in ("fused", "relay")),
-        estimate=estimate(stages, topology=topology, itemsizes=itemsizes),
+        num_messages=count,
+        estimate=est,
     )
 
 

@@ -117,7 +117,7 @@ def switch_topology(
     [(0, 1), (2, 3)]
     """
     if cluster is not None:
-        from hspmd.switch.cluster import load_cluster
+        from hspmd.cost.cluster import load_cluster
 
         return load_cluster(cluster).topology()
     if ranks_per_node is not None:

@@ -3,9 +3,9 @@
 ``switch_pairs`` plans the BSR tables of a switch once (``hspmd.switch.cost.plan_tables``)
 and runs several schemes over them; each ``PairTraffic`` lists the pairs with their link
 class and bytes (summed over a relay's rounds), the per-rank totals, and the scheme's
-estimated time (``hspmd.comm.traffic``'s model). Local copies are not traffic.
+estimated time (``hspmd.cost.traffic``'s model). Local copies are not traffic.
 
-    >>> from hspmd.switch.cluster import load_cluster
+    >>> from hspmd.cost.cluster import load_cluster
     >>> naive, fused = switch_pairs(model="llama-tiny", source="1x1: R0-1:L0-3",
     ...     target="1x1: R8:L0-3", cluster=load_cluster("h20x32"), algos=("naive", "fused"),
     ...     states="bf16")
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from hspmd.comm.plan import Transfer, volume
 from hspmd.comm.topology import Topology
-from hspmd.comm.traffic import estimate
-from hspmd.switch.cluster import Cluster
+from hspmd.cost.cluster import Cluster
+from hspmd.cost.traffic import estimate
 from hspmd.switch.cost import ALGOS, SwitchError, plan_tables, scheme_stages
 
 __all__ = ["PairTraffic", "pair_bytes", "switch_pairs"]

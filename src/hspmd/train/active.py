@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hspmd.models.spec import stream_shape
 from hspmd.plan.params import lock_step, parameter_annotations
 from hspmd.plan.strategy import Strategy, StrategyOptions
 from hspmd.runtime.counting import count_comm
@@ -190,7 +191,7 @@ def activate(
     if built is not None and key in built.by_layout:
         return _reused(world, config, layout, role, built, key=key, home=home)
     exe, units, per_layer = _executable(world, config, strategy)
-    shape = (role.micro_batch_size, config.seq_len, model.hidden_size)
+    shape = stream_shape(model, role.micro_batch_size, config.seq_len)
     plans = boundary_plans(
         strategy, model, world.rank, shape, options=_exe_options(config, strategy)
     )

@@ -77,6 +77,7 @@ class RunOptions(TypedDict, total=False):
     clip_grad_norm: float | None
     grad_accum: int
     data: str | None
+    dataset: str | None  # a user's dataset of any items (docs/data.md, "Any batch")
     data_max_bytes: int | None
     data_dtype: str | None
     eod_id: int | None

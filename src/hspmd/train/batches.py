@@ -1,5 +1,6 @@
 """The data of each step: fixed global batches ``(tokens, targets)`` of shape
-(global_batch, seq_len), or whole documents for variable-length steps.
+(global_batch, seq_len), whole documents for variable-length steps, or the items of a
+user's dataset (``--dataset``: ``hspmd.data.items``), one stacked tensor per field.
 
 Every rank and the reference draw the same steps from the run's corpus
 (``TrainConfig.data_spec``: the stdlib sources by default, ``--data`` text, a token file, or
@@ -35,6 +36,7 @@ from hspmd.data.held_out import (
     split_ids,
     token_eval_batches,
 )
+from hspmd.data.items import open_dataset
 from hspmd.data.prepare import Progress
 from hspmd.data.source import check_tokens, open_tokens, token_documents
 from hspmd.data.steps import document_steps_of
@@ -44,12 +46,12 @@ from hspmd.train.config import TrainConfig
 __all__ = ["accumulation_passes", "check_data", "eval_batches", "step_batches", "step_documents"]
 
 
-def step_batches(
-    config: TrainConfig, *, first: int = 1
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def step_batches(config: TrainConfig, *, first: int = 1) -> Iterator[tuple[torch.Tensor, ...]]:
     """The batches of steps ``first`` .. ``config.steps``, in order (``grad_accum`` global
     batches each, stacked)."""
     n = config.grad_accum
+    if config.dataset is not None:
+        return _item_batches(config, first)
     spec = config.data_spec
     stream: Iterator[tuple[torch.Tensor, torch.Tensor]]
     if spec.tokenized:
@@ -65,6 +67,18 @@ def step_batches(
     if n == 1:
         return islice(stream, count)
     return (_stacked(list(islice(stream, n))) for _ in range(count))
+
+
+def _item_batches(config: TrainConfig, first: int) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Steps of a user's dataset (``hspmd.data.items``): global batch ``(k - 1) * n + j``
+    for pass ``j`` of step ``k``, each field stacked, in the model's input order."""
+    data = open_dataset(config.dataset or "")
+    names = [f.name for f in data.layout.fields]
+    order = [names.index(f.name) for f in config.model_config().batch]  # type: ignore[attr-defined]
+    n, size = config.grad_accum, config.global_batch
+    for step in range(first, config.steps + 1):
+        parts = [data.batch((step - 1) * n + j, size=size, seed=config.seed) for j in range(n)]
+        yield tuple(torch.cat([part[i] for part in parts]) for i in order)
 
 
 def _windows(config: TrainConfig) -> TokenWindows:
@@ -138,12 +152,12 @@ def _stacked(group: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tens
 
 
 def accumulation_passes(
-    batch: tuple[torch.Tensor, torch.Tensor], config: TrainConfig
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """A step's batch cut into its ``grad_accum`` global batches (module docstring)."""
+    batch: tuple[torch.Tensor, ...], config: TrainConfig
+) -> list[tuple[torch.Tensor, ...]]:
+    """A step's batch (tokens and targets, or a dataset's fields) cut into its
+    ``grad_accum`` global batches (module docstring)."""
     size = config.global_batch
-    return [(batch[0][k * size : (k + 1) * size], batch[1][k * size : (k + 1) * size])
-            for k in range(config.grad_accum)]  # fmt: skip
+    return [tuple(t[k * size : (k + 1) * size] for t in batch) for k in range(config.grad_accum)]
 
 
 def step_documents(config: TrainConfig, *, min_documents: int) -> Iterator[DocumentStep]:
@@ -170,6 +184,10 @@ def check_data(config: TrainConfig, *, on_progress: Progress | None = None) -> N
     holds one step, its ids are below the model's vocabulary (a tokenizer's vocabulary too);
     text with a tokenizer is tokenized into the cache here (``on_progress``: its bytes).
     With evaluations, the same of their data, which must hold ``--eval-batches`` batches."""
+    if config.dataset is not None:  # one step's items, collated (hspmd.data.items)
+        rows = config.global_batch * config.grad_accum
+        open_dataset(config.dataset).check_step(rows, seed=config.seed)
+        return
     spec = config.data_spec
     vocab = config.model_config().vocab_size
     if spec.tokenized:

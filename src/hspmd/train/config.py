@@ -17,7 +17,7 @@ from hspmd.data.source import DataSpec
 from hspmd.data.tokens import TOKEN_DTYPES
 from hspmd.errors import HspmdError
 from hspmd.models.llama import get_config
-from hspmd.models.spec import ModelSpec, ModuleModel
+from hspmd.models.spec import BatchField, ModelSpec, ModuleModel
 from hspmd.plan.strategy import Strategy, StrategyOptions
 from hspmd.planner.length_model import LengthStrategy
 from hspmd.train.faults import Injection
@@ -170,6 +170,17 @@ class LengthPlans:
     switch_s: tuple[tuple[float, ...], ...]
 
 
+def dataset_items(source: str | None) -> tuple[str, tuple[BatchField, ...]] | None:
+    """The items of the dataset ``source`` (``--dataset``) as a model's inputs: their
+    structure and fields (``hspmd.data.items``); None without a dataset."""
+    if source is None:
+        return None
+    from hspmd.data.items import open_dataset
+
+    layout = open_dataset(source).layout
+    return layout.structure, tuple(BatchField(f.name, f.shape, f.dtype) for f in layout.fields)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainConfig:
     """One training run. ``strategy`` is the parsed strategy (None: one rank).
@@ -203,6 +214,9 @@ class TrainConfig:
     # None: the stdlib sources
     data: str | None = None
     data_max_bytes: int | None = None  # read at most this much text (None: hspmd.data's default)
+    # a user's dataset of any items instead of token data, "FILE.py:FACTORY" (hspmd.data.items:
+    # a map-style dataset or an iterable of tensors, tuples or dicts of them; docs/data.md)
+    dataset: str | None = None
     data_dtype: str | None = None  # a flat token file's ids: uint16 (None) or uint32
     eod_id: int | None = None  # a token file's end-of-document id (packed steps split there)
     tokenizer: str | None = None  # tokenizer.json or a local HF folder: text is tokenized
@@ -265,6 +279,7 @@ class TrainConfig:
                 "it out for the default)"
             )
         self._check_data()
+        self._check_dataset()
         steps = [step for step, _ in self.switches]
         if steps != sorted(set(steps)) or (steps and steps[0] < 2):
             raise TrainError(
@@ -343,15 +358,6 @@ class TrainConfig:
 
     def _check_module(self, model: ModuleModel) -> None:
         """What a user module's run cannot do yet (each one line with the fix)."""
-        refused = [
-            ("--tokens-per-step", self.step_tokens is not None,
-             "packed documents need the model's attention to take segments"),
-            ("--sequence-parallel", self.options.sequence_parallel,
-             "the markers hspmd inserts keep the stream whole"),
-        ]  # fmt: skip
-        for flag, given, why in refused:
-            if given:
-                raise TrainError(f"{model.name} cannot train with {flag} ({why}): drop {flag}")
         if model.tied and self.zero1 and self.strategy is not None and _staged(self.strategies):
             raise TrainError(
                 f"{model.name} ties {model.tied[0][0]} between its first and last stage, which "
@@ -393,11 +399,23 @@ class TrainConfig:
             ),
             ("--switch-mode weights", self.switch_mode == "weights", "use states"),
             ("--switch-algo relay", self.switch_algo == "relay", "use fused"),
-            ("--tokens-per-step", self.step_tokens is not None, "fixed batches for now"),
         ]
         for flag, given, why in refused:
             if given:
                 raise TrainError(f"--elastic does not take {flag} ({why}): drop {flag}")
+        self._packed_documents()
+
+    def _packed_documents(self) -> None:
+        """Packed elastic steps: a document a rank at least, so that every strategy a re-plan
+        may give (a pipeline has a rank at least) takes every step
+        (``hspmd.train.elastic_lengths``)."""
+        given = [self.strategy] if self.strategy is not None else []
+        if self.length_plans is not None:
+            given += [p.strategy for p in self.length_plans.plans]
+        if self.step_tokens is None or not given:
+            return
+        ranks = 1 + max(r for strategy in given for r in strategy.ranks)
+        object.__setattr__(self, "min_documents", max(self.min_documents, ranks + self.spares))
 
     def _check_data(self) -> None:
         if self.data_dtype is not None and self.data_dtype not in TOKEN_DTYPES:
@@ -406,6 +424,34 @@ class TrainConfig:
             )
         if self.eod_id is not None and self.eod_id < 0:
             raise TrainError(f"--eod-id {self.eod_id}: give a token id (>= 0)")
+
+    def _check_dataset(self) -> None:
+        """What a run on a user's dataset does not take (each one line with the fix)."""
+        if self.dataset is None:
+            return
+        if not self.module_model:
+            raise TrainError(
+                f"--dataset trains a model on its items: give --model FILE.py:FACTORY (a "
+                f"forward that takes the items' fields), not the preset {self.model!r}"
+            )
+        refused = [
+            ("--data", self.data is not None), ("--tokenizer", self.tokenizer is not None),
+            ("--tokens-per-step", self.step_tokens is not None),
+            ("--eval-every", self.evaluation.every > 0),
+            ("--sequence-parallel", self.options.sequence_parallel),
+            ("a context-parallel stage", self.strategy is not None and any(
+                st.cp > 1 for strategy in self.strategies for _, _, st in strategy.stages())),
+        ]  # fmt: skip
+        for what, given in refused:
+            if given:
+                raise TrainError(
+                    f"--dataset {self.dataset} does not combine with {what} (token data and "
+                    f"sequences only): drop {what}"
+                )
+
+    def dataset_items(self) -> tuple[str, tuple[BatchField, ...]] | None:
+        """The items of ``dataset`` as the model's inputs: their structure and fields."""
+        return dataset_items(self.dataset)
 
     @property
     def data_spec(self) -> DataSpec:
@@ -507,13 +553,17 @@ class TrainConfig:
         if self.module_model:
             from hspmd.models.module import load_model
 
-            return load_model(self.model, dict(self.model_overrides), tp_rules=self.tp_rules)
+            return load_model(self.model, dict(self.model_overrides), tp_rules=self.tp_rules,
+                              items=self.dataset_items(),
+                              packed=self.step_tokens is not None)  # fmt: skip
         return get_config(self.model, **dict(self.model_overrides))
 
     @property
     def tokens_per_step(self) -> int:
         """Tokens per optimizer step: ``global_batch * seq_len * grad_accum``, or at most
         ``step_tokens``."""
+        if self.dataset is not None:  # items, not tokens
+            return self.global_batch * self.grad_accum
         return self.step_tokens or self.global_batch * self.seq_len * self.grad_accum
 
     def data_identity(self) -> dict[str, Any]:
@@ -521,6 +571,7 @@ class TrainConfig:
         saved in checkpoints so that a resume that differs is warned about."""
         return {
             "--data": self.data or "(the Python standard library sources)",
+            **({"--dataset": self.dataset} if self.dataset is not None else {}),
             "--data-max-bytes": self.data_max_bytes,
             "--data-dtype": self.data_dtype,
             "--eod-id": self.eod_id,
@@ -588,8 +639,9 @@ class StepRecord:
         }
         if self.switch_seconds is not None:
             out["switch_seconds"] = round(self.switch_seconds, 6)
-            out["strategy"] = self.strategy
             out["switch_messages"] = self.switch_messages
+        if self.strategy is not None:  # after a switch; every step of an elastic packed run
+            out["strategy"] = self.strategy
         if self.sequences is not None:
             out["sequences"] = list(self.sequences)
             out["pipeline_tokens"] = list(self.pipeline_tokens or ())

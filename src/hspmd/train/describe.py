@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from hspmd.models.spec import stream_shape
 from hspmd.plan.strategy import Stage
 from hspmd.specialize.boundary import boundary_plans
 from hspmd.specialize.schedule import make_schedule
@@ -33,7 +34,7 @@ def describe_ranks(config: TrainConfig) -> list[tuple[str, ...]]:
         schedule = make_schedule(
             config.options.schedule, role.num_stages, role.stage, role.micro_batches
         )
-        shape = (role.micro_batch_size, config.seq_len, model.hidden_size)
+        shape = stream_shape(model, role.micro_batch_size, config.seq_len)
         plans = boundary_plans(strategy, model, rank, shape)
         edges = [
             f"{side}: {'+'.join(b.forward.kinds)}"

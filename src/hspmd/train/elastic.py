@@ -29,12 +29,19 @@ move never changes them). Where a layer lost every holder: the newest checkpoint
 ``--save`` (else of ``--resume``), loaded onto the new plan (steps after it are redone), else a ``TrainError``
 naming the lost layers.
 
+Packed variable-length steps (``--tokens-per-step``, ``--plans``): each step's strategy is
+chosen from the length-aware set (``hspmd.train.elastic_lengths``), the states switched
+to it in place when it changes (phase ``switch``, adopted once every rank has them, as a
+recovery's); a re-plan gives a new set for the ranks left (``planner.combined``).
+
 Rank 0 of the current generation reports through ``world.notify``: ``("step", record)``,
 ``("eval", record)`` and ``("event", {...})`` for ``failure``, ``replan``, ``resumed`` and ``fallback``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import time
 from dataclasses import KW_ONLY, dataclass, field
@@ -44,6 +51,7 @@ from typing import Any
 import torch
 
 from hspmd.checkpoint import latest, read_manifest
+from hspmd.cost.captured import planning_model
 from hspmd.errors import HspmdError
 from hspmd.plan.strategy import Strategy, check_strategy, parse_strategy
 from hspmd.planner.elastic import replan
@@ -51,18 +59,19 @@ from hspmd.planner.local import local_cost
 from hspmd.runtime.members import key, read_death
 from hspmd.runtime.watch import POLL_S, PeerFailure, Watch, regroup
 from hspmd.runtime.world import World
-from hspmd.specialize.costs import planning_model
 from hspmd.switch.live import run_switch
 from hspmd.switch.survivors import lost_states, plan_survivor_switch, renumber_strategy
-from hspmd.train.active import Active, activate
+from hspmd.train.active import Active, Built, activate
 from hspmd.train.batches import eval_batches, step_batches
 from hspmd.train.clip import clip_gradients
 from hspmd.train.config import EvalRecord, StepRecord, TrainConfig, TrainError
+from hspmd.train.elastic_lengths import Lengths
 from hspmd.train.evaluate import evaluate_rank
 from hspmd.train.faults import inject
 from hspmd.train.layout import Layout
 from hspmd.train.loop import load_checkpoint, prepare_strategies, run_step, save_checkpoint
 from hspmd.train.lr import learning_rate
+from hspmd.train.packing import record_fields
 from hspmd.train.slowdown import slowdown_of
 
 __all__ = ["run_rank_elastic"]
@@ -93,6 +102,9 @@ class _Run:
     reeval: int = 0  # a step whose evaluation a failure interrupted (run after recovery)
     first: int = 1  # the run's first step here (after --resume: the checkpoint's next)
     held: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # eval batches
+    lengths: Lengths | None = None  # packed steps: the length-aware set and the documents
+    fields: dict[str, Any] = field(default_factory=dict)  # the step record's packed fields
+    switching: tuple[Active, int] | None = None  # a step's switch not yet adopted (its step)
 
     def store(self, fn: Any) -> Any:
         return self.watch.store_call(fn)
@@ -139,14 +151,18 @@ def run_rank_elastic(world: World, config: TrainConfig) -> dict[str, Any]:
     else:
         active = _build(world, config, config.strategy, watch)
         run = _Run(config, world, watch, active, tuple(range(world.world_size)), gen=0, builds=1)
+        run.lengths = Lengths(config) if config.packed else None
         if config.resume:
             _resume(run, config.resume)
-        data = step_batches(config, first=run.step)
+        # packed steps are drawn by step number (``_packed``), fixed batches in order
+        data = itertools.repeat(None) if config.packed else step_batches(config, first=run.step)
         batch = next(data, None)  # None: a checkpoint at --steps leaves nothing to do
     try:
         while run.step <= config.steps:
             try:
                 _grow(run)
+                if run.lengths is not None:
+                    batch = _packed(run, run.lengths)
                 _step(run, batch)
                 if _save_due(run):
                     _save(run)
@@ -218,9 +234,9 @@ def _spare(world: World, config: TrainConfig, watch: Watch) -> tuple[_Run, Any, 
     run = _Run(
         config, world, watch, Active(layout=layout), tuple(request["members"]),
         gen=request["gen"], step=request["step"], adam_steps=request["adam_steps"],
-        grown=list(request["grown"]),
+        grown=list(request["grown"]), lengths=Lengths(config) if config.packed else None,
     )  # fmt: skip
-    data = step_batches(config, first=run.step)
+    data = itertools.repeat(None) if config.packed else step_batches(config, first=run.step)
     return run, data, next(data)
 
 
@@ -278,9 +294,9 @@ def _record(run: _Run, *, seconds: float) -> None:
         for r in _reporters(run.active)
     ]
     record = StepRecord(
-        step=run.step, loss=float(sum(losses)), tokens=run.config.tokens_per_step,
-        seconds=seconds, lr=learning_rate(run.config.optimizer, run.adam_steps),
-        grad_norm=run.grad_norm,
+        step=run.step, loss=float(sum(losses)), seconds=seconds,
+        lr=learning_rate(run.config.optimizer, run.adam_steps), grad_norm=run.grad_norm,
+        **{"tokens": run.config.tokens_per_step, **run.fields},
     )  # fmt: skip
     run.records.append(record)
     run.notify("step", record)
@@ -349,6 +365,7 @@ class _Moved:
     moved_bytes: float | None  # None: loaded from a checkpoint
     strategy: Strategy
     plan_seconds: float
+    strategies: tuple[Strategy, ...] = ()  # packed steps: the new set (new numbers)
 
 
 def _recover(run: _Run, failure: PeerFailure, data: Any, batch: Any) -> tuple[Any, Any]:
@@ -363,6 +380,7 @@ def _recover(run: _Run, failure: PeerFailure, data: Any, batch: Any) -> tuple[An
     while True:
         try:
             members = regroup(world, watch)
+            _settle_switch(run)
             if pending is not None and _count(run, "moved", pending.gen) >= len(pending.members):
                 _adopt(run, pending)
             pending = None
@@ -379,18 +397,18 @@ def _recover(run: _Run, failure: PeerFailure, data: Any, batch: Any) -> tuple[An
         except PeerFailure as again:  # a member failed during recovery: again, from settled states
             detected = again.detected_at
     used = set(pending.strategy.ranks)
-    if pending.moved_bytes is None:  # states lost: the checkpoint's steps come again
+    if pending.moved_bytes is None and not config.packed:  # the checkpoint's steps again
         data = step_batches(config, first=run.step)
         batch = next(data)
-    run.notify(
-        "event",
-        {
-            "event": "replan",
-            "strategy": str(pending.strategy),
-            "plan_seconds": pending.plan_seconds,
-            "idle": [m for r, m in enumerate(pending.members) if r not in used],  # launch ranks
-        },
-    )
+    event = {
+        "event": "replan",
+        "strategy": str(pending.strategy),
+        "plan_seconds": pending.plan_seconds,
+        "idle": [m for r, m in enumerate(pending.members) if r not in used],  # launch ranks
+    }
+    if pending.strategies:  # packed steps: the set the steps now choose from
+        event["strategies"] = [str(s) for s in pending.strategies]
+    run.notify("event", event)
     run.notify(
         "event",
         {
@@ -429,9 +447,9 @@ def _count(run: _Run, what: str, *parts: int) -> int:
     return int(run.store(lambda s: s.add(name, 0)))
 
 
-def _arrive(run: _Run, what: str, gen: int, size: int) -> None:
-    """Count this rank in ``what/gen`` and wait for ``size`` (or a failure)."""
-    name = key(what, gen)
+def _arrive(run: _Run, what: str, gen: int, size: int, *more: int) -> None:
+    """Count this rank in ``what/gen/...`` and wait for ``size`` (or a failure)."""
+    name = key(what, gen, *more)
     count = run.store(lambda s: s.add(name, 1))
     with run.watch.waiting_on_peers():
         while count < size:
@@ -442,6 +460,8 @@ def _arrive(run: _Run, what: str, gen: int, size: int) -> None:
 
 def _adopt(run: _Run, moved: _Moved) -> None:
     run.active, run.members, run.gen = moved.active, moved.members, moved.gen
+    if run.lengths is not None:
+        run.lengths.commit()
     if run.resave:  # the interrupted checkpoint, written again from the new plan
         step, run.step = run.step, run.resave
         _save(run)
@@ -499,8 +519,33 @@ def _replan_and_move(run: _Run, members: tuple[int, ...]) -> _Moved:
     if active.post is not None:
         active.post.load_state(moved, steps=run.adam_steps)
     sent = float(sum(switch.sent_bytes().values()))
+    strategies = run.lengths.pending_strategies() if run.lengths is not None else ()
     return _Moved(active=active, members=members, gen=watch.gen, moved_bytes=sent,
-                  strategy=target, plan_seconds=plan_seconds)  # fmt: skip
+                  strategy=target, plan_seconds=plan_seconds, strategies=strategies)  # fmt: skip
+
+
+def _plan_record(
+    run: _Run, members: tuple[int, ...], source: Strategy, renumbered: dict[int, int]
+) -> dict[str, Any]:
+    """Rank 0's plan for the ranks left (old numbers): the elastic planner's strategy, or
+    under packed steps a length-aware set (``Lengths.replan_record``); a strategy in it
+    is a value (``_plan`` encodes it for the store)."""
+    config = run.config
+    if run.lengths is not None:
+        joined = tuple(m for m in members if m not in run.members)
+        return run.lengths.replan_record(members=run.members, joined=joined,
+                                         alive=sorted(renumbered), current=run.active.strategy)  # fmt: skip
+    plan = replan(
+        planning_model(config.model_config()), local_cost(max(len(run.members), max(renumbered) + 1)),
+        alive=sorted(renumbered),
+        current=source, global_batch=config.global_batch, seq_len=config.seq_len,
+        dtype=config.options.dtype,
+    )  # fmt: skip
+    check_strategy(
+        plan.strategy, config.model_config(), global_batch=config.global_batch,
+        options=config.options, seq_len=config.seq_len,
+    )  # fmt: skip
+    return {"strategy": plan.strategy, "plan_seconds": plan.plan_seconds}
 
 
 def _plan(
@@ -508,23 +553,15 @@ def _plan(
 ) -> tuple[Strategy, float]:
     """Rank 0 of the new generation plans (in the old numbers) and publishes; the others
     read it. Returns the strategy (old numbers) and the planner's seconds."""
-    config, world, watch = run.config, run.world, run.watch
+    world, watch = run.world, run.watch
     name = key("plan", watch.gen, run.gen, run.step)
     record: dict[str, Any]
     if world.rank == 0:
         watch.unwatched()
         try:
-            plan = replan(
-                planning_model(config.model_config()), local_cost(max(len(run.members), max(renumbered) + 1)),
-                alive=sorted(renumbered),
-                current=source, global_batch=config.global_batch, seq_len=config.seq_len,
-                dtype=config.options.dtype,
-            )  # fmt: skip
-            check_strategy(
-                plan.strategy, config.model_config(), global_batch=config.global_batch,
-                options=config.options, seq_len=config.seq_len,
-            )  # fmt: skip
-            record = {"strategy": _encode(plan.strategy), "plan_seconds": plan.plan_seconds}
+            record = _plan_record(run, members, source, renumbered)
+            if "strategy" in record:
+                record["strategy"] = _encode(record["strategy"])
         except HspmdError as error:
             record = {"error": f"no plan for the {len(members)} ranks left: {error}"}
         run.store(lambda s: s.set(name, json.dumps(record)))
@@ -536,7 +573,12 @@ def _plan(
         record = json.loads(run.store(lambda s: s.get(name)))
     if "error" in record:
         raise TrainError(record["error"])
-    return _decode(record["strategy"]), float(record["plan_seconds"])
+    if "strategy" in record:
+        record["strategy"] = _decode(record["strategy"])
+    if run.lengths is not None:  # the redo step's strategy of the new set
+        strategy = run.lengths.take(record, step=run.step, renumbered=renumbered)
+        return strategy, float(record["plan_seconds"])
+    return record["strategy"], float(record["plan_seconds"])
 
 
 def _fallback(
@@ -577,3 +619,66 @@ def _has_checkpoint(directory: str) -> bool:
     except (HspmdError, OSError):
         return False
     return True
+
+
+def _packed(run: _Run, lengths: Lengths) -> Any:
+    """The step's packed batch under the strategy the set chooses for it, switching the
+    states to that strategy first where it is not the one running (``_switch``)."""
+    choice = lengths.choose(run.step, run.active.strategy)
+    switched = None
+    if choice.strategy != run.active.strategy:
+        began = time.perf_counter()
+        _switch(run, choice.strategy)
+        switched = round(time.perf_counter() - began, 6)
+    run.fields = {
+        **record_fields(choice.batch), "strategy": str(run.active.strategy),
+        "switch_seconds": switched,
+    }  # fmt: skip
+    return choice.batch
+
+
+def _switch(run: _Run, target: Strategy) -> None:
+    """Move masters and Adam moments to ``target`` (one fused BSR, the ranks unchanged)
+    and build it; adopted once every rank of the generation has it (``switched/G/S``), as
+    a recovery's move: a failure during it leaves the states where they were. A target
+    that differs in micro-batch counts only keeps the executables and states as they are
+    (every rank decides alike, nothing moves)."""
+    config, world, watch = run.config, run.world, run.watch
+    watch.enter("switch", run.step)
+    inject(config.inject, member=world.member, step=run.step, phase="switch", watch=watch)
+    layout = Layout(target, config.model_config().num_layers)
+    if _only_counts(run.active.layout.strategy, layout.strategy):  # same executables, states
+        role = layout.role(world.rank)
+        run.active = dataclasses.replace(run.active, layout=layout, role=role)
+        return
+    same = {r: r for r in range(len(run.members))}
+    switch = plan_survivor_switch(
+        config.model_config(), run.active.layout.strategy, target, renumbered=same
+    )
+    state = run.active.post.state() if run.active.post is not None else {}
+    moved, _ = run_switch(switch, state, world)
+    active = _build(world, config, target, watch)
+    run.builds += 1
+    if active.post is not None:
+        active.post.load_state(moved, steps=run.adam_steps)
+    run.switching = (active, run.step)
+    _arrive(run, "switched", run.gen, len(run.members), run.step)
+    run.active, run.switching = active, None
+
+
+def _only_counts(a: Strategy, b: Strategy) -> bool:
+    """Whether ``a`` and ``b`` differ in micro-batch counts only: the executables, boundary
+    plans (built per micro-batch of ``micro_batch_size`` rows) and states are the same."""
+    sizes = [p.micro_batch_size for p in a.pipelines] == [p.micro_batch_size for p in b.pipelines]
+    return sizes and Built.key(a) == Built.key(b)
+
+
+def _settle_switch(run: _Run) -> None:
+    """After a failure: a step's switch that every rank finished is adopted (some ranks
+    may have before the failure), else dropped (the states it moved from are intact)."""
+    if run.switching is None:
+        return
+    active, step = run.switching
+    if _count(run, "switched", run.gen, step) >= len(run.members):
+        run.active = active
+    run.switching = None

@@ -4,11 +4,12 @@ Each rank runs its executable graph (``hspmd.specialize.executable``): its stage
 model on local tensors, tensor-parallel communication inside. Per step, for each action of
 the rank's schedule (``hspmd.specialize.schedule``)::
 
-    F m   stage 0 feeds micro-batch m's tokens; other stages receive the activation by
+    F m   stage 0 feeds micro-batch m's tokens (``--dataset``: its rows of every field,
+          the first as the stage input); other stages receive the activation by
           the boundary's resolved plan (send-recv, or BSR between different TP degrees);
           every stage gets the dropout key: the step and the micro-batch's rows of the
           step's global batch (decision 17, ``hspmd.randomness``); the last stage's loss
-          is scaled by mb_tokens / global_tokens (decision 6)
+          is scaled by mb_tokens / global_tokens (decision 6; a dataset's: items)
     B m   the last stage backpropagates its scaled loss; the others backpropagate the
           gradient received from the next stage; all but stage 0 send their input's grad
     Post  gradients synchronized across pipelines by resolved plans (hspmd.train.sync:
@@ -56,7 +57,7 @@ from hspmd.checkpoint import (
     read_manifest,
     save_rank_state,
 )
-from hspmd.models.spec import ModuleModel
+from hspmd.models.spec import ModelSpec, stream_shape
 from hspmd.plan.params import ParamSpec, state_annotations
 from hspmd.plan.strategy import Strategy
 from hspmd.randomness import dropout_key
@@ -113,15 +114,17 @@ class StageProgram(Protocol):
     def forward(
         self,
         x: torch.Tensor,
-        targets: torch.Tensor,
+        targets: torch.Tensor | tuple[torch.Tensor, ...],
         segments: torch.Tensor | None = None,
         key: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
 
-Batch = tuple[torch.Tensor, torch.Tensor] | PackedStep
-"""A step's data: the global batch ``(tokens, targets)``, or packed micro-batches."""
-MicroData = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, float, range | None]
+Batch = tuple[torch.Tensor, ...] | PackedStep
+"""A step's data: the global batch ``(tokens, targets)`` (a dataset's fields: one tensor
+each, in the model's input order), or packed micro-batches."""
+Rest = torch.Tensor | tuple[torch.Tensor, ...]  # targets, or a dataset's other fields
+MicroData = tuple[torch.Tensor, Rest, torch.Tensor | None, float, range | None]
 
 
 def _micro_batch(
@@ -134,12 +137,12 @@ def _micro_batch(
     if isinstance(batch, PackedStep):
         mb = batch.micro_batches[role.pipeline][m]
         return mb.tokens, mb.targets, mb.segments, batch.scale(role.pipeline, m), None
-    tokens, targets = batch  # one global batch (an accumulation pass)
-    size = role.micro_batch_size
+    size = role.micro_batch_size  # batch: one global batch (an accumulation pass)
     rows = range(role.row_offset + m * size, role.row_offset + (m + 1) * size)
     weight = size / (config.global_batch * config.grad_accum)
     place = range(first_row + rows.start, first_row + rows.stop)
-    return tokens[rows.start : rows.stop], targets[rows.start : rows.stop], None, weight, place
+    first, *rest = (t[rows.start : rows.stop] for t in batch)
+    return first, rest[0] if len(rest) == 1 else tuple(rest), None, weight, place
 
 
 @dataclass(slots=True, kw_only=True)
@@ -156,15 +159,17 @@ class _Live:
 
 def _forward(
     program: StageProgram, plans: BoundaryPlans, world: World, live: _Live, *,
-    m: int, micro: MicroData, hidden: int, dtype: torch.dtype, step: int,
+    m: int, micro: MicroData, model: ModelSpec, dtype: torch.dtype, step: int,
 ) -> None:  # fmt: skip
     tokens, targets, segments, scale, rows = micro
     # the data is made on CPU (every rank draws the same stream): onto this rank's device
-    tokens, targets = tokens.to(world.device), targets.to(world.device)
+    # (a dataset's floating fields in the compute dtype, as the weights: --dtype bf16)
+    tokens, targets = _to(tokens, world.device, dtype), _to(targets, world.device, dtype)
     segments = None if segments is None else segments.to(world.device)
     key = None if rows is None else dropout_key(step, rows).to(world.device)
     # boundary plans are resolved at the maximum length: sized to this micro-batch's
-    plans = live.plans[m] = sized_boundaries(plans, (*tokens.shape, hidden))
+    length = tokens.shape[1] if tokens.dim() > 1 else 0
+    plans = live.plans[m] = sized_boundaries(plans, stream_shape(model, len(tokens), length))
     if plans.incoming is None:
         x = tokens
     else:
@@ -177,6 +182,13 @@ def _forward(
     else:
         live.sends += send(plans.outgoing.forward, out.detach(), world)
     live.inputs[m], live.outputs[m] = x, out
+
+
+def _to(rest: Rest, device: torch.device, dtype: torch.dtype) -> Any:
+    """``rest`` on ``device``, its floating tensors in ``dtype`` (integers as they are)."""
+    if isinstance(rest, tuple):
+        return tuple(_to(t, device, dtype) for t in rest)
+    return rest.to(device, dtype if rest.is_floating_point() else rest.dtype)
 
 
 def _backward(world: World, live: _Live, *, m: int) -> None:
@@ -230,7 +242,7 @@ def _run_pass(
         batch, role,
     )  # fmt: skip
     live = _Live(slow=slow or Slowdown())
-    hidden = config.model_config().hidden_size
+    model = config.model_config()
     dtype = torch.bfloat16 if config.options.dtype == "bf16" else torch.float32
     last_b = max((i for i, a in enumerate(schedule) if a.kind == "B"), default=-1)
     for index, action in enumerate(schedule):
@@ -240,7 +252,7 @@ def _run_pass(
             micro = _micro_batch(batch, role, config, action.micro_batch, first_row=first_row)
             with rec.span("F", cat="forward", micro_batch=action.micro_batch, stage=role.stage):
                 _forward(program, plans, world, live, m=action.micro_batch, micro=micro,
-                         hidden=hidden, dtype=dtype, step=step)  # fmt: skip
+                         model=model, dtype=dtype, step=step)  # fmt: skip
         elif action.kind == "B":
             if index == last_b and post is not None and config.overlap:
                 post.arm()
@@ -387,8 +399,7 @@ def save_checkpoint(
 
 def _hf_config(config: TrainConfig) -> dict[str, Any] | None:
     """A Hugging Face model's config, for ``hspmd export --format hf`` (None: another model)."""
-    model = config.model_config()
-    text = model.hf_config if isinstance(model, ModuleModel) else ""
+    text = config.model_config().hf_config
     return json.loads(text) if text else None
 
 

@@ -45,7 +45,8 @@ from hspmd.train.batches import step_documents
 from hspmd.train.config import TrainConfig, TrainError
 
 __all__ = [
-    "MicroBatch", "PackedStep", "check_packed_dropout", "check_packing", "length_multiple", "length_plans", "pack",
+    "MicroBatch", "PackedStep", "check_packed_dropout", "check_packing", "ignore_index", "length_multiple",
+    "length_plans", "pack",
     "packed_steps", "plan_schedule", "planned_steps", "record_fields", "safe_step_tokens",
 ]  # fmt: skip
 
@@ -96,9 +97,10 @@ def length_multiple(strategy: Strategy, *, sequence_parallel: bool) -> int:
 
 def pack(
     step: DocumentStep, assignment: Assignment, *, plan: int | None = None,
-    predicted: float | None = None,
+    predicted: float | None = None, ignore: int = IGNORE,
 ) -> PackedStep:  # fmt: skip
-    """The micro-batches of ``step`` as ``assignment`` places its documents."""
+    """The micro-batches of ``step`` as ``assignment`` places its documents; ``ignore``: the
+    padding's target, the model loss's ``ignore_index`` (nanoGPT's is -1)."""
     rows: dict[tuple[int, int, int], list[torch.Tensor]] = {}
     for doc, slot in zip(step.documents, assignment.slots, strict=True):
         rows.setdefault(slot, []).append(doc)
@@ -108,7 +110,7 @@ def pack(
         micro = []
         for m, length in enumerate(lengths):
             tokens = torch.zeros(num_rows, length, dtype=torch.int64)
-            targets = torch.full((num_rows, length), IGNORE, dtype=torch.int64)
+            targets = torch.full((num_rows, length), ignore, dtype=torch.int64)
             segments = torch.zeros(num_rows, length, dtype=torch.int64)
             real = 0
             for r in range(num_rows):
@@ -133,8 +135,14 @@ def packed_steps(
 
     ``dispatch(lengths, slots=, max_len=, multiple=)`` places each step's documents: the
     hook for a length-aware planner's dispatcher."""
+    ignore = ignore_index(config)
     for step, assignment in _dispatched(config, strategy, dispatch=dispatch):
-        yield pack(step, assignment)
+        yield pack(step, assignment, ignore=ignore)
+
+
+def ignore_index(config: TrainConfig) -> int:
+    """The target that the model's loss ignores (``IGNORE`` unless it says otherwise)."""
+    return int(getattr(config.model_config(), "ignore_index", IGNORE))
 
 
 def _dispatched(
@@ -242,6 +250,7 @@ def _planned(config: TrainConfig) -> Iterator[tuple[PackedStep, float]]:
         config, min_documents=max(config.min_documents, min(len(s.pipelines) for s in strategies))
     )
     current: int | None = None
+    ignore = ignore_index(config)
     for step in islice(stream, config.steps):
         best: tuple[float, int, Assignment, float, float] | None = None
         for k, (plan, strategy) in enumerate(zip(plans, strategies, strict=True)):
@@ -263,7 +272,7 @@ def _planned(config: TrainConfig) -> Iterator[tuple[PackedStep, float]]:
             )
         _, k, a, t, s = best
         current = k
-        yield pack(step, a, plan=k, predicted=t), s
+        yield pack(step, a, plan=k, predicted=t, ignore=ignore), s
 
 
 def record_fields(step: PackedStep) -> dict[str, Any]:

@@ -107,7 +107,7 @@ def config_from_plan(plan: PlanFile, config: TrainConfig) -> TrainConfig:
             '(hspmd train --save-plan); add its "strategy"'
         )
     tokens = next((s for s in plan.inputs if s.name == "tokens"), None)
-    if tokens is None or len(tokens.shape) != 2:
+    if config.dataset is None and (tokens is None or len(tokens.shape) != 2):
         raise TrainError('the plan\'s inputs lack "tokens" (B, T): add it (docs/plan-schema.md)')
     kinds = {spec.name: kind_of(spec) for spec in plan.parameters}
     rules = tuple((name, kind) for name, kind in kinds.items() if kind is not None)
@@ -117,7 +117,7 @@ def config_from_plan(plan: PlanFile, config: TrainConfig) -> TrainConfig:
         config,
         strategy=strategy,
         global_batch=strategy.global_batch,
-        seq_len=tokens.shape[1],
+        seq_len=tokens.shape[1] if tokens is not None else config.seq_len,  # none: --dataset
         tp_rules=rules if config.module_model else None,
         options=options,
     )

@@ -107,7 +107,7 @@ def run_reference(
         optimizer.zero_grad(set_to_none=True)
         fields: dict[str, Any] = {}
         if isinstance(batch, PackedStep):
-            loss, fields = _packed_step(model, batch, device), record_fields(batch)
+            loss, fields = _packed_step(spec, model, batch, device), record_fields(batch)
         else:
             loss = _fixed_step(config, spec, model, batch, step=step, device=device)
         if config.clip_grad_norm is not None:
@@ -153,7 +153,7 @@ def param_groups(model: nn.Module, adam: AdamConfig) -> list[dict[str, Any]]:
     return [g for g in groups if g["params"]]
 
 
-def _batches(config: TrainConfig) -> Iterator[tuple[torch.Tensor, torch.Tensor] | PackedStep]:
+def _batches(config: TrainConfig) -> Iterator[tuple[torch.Tensor, ...] | PackedStep]:
     if not config.packed:
         return step_batches(config)
     check_packed_dropout(config)
@@ -162,6 +162,10 @@ def _batches(config: TrainConfig) -> Iterator[tuple[torch.Tensor, torch.Tensor] 
             "--tokens-per-step packs documents as a strategy's pipelines and micro-batches "
             "take them: give --strategy, also with --reference"
         )
+    if config.elastic:  # the run re-plans its packing: here every document is a row
+        from hspmd.train.elastic_lengths import document_rows
+
+        return document_rows(config)
     if config.length_plans is not None:
         return planned_steps(config)
     return packed_steps(config, config.strategy)
@@ -169,24 +173,26 @@ def _batches(config: TrainConfig) -> Iterator[tuple[torch.Tensor, torch.Tensor] 
 
 def _fixed_step(
     config: TrainConfig, spec: ModelSpec, model: nn.Module,
-    batch: tuple[torch.Tensor, torch.Tensor], *, step: int, device: torch.device,
+    batch: tuple[torch.Tensor, ...], *, step: int, device: torch.device,
 ) -> float:  # fmt: skip
     """One step of fixed batches on this process, once per accumulation pass (the
-    gradients add up): the mean token loss of the step, backpropagated."""
+    gradients add up): the mean token (item) loss of the step, backpropagated."""
     loss = 0.0
     for k, part in enumerate(accumulation_passes(batch, config)):
-        tokens, targets = (t.to(device) for t in part)
+        inputs = tuple(t.to(device) for t in part)  # tokens, targets; or fields
         # dropout by position: the pass's rows of the step (DESIGN decision 17)
         rows = range(k * config.global_batch, (k + 1) * config.global_batch)
         with positional_dropout(seed=config.seed, step=step, rows=rows):
-            # mean over every token of the global batch, over the passes
-            value = step_loss(spec, model, tokens, targets) / config.grad_accum
+            # mean over every token (item) of the global batch, over the passes
+            value = step_loss(spec, model, *inputs) / config.grad_accum
         value.backward()
         loss += float(value.detach())
     return loss
 
 
-def _packed_step(model: nn.Module, step: PackedStep, device: torch.device) -> float:
+def _packed_step(
+    spec: ModelSpec, model: nn.Module, step: PackedStep, device: torch.device
+) -> float:
     """Every micro-batch of every pipeline, as the strategy packs them, on this process:
     the same weighted sum of mean token losses (backpropagated) as the distributed run."""
     total = 0.0
@@ -195,7 +201,7 @@ def _packed_step(model: nn.Module, step: PackedStep, device: torch.device) -> fl
             if mb.real_tokens == 0:  # an empty micro-batch (length plans): skipped
                 continue
             tokens, targets, segments = (t.to(device) for t in (mb.tokens, mb.targets, mb.segments))
-            loss = model(tokens, targets, segments) * step.scale(p, m)
+            loss = step_loss(spec, model, tokens, targets, segments) * step.scale(p, m)
             loss.backward()
             total += float(loss.detach())
     return total

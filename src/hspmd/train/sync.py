@@ -35,8 +35,6 @@ from hspmd.comm.resolve import resolve
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import ParamSpec, parameter_annotations
 from hspmd.plan.strategy import Strategy
-from hspmd.runtime.execute import run_plan
-from hspmd.runtime.world import World
 from hspmd.train.config import TrainError
 
 __all__ = [
@@ -45,7 +43,6 @@ __all__ = [
     "gathered",
     "gathered_fp32",
     "grad_sync_plan",
-    "run_grad_sync",
     "scatter_back",
 ]
 
@@ -117,20 +114,6 @@ def _numel(shape: tuple[int, ...]) -> int:
     for d in shape:
         n *= d
     return n
-
-
-@torch.no_grad()
-def run_grad_sync(
-    items: tuple[SyncItem, ...], params: dict[str, torch.Tensor], world: World
-) -> None:
-    """Replace each local gradient by its synchronized value (in place)."""
-    for item in items:
-        if world.rank not in item.plan.src:
-            continue
-        grads = [grad_of(params[n], n) for n in item.names]
-        out = run_plan(item.plan, gathered(item, grads), world, donate=True)
-        assert out is not None
-        scatter_back(out, grads)
 
 
 def gathered(item: SyncItem, grads: list[torch.Tensor]) -> torch.Tensor:

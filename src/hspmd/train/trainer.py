@@ -29,7 +29,7 @@ import torch
 
 from hspmd.errors import StrategyError
 from hspmd.models.build import check_weights
-from hspmd.models.spec import ModuleModel
+from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Strategy, StrategyOptions, check_strategy
 from hspmd.runtime.launch import ElasticLaunch, NodeSpec, launch
 from hspmd.runtime.trace import NULL, Recorder, chrome_trace, gather_parts
@@ -39,6 +39,7 @@ from hspmd.train.batches import check_data
 from hspmd.train.config import Record, TrainConfig, TrainError
 from hspmd.train.device import backend_of, run_device
 from hspmd.train.elastic import run_rank_elastic
+from hspmd.train.elastic_lengths import Lengths
 from hspmd.train.identity import check_resume_identity
 from hspmd.train.loop import run_rank
 from hspmd.train.packing import check_packed_dropout, check_packing, planned_steps
@@ -88,16 +89,19 @@ def check_config(config: TrainConfig) -> Strategy:
             f"slowdown names ranks {slow} that the run's strategies do not use (ranks "
             f"0..{len(used) - 1}): drop them or pick ranks of the strategy"
         )
-    _check_elastic(config, strategy, used)
+    for each in strategies if config.elastic else strategies[:1]:  # every one needs replicas
+        _check_elastic(config, each, used)
     check_resume_identity(config)  # the checkpoint is whole and holds this model
     check_weights(config.model_config())  # hf:DIR: its weights fit the config, files whole
     if config.save:
         _check_writable(config.save)
     check_data(config)  # one line before launch: empty, too short, ids past the vocabulary
     check_packed_dropout(config)  # packed rows have no batch rows to key dropout by
-    if config.length_plans is not None:  # the data and the first step's choice, up front
+    if config.packed and config.elastic:  # the first step's choice (a later step that does
+        Lengths(config).choose(1, None)  # not pack is widened: hspmd.train.elastic_lengths)
+    elif config.length_plans is not None:  # the data and the first step's choice, up front
         next(planned_steps(dataclasses.replace(config, steps=1)), None)
-    elif config.packed:  # the data and the first step's dispatch, before any process starts
+    elif config.packed:  # the data and every step's dispatch, before any process starts
         rows = sum(p.batch_size for p in strategy.pipelines)
         if (config.step_tokens or 0) > rows * config.seq_len:
             raise TrainError(
@@ -111,11 +115,8 @@ def check_config(config: TrainConfig) -> Strategy:
 
 def fallbacks(config: TrainConfig) -> tuple[str, ...]:
     """Deduce every pipeline of the run's strategies on the meta device, as ``explain``
-    does (user models: the Llama presets are derived by formula and known to deduce), and
-    return the ops computed whole on gathered inputs (``hspmd.deduce.fallback``)."""
+    does, and return the ops computed whole on gathered inputs (``hspmd.deduce.fallback``)."""
     model = config.model_config()
-    if not isinstance(model, ModuleModel):
-        return ()
     options = config.options
     lines: list[str] = []
     for strategy in dict.fromkeys(config.strategies):
@@ -125,7 +126,7 @@ def fallbacks(config: TrainConfig) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=8)
 def _deduced(
-    strategy: Strategy, model: ModuleModel, options: StrategyOptions, seq_len: int
+    strategy: Strategy, model: ModelSpec, options: StrategyOptions, seq_len: int
 ) -> tuple[str, ...]:
     return deduced_sites(strategy, model, options, seq_len=seq_len).fallbacks
 

@@ -30,8 +30,8 @@ alike). Parameters per part come from the protocol (``param_layer``, ``param_kin
 
 ``costed(model)`` returns a ``ModuleModel`` with these figures attached (``cost``), which
 the planner and the simulator read. A Llama preset keeps its formulas
-(``hspmd.planner.workload``); ``model_cost`` on one is the check of this path
-(tests/planner/test_model_cost.py).
+(``hspmd.models.llama_cost``); ``model_cost`` on one is the check of this path
+(tests/cost/test_captured.py).
 
 >>> from hspmd.models.module import load_model
 >>> cost = model_cost(load_model("hspmd.models.examples:gpt2", {"num_layers": 2}))
@@ -59,7 +59,6 @@ from hspmd.annotation import DUP, Annotation
 from hspmd.errors import HspmdError
 from hspmd.markers import is_reshard_node
 from hspmd.models.build import model_graph, params_before_first_block
-from hspmd.models.config import LlamaConfig
 from hspmd.models.spec import (
     Amount,
     CommItem,
@@ -92,16 +91,23 @@ def costed(model: ModuleModel) -> ModuleModel:
     """``model`` with its cost figures (``model_cost``) attached, for the planner."""
     if model.cost is not None:
         return model
+    if model.batch:
+        raise ModelSpecError(
+            f"{model.name} trains on a dataset's items (--dataset): hspmd's cost model prices "
+            "models of token sequences (costs per token and length), so it cannot plan or "
+            "simulate this one yet; `hspmd explain --dataset` shows its plan"
+        )
     return dataclasses.replace(model, cost=model_cost(model))
 
 
 def planning_model(model: ModelSpec) -> ModelSpec:
-    """The model as the planner and the simulator take it: a Llama preset as it is (its
-    formulas), any other model with its measured figures (``costed``)."""
-    if isinstance(model, LlamaConfig):
+    """The model as the planner and the simulator take it: with its own cost function
+    (``ModelSpec.cost``: a Llama preset's formulas), else with the figures measured on its
+    captured graph (``costed``)."""
+    if model.cost is not None:
         return model
     if not isinstance(model, ModuleModel):
-        raise ModelSpecError(f"unknown kind of model: {type(model).__name__}")
+        raise ModelSpecError(f"{model.name} has no cost function and no graph to measure one")
     return costed(model)
 
 
@@ -164,7 +170,7 @@ def model_cost(model: ModelSpec) -> ModelCost:
         )
     return ModelCost(
         pre=out[PRE], layer=out[0], post=out[POST], vocab_split=split[False][2], probe=probe,
-        lengths=lengths,
+        lengths=lengths, hidden_size=model.hidden_size,
     )  # fmt: skip
 
 
@@ -222,7 +228,7 @@ def _params(model: ModelSpec, part: int) -> tuple[float, float]:
 
     The protocol says only which layer's stage holds a parameter, so a pre- or post-part
     parameter is told from a block's by its name: a block's are ``{blocks}.{i}.*``."""
-    blocks = model.blocks if isinstance(model, ModuleModel) else "layers"
+    blocks = getattr(model, "blocks", "layers")  # a ModuleModel names its own
     split = whole = 0.0
     for name, shape in model.parameter_shapes().items():
         layer = model.param_layer(name)
@@ -251,7 +257,7 @@ def _is_pre_param(model: ModelSpec, name: str) -> bool:
 
 def _parts(gm: torch.fx.GraphModule, model: ModelSpec) -> dict[str, int]:
     """Every node's part: a block index, PRE or POST (module docstring)."""
-    blocks = model.blocks if isinstance(model, ModuleModel) else "layers"
+    blocks = getattr(model, "blocks", "layers")  # a ModuleModel names its own
     last = model.num_layers - 1
     out: dict[str, int] = {}
     current = PRE
@@ -477,7 +483,8 @@ def _measure(
             with torch.no_grad():  # nothing saved: a fused kernel's saves are counted below
                 out = n.target(*args, **kwargs)  # type: ignore[operator]
             counter.quiet = False
-            causal = _attention_kind(n.target) == "causal" or bool(kwargs.get("is_causal"))
+            flag = args[5] if len(args) > 5 else kwargs.get("is_causal")  # ATen: positional
+            causal = _attention_kind(n.target) == "causal" or bool(flag)
             flops = 4 * q.shape[:-2].numel() * q.shape[-2] * k.shape[-2] * q.shape[-1]
             counter.ops.append((n.name, "attention", 1.0, flops / (2 if causal else 1)))
             # a fused kernel's output is laid out (B, T, heads, D) under its (B, heads, T, D)

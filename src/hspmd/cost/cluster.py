@@ -56,7 +56,7 @@ class ClusterError(HspmdError, ValueError):
 class GpuKind:
     """One GPU model: memory (MB), bf16 dense peak (TFLOPS), its intra-node link.
 
-    Optional, for the planner's cost model (``hspmd.planner.cost``): ``profile``, a measured
+    Optional, for the planner's cost model (``hspmd.cost.lines``): ``profile``, a measured
     ``hspmd.profile/1`` file (a path, relative to the cluster file); ``achieved_tflops``, the
     sustained dense matmul throughput where no profile exists; ``hbm_GBps``, the memory
     bandwidth that bounds norms, element-wise ops and the optimizer; ``slowdown``, a factor

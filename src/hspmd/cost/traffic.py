@@ -3,12 +3,15 @@
 The model, per stage of transfers (a plain scheme is one stage; a relayed one has up to three,
 run one after the other)::
 
-    send_time(rank) = sum over its sends    of bytes / bandwidth(link to the receiver)
-    recv_time(rank) = sum over its receives of bytes / bandwidth(link from the sender)
+    send_time(rank) = sum over its sends    of transfer_time(bytes, link to the receiver)
+    recv_time(rank) = sum over its receives of transfer_time(bytes, link from the sender)
     rank_time(rank) = max(send_time, recv_time)     # a rank sends and receives at once
     stage_time      = max over ranks of rank_time   # the slowest rank sets the pace
     time            = sum of stage_time over stages
 
+``transfer_time`` is the link model of every cost (``hspmd.cost.link``), here at one over the
+link class's bandwidth a byte and no latency: a batched exchange posts every message of a
+stage at once, so their latencies overlap (and are small next to the bytes of a switch).
 Local copies cost nothing. Links of one class are not shared between ranks (one NIC per GPU,
 full-bisection fabric), so contention inside a switch is not modelled.
 
@@ -29,6 +32,7 @@ from dataclasses import dataclass, field
 
 from hspmd.comm.plan import Transfer, volume
 from hspmd.comm.topology import LinkClass, Topology
+from hspmd.cost.link import transfer_time
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +76,9 @@ def estimate(
                 link = links[(src, dst)] = topology.link(src, dst)
             sent[src][link.name] += size
             received[dst][link.name] += size
-            send_t[src] += size / link.bandwidth
-            recv_t[dst] += size / link.bandwidth
+            seconds = transfer_time(size, per_byte=1.0 / link.bandwidth)
+            send_t[src] += seconds
+            recv_t[dst] += seconds
         stage_time = 0.0
         for rank in set(send_t) | set(recv_t):
             busy = max(send_t[rank], recv_t[rank])

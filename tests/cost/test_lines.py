@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hspmd.planner.cost import DEFAULT_EFFICIENCY, KERNEL_OVERHEAD_S, LINK_OVERHEAD_S, CostModel
-from hspmd.switch.cluster import load_cluster
+from hspmd.cost.cluster import load_cluster
+from hspmd.cost.lines import DEFAULT_EFFICIENCY, KERNEL_OVERHEAD_S, LINK_OVERHEAD_S, CostModel
 from tests.planner.conftest import cluster_file
 
 
@@ -60,7 +60,7 @@ def _profiled_cluster(tmp_path: Path, *, kind: str, sharing: tuple[float, ...]) 
     """Four ranks on one node of a kind profiled on a ``kind`` ("cpu" / "cuda") host."""
     import json
 
-    from hspmd.planner.profile import COLLECTIVE_OPS, COMPUTE_OPS, Fit, LinkFit, Profile
+    from hspmd.cost.profile import COLLECTIVE_OPS, COMPUTE_OPS, Fit, LinkFit, Profile
 
     groups = ((2, Fit(0.0, 1e-3, 1.0)),)
     profile = Profile(
@@ -103,7 +103,7 @@ def test_link_seconds_use_the_fit_of_the_nearest_group_size(tmp_path: Path) -> N
 def test_emulated_nodes_on_one_host_share_one_pool(tmp_path: Path) -> None:
     import json
 
-    from hspmd.switch.cluster import ClusterError
+    from hspmd.cost.cluster import ClusterError
 
     path = _profiled_cluster(tmp_path, kind="cpu", sharing=(1.0, 1.5))
     data = json.loads(path.read_text())
@@ -129,7 +129,7 @@ def test_emulated_nodes_on_one_host_share_one_pool(tmp_path: Path) -> None:
 def test_a_shared_inter_link_is_split_among_the_flows_leaving_a_node(tmp_path: Path) -> None:
     import json
 
-    from hspmd.switch.cluster import ClusterError
+    from hspmd.cost.cluster import ClusterError
 
     path = cluster_file(tmp_path / "c.json", fast=4, slow=0)  # 2 nodes of 2, 10 GB/s a GPU
     per_gpu = CostModel.of(load_cluster(path))
@@ -165,7 +165,7 @@ def test_a_shared_inter_link_is_split_among_the_flows_leaving_a_node(tmp_path: P
 def _profile_with_link(path: Path, link: str, *, slope: float, overhead: float) -> Path:
     """A profile whose compute lines are placeholders and whose ``link`` was timed across
     nodes (``hspmd profile --nnodes``): one line for rings of 4 and of 2."""
-    from hspmd.planner.profile import COLLECTIVE_OPS, COMPUTE_OPS, Fit, LinkFit, Profile
+    from hspmd.cost.profile import COLLECTIVE_OPS, COMPUTE_OPS, Fit, LinkFit, Profile
 
     line = Fit(slope, overhead, 1.0)
     profile = Profile(

@@ -1,4 +1,4 @@
-"""Timing of operator families on the machine at hand (torch); units as in hspmd.planner.profile.
+"""Timing of operator families on the machine at hand (torch); units as in hspmd.cost.profile.
 
 Each sample is the median of several timed repetitions after one warm-up;
 ``profile_machine`` takes them all and fits one line per family (``fit_linear``)::
@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from hspmd.planner.profile import (
+from hspmd.cost.profile import (
     COLLECTIVE_OPS,
     COMPUTE_OPS,
     LinkFit,

@@ -2,7 +2,7 @@
 
 A profile (format tag ``hspmd.profile/1``) holds, per operator family, a line
 ``time = overhead_s + per_unit_s * units`` fitted by least squares to medians of timed
-repetitions (``hspmd.planner.measure`` takes them). Units:
+repetitions (``hspmd.cost.measure`` takes them). Units:
 
 - matmul: FLOPs ``2*M*N*K`` for the forward; the backward is a sample of the same family
   with twice the forward FLOPs, so one ``per_flop_s`` covers both;

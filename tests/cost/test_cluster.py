@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hspmd.switch.cluster import ClusterError, cluster_from_json, load_cluster, shipped_clusters
+from hspmd.cost.cluster import ClusterError, cluster_from_json, load_cluster, shipped_clusters
 
 
 def test_shipped_clusters() -> None:
@@ -26,7 +26,7 @@ def test_shipped_clusters() -> None:
 
 
 def test_shipped_cluster_names_a_measured_profile_beside_it() -> None:
-    from hspmd.planner.cost import CostModel
+    from hspmd.cost.lines import CostModel
 
     cost = CostModel.of(load_cluster("h200x8"))  # its profile: clusters/profiles/
     assert "NVIDIA H200" in cost.describe()

@@ -1,7 +1,7 @@
 """The cost model: seconds per operator on each GPU kind and each link class.
 
 Every time the planner and the simulator use is ``overhead + slope * units`` of one operator
-family (``hspmd.planner.profile``): matmul and attention per FLOP, norm, element-wise and
+family (``hspmd.cost.profile``): matmul and attention per FLOP, norm, element-wise and
 optimizer per byte on a device; all-reduce, all-gather, reduce-scatter, all-to-all and
 send/recv per ring bus byte on a link. Where each line comes from, per GPU kind:
 
@@ -25,7 +25,7 @@ compute task by the factor of how many ranks of the node compute at once. GPU ki
 (``achieved_tflops``, assumed figures, or a CUDA profile) have none: their ranks never
 slow each other down.
 
->>> from hspmd.switch.cluster import load_cluster
+>>> from hspmd.cost.cluster import load_cluster
 >>> model = CostModel.of(load_cluster("hetu-h800-h20"))
 >>> round(model.device("H800").seconds("matmul", 1e15), 3)  # 1 PFLOP at 495 TFLOPS
 2.02
@@ -40,8 +40,9 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from hspmd.comm.topology import LOCAL, LinkClass, Topology
-from hspmd.errors import HspmdError
-from hspmd.planner.profile import (
+from hspmd.cost.cluster import Cluster, GpuKind
+from hspmd.cost.link import transfer_time
+from hspmd.cost.profile import (
     COLLECTIVE_OPS,
     COMPUTE_OPS,
     Fit,
@@ -51,8 +52,8 @@ from hspmd.planner.profile import (
     bus_bytes,
     load_profile,
 )
+from hspmd.errors import HspmdError
 from hspmd.sim.engine import Pool
-from hspmd.switch.cluster import Cluster, GpuKind
 
 __all__ = [
     "DEFAULT_EFFICIENCY",
@@ -131,7 +132,8 @@ class LinkCost:
         if op not in self.fits:
             raise CostError(f"no cost line for {op!r} on link {self.name}")
         fit = self.by_size[op].for_size(group_size) if op in self.by_size else self.fits[op]
-        return fit.seconds(bus_bytes(op, nbytes, group_size))
+        moved = bus_bytes(op, nbytes, group_size)
+        return transfer_time(moved, per_byte=fit.per_unit_s, latency=fit.overhead_s)
 
 
 @dataclass(frozen=True)

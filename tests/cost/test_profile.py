@@ -1,4 +1,4 @@
-"""Pure tests of hspmd.planner.profile: the fit, bus bytes, the JSON form and its errors."""
+"""Pure tests of hspmd.cost.profile: the fit, bus bytes, the JSON form and its errors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hspmd.planner.profile import (
+from hspmd.cost.profile import (
     Fit,
     LinkFit,
     Profile,
@@ -88,7 +88,7 @@ def test_load_profile_names_file_and_field(tmp_path: Path) -> None:
 
 
 def test_measure_matmul_and_elementwise_tiny_sizes() -> None:
-    from hspmd.planner.measure import measure_elementwise, measure_matmul
+    from hspmd.cost.measure import measure_elementwise, measure_matmul
 
     samples = measure_matmul([8, 16], reps=2) + measure_elementwise([64, 128], reps=2)
     # squares 8, 16; skinny (32, 8) x (8, 16), (64, 16) x (16, 16), (4, 8) x (8, 24), (8, 16) x (16, 48)

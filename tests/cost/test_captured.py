@@ -1,4 +1,4 @@
-"""The cost of any model, measured on its graph (hspmd.specialize.costs), issue 12.
+"""The cost of any model, measured on its graph (hspmd.cost.captured), issue 12.
 
 The Llama presets keep their formulas; measured on the same graph, the generic path must
 agree with them: parameters exactly, matmul and attention FLOPs to 1e-9, stage seconds
@@ -14,19 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from hspmd.models.config import ModelConfigError, get_config
+from hspmd.cost.captured import costed, model_cost, tp_probe
+from hspmd.cost.cluster import load_cluster
+from hspmd.cost.lines import CostModel
+from hspmd.cost.stage import NoCostError, embed_params, head_params, layer_params, stage_work
+from hspmd.models.config import get_config
 from hspmd.models.module import load_model
 from hspmd.models.spec import ModelCost, ModelSpecError
 from hspmd.plan.strategy import StrategyOptions, check_strategy, parse_strategy
-from hspmd.planner.cost import CostModel
 from hspmd.planner.memory import activation_bytes_per_layer
 from hspmd.planner.predict import predict
 from hspmd.planner.search import plan
-from hspmd.planner.workload import embed_params, head_params, layer_params, stage_work
-from hspmd.specialize.costs import costed, model_cost, tp_probe
-from hspmd.switch.cluster import load_cluster
-
-from .conftest import cluster_file
+from tests.planner.conftest import cluster_file
 
 
 class Measured:
@@ -58,7 +57,7 @@ def test_llama_figures_agree_with_formulas(llama: tuple[object, Measured]) -> No
     kv = config.num_kv_heads * config.head_dim  # type: ignore[attr-defined]
     b, s = 2, 4096
     work = {w.line: w for w in measured.cost.layer.work if w.split}
-    matmul = 2 * b * s * (H * q + 2 * H * kv + q * H + 3 * H * F_)  # workload._layer
+    matmul = 2 * b * s * (H * q + 2 * H * kv + q * H + 3 * H * F_)  # LlamaCost._layer
     attention = 2 * b * config.num_heads * s * s * config.head_dim  # type: ignore[attr-defined]
     assert math.isclose(work["matmul"].units.at(b, s), matmul, rel_tol=1e-9)
     assert math.isclose(work["attention"].units.at(b, s), attention, rel_tol=1e-9)
@@ -83,7 +82,7 @@ def test_llama_seconds_and_memory_within_tolerance(
     kw2 = dict(elt=2, sequence_parallel=sp, recompute=False)
     want_act = activation_bytes_per_layer(config, 1, 4096, tp, **kw2)[0]  # type: ignore[arg-type]
     got_act = activation_bytes_per_layer(measured, 1, 4096, tp, **kw2)[0]  # type: ignore[arg-type]
-    # the formula (memory.llama_layer_bytes, checked tensor by tensor on a real block) counts
+    # the formula (LlamaCost.token_bytes, checked tensor by tensor on a real block) counts
     # each norm's fp32 reciprocal as 4 bytes, the measured path (a meta run in the model's
     # own dtype) as one compute-dtype element: the same within a part in 10^3
     assert 0.99 <= got_act / want_act <= 1.0
@@ -159,7 +158,7 @@ def test_plan_respects_tp_sizes(user_model: str, tmp_path: Path) -> None:
 def test_uncosted_model_is_one_line(user_model: str, tmp_path: Path) -> None:
     model = load_model(user_model)
     cost = CostModel.of(load_cluster(str(cluster_file(tmp_path / "c.json", fast=2, slow=0))))
-    with pytest.raises(ModelConfigError, match=r"has no cost figures: measure them with"):
+    with pytest.raises(NoCostError, match=r"has no cost figures: measure them with"):
         predict(parse_strategy("1x1: R0:L0-3"), model, cost, seq_len=8, options=StrategyOptions())
 
 
