@@ -23,7 +23,6 @@ Prints a table, then one JSON line.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import tempfile
@@ -40,6 +39,7 @@ from rich.table import Table
 from hspmd.data.tokens import open_token_file
 from hspmd.data.windows import TokenWindows
 from hspmd.plan.strategy import parse_strategy
+from hspmd.train.api import revise, train_config
 from hspmd.train.config import AdamConfig, TrainConfig
 from hspmd.train.packing import packed_steps
 from hspmd.train.trainer import train
@@ -92,21 +92,21 @@ def main() -> int:
     path = folder / "train.bin"
     write_corpus(path, tokens=args.tokens, vocab=args.vocab)
     ids = open_token_file(path).ids
-    base = TrainConfig(
-        model=args.model, model_overrides=(("vocab_size", args.vocab),), data=str(path),
+    base = train_config(
+        model=args.model, model_kwargs=(("vocab_size", args.vocab),), data=str(path),
         global_batch=args.global_batch, seq_len=args.seq_len, steps=args.steps,
         adam=AdamConfig(lr=1e-4), device=args.device, data_cache=str(folder / "cache"),
     )  # fmt: skip
     n = base.model_config().num_layers
-    fixed = dataclasses.replace(base, strategy=f"1x{args.global_batch}: R0:L0-{n - 1}")
-    packed = dataclasses.replace(
+    fixed = revise(base, strategy=f"1x{args.global_batch}: R0:L0-{n - 1}")
+    packed = revise(
         fixed, strategy=f"{args.global_batch}x1: R0:L0-{n - 1}", eod_id=EOD,
         step_tokens=args.global_batch * args.seq_len * 3 // 4,  # slack for the packing
     )  # fmt: skip
     data_steps = range(1, args.data_steps + 1)
     windows = TokenWindows(ids, args.global_batch, args.seq_len, seed=0)
     fixed_data = median_seconds(windows.batch, data_steps)
-    steps = iter(packed_steps(dataclasses.replace(packed, steps=args.data_steps + 1),
+    steps = iter(packed_steps(revise(packed, steps=args.data_steps + 1),
                               parse_strategy(packed.strategy or "")))  # fmt: skip
     next(steps)  # the first step splits the file at its end ids (cached for the run)
     packed_data = median_seconds(lambda _: next(steps), data_steps)

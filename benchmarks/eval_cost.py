@@ -20,14 +20,14 @@ Prints a table, then one JSON line.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 
 from rich.console import Console
 from rich.table import Table
 
-from hspmd.train.config import AdamConfig, EvalConfig, TrainConfig
+from hspmd.train.api import revise, train_config
+from hspmd.train.config import AdamConfig, EvalConfig
 from hspmd.train.reference import TrainResult, run_reference
 from hspmd.train.trainer import train_many
 
@@ -53,12 +53,12 @@ def main() -> None:
     args = parser.parse_args()
     names = list(STRATEGIES)[:1] if args.quick else list(STRATEGIES)
     steps = 4 if args.quick else 8
-    base = TrainConfig(global_batch=8, seq_len=128, steps=steps, adam=AdamConfig(lr=1e-3),
+    base = train_config(global_batch=8, seq_len=128, steps=steps, adam=AdamConfig(lr=1e-3),
                        data_max_bytes=1 << 21,
                        evaluation=EvalConfig(every=2, batches=args.batches, split=0.05))  # fmt: skip
-    configs = [dataclasses.replace(base, strategy=STRATEGIES[n]) for n in names]
+    configs = [revise(base, strategy=STRATEGIES[n]) for n in names]
     results = train_many(configs, threads=1, timeout_s=1800)
-    reference = run_reference(dataclasses.replace(base, device="cpu"))
+    reference = run_reference(revise(base, device="cpu"))
     rows = {n: _figures(r, reference, args.batches) for n, r in zip(names, results, strict=True)}
     table = Table("strategy", "step ms", "eval ms / batch", "eval batch / step", "eval vs ref")
     for name, f in rows.items():

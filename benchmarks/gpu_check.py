@@ -312,7 +312,8 @@ def _achieved(samples: Any, sizes: Any) -> list[dict[str, Any]]:
 def part_equal(data: dict[str, Any], _out: Path, *, dry: bool) -> None:
     import torch
 
-    from hspmd.train.config import AdamConfig, TrainConfig
+    from hspmd.train.api import revise, train_config
+    from hspmd.train.config import AdamConfig
     from hspmd.train.reference import run_reference
     from hspmd.train.trainer import train, train_many
 
@@ -321,11 +322,11 @@ def part_equal(data: dict[str, Any], _out: Path, *, dry: bool) -> None:
         torch.backends.cuda.matmul.allow_tf32 = False  # NVIDIA_TF32_OVERRIDE=0 (parent)
         torch.backends.cudnn.allow_tf32 = False
     device = "cpu" if dry else "cuda"
-    base = TrainConfig(
+    base = train_config(
         model="llama-tiny", strategy="2x1: R0:L0-3", global_batch=2, seq_len=64, steps=3,
         seed=0, adam=AdamConfig(lr=1e-3), data=DATA, device=device,
     )  # fmt: skip
-    cpu_ref = run_reference(dataclasses.replace(base, device="cpu"))
+    cpu_ref = run_reference(revise(base, device="cpu"))
     data["cpu_reference_losses"] = list(cpu_ref.losses)
 
     on = "CPU (gloo: dry run)" if dry else "the GPU (nccl)"
@@ -335,7 +336,7 @@ def part_equal(data: dict[str, Any], _out: Path, *, dry: bool) -> None:
         return _verdict(f"1 rank on {on} vs the reference on CPU", result, cpu_ref)
 
     def reference_vs_cpu() -> dict[str, Any]:
-        result = run_reference(dataclasses.replace(base, device=device))
+        result = run_reference(revise(base, device=device))
         return _verdict(f"the reference on {on.split(' (')[0]} vs on CPU", result, cpu_ref)
 
     _step(data, "train_vs_reference", gpu_vs_cpu)
@@ -345,10 +346,10 @@ def part_equal(data: dict[str, Any], _out: Path, *, dry: bool) -> None:
         """bf16 + ZeRO-1; a switch under the home layout; a save, then a resume: one launch."""
         save = tempfile.mkdtemp(prefix="gpu-check-ckpt-")
         configs = [
-            dataclasses.replace(base, dtype="bf16", zero=1),
-            dataclasses.replace(base, switch_mode="weights", switches=((2, "1x2: R0:L0-3"),)),
-            dataclasses.replace(base, steps=2, save=save),
-            dataclasses.replace(base, resume=save),
+            revise(base, dtype="bf16", zero=1),
+            revise(base, switch_mode="weights", switches=((2, "1x2: R0:L0-3"),)),
+            revise(base, steps=2, save=save),
+            revise(base, resume=save),
         ]
         results = train_many(configs, trace=True)
         bf16, switched, saved, resumed = results
@@ -418,13 +419,13 @@ def _verdict(what: str, result: Any, reference: Any, *, last: bool = False) -> d
 def part_shapes(data: dict[str, Any], out: Path, *, dry: bool) -> None:
     from hspmd.plan.strategy import StrategyOptions, parse_strategy
     from hspmd.planner.memory import OVERHEAD_BYTES, strategy_memory
-    from hspmd.train.config import TrainConfig
+    from hspmd.train.api import train_config
     from hspmd.train.trainer import train
 
     shapes = SHAPES_DRY if dry else SHAPES
     seq_len = shapes["max_seq_len"]
-    config = TrainConfig(
-        model="llama-tiny", model_overrides=tuple(sorted(shapes.items())),
+    config = train_config(
+        model="llama-tiny", model_kwargs=tuple(sorted(shapes.items())),
         strategy=SHAPES_STRATEGY, global_batch=4, seq_len=seq_len, steps=SHAPES_STEPS,
         dtype="bf16", device="cpu" if dry else "cuda", data=DATA,
     )  # fmt: skip

@@ -37,7 +37,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from hspmd.cli.plan_lengths import apply_plans
+from hspmd.cli.plan_lengths import apply_plans, read_length_plans
 from hspmd.cost.cluster import load_cluster
 from hspmd.cost.lines import CostModel
 from hspmd.data import DEFAULT_MAX_BYTES, document_steps, load_documents, split_documents
@@ -55,7 +55,8 @@ from hspmd.planner.lengths import (
     sync_seconds,
     to_strategy,
 )
-from hspmd.train.config import TrainConfig
+from hspmd.train.api import train_config
+from hspmd.train.config import LengthPlans, TrainConfig
 
 NPROC, MODEL = 4, "llama-small"
 OPTIONS = StrategyOptions(dtype="fp32")  # no recompute, no SP: every method the same
@@ -139,10 +140,10 @@ def full_window(config: LlamaConfig, cost: CostModel, max_len: int, tokens: int)
 
 
 def plans_file(plans: list[LengthStrategy], hist: Histogram, config: LlamaConfig,
-               cost: CostModel, tokens: int) -> str:  # fmt: skip
+               cost: CostModel, tokens: int) -> LengthPlans:  # fmt: skip
     data = plans_json(plans, hist, model=MODEL, cluster="local-4", step_tokens=tokens,
                       switch=switch_matrix(plans, config, cost))  # fmt: skip
-    return json.dumps(data)
+    return read_length_plans(json.loads(json.dumps(data)), "plans")  # as the file reads back
 
 
 def configs(
@@ -174,12 +175,12 @@ def configs(
         MIN_DOCS, *(min(len(p.pipes) for p in plans) for plans in (ours, hotspa, varlen))
     )
     chosen = {"min_documents": min_docs, "plan_s": plan_s}
-    base = TrainConfig(model=MODEL, model_overrides=overrides, seq_len=max_len,
+    base = train_config(model=MODEL, model_kwargs=overrides, seq_len=max_len,
                        step_tokens=tokens, steps=steps, min_documents=min_docs)  # fmt: skip
     runs: dict[str, TrainConfig] = {}
     window = full_window(config, cost, max_len, tokens)
-    runs["full-window"] = TrainConfig(
-        model=MODEL, model_overrides=overrides, strategy=window, seq_len=max_len,
+    runs["full-window"] = train_config(
+        model=MODEL, model_kwargs=overrides, strategy=window, seq_len=max_len,
         global_batch=tokens // max_len, steps=steps,
     )  # fmt: skip
     chosen["full-window"] = window

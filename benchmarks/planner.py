@@ -45,6 +45,7 @@ from hspmd.plan.strategy import StrategyOptions, parse_strategy
 from hspmd.planner.deepspeed import parse_deepspeed, predict_deepspeed
 from hspmd.planner.predict import predict
 from hspmd.planner.search import homogeneous_plan, megatron_strategy, plan
+from hspmd.train.api import train_config
 
 CLUSTERS = {"16+16": "hetu-h800-h20x16", "16+24": "hetu-h800-h20x24", "16+32": "hetu-h800-h20"}
 
@@ -204,7 +205,6 @@ def _measure(configs: list[Any], repeats: int) -> list[float]:
 def local_part(repeats: int = REPEATS, keep: str | None = None) -> dict[str, Any]:
     """``keep``: also write the profile taken to this file."""
     from hspmd.cost.measure import profile_machine
-    from hspmd.train.config import TrainConfig
 
     config = get_config("llama-small")
     with tempfile.TemporaryDirectory() as tmp:
@@ -228,12 +228,12 @@ def local_part(repeats: int = REPEATS, keep: str | None = None) -> dict[str, Any
     ours = plan(config, slow, global_batch=BATCH, seq_len=SEQ, dtype="fp32", zero1="off")
     assert ours.homogeneous is not None
     planned = {"planner": ours, "homogeneous": ours.homogeneous}
-    configs = [TrainConfig(model="llama-small", strategy=s, global_batch=BATCH, seq_len=SEQ, steps=STEPS)
+    configs = [train_config(model="llama-small", strategy=s, global_batch=BATCH, seq_len=SEQ, steps=STEPS)
                for s in texts.values()]  # fmt: skip
     slow_ranks = ((2, 3.0), (3, 3.0))
     for p in planned.values():
         o = p.options
-        configs.append(TrainConfig(
+        configs.append(train_config(
             model="llama-small", strategy=str(p.strategy), global_batch=BATCH, seq_len=SEQ,
             steps=STEPS, sequence_parallel=o.sequence_parallel, recompute=o.recompute,
             slowdown=tuple(r for r in slow_ranks if r[0] in p.strategy.ranks),

@@ -24,7 +24,6 @@ Prints a table, then one JSON line.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import time
@@ -33,6 +32,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from hspmd.train.api import revise, train_config
 from hspmd.train.clip import square_sum
 from hspmd.train.compare import compare
 from hspmd.train.config import AdamConfig, TrainConfig
@@ -54,16 +54,16 @@ def _median_step(result: TrainResult) -> float:
 
 
 def measure(strategy: str, zero1: bool, *, steps: int, rounds: int) -> dict[str, float]:
-    base = TrainConfig(strategy=strategy, zero=int(zero1), global_batch=8, seq_len=128,
+    base = train_config(strategy=strategy, zero=int(zero1), global_batch=8, seq_len=128,
                        steps=steps, adam=PLAIN, data_max_bytes=1 << 20)  # fmt: skip
-    recipe = dataclasses.replace(base, adam=RECIPE, clip_grad_norm=1.0)
+    recipe = revise(base, adam=RECIPE, clip_grad_norm=1.0)
     configs = []
     for r in range(rounds):
         configs += [base, recipe] if r % 2 == 0 else [recipe, base]
     results = train_many(configs, threads=1, timeout_s=1800)
     plain_times = [_median_step(res) for c, res in zip(configs, results, strict=True) if c is base]
     recipe_runs = [res for c, res in zip(configs, results, strict=True) if c is recipe]
-    reference = run_reference(dataclasses.replace(recipe, strategy=None, zero=0))
+    reference = run_reference(revise(recipe, strategy=None, zero=0))
     check = compare(recipe_runs[0], reference)
     norms = max(
         abs(a.grad_norm - b.grad_norm) / b.grad_norm
@@ -119,7 +119,7 @@ def main() -> None:
     for name in names:
         strategy, zero1 = STRATEGIES[name]
         m = out[name] = measure(strategy, zero1, steps=args.steps, rounds=rounds)
-        m["clip_work_s"] = clip_work_s(TrainConfig())
+        m["clip_work_s"] = clip_work_s(train_config())
         table.add_row(name, f"{m['plain_s']:.4f}", f"{m['recipe_s']:.4f}",
                       f"{m['recipe_s'] / m['plain_s']:.3f}",
                       f"{m['clip_work_s'] / m['plain_s']:.4f}", f"{m['loss_rel']:.1e}",

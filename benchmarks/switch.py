@@ -27,7 +27,6 @@ failed; estimates, nothing runs).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import tempfile
 import time
@@ -39,14 +38,15 @@ import torch
 import torch.distributed as dist
 
 from hspmd.cost.cluster import load_cluster
+from hspmd.plan.strategy import Strategy, parse_strategy
 from hspmd.runtime.launch import launch
 from hspmd.runtime.world import World
 from hspmd.switch.cost import ALGOS, switch_cost
 from hspmd.switch.live import plan_switch, run_switch
 from hspmd.switch.weights import plan_weight_switch, run_weight_switch
 from hspmd.train.active import activate
+from hspmd.train.api import revise, train_config
 from hspmd.train.config import TrainConfig
-from hspmd.train.layout import Layout
 from hspmd.train.loop import load_checkpoint, prepare_all, save_checkpoint, switch_to
 
 A = "1x4: R0-1:L0-{mid} R2-3:L{mid1}-{last}"  # PP 2 x TP 2
@@ -71,7 +71,9 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     return out, float(took)
 
 
-def _worker(world: World, config: TrainConfig, a: str, b: str, repeats: int) -> list[dict]:
+def _worker(
+    world: World, config: TrainConfig, a: Strategy, b: Strategy, repeats: int
+) -> list[dict]:
     prepare_all(world, config)
     active = activate(world, config, a)
     rows = []
@@ -97,7 +99,12 @@ def _worker(world: World, config: TrainConfig, a: str, b: str, repeats: int) -> 
 
 
 def _modes_worker(
-    world: World, states: TrainConfig, weights: TrainConfig, a: str, b: str, repeats: int
+    world: World,
+    states: TrainConfig,
+    weights: TrainConfig,
+    a: Strategy,
+    b: Strategy,
+    repeats: int,
 ) -> list[dict]:
     """Switch times of both modes (bf16), A -> B and back, ``repeats`` times each way."""
     model = states.model_config()
@@ -107,8 +114,7 @@ def _modes_worker(
         active = activate(world, config, a)
         for _ in range(repeats):
             for source, target in ((a, b), (b, a)):
-                src, dst = (Layout.from_text(t, num_layers=model.num_layers).strategy
-                            for t in (source, target))  # fmt: skip
+                src, dst = source, target
                 if config.switch_mode == "states":
                     plan = plan_switch(model, src, dst)
                     state = active.post.state() if active.post is not None else {}
@@ -136,10 +142,11 @@ def measure_modes(*, layers: int, hidden: int, repeats: int) -> list[dict]:
     b = B.format(last=layers - 1)
     overrides = (("num_layers", layers), ("hidden_size", hidden),
                  ("intermediate_size", 3 * hidden))  # fmt: skip
-    states = TrainConfig(model="llama-small", model_overrides=overrides, seq_len=16,
+    states = train_config(model="llama-small", model_kwargs=overrides, seq_len=16,
                          global_batch=4, strategy=a, switches=((2, b),), dtype="bf16")  # fmt: skip
-    weights = dataclasses.replace(states, switch_mode="weights")
-    results = launch(_modes_worker, 4, args=(states, weights, a, b, repeats), threads=1,
+    weights = revise(states, switch_mode="weights")
+    results = launch(_modes_worker, 4, args=(states, weights, states.strategy,
+                                             parse_strategy(b), repeats), threads=1,
                      timeout_s=600)  # fmt: skip
     return results[0]
 
@@ -150,9 +157,10 @@ def measure(*, layers: int, hidden: int, repeats: int) -> list[dict]:
     b = B.format(last=layers - 1)
     overrides = (("num_layers", layers), ("hidden_size", hidden),
                  ("intermediate_size", 3 * hidden))  # fmt: skip
-    config = TrainConfig(model="llama-small", model_overrides=overrides, seq_len=16,
+    config = train_config(model="llama-small", model_kwargs=overrides, seq_len=16,
                          global_batch=4, strategy=a, switches=((2, b),))  # fmt: skip
-    results = launch(_worker, 4, args=(config, a, b, repeats), threads=1, timeout_s=600)
+    results = launch(_worker, 4, args=(config, config.strategy, parse_strategy(b), repeats),
+                     threads=1, timeout_s=600)  # fmt: skip
     return results[0]
 
 

@@ -35,6 +35,7 @@ from hspmd.plan.strategy import parse_strategy
 from hspmd.runtime.launch import launch
 from hspmd.runtime.trace import NULL, Recorder
 from hspmd.runtime.world import World
+from hspmd.train.api import train_config
 from hspmd.train.config import TrainConfig
 from hspmd.train.loop import run_rank
 
@@ -97,7 +98,7 @@ def _per_event_ns(count: int = 1_000_000) -> tuple[float, float]:
 
 
 def _row(name: str, strategy: str, *, steps: int, event_ns: float) -> dict[str, Any]:
-    config = TrainConfig(strategy=strategy, global_batch=8, seq_len=64, steps=steps)
+    config = train_config(strategy=strategy, global_batch=8, seq_len=64, steps=steps)
     nproc = 1 + max(parse_strategy(strategy).ranks)
     per_rank = launch(_work, nproc, args=(config,), threads=1, timeout_s=1800)
     seconds = per_rank[0]["seconds"]

@@ -26,7 +26,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,6 +39,7 @@ from torch import nn
 from hspmd.models.llama import Llama, init_weights
 from hspmd.runtime.launch import launch
 from hspmd.runtime.world import World
+from hspmd.train.api import revise, train_config
 from hspmd.train.batches import step_batches
 from hspmd.train.config import AdamConfig, TrainConfig
 from hspmd.train.reference import run_reference
@@ -65,7 +66,7 @@ def median_after_warmup(seconds: list[float]) -> float:
 
 
 def config_for(base: TrainConfig, strategy: str | None) -> TrainConfig:
-    return replace(base, strategy=strategy)
+    return revise(base, strategy=strategy)
 
 
 # -- baselines (module-level: workers pickle them by name) ------------------------------------
@@ -221,7 +222,7 @@ def row_dp(base: TrainConfig) -> list[Row]:
     the same strategy with every sync after the last backward (``overlap=False``)."""
     n, half = base.model_config().num_layers, base.global_batch // 2
     config = config_for(base, f"1x{half}: R0:L0-{n - 1}; 1x{half}: R1:L0-{n - 1}")
-    plain = replace(config, overlap=False)
+    plain = revise(config, overlap=False)
     mine, late, theirs = [], [], []
     for _ in range(REPEATS):
         mine.append(ours(config))
@@ -264,7 +265,7 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(1)  # every rank, ours and the baselines', runs one thread
     model, seq, steps = ("llama-small", 256, 8) if args.big else ("llama-tiny", 128, 10)
-    base = TrainConfig(
+    base = train_config(
         model=model, global_batch=8, seq_len=seq, steps=args.steps or steps,
         adam=AdamConfig(lr=1e-4), data_max_bytes=1 << 20,
     )  # fmt: skip

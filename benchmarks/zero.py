@@ -32,7 +32,6 @@ Prints a table, then one JSON line.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import time
@@ -43,18 +42,19 @@ import torch.distributed as dist
 from rich.console import Console
 from rich.table import Table
 
-from hspmd.plan.strategy import StrategyOptions, parse_strategy
+from hspmd.plan.strategy import StrategyOptions
 from hspmd.planner.memory import largest_unit, rank_memory, stage_places
 from hspmd.runtime.launch import launch
 from hspmd.runtime.world import World
+from hspmd.train.api import revise, train_config
 from hspmd.train.batches import step_batches
 from hspmd.train.config import AdamConfig, TrainConfig
 from hspmd.train.reference import build_reference_model
 from hspmd.train.trainer import train_many
 
 STRATEGY = "; ".join(f"2x1: R{r}:L0-3" for r in range(4))
-BASE = TrainConfig(
-    model_overrides=(("num_layers", 4), ("hidden_size", 256), ("intermediate_size", 768),
+BASE = train_config(
+    model_kwargs=(("num_layers", 4), ("hidden_size", 256), ("intermediate_size", 768),
                      ("num_heads", 4), ("num_kv_heads", 4), ("vocab_size", 2048)),
     strategy=STRATEGY, global_batch=8, seq_len=128, adam=AdamConfig(lr=1e-3),
     data_max_bytes=1 << 20,
@@ -73,9 +73,11 @@ RANK = 1  # the rank whose memory is shown (rank 0 of the uneven run holds more)
 def predicted(config: TrainConfig, rank: int = RANK) -> float:
     """The memory model's weights + gradients + masters and Adam of ``rank``."""
     model = config.model_config()
-    options = StrategyOptions(zero=config.zero, dtype=config.dtype)
-    strategy = parse_strategy(config.strategy or "")
-    places = stage_places(strategy, model.num_layers, options.schedule, shares=config.zero_shares)
+    options = StrategyOptions(zero=config.zero, dtype=config.options.dtype)
+    strategy = config.require_strategy()
+    places = stage_places(
+        strategy, model.num_layers, options.schedule, shares=config.options.zero_shares
+    )
     for _, _, stage, place in places:
         if rank in stage.ranks:
             m = rank_memory(
@@ -122,15 +124,15 @@ def _fsdp_rank(world: World, config: TrainConfig) -> list[float]:
 
 
 def measure(*, steps: int, rounds: int, names: list[str]) -> dict[str, dict[str, Any]]:
-    base = dataclasses.replace(BASE, steps=steps)
+    base = revise(BASE, steps=steps)
     times: dict[str, list[float]] = {name: [] for name in [*names, "FSDP2"]}
     # memory once, 3 steps (its sampling costs time: the timed runs go without it)
-    metered = [dataclasses.replace(base, steps=3, measure_memory=True, **RUNS[n]) for n in names]
+    metered = [revise(base, steps=3, measure_memory=True, **RUNS[n]) for n in names]
     results = train_many(metered, threads=1, timeout_s=1200)
     peaks = {name: result.state_peak for name, result in zip(names, results, strict=True)}
     for r in range(rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
-        configs = [dataclasses.replace(base, **RUNS[name]) for name in order]
+        configs = [revise(base, **RUNS[name]) for name in order]
         runs = [("hspmd", configs), ("fsdp", None)]
         for kind, _ in runs if r % 2 == 0 else runs[::-1]:
             if kind == "fsdp":
@@ -143,7 +145,7 @@ def measure(*, steps: int, rounds: int, names: list[str]) -> dict[str, dict[str,
     unit = 4 * largest_unit(model, 1, first=True, last=True)
     out: dict[str, dict[str, Any]] = {}
     for name in names:
-        config = dataclasses.replace(base, **RUNS[name])
+        config = revise(base, **RUNS[name])
         out[name] = {
             "state_bytes": peaks[name][RANK],
             "state_bytes_by_rank": peaks[name],

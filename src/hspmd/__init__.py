@@ -20,8 +20,8 @@ __all__ = [
     "AdamConfig", "Annotation", "Comparison", "ModelIdentity", "RankProgram", "RunOptions",
     "StepRecord", "Strategy", "StrategyOptions", "TrainConfig", "TrainResult", "__version__",
     "assemble", "build", "compare", "explain", "fit", "launch", "model_spec",
-    "parse_annotation", "parse_strategy", "plan_strategy", "render", "reshard", "resolve", "simulate",
-    "train_config",
+    "parse_annotation", "parse_strategy", "plan_strategy", "render", "reshard", "resolve",
+    "revise", "simulate", "train_config",
 ]  # fmt: skip
 
 

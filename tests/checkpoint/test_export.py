@@ -22,7 +22,8 @@ from hspmd.checkpoint.store import CheckpointError  # noqa: E402
 from hspmd.cli import main  # noqa: E402
 from hspmd.models.module import load_model  # noqa: E402
 from hspmd.plan.params import ParamSpec  # noqa: E402
-from hspmd.train.config import AdamConfig, TrainConfig  # noqa: E402
+from hspmd.train.api import train_config
+from hspmd.train.config import AdamConfig  # noqa: E402
 from hspmd.train.trainer import train  # noqa: E402
 from tests.models.data.hf_dirs import llama_dir  # noqa: E402
 
@@ -94,7 +95,7 @@ def test_the_cli_says_what_it_wrote_or_one_line_why_not(
 @pytest.mark.multiproc
 def test_hf_dir_trained_at_lr_0_under_pp_and_tp_exports_bit_equal(tmp_path: Path) -> None:
     source = llama_dir(tmp_path / "source", dtype=torch.bfloat16)
-    config = TrainConfig(model=f"hf:{source}", strategy="1x2: R0:L0-1 R1-2:L2-3", global_batch=2,
+    config = train_config(model=f"hf:{source}", strategy="1x2: R0:L0-1 R1-2:L2-3", global_batch=2,
                          seq_len=16, steps=1, adam=AdamConfig(lr=0.0), save=str(tmp_path / "ckpt"))  # fmt: skip
     train(config)
     result = export_checkpoint(tmp_path / "ckpt", tmp_path / "out")

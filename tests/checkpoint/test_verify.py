@@ -4,7 +4,6 @@ line before launch."""
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +18,7 @@ from hspmd.checkpoint.verify import check_checkpoint
 from hspmd.cli import main
 from hspmd.errors import StrategyError
 from hspmd.plan.params import ParamSpec
-from hspmd.train.config import TrainConfig
+from hspmd.train.api import revise, train_config
 from hspmd.train.identity import check_resume_identity
 from hspmd.train.reference import run_reference
 from hspmd.train.trainer import train
@@ -77,16 +76,16 @@ def _copy(tmp_path: Path, name: str) -> str:
 
 @pytest.mark.multiproc
 def test_a_copy_of_the_model_file_under_another_name_resumes(tmp_path: Path) -> None:
-    base = TrainConfig(model=_copy(tmp_path, "model_a.py"), strategy="2x1: R0:L0-2",
+    base = train_config(model=_copy(tmp_path, "model_a.py"), strategy="2x1: R0:L0-2",
                        global_batch=2, seq_len=16, steps=1, save=str(tmp_path / "ckpt"))  # fmt: skip
     train(base)
-    copy = dataclasses.replace(base, model=_copy(tmp_path, "model_b.py"), steps=2, save=None,
+    copy = revise(base, model=_copy(tmp_path, "model_b.py"), steps=2, save=None,
                                resume=str(tmp_path / "ckpt"))  # fmt: skip
     check_resume_identity(copy)  # by structure: the same model
     resumed = train(copy).losses
-    want = run_reference(dataclasses.replace(base, steps=2, save=None, strategy=None)).losses
+    want = run_reference(revise(base, steps=2, save=None, strategy=None)).losses
     assert abs(resumed[-1] - want[-1]) < 1e-5, (resumed, want)
-    other = dataclasses.replace(copy, model_overrides=(("n_layer", 2),))
+    other = revise(copy, model_kwargs=(("n_layer", 2),))
     with pytest.raises(StrategyError, match="is for model .*model_a.py"):
         check_resume_identity(other)
     state = load_rank_state(tmp_path / "ckpt", rank=0, param_specs={}, model="another name")

@@ -16,6 +16,7 @@ import pytest
 from hspmd.cli import build_parser
 from hspmd.cli.flags import FLAGS, NOT_FLAGS, TRAIN_FLAGS
 from hspmd.cli.train import config_from_args
+from hspmd.plan.strategy import StrategyOptions
 from hspmd.train.config import AdamConfig, EvalConfig, TrainConfig
 
 DOCS = Path(__file__).parents[2] / "docs" / "cli.md"
@@ -59,10 +60,11 @@ def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
 
 def test_every_field_has_exactly_one_flag() -> None:
     # TrainConfig's fields, with its AdamConfig's as adam.<field> (EvalConfig's: evaluation.)
-    fields = [f.name for f in dataclasses.fields(TrainConfig) if f.name != "adam"]
-    fields = [f for f in fields if f != "evaluation"]
-    fields += [f"adam.{f.name}" for f in dataclasses.fields(AdamConfig)]
-    fields += [f"evaluation.{f.name}" for f in dataclasses.fields(EvalConfig)]
+    # and its sections' as options.<field> (StrategyOptions)
+    sections = {"adam": AdamConfig, "evaluation": EvalConfig, "options": StrategyOptions}
+    fields = [f.name for f in dataclasses.fields(TrainConfig) if f.name not in sections]
+    for name, kind in sections.items():
+        fields += [f"{name}.{f.name}" for f in dataclasses.fields(kind)]
     named = [flag.field for flag in TRAIN_FLAGS if flag.field is not None]
     for name in fields:
         count = named.count(name) + (name in NOT_FLAGS)

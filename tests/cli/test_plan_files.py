@@ -17,7 +17,7 @@ from hspmd.errors import StrategyError
 from hspmd.models import get_model
 from hspmd.plan.identity import ModelIdentity
 from hspmd.plan.params import ParamSpec
-from hspmd.train.config import TrainConfig
+from hspmd.train.api import train_config
 from hspmd.train.trainer import check_config
 from tests.planner.conftest import cluster_file
 
@@ -111,9 +111,9 @@ def test_a_checkpoint_of_another_model_is_refused_before_launch(tmp_path: Path) 
     w = ParamSpec("w", (2,), parse_annotation("[0]{}"))
     save(tmp_path, step=1, model="llama-tiny", strategy="1x1: R0:L0-1", specs={"w": w},
          tensors_by_rank={0: {"w": torch.zeros(2)}}, identity=two)  # fmt: skip
-    config = TrainConfig(strategy="1x1: R0:L0-2", global_batch=1, resume=str(tmp_path),
-                         model_overrides=(("num_layers", 3),))  # fmt: skip
+    config = train_config(strategy="1x1: R0:L0-2", global_batch=1, resume=str(tmp_path),
+                         model_kwargs=(("num_layers", 3),))  # fmt: skip
     with pytest.raises(StrategyError, match=r"checkpoint .* is for model llama-tiny \{'num_l"):
         check_config(config)
-    check_config(TrainConfig(strategy="1x1: R0:L0-1", global_batch=1, resume=str(tmp_path),
-                             model_overrides=(("num_layers", 2),)))  # fmt: skip
+    check_config(train_config(strategy="1x1: R0:L0-1", global_batch=1, resume=str(tmp_path),
+                             model_kwargs=(("num_layers", 2),)))  # fmt: skip

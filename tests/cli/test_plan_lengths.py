@@ -83,8 +83,8 @@ def test_plan_data_plans_a_captured_model_that_train_plans_takes(
 ) -> None:
     """nanoGPT as written, costed from its graph (no sequence parallelism: a captured model
     has none yet); `hspmd train --plans` takes its plans (the steps, without a launch)."""
-    from hspmd.cli.plan_lengths import apply_plans
-    from hspmd.train.config import TrainConfig
+    from hspmd.cli.plan_lengths import apply_plans, read_plans_file
+    from hspmd.train.api import train_config
     from hspmd.train.packing import planned_steps
 
     data, out = corpus(tmp_path), tmp_path / "plans.json"
@@ -94,9 +94,9 @@ def test_plan_data_plans_a_captured_model_that_train_plans_takes(
     assert "nanogpt_style.py:make on local-4" in capsys.readouterr().out
     plans, _ = load_plans(json.loads(out.read_text()), str(out))
     assert plans[-1].max_len == 32
-    config = TrainConfig(model=NANOGPT, data=str(data), step_tokens=128, seq_len=32, steps=2)
-    config = apply_plans(config, out.read_text(), path=str(out))
-    assert not config.sequence_parallel
+    config = train_config(NANOGPT, data=str(data), step_tokens=128, seq_len=32, steps=2)
+    config = apply_plans(config, read_plans_file(str(out))[0], path=str(out))
+    assert not config.options.sequence_parallel
     assert all(0 < step.tokens <= 128 for step in planned_steps(config))
     argv[argv.index("32")] = "64"  # nanoGPT's block_size is 32
     assert main(argv) == 2

@@ -81,14 +81,14 @@ def test_nproc_without_runtime(
     real = importlib.import_module
 
     def fake_import(name: str, package: str | None = None) -> object:
-        if name == "hspmd.runtime.reshard_cli":
-            raise ImportError("No module named 'hspmd.runtime.reshard_cli'")
+        if name == "hspmd.runtime.plan_runs":
+            raise ImportError("No module named 'hspmd.runtime.plan_runs'")
         return real(name, package)
 
     monkeypatch.setattr(importlib, "import_module", fake_import)
     args = ["reshard", "--src", "[0]{}", "--dst", "[1]{}", "--shape", "4", "--nproc", "2"]
     assert main(args) == 2
-    assert "--nproc needs hspmd.runtime.reshard_cli" in capsys.readouterr().err
+    assert "--nproc needs hspmd.runtime.plan_runs" in capsys.readouterr().err
 
 
 @pytest.mark.multiproc

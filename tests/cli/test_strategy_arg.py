@@ -13,6 +13,7 @@ import pytest
 from hspmd.cli import build_parser, main
 from hspmd.cli.strategy_arg import switch_argument
 from hspmd.cli.train import parse_switches
+from hspmd.plan.strategy import parse_strategy
 
 TEXT = "2*(1x1: R0-1:L0-1 R2-3:L2-3)"  # two pipelines of llama-tiny on 8 ranks
 
@@ -79,5 +80,8 @@ def test_every_strategy_flag_takes_a_file(tmp_path: Path) -> None:
         args = parser.parse_args([command, *required.get(command, []), "--strategy", f"@{new}"])
         assert args.strategy == new.read_text().strip()
     args = parser.parse_args(["train", "--switch", f"3=@{new}", "--switch", "5=1x1: R0:L0-3"])
-    assert parse_switches(args.switch) == ((3, new.read_text().strip()), (5, "1x1: R0:L0-3"))
+    assert parse_switches(args.switch) == (
+        (3, parse_strategy(new.read_text())),
+        (5, parse_strategy("1x1: R0:L0-3")),
+    )
     assert switch_argument("3=1x1: R0:L0-3") == "3=1x1: R0:L0-3"

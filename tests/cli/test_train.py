@@ -15,7 +15,8 @@ from hspmd.cli import build_parser, main
 from hspmd.cli import train as train_cli
 from hspmd.cli.train import config_from_args, progress, resume_warnings, warnings_of
 from hspmd.plan.params import ParamSpec
-from hspmd.train.config import StepRecord, TrainConfig
+from hspmd.train.api import train_config
+from hspmd.train.config import StepRecord
 from hspmd.train.trainer import check_config
 
 
@@ -36,7 +37,7 @@ def test_help_example_is_a_valid_run() -> None:
     switch = re.search(r'--switch (\d+)="([^"]+)"', doc)
     batch = re.search(r"--global-batch (\d+)", doc)
     assert strategy and switch and batch
-    config = TrainConfig(
+    config = train_config(
         strategy=strategy.group(1),
         global_batch=int(batch.group(1)),
         switches=((int(switch.group(1)), switch.group(2)),),
@@ -52,19 +53,19 @@ def _save_fake(directory: Path, *, step: int) -> None:
 
 def test_resume_with_other_data_flags_is_warned(tmp_path: Path) -> None:
     specs = {"w": ParamSpec("w", (2,), A("[0]{}"))}
-    saved = TrainConfig(strategy="1x1: R0:L0-3", global_batch=4, seed=3)
+    saved = train_config(strategy="1x1: R0:L0-3", global_batch=4, seed=3)
     save(tmp_path, step=2, model="llama-tiny", strategy="1x1: R0:L0-3", specs=specs,
          tensors_by_rank={0: {"w": torch.zeros(2)}}, run=saved.data_identity())  # fmt: skip
-    same = TrainConfig(strategy="1x1: R0:L0-3", global_batch=4, seed=3, resume=str(tmp_path))
+    same = train_config(strategy="1x1: R0:L0-3", global_batch=4, seed=3, resume=str(tmp_path))
     assert resume_warnings(same) == []
-    other = TrainConfig(strategy="1x1: R0:L0-3", global_batch=8, seed=3, resume=str(tmp_path))
+    other = train_config(strategy="1x1: R0:L0-3", global_batch=8, seed=3, resume=str(tmp_path))
     (warning,) = resume_warnings(other)
     assert "--global-batch 8 where the checkpoint was saved with 4" in warning
 
 
 def test_resume_of_a_checkpoint_without_run_flags_warns_nothing(tmp_path: Path) -> None:
     _save_fake(tmp_path, step=2)  # saved before checkpoints recorded the data flags
-    assert resume_warnings(TrainConfig(strategy="1x1: R0:L0-3", resume=str(tmp_path))) == []
+    assert resume_warnings(train_config(strategy="1x1: R0:L0-3", resume=str(tmp_path))) == []
 
 
 def test_resume_at_final_step_json_is_one_object(tmp_path: Path, capsys) -> None:
@@ -80,7 +81,7 @@ def test_resume_at_final_step_json_is_one_object(tmp_path: Path, capsys) -> None
 
 def test_progress_bar_after_resume_counts_to_the_total(capsys) -> None:
     # Issue 17: resumed at step 10 of 14, the bar ended at 4/14.
-    config = TrainConfig(strategy="1x1: R0:L0-3", global_batch=1, steps=14)
+    config = train_config(strategy="1x1: R0:L0-3", global_batch=1, steps=14)
     with progress(config, title="1 ranks", as_json=False, done=10, terminal=True) as on_step:
         for step in range(11, 15):
             on_step(StepRecord(step=step, loss=1.0, tokens=64, seconds=0.1))
@@ -98,7 +99,7 @@ def test_plain_progress_doctest() -> None:
 
 
 def test_progress_off_a_terminal_is_plain_lines_and_quiet_is_silent(capsys) -> None:
-    config = TrainConfig(strategy="1x1: R0:L0-3", global_batch=1, steps=14)
+    config = train_config(strategy="1x1: R0:L0-3", global_batch=1, steps=14)
     with progress(config, title="1 ranks", as_json=False, done=10) as on_step:  # not a tty
         for step in range(11, 15):
             on_step(StepRecord(step=step, loss=1.0, tokens=64, seconds=0.1))

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from hspmd.train.config import AdamConfig, StepRecord, TrainConfig
+from hspmd.train.api import revise, train_config
+from hspmd.train.config import AdamConfig, StepRecord
 from hspmd.train.faults import parse_injections
 from hspmd.train.reference import TrainResult, run_reference
 from hspmd.train.trainer import train_elastic
 
 # Every test trains this, under different strategies and failures: one reference.
-BASE = TrainConfig(
-    model_overrides=(("num_layers", 2),), seq_len=16, global_batch=8, adam=AdamConfig(lr=1e-3),
+BASE = train_config(
+    model_kwargs=(("num_layers", 2),), seq_len=16, global_batch=8, adam=AdamConfig(lr=1e-3),
     steps=4, elastic=True, hang_timeout=10.0,  # hangs: test_hang.py sets its own
 )  # fmt: skip
 TIMEOUT_S = 120.0  # the launcher's bound on a whole run (a loaded 2-core machine)
@@ -24,7 +24,7 @@ TIMEOUT_S = 120.0  # the launcher's bound on a whole run (a loaded 2-core machin
 
 @functools.cache
 def reference(steps: int = BASE.steps) -> TrainResult:
-    return run_reference(dataclasses.replace(BASE, elastic=False, steps=steps))
+    return run_reference(revise(BASE, elastic=False, steps=steps))
 
 
 def run(
@@ -32,9 +32,7 @@ def run(
     on_start: Callable[[list[int]], None] | None = None, **changes: Any,
 ) -> tuple[TrainResult, list[dict[str, Any]]]:  # fmt: skip
     """An elastic run of ``BASE`` under ``strategy``; its result and its events."""
-    config = dataclasses.replace(
-        BASE, strategy=strategy, inject=parse_injections(injections), **changes
-    )
+    config = revise(BASE, strategy=strategy, inject=parse_injections(injections), **changes)
     events: list[dict[str, Any]] = []
 
     def on_event(event: dict[str, Any]) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hspmd.train.config import TrainConfig
+from hspmd.train.api import train_config
 from hspmd.train.faults import parse_injections
 from hspmd.train.reference import run_reference
 from hspmd.train.trainer import train_elastic
@@ -19,7 +19,7 @@ HF = str(Path(__file__).parents[1] / "models" / "data" / "hf_models.py")
 
 
 def test_hf_llama_survives_a_kill_equal_to_the_reference() -> None:
-    config = TrainConfig(model=f"{HF}:llama", strategy="2x1: R0:L0-1 R1:L2-3; 2x1: R2:L0-3",
+    config = train_config(model=f"{HF}:llama", strategy="2x1: R0:L0-1 R1:L2-3; 2x1: R2:L0-3",
                          global_batch=4, seq_len=16, steps=4, elastic=True,
                          inject=parse_injections(["1@2:forward"]))  # fmt: skip
     events: list[dict] = []

@@ -7,7 +7,6 @@ Multi-process (gloo, 2 + 2 ranks, llama-tiny with 2 layers).
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import threading
 from typing import Any
@@ -17,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from hspmd.plan.strategy import parse_strategy
+from hspmd.train.api import revise
 from hspmd.train.faults import parse_injections
 from hspmd.train.reference import TrainResult
 from hspmd.train.trainer import train_elastic
@@ -30,7 +30,7 @@ FOUR_DP = "1x2: R0:L0-1; 1x2: R1:L0-1; 1x2: R2:L0-1; 1x2: R3:L0-1"
 def test_two_launchers_one_loses_a_rank() -> None:
     timeout = datetime.timedelta(seconds=TIMEOUT_S)
     store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False, timeout=timeout)
-    config = dataclasses.replace(BASE, strategy=FOUR_DP, inject=parse_injections(["3@2:backward"]))
+    config = revise(BASE, strategy=FOUR_DP, inject=parse_injections(["3@2:backward"]))
     address = ("127.0.0.1", store.port)
     events: list[dict[str, Any]] = []
     out: dict[str, Any] = {}

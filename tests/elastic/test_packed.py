@@ -14,7 +14,8 @@ import pytest
 
 from hspmd.cli import main
 from hspmd.plan.strategy import parse_strategy
-from hspmd.train.config import AdamConfig, TrainConfig
+from hspmd.train.api import train_config
+from hspmd.train.config import AdamConfig
 from hspmd.train.faults import parse_injections
 from hspmd.train.reference import run_reference
 from hspmd.train.trainer import train_elastic
@@ -54,11 +55,12 @@ def test_a_hang_of_a_slowed_rank_is_survived_and_a_spare_planned_in(tmp_path: Pa
     two ranks left, and the redone step has the same documents. A spare joins before
     step 3 and the next set uses it."""
     _, data = write_inputs(tmp_path)
-    config = TrainConfig(
-        model_overrides=(("num_layers", 2),), seq_len=256, step_tokens=256, steps=3,
+    config = train_config(
+        model_kwargs={"num_layers": 2}, seq_len=256, step_tokens=256, steps=3,
         data=str(data), adam=AdamConfig(lr=1e-3), elastic=True, hang_timeout=3.0,
         strategy="2x1: R0:L0-1; 2x1: R1:L0-0 R2:L1-1", slowdown=((2, 2.0),),
         inject=parse_injections(["2@2:forward:hang"]), spares=1, grow=((3, 1),),
+        global_batch=8,
     )  # fmt: skip
     events: list[dict[str, object]] = []
     result = train_elastic(config, on_event=events.append, timeout_s=120.0, threads=1)

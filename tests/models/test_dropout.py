@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from hspmd.train.api import train_config
 from hspmd.train.compare import compare
 from hspmd.train.config import TrainConfig
 from hspmd.train.reference import TrainResult, run_reference
@@ -34,16 +35,16 @@ GPT2_DROPOUT = (("resid_pdrop", 0.1), ("embd_pdrop", 0.1), ("attn_pdrop", 0.1))
 # model, which collection (also of the ``python -O`` pass, which skips this file) must not.
 CASES: dict[str, dict[str, Any]] = {
     "nanoGPT: heterogeneous, then PP, then recompute (live switches)": dict(
-        model=NANOGPT, model_overrides=(("dropout", 0.1),), global_batch=4, seq_len=16, steps=3,
+        model=NANOGPT, model_kwargs=(("dropout", 0.1),), global_batch=4, seq_len=16, steps=3,
         strategy="2x1: R0-1:L0-2; 1x2: R2:L0-2",
         switches=((2, "4x1: R0:L0 R1-2:L1-2"), (3, "2x1: R0:L0-1:RC2 R1:L2; 2x1: R2:L0-2:RC3")),
     ),
     "HF GPT-2: DP beside TP, gradient accumulation": dict(
-        model=f"{HF}:gpt2", model_overrides=GPT2_DROPOUT, global_batch=4, seq_len=16, steps=2,
+        model=f"{HF}:gpt2", model_kwargs=GPT2_DROPOUT, global_batch=4, seq_len=16, steps=2,
         strategy="2x1: R0-1:L0-3; 1x2: R2:L0-3", grad_accum=2,
     ),
     "HF Llama: attention dropout on TP heads, PP": dict(
-        model=f"{HF}:llama", model_overrides=(("attention_dropout", 0.1),), global_batch=2,
+        model=f"{HF}:llama", model_kwargs=(("attention_dropout", 0.1),), global_batch=2,
         seq_len=16, steps=2, strategy="2x1: R0-1:L0-1 R2:L2-3",
     ),
 }  # fmt: skip
@@ -54,7 +55,7 @@ Runs = dict[str, tuple[TrainConfig, TrainResult]]
 
 @pytest.fixture(scope="module")
 def runs() -> Runs:
-    configs = [TrainConfig(**kwargs) for kwargs in CASES.values()]
+    configs = [train_config(**kwargs) for kwargs in CASES.values()]
     return dict(zip(CASES, zip(configs, train_many(configs, threads=1), strict=True), strict=True))
 
 
@@ -66,7 +67,7 @@ def test_dropout_trains_equal_to_the_reference(runs: Runs, name: str) -> None:
     assert result.max_loss_rel <= 1e-5 and result.ok, str(result)
     # the masks matter: without dropout the losses differ by ten times the tolerance or more
     names = {key for key, _ in config.model_overrides}
-    plain = TrainConfig(**{**_fields(config), "model_overrides": tuple((n, 0.0) for n in names)})
+    plain = train_config(**{**_fields(config), "model_kwargs": tuple((n, 0.0) for n in names)})
     without = run_reference(plain).losses
     assert max(abs(a - b) / b for a, b in zip(reference.losses, without, strict=True)) > 1e-4
 

@@ -20,8 +20,8 @@ from hspmd.cli import main  # noqa: E402
 from hspmd.models.build import check_weights, initial_piece  # noqa: E402
 from hspmd.models.module import load_model  # noqa: E402
 from hspmd.plan.identity import ModelIdentity  # noqa: E402
+from hspmd.train.api import train_config
 from hspmd.train.batches import step_batches  # noqa: E402
-from hspmd.train.config import TrainConfig  # noqa: E402
 from hspmd.train.trainer import train  # noqa: E402
 from tests.models.data.hf_dirs import llama_dir  # noqa: E402
 
@@ -129,7 +129,7 @@ def test_bad_folders_are_one_line_before_launch(
 @pytest.mark.multiproc
 def test_the_first_loss_is_the_loss_transformers_computes(tmp_path: Path) -> None:
     folder = llama_dir(tmp_path)
-    config = TrainConfig(model=f"hf:{folder}", strategy="1x2: R0:L0-1 R1-2:L2-3",
+    config = train_config(model=f"hf:{folder}", strategy="1x2: R0:L0-1 R1-2:L2-3",
                          global_batch=2, seq_len=16, steps=1)  # fmt: skip
     got = train(config).losses[0]
     tokens, targets = next(step_batches(config))

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from hspmd.models.module import load_model
+from hspmd.train.api import train_config
 from hspmd.train.config import TrainConfig, TrainError
 from hspmd.train.reference import TrainResult, run_reference
 from hspmd.train.trainer import train_many
@@ -66,8 +67,8 @@ Runs = dict[str, tuple[TrainConfig, TrainResult]]
 @pytest.fixture(scope="module")
 def runs() -> Runs:
     configs = [
-        TrainConfig(model=model, strategy=strategy, global_batch=batch, seq_len=16, steps=2,
-                    sequence_parallel=sp)
+        train_config(model=model, strategy=strategy, global_batch=batch, seq_len=16, steps=2,
+                     sequence_parallel=sp)
         for model, strategy, batch, sp in CASES.values()
     ]  # fmt: skip
     return dict(zip(CASES, zip(configs, train_many(configs), strict=True), strict=True))
@@ -135,7 +136,7 @@ def test_a_tied_weight_lives_on_both_of_its_stages() -> None:
     specs = parameter_annotations(parse_strategy("2x1: R0-1:L0-1 R2:L2; 1x2: R3:L0-2"), model)
     assert str(specs["transformer.wte.weight"].annotation) == "hD: [0,1]{0:2} [2]{} [3]{}"
     with pytest.raises(TrainError, match="--zero1 does not shard yet"):
-        TrainConfig(model=f"{NANOGPT}:make", strategy="2x1: R0:L0 R1:L1-2", global_batch=2,
+        train_config(model=f"{NANOGPT}:make", strategy="2x1: R0:L0 R1:L1-2", global_batch=2,
                     seq_len=16, zero=1).model_config()  # fmt: skip
 
 

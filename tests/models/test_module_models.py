@@ -17,6 +17,7 @@ from hspmd.plan.params import parameter_annotations
 from hspmd.plan.strategy import StrategyOptions, check_strategy, parse_strategy
 from hspmd.specialize.executable import build_executable
 from hspmd.specialize.sites import deduced_sites
+from hspmd.train.api import train_config
 from hspmd.train.config import TrainConfig
 from hspmd.train.reference import TrainResult, run_reference
 from hspmd.train.trainer import train, train_many
@@ -136,7 +137,7 @@ def test_a_bad_tp_rule_is_one_line(tmp_path: Path) -> None:
 
 
 def _equal(model: str, strategy: str, kwargs: dict[str, object], batch: int) -> None:
-    config = TrainConfig(model=model, model_overrides=tuple(kwargs.items()), strategy=strategy,
+    config = train_config(model=model, model_kwargs=tuple(kwargs.items()), strategy=strategy,
                          global_batch=batch, seq_len=16, steps=2)  # fmt: skip
     got, want = train(config).losses, run_reference(config).losses
     assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5, (got, want)
@@ -156,8 +157,8 @@ Runs = dict[str, tuple[TrainConfig, TrainResult]]
 @pytest.fixture(scope="module")
 def runs() -> Runs:
     configs = [
-        TrainConfig(model=model, model_overrides=tuple(kwargs.items()), strategy=strategy,
-                    global_batch=batch, seq_len=16, steps=2)
+        train_config(model=model, model_kwargs=tuple(kwargs.items()), strategy=strategy,
+                     global_batch=batch, seq_len=16, steps=2)
         for model, strategy, kwargs, batch in CASES.values()
     ]  # fmt: skip
     return dict(zip(CASES, zip(configs, train_many(configs), strict=True), strict=True))
@@ -241,7 +242,7 @@ def test_cli_names_a_bad_model(tmp_path: Path, capsys) -> None:
 
 @pytest.mark.multiproc
 def test_a_user_model_takes_zero1_and_a_live_switch() -> None:
-    config = TrainConfig(model=GPT2, model_overrides=(("num_layers", 2), ("tie", False)),
+    config = train_config(model=GPT2, model_kwargs=(("num_layers", 2), ("tie", False)),
                          strategy="2x1: R0-1:L0 R2:L1; 2x1: R3:L0-1", global_batch=4,
                          seq_len=16, steps=3, zero=1,
                          switches=((3, "1x2: R0:L0 R1-2:L1; 1x2: R3:L0-1"),))  # fmt: skip

@@ -17,8 +17,9 @@ from hspmd.models.module import load_model, model_graph
 from hspmd.models.spec import ModelSpecError
 from hspmd.plan.strategy import StrategyOptions, parse_strategy
 from hspmd.specialize.executable import build_executable
+from hspmd.train.api import train_config
 from hspmd.train.compare import compare
-from hspmd.train.config import AdamConfig, TrainConfig
+from hspmd.train.config import AdamConfig
 from hspmd.train.reference import run_reference
 from hspmd.train.trainer import train_many
 
@@ -153,8 +154,8 @@ FAMILIES = {
 @pytest.mark.multiproc
 def test_families_train_packed_documents_equal_to_the_reference(short_documents: Path) -> None:
     configs = [
-        TrainConfig(model=model, strategy=strategy, global_batch=4, seq_len=32, step_tokens=100,
-                    steps=2, adam=AdamConfig(lr=1e-3), data=str(short_documents))
+        train_config(model=model, strategy=strategy, global_batch=4, seq_len=32, step_tokens=100,
+                     steps=2, adam=AdamConfig(lr=1e-3), data=str(short_documents))
         for model, strategy in FAMILIES.items()
     ]  # fmt: skip
     results = train_many(configs, timeout_s=900, threads=1)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hspmd.runtime.launch import NodeSpec
 from hspmd.runtime.world import World
+from hspmd.train.api import train_config
 from hspmd.train.config import TrainConfig
 from hspmd.train.loop import run_rank
 from hspmd.train.trainer import train
@@ -21,7 +22,7 @@ PORT = 29521
 
 
 def config_of(strategy: str) -> TrainConfig:
-    return TrainConfig(strategy=strategy, global_batch=4, seq_len=32, steps=2)
+    return train_config(strategy=strategy, global_batch=4, seq_len=32, steps=2)
 
 
 def torchrun_work(world: World, out: str, strategy: str) -> str:

@@ -117,7 +117,7 @@ def test_train_and_explain_take_the_chosen_stage(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from hspmd.cli import main
-    from hspmd.train.config import TrainConfig
+    from hspmd.train.api import train_config
     from hspmd.train.planfile import config_from_plan, read_plan
 
     cluster = cluster_file(tmp_path / "c.json", fast=2, slow=2)
@@ -128,10 +128,8 @@ def test_train_and_explain_take_the_chosen_stage(
     assert main(argv) == 0
     data = json.loads(out.read_text())
     assert data["options"]["zero"] == data["zero"] == 2 and data["zero_shares"] == []
-    config = config_from_plan(
-        read_plan(str(out)), TrainConfig(model_overrides=(("num_layers", 2),))
-    )
-    assert config.zero == 2 and config.strategy == data["strategy"]
+    config = config_from_plan(read_plan(str(out)), train_config(model_kwargs={"num_layers": 2}))
+    assert config.zero == 2 and str(config.strategy) == data["strategy"]
     capsys.readouterr()
     argv = ["explain", "--model", "llama-tiny", "--config", '{"num_layers": 2}', "--plan", str(out)]
     assert main(argv) == 0

@@ -22,7 +22,7 @@ from hspmd.comm.plan import (
     intersect,
 )
 from hspmd.errors import AnnotationError
-from hspmd.runtime.reshard_cli import PlanRun
+from hspmd.runtime.plan_runs import PlanRun
 
 A = parse_annotation
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hspmd.comm.simulate import scatter, simulate
-from hspmd.runtime.reshard_cli import PlanRun, run_many
+from hspmd.runtime.plan_runs import PlanRun, run_many
 
 from .rt_plans import runs_for
 

@@ -7,7 +7,7 @@ import pytest
 
 from hspmd.comm.resolve import resolve
 from hspmd.comm.simulate import scatter, simulate
-from hspmd.runtime.reshard_cli import PlanRun, run_many
+from hspmd.runtime.plan_runs import PlanRun, run_many
 
 from .rt_plans import figure7_pairs, random_pairs
 

@@ -13,6 +13,7 @@ from hspmd.runtime.counting import count_comm
 from hspmd.runtime.launch import launch
 from hspmd.runtime.trace import COMM, COMPUTE, NULL, RankTrace, Recorder, chrome_trace
 from hspmd.runtime.world import World
+from hspmd.train.api import train_config
 from hspmd.train.config import TrainConfig
 from hspmd.train.loop import run_rank
 from hspmd.train.reference import run_reference
@@ -91,7 +92,7 @@ def _traced_rank(
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], list[Any]]:
     save = str(tmp_path_factory.mktemp("ckpt"))
-    config = TrainConfig(**_CONFIG, save=save)  # type: ignore[arg-type]
+    config = train_config(**_CONFIG, save=save)  # type: ignore[arg-type]
     out = launch(_traced_rank, 4, args=(config,), threads=1, timeout_s=600)
     return chrome_trace([part for part, *_ in out]), out
 
@@ -99,7 +100,7 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], li
 @pytest.mark.multiproc
 def test_a_traced_run_trains_as_the_reference(traced: tuple[dict[str, Any], list[Any]]) -> None:
     _, out = traced
-    reference = run_reference(TrainConfig(**{**_CONFIG, "switches": ()}))  # type: ignore[arg-type]
+    reference = run_reference(train_config(**{**_CONFIG, "switches": ()}))  # type: ignore[arg-type]
     assert out[0][3] == pytest.approx(list(reference.losses), rel=1e-5)
 
 
@@ -167,7 +168,7 @@ def test_one_comm_event_per_step_matches_the_comm_counts(
 
 @pytest.mark.multiproc
 def test_zero1_sequence_parallel_and_a_relayed_switch_match_the_counts() -> None:
-    config = TrainConfig(
+    config = train_config(
         strategy="2x2: R0-1:L0-1 R2:L2-3; 2x2: R3:L0-3", global_batch=8, seq_len=16,
         steps=2, zero=1, sequence_parallel=True, switch_algo="relay", ranks_per_node=2,
         switches=((2, "2x2: R0-1:L0-3; 2x2: R2-3:L0-3"),),
@@ -224,9 +225,9 @@ def test_one_launcher_per_node_gathers_every_rank_on_node_0() -> None:
               "steps": 2}  # fmt: skip
     code = (
         "from hspmd.runtime.launch import NodeSpec\n"
-        "from hspmd.train.config import TrainConfig\n"
+        "from hspmd.train.api import train_config\n"
         "from hspmd.train.trainer import train\n"
-        f"r = train(TrainConfig(**{kwargs!r}), trace=True,\n"
+        f"r = train(train_config(**{kwargs!r}), trace=True,\n"
         f"          node=NodeSpec(1, 2, '127.0.0.1', {port}), threads=1)\n"
         "print(r.trace is None)"
     )
@@ -235,7 +236,7 @@ def test_one_launcher_per_node_gathers_every_rank_on_node_0() -> None:
     other = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                              text=True)  # fmt: skip
     try:
-        config = TrainConfig(**kwargs)  # type: ignore[arg-type]
+        config = train_config(**kwargs)  # type: ignore[arg-type]
         here = train(config, trace=True, node=NodeSpec(0, 2, "127.0.0.1", port), threads=1)
         out, _ = other.communicate(timeout=300)
     finally:

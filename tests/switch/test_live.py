@@ -7,7 +7,6 @@ after the last step too, exactly as tightly as a run without switching.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
@@ -15,15 +14,16 @@ import pytest
 
 from hspmd.comm.plan import local_box
 from hspmd.models.llama import get_config
-from hspmd.plan.strategy import parse_strategy
+from hspmd.plan.strategy import Strategy, parse_strategy
 from hspmd.switch.live import plan_switch
+from hspmd.train.api import revise, train_config
 from hspmd.train.config import AdamConfig, TrainConfig
 from hspmd.train.reference import run_reference
 from hspmd.train.trainer import train_many
 
 MODEL = (("num_layers", 4), ("num_kv_heads", 4))  # TP 4 needs the KV heads to divide
-BASE = TrainConfig(
-    model_overrides=MODEL, seq_len=16, global_batch=4, adam=AdamConfig(lr=1e-3), steps=10
+BASE = train_config(
+    model_kwargs=MODEL, seq_len=16, global_batch=4, adam=AdamConfig(lr=1e-3), steps=10
 )
 
 PP_UNEVEN = "4x1: R0:L0-0 R1:L1-3"
@@ -34,12 +34,12 @@ HETERO = "2x1: R0-1:L0-2 R2:L3-3; 2x1: R3:L0-1 R4-5:L2-3"
 
 # name -> config: PP <-> TP, uneven <-> even layers, TP degrees 1/2/4, 8 ranks -> 1 -> 6
 CASES = {
-    "chain of five strategies": dataclasses.replace(
+    "chain of five strategies": revise(
         BASE,
         strategy=PP_UNEVEN,
         switches=((3, TP4), (5, DP_PP_TP), (7, ONE), (9, HETERO)),
     ),
-    "ZeRO-1 between data-parallel strategies": dataclasses.replace(
+    "ZeRO-1 between data-parallel strategies": revise(
         BASE,
         strategy="2x1: R0:L0-3; 2x1: R1:L0-3",
         switches=((2, "1x2: R0-1:L0-3; 1x2: R2:L0-3"), (4, "2x1: R0:L0-1 R1:L2-3; 2x1: R2-3:L0-3")),
@@ -49,7 +49,7 @@ CASES = {
 }
 
 
-def _strategy_before(config: TrainConfig, step: int) -> str:
+def _strategy_before(config: TrainConfig, step: int) -> Strategy:
     return config.strategy_at(step - 1)
 
 
@@ -127,7 +127,7 @@ def runs() -> dict[str, Any]:
 def test_switches_match_reference(runs: dict[str, Any], name: str) -> None:
     config = CASES[name]
     result = runs[name]
-    reference = run_reference(dataclasses.replace(config, strategy=None, switches=()))
+    reference = run_reference(revise(config, strategy=None, switches=()))
     assert len(result.records) == config.steps
     for got, want in zip(result.losses, reference.losses, strict=True):
         assert got == pytest.approx(want, rel=1e-5)
@@ -145,10 +145,10 @@ def test_switch_records_time_and_one_message_per_pair(runs: dict[str, Any], name
     assert [r.step for r in switched] == [step for step, _ in config.switches]
     for record in switched:
         assert record.switch_seconds > 0
-        assert record.strategy == config.strategy_at(record.step)
+        assert record.strategy == str(config.strategy_at(record.step))
         plan = plan_switch(
             model,
-            parse_strategy(_strategy_before(config, record.step)),
+            _strategy_before(config, record.step),
             parse_strategy(record.strategy),
             zero1=config.zero1,
         )

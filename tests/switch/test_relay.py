@@ -7,7 +7,6 @@ reference as tightly as without switching, and bitwise equal the fused switch's 
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
@@ -18,7 +17,8 @@ from hspmd.plan.strategy import parse_strategy
 from hspmd.runtime import World, count_comm, launch
 from hspmd.runtime.relay import run_relay
 from hspmd.switch.live import SwitchPlan, plan_switch
-from hspmd.train.config import AdamConfig, TrainConfig
+from hspmd.train.api import revise, train_config
+from hspmd.train.config import AdamConfig
 from hspmd.train.reference import run_reference
 from hspmd.train.trainer import train_many
 
@@ -26,11 +26,11 @@ ONE = "4x1: R0:L0-3"
 TP2_NODE1 = "2x2: R2-3:L0-3"
 PP_TP = "2x2: R0-1:L0-1 R2-3:L2-3"
 MODEL = (("num_layers", 4), ("num_kv_heads", 4))
-RELAY = TrainConfig(
-    model_overrides=MODEL, seq_len=16, global_batch=4, adam=AdamConfig(lr=1e-3), steps=6,
+RELAY = train_config(
+    model_kwargs=MODEL, seq_len=16, global_batch=4, adam=AdamConfig(lr=1e-3), steps=6,
     strategy=ONE, switches=((3, TP2_NODE1), (5, PP_TP)), switch_algo="relay", ranks_per_node=2,
 )  # fmt: skip
-FUSED = dataclasses.replace(RELAY, switch_algo="fused", ranks_per_node=None)
+FUSED = revise(RELAY, switch_algo="fused", ranks_per_node=None)
 
 
 def _plan() -> SwitchPlan:
@@ -94,7 +94,7 @@ def runs() -> dict[str, Any]:
 
 @pytest.mark.multiproc
 def test_relayed_switches_match_reference(runs: dict[str, Any]) -> None:
-    reference = run_reference(dataclasses.replace(RELAY, strategy=None, switches=()))
+    reference = run_reference(revise(RELAY, strategy=None, switches=()))
     result = runs["relay"]
     for got, want in zip(result.losses, reference.losses, strict=True):
         assert got == pytest.approx(want, rel=1e-5)
@@ -125,8 +125,8 @@ def test_relay_needs_nodes_and_the_states_mode() -> None:
     from hspmd.train.config import TrainError
 
     with pytest.raises(TrainError, match="--ranks-per-node"):
-        dataclasses.replace(RELAY, ranks_per_node=None)
+        revise(RELAY, ranks_per_node=None)
     with pytest.raises(TrainError, match="--switch-mode states"):
-        dataclasses.replace(RELAY, switch_mode="weights")
+        revise(RELAY, switch_mode="weights")
     with pytest.raises(TrainError, match="choose one of fused, relay"):
-        dataclasses.replace(RELAY, switch_algo="ring")
+        revise(RELAY, switch_algo="ring")

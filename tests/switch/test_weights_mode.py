@@ -10,7 +10,6 @@ the weights mode saved on 3 ranks resumes on 4 under another strategy with the s
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
@@ -27,6 +26,7 @@ from hspmd.runtime.world import World
 from hspmd.switch.live import plan_switch
 from hspmd.switch.weights import plan_weight_switch
 from hspmd.train.active import activate
+from hspmd.train.api import revise, train_config
 from hspmd.train.config import AdamConfig, TrainConfig, TrainError
 from hspmd.train.home import home_annotations
 from hspmd.train.loop import prepare_all, run_rank, switch_to
@@ -36,12 +36,12 @@ MODEL = (("num_layers", 4), ("num_kv_heads", 4))  # TP 4 needs the KV heads to d
 PP_UNEVEN = "4x1: R0:L0-0 R1:L1-3"  # ranks 2-3 idle: they still hold home shards
 TP4 = "2x2: R0-3:L0-3"
 HETERO = "1x2: R0:L0-1 R1:L2-3; 1x2: R2-3:L0-3"  # PP 2 and TP 2 as data-parallel pipelines
-BASE = TrainConfig(
-    model_overrides=MODEL, seq_len=16, global_batch=4, adam=AdamConfig(lr=1e-3), steps=6,
+BASE = train_config(
+    model_kwargs=MODEL, seq_len=16, global_batch=4, adam=AdamConfig(lr=1e-3), steps=6,
     strategy=PP_UNEVEN, switches=((3, TP4), (5, HETERO)),
 )  # fmt: skip
 CONFIGS = {
-    (dtype, mode): dataclasses.replace(BASE, dtype=dtype, switch_mode=mode)
+    (dtype, mode): revise(BASE, dtype=dtype, switch_mode=mode)
     for dtype in ("fp32", "bf16")
     for mode in ("states", "weights")
 }
@@ -109,9 +109,9 @@ def test_weight_plan_moves_every_piece_and_only_changed_owners(source: str, targ
 
 def test_weights_mode_refuses_zero1_and_says_why() -> None:
     with pytest.raises(TrainError, match="adds nothing.*already shards.*--switch-mode states"):
-        dataclasses.replace(BASE, switch_mode="weights", zero=1)
+        revise(BASE, switch_mode="weights", zero=1)
     with pytest.raises(TrainError, match="choose one of states, weights"):
-        dataclasses.replace(BASE, switch_mode="bf16")
+        revise(BASE, switch_mode="bf16")
 
 
 # -- on 4 processes ---------------------------------------------------------------------
@@ -121,9 +121,9 @@ def _worker(world: World, configs: list[TrainConfig]) -> dict[str, Any]:
     runs = [run_rank(world, config) for config in configs]
     config = CONFIGS[("bf16", "weights")]
     prepare_all(world, config)
-    active = activate(world, config, TP4)
+    active = activate(world, config, parse_strategy(TP4))
     with count_comm(world) as log:
-        active, _ = switch_to(world, config, active, HETERO, steps=1)
+        active, _ = switch_to(world, config, active, parse_strategy(HETERO), steps=1)
     return {"runs": runs, "switch_bytes": log.nbytes("send"), "switch_sends": log.counts()}
 
 
@@ -133,8 +133,8 @@ THREE = "2x1: R0:L0-3; 1x2: R1:L0-1 R2:L2-3"  # 3 ranks: home split 22/21/21 on 
 def _checkpoint_runs(folder: str) -> list[TrainConfig]:
     """Save at step 2 in the weights mode on 3 ranks, resume on 4 (TP 4, then HETERO at 5)."""
     run = CONFIGS[("fp32", "weights")]
-    save = dataclasses.replace(run, strategy=THREE, switches=(), steps=2, save=folder, save_every=2)
-    return [save, dataclasses.replace(run, resume=folder)]
+    save = revise(run, strategy=THREE, switches=(), steps=2, save=folder, save_every=2)
+    return [save, revise(run, resume=folder)]
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +166,7 @@ def test_weights_mode_equals_states_mode(outcome: list[dict[str, Any]], dtype: s
 @pytest.mark.multiproc
 def test_weights_mode_fp32_equals_reference(outcome: list[dict[str, Any]]) -> None:
     config = CONFIGS[("fp32", "weights")]
-    reference = run_reference(dataclasses.replace(config, strategy=None, switches=()))
+    reference = run_reference(revise(config, strategy=None, switches=()))
     got = _losses(outcome, list(CONFIGS).index(("fp32", "weights")))
     assert got == pytest.approx(reference.losses, rel=1e-5)
 

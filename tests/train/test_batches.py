@@ -4,7 +4,6 @@ run on a token file that switches, saves and resumes equals the reference."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from itertools import islice
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch
 
 from hspmd.data.errors import DataError
 from hspmd.data.megatron import write_indexed
+from hspmd.train.api import revise, train_config
 from hspmd.train.batches import check_data, step_batches, step_documents
 from hspmd.train.config import AdamConfig, TrainConfig
 
@@ -37,10 +37,10 @@ def token_file(tmp_path: Path) -> Path:
 
 
 def _config(path: Path | None, **changes: object) -> TrainConfig:
-    base = TrainConfig(model_overrides=VOCAB if path else (("num_layers", 2),), seq_len=16,
+    base = train_config(model_kwargs=VOCAB if path else (("num_layers", 2),), seq_len=16,
                        global_batch=4, steps=6, data=str(path) if path else None,
                        data_max_bytes=None if path else 1 << 16, data_cache=None)  # fmt: skip
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+    return revise(base, **changes)  # type: ignore[arg-type]
 
 
 def _same(a: list[tuple[torch.Tensor, torch.Tensor]], b: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:  # fmt: skip
@@ -63,7 +63,7 @@ def test_batches_do_not_depend_on_the_strategy(token_file: Path, corpus: str) ->
 def test_packed_steps_do_not_depend_on_the_strategy(token_file: Path) -> None:
     config = _config(token_file, step_tokens=64, seq_len=32)
     a = list(islice(step_documents(config, min_documents=4), 5))
-    b = list(islice(step_documents(dataclasses.replace(config, strategy="4x1: R0:L0-1"),
+    b = list(islice(step_documents(revise(config, strategy="4x1: R0:L0-1"),
                                    min_documents=4), 5))  # fmt: skip
     assert [s.lengths for s in a] == [s.lengths for s in b]
     for step, other in zip(a, b, strict=True):
@@ -96,7 +96,7 @@ def test_tokenized_text_equals_the_written_token_file(tmp_path: Path) -> None:
 
 def test_check_data_before_launch(token_file: Path, tmp_path: Path) -> None:
     check_data(_config(token_file, data_cache=str(tmp_path / "cache")))
-    small = dataclasses.replace(_config(token_file), model_overrides=(("vocab_size", 32),))
+    small = revise(_config(token_file), model_kwargs=(("vocab_size", 32),))
     with pytest.raises(DataError, match=r"token id \d+ at position \d+ is not below the model's vocabulary of 32"):  # fmt: skip
         check_data(small)
     with pytest.raises(DataError, match="fewer than one step of 400 x 16"):
@@ -114,11 +114,11 @@ def test_switch_and_resume_on_a_token_file_equal_the_reference(token_file: Path,
     base = _config(token_file, steps=4, adam=AdamConfig(lr=1e-3), data_cache=str(tmp_path / "c"))
     save = str(tmp_path / "ckpt")
     cases = [
-        dataclasses.replace(
+        revise(
             base, strategy="2x2: R0:L0-0 R1:L1-1", switches=((3, "1x2: R0-1:L0-1; 1x2: R2:L0-1"),)
         ),  # fmt: skip
-        dataclasses.replace(base, strategy="4x1: R0:L0-1", steps=2, save=save, save_every=2),
-        dataclasses.replace(base, strategy="1x2: R0-1:L0-1; 1x2: R2:L0-1", resume=save),
+        revise(base, strategy="4x1: R0:L0-1", steps=2, save=save, save_every=2),
+        revise(base, strategy="1x2: R0-1:L0-1; 1x2: R2:L0-1", resume=save),
     ]
     results = train_many(cases, threads=1, timeout_s=300)
     reference = run_reference(base).losses

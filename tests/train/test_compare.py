@@ -7,11 +7,12 @@ import dataclasses
 
 import torch
 
+from hspmd.train.api import train_config
 from hspmd.train.compare import compare
-from hspmd.train.config import AdamConfig, TrainConfig
+from hspmd.train.config import AdamConfig
 from hspmd.train.reference import build_reference_model, run_reference
 
-CONFIG = TrainConfig(model_overrides=(("num_layers", 1),), global_batch=2, seq_len=8, steps=3,
+CONFIG = train_config(model_kwargs=(("num_layers", 1),), global_batch=2, seq_len=8, steps=3,
                      adam=AdamConfig(lr=1e-3))  # fmt: skip
 
 

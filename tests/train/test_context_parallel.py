@@ -13,7 +13,6 @@ tolerances of the fp32 reference. One launch of 4 processes for every config.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 from itertools import islice
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from hspmd.plan.strategy import parse_strategy
+from hspmd.train.api import revise, train_config
 from hspmd.train.compare import compare
 from hspmd.train.config import AdamConfig, TrainConfig
 from hspmd.train.packing import packed_steps
@@ -74,9 +74,9 @@ def corpus(directory: Path) -> Path:
 def config_of(
     strategy: str, overrides: tuple, packed: bool, fields: dict, data: Path
 ) -> TrainConfig:
-    return TrainConfig(
+    return train_config(
         **fields,
-        model_overrides=(("num_layers", 2), *overrides),
+        model_kwargs=(("num_layers", 2), *overrides),
         strategy=strategy,
         global_batch=parse_strategy(strategy).global_batch,
         seq_len=16 if not packed else 32,
@@ -93,7 +93,7 @@ def test_context_parallel_equals_the_reference(tmp_path: Path) -> None:
     configs = [config_of(*spec, data) for spec in STRATEGIES.values()]
     low = config_of(*BF16_CP, data)
     *results, low_result = train_many([*configs, low], threads=1)
-    low_reference = run_reference(dataclasses.replace(low, dtype="fp32"))
+    low_reference = run_reference(revise(low, dtype="fp32"))
     for got, want in zip(low_result.losses, low_reference.losses, strict=True):
         assert 0 < abs(got - want) <= BF16_LOSS_RTOL * abs(want), (got, want)  # bf16, close
     for pname, want_p in low_reference.params.items():

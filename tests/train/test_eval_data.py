@@ -4,7 +4,6 @@ schedule, and the log files."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import torch
 
 from hspmd.data.errors import DataError
 from hspmd.specialize.schedule import forward_only, simulate
+from hspmd.train.api import revise, train_config
 from hspmd.train.batches import check_data, eval_batches, step_batches, step_documents
 from hspmd.train.config import EvalConfig, EvalRecord, StepRecord, TrainConfig, TrainError
 from hspmd.train.logs import RECORDS, RunLog
@@ -36,9 +36,9 @@ def positions(tmp_path: Path) -> Path:
 
 
 def _config(**changes: object) -> TrainConfig:
-    base = TrainConfig(model_overrides=TINY, seq_len=16, global_batch=4, steps=3,
+    base = train_config(model_kwargs=TINY, seq_len=16, global_batch=4, steps=3,
                        data_max_bytes=1 << 16)  # fmt: skip
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+    return revise(base, **changes)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -62,7 +62,7 @@ def test_packed_steps_refuse_evaluation() -> None:
 
 
 def test_held_out_tokens_are_never_trained_on(positions: Path) -> None:
-    config = _config(model_overrides=(("vocab_size", 4096), *TINY), data=str(positions),
+    config = _config(model_kwargs=(("vocab_size", 4096), *TINY), data=str(positions),
                      steps=200, evaluation=EvalConfig(every=1, split=0.1, batches=3))  # fmt: skip
     trained = torch.cat([targets for _, targets in step_batches(config)])
     # the 224 windows of 16 (+1) in the 3600 first ids, in 200 x 4 rows: each one read
@@ -70,7 +70,7 @@ def test_held_out_tokens_are_never_trained_on(positions: Path) -> None:
     held = eval_batches(config)
     assert len(held) == 3 and min(int(tokens.min()) for tokens, _ in held) >= 3600
     # the same windows for another seed and at every call (fixed, not drawn per step)
-    other = eval_batches(dataclasses.replace(config, seed=5))
+    other = eval_batches(revise(config, seed=5))
     assert all(torch.equal(a[0], b[0]) for a, b in zip(held, other, strict=True))
 
 
@@ -88,7 +88,7 @@ def test_packed_documents_end_before_the_held_out_part(positions: Path, tmp_path
     ids[49::50] = 1  # documents of 50 ids, each ending with id 1
     path = tmp_path / "docs.bin"
     ids.tofile(path)
-    config = _config(model_overrides=(("vocab_size", 4096), *TINY), data=str(path), eod_id=1,
+    config = _config(model_kwargs=(("vocab_size", 4096), *TINY), data=str(path), eod_id=1,
                      step_tokens=128, seq_len=64, evaluation=EvalConfig(split=0.2))  # fmt: skip
     steps = step_documents(config, min_documents=1)
     seen = torch.cat([d for _ in range(60) for d in next(steps).documents])
@@ -97,13 +97,13 @@ def test_packed_documents_end_before_the_held_out_part(positions: Path, tmp_path
 
 def test_check_data_names_the_eval_data(positions: Path, tmp_path: Path) -> None:
     vocab = (("vocab_size", 4096), *TINY)
-    few = _config(model_overrides=vocab, data=str(positions),
+    few = _config(model_kwargs=vocab, data=str(positions),
                   evaluation=EvalConfig(every=1, split=0.01, batches=4))  # fmt: skip
     with pytest.raises(DataError, match=r"the held-out 0.01 of .*positions.bin holds 2 windows"):
         check_data(few)
     text = tmp_path / "held.txt"
     text.write_text("held-out text " * 100)
-    mixed = _config(model_overrides=vocab, data=str(positions),
+    mixed = _config(model_kwargs=vocab, data=str(positions),
                     evaluation=EvalConfig(every=1, data=str(text)))  # fmt: skip
     with pytest.raises(DataError, match=r"--eval-data .*held.txt is text \(the byte corpus\) "
                        r"but --data is a token file"):  # fmt: skip

@@ -11,19 +11,19 @@ cases share one launch.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
 
-from hspmd.train.config import AdamConfig, EvalConfig, TrainConfig
+from hspmd.train.api import revise, train_config
+from hspmd.train.config import AdamConfig, EvalConfig
 from hspmd.train.reference import TrainResult, run_reference
 from hspmd.train.trainer import train_many
 
 pytestmark = pytest.mark.multiproc
 
-BASE = TrainConfig(
-    model_overrides=(("num_layers", 2),), seq_len=16, global_batch=4, steps=2,
+BASE = train_config(
+    model_kwargs=(("num_layers", 2),), seq_len=16, global_batch=4, steps=2,
     adam=AdamConfig(lr=1e-3), evaluation=EvalConfig(every=1, batches=2, split=0.1),
     data_max_bytes=1 << 18,
 )  # fmt: skip
@@ -50,13 +50,13 @@ RTOL = {"bf16": 1e-3}
 
 @pytest.fixture(scope="module")
 def runs() -> dict[str, TrainResult]:
-    configs = [dataclasses.replace(BASE, **changes) for changes in CASES.values()]
+    configs = [revise(BASE, **changes) for changes in CASES.values()]
     return dict(zip(CASES, train_many(configs, threads=1, timeout_s=600), strict=True))
 
 
 @pytest.fixture(scope="module")
 def references() -> dict[int, TrainResult]:
-    return {n: run_reference(dataclasses.replace(BASE, grad_accum=n)) for n in (1, 2)}
+    return {n: run_reference(revise(BASE, grad_accum=n)) for n in (1, 2)}
 
 
 @pytest.mark.parametrize("name", list(CASES))

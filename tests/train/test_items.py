@@ -16,6 +16,7 @@ from hspmd.errors import HspmdError
 from hspmd.models.spec import ModelSpecError
 from hspmd.plan.strategy import StrategyOptions, parse_strategy
 from hspmd.specialize.executable import build_executable
+from hspmd.train.api import train_config
 from hspmd.train.batches import step_batches
 from hspmd.train.config import TrainConfig
 from hspmd.train.reference import run_reference
@@ -27,7 +28,7 @@ MODEL, IMAGES, PAIRS, STREAM = (f"{DATA}:{n}" for n in ("make", "images", "pairs
 
 def _config(strategy: str, dataset: str = IMAGES, **fields: object) -> TrainConfig:
     given = {"model": MODEL, "dataset": dataset, "global_batch": 8, "steps": 2, **fields}
-    return TrainConfig(strategy=strategy, **given)  # type: ignore[arg-type]
+    return train_config(strategy=strategy, **given)  # type: ignore[arg-type]
 
 
 def test_the_fields_are_the_graphs_inputs_and_tp_splits_the_blocks() -> None:

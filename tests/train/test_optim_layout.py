@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from hspmd.errors import StrategyError
-from hspmd.train.config import AdamConfig, TrainConfig, TrainError
+from hspmd.plan.strategy import parse_strategy
+from hspmd.train.api import train_config
+from hspmd.train.config import AdamConfig, TrainError
 from hspmd.train.layout import Layout
 from hspmd.train.optim import Adam
 from hspmd.train.trainer import check_config
@@ -32,7 +34,7 @@ def test_adam_equals_torch_adam_bitwise_on_every_slice() -> None:
 
 
 def test_roles_of_a_heterogeneous_strategy() -> None:
-    layout = Layout.from_text("2x2: R0:L0-1 R1:L2-3; 4x1: R2:L0-3", num_layers=4)
+    layout = Layout(parse_strategy("2x2: R0:L0-1 R1:L2-3; 4x1: R2:L0-3"), num_layers=4)
     first, last, other = layout.role(0), layout.role(1), layout.role(2)
     assert first is not None and last is not None and other is not None
     assert (first.is_first, first.is_last, first.next_ranks) == (True, False, (1,))
@@ -58,14 +60,14 @@ def test_bad_strategies_are_refused_before_any_process(
     strategy: str, error: type[Exception], words: str
 ) -> None:
     with pytest.raises(error, match=words):
-        check_config(TrainConfig(strategy=strategy, global_batch=8, seq_len=16))
+        check_config(train_config(strategy=strategy, global_batch=8, seq_len=16))
 
 
 def test_bad_sizes_are_refused() -> None:
     with pytest.raises(TrainError, match="seq_len"):
-        TrainConfig(seq_len=0)
+        train_config(seq_len=0)
     with pytest.raises(TrainError, match="metadata-only"):
-        TrainConfig(model="llama-32b")
+        train_config(model="llama-32b")
 
 
 def test_zero1_shards_states_over_the_pipelines() -> None:

@@ -3,15 +3,14 @@ same training as the synchronous Post."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from hspmd.annotation import parse_annotation as A
 from hspmd.comm.plan import CommPlan
 from hspmd.specialize.grad_sync import StageGradSync
-from hspmd.train.config import AdamConfig, TrainConfig
+from hspmd.train.api import revise, train_config
+from hspmd.train.config import AdamConfig
 from hspmd.train.overlap import GradOverlap
 from hspmd.train.sync import SyncItem
 from hspmd.train.trainer import train_many
@@ -84,12 +83,12 @@ def test_without_arm_everything_runs_in_finish() -> None:
     assert order == ["c", "b", "a"]
 
 
-BASE = TrainConfig(
+BASE = train_config(
     global_batch=4,
     seq_len=32,
     steps=3,
     adam=AdamConfig(lr=1e-3),
-    model_overrides=(("num_layers", 2),),
+    model_kwargs=(("num_layers", 2),),
     bucket_bytes=1 << 16,  # several flat buckets: most start during backward
 )
 # name -> (strategy, options); every one runs with and without overlap
@@ -124,7 +123,7 @@ def test_overlap_trains_bitwise_like_the_synchronous_post() -> None:
     configs = []
     for strategy, options in CASES.values():
         for overlap in (True, False):
-            configs.append(dataclasses.replace(BASE, strategy=strategy, overlap=overlap, **options))
+            configs.append(revise(BASE, strategy=strategy, overlap=overlap, **options))
     results = train_many(configs, threads=1)
     for i, name in enumerate(CASES):
         on, off = results[2 * i], results[2 * i + 1]

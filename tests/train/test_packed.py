@@ -8,7 +8,6 @@ corpus of long-tailed short documents (several per row, some over the maximum le
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from hspmd.plan.strategy import parse_strategy
+from hspmd.train.api import revise, train_config
 from hspmd.train.compare import compare
 from hspmd.train.config import AdamConfig, TrainConfig
 from hspmd.train.packing import IGNORE, PackedStep, packed_steps
@@ -47,8 +47,8 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def config_of(strategy: str, sp: bool, data: Path) -> TrainConfig:
-    return TrainConfig(
-        model_overrides=(("num_layers", 2),),
+    return train_config(
+        model_kwargs=(("num_layers", 2),),
         strategy=strategy,
         global_batch=parse_strategy(strategy).global_batch,
         sequence_parallel=sp,
@@ -77,7 +77,7 @@ def documents_per_row(step: PackedStep) -> list[int]:
 
 def test_packed_steps_vary_in_length(corpus: Path) -> None:
     config = config_of(*STRATEGIES["PP x TP, rows differ"], corpus)
-    steps = list(packed_steps(config, parse_strategy(config.strategy or "")))
+    steps = list(packed_steps(config, config.require_strategy()))
     lengths = {n for s in steps for pipe in s.assignment.lengths for n in pipe}
     assert len(lengths) > 2 and max(lengths) <= 64
     assert max(n for s in steps for n in documents_per_row(s)) >= 3  # packed
@@ -87,11 +87,9 @@ def test_packed_steps_vary_in_length(corpus: Path) -> None:
 
 def test_packed_training_equals_the_reference(corpus: Path) -> None:
     configs = [config_of(*value, corpus) for value in STRATEGIES.values()]
-    low = dataclasses.replace(
-        config_of(BF16_RECOMPUTE, False, corpus), dtype="bf16", recompute=True
-    )
+    low = revise(config_of(BF16_RECOMPUTE, False, corpus), dtype="bf16", recompute=True)
     *results, low_result = train_many([*configs, low], timeout_s=900, threads=1)
-    low_reference = run_reference(dataclasses.replace(low, dtype="fp32", recompute=False))
+    low_reference = run_reference(revise(low, dtype="fp32", recompute=False))
     for got, want in zip(low_result.losses, low_reference.losses, strict=True):
         assert abs(got - want) <= BF16_LOSS_RTOL * abs(want), (got, want)
     for pname, want_p in low_reference.params.items():
@@ -108,6 +106,6 @@ def test_packed_training_equals_the_reference(corpus: Path) -> None:
             assert got.pipeline_tokens is not None and sum(got.pipeline_tokens) == got.tokens
             assert got.dropped == 0
         assert sum(r.truncated or 0 for r in result.records) > 0
-        multiple = 2 if config.sequence_parallel else 1
-        steps = packed_steps(config, parse_strategy(config.strategy or ""))
+        multiple = 2 if config.options.sequence_parallel else 1
+        steps = packed_steps(config, config.require_strategy())
         assert all(n % multiple == 0 for s in steps for p in s.assignment.lengths for n in p)

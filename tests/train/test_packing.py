@@ -18,6 +18,7 @@ import hspmd.train.packing
 from hspmd.data import DocumentStep
 from hspmd.plan.dispatch import DispatchError, balanced
 from hspmd.plan.strategy import parse_strategy
+from hspmd.train.api import train_config
 from hspmd.train.packing import IGNORE, pack, safe_step_tokens
 
 
@@ -90,12 +91,12 @@ def test_packed_documents_refuse_a_model_that_drops() -> None:
     rows have none, so packing a model that drops is one line before launch."""
     from pathlib import Path
 
-    from hspmd.train.config import TrainConfig, TrainError
+    from hspmd.train.config import TrainError
     from hspmd.train.packing import check_packed_dropout
 
     nanogpt = f"{Path(__file__).parents[1] / 'models' / 'data' / 'nanogpt_style.py'}:make"
-    config = TrainConfig(model=nanogpt, model_overrides=(("dropout", 0.1),), step_tokens=64,
+    config = train_config(model=nanogpt, model_kwargs=(("dropout", 0.1),), step_tokens=64,
                          seq_len=16, strategy="2x1: R0:L0-2")  # fmt: skip
     with pytest.raises(TrainError, match=r"drops \(10 dropout ops, the first dropout in "):
         check_packed_dropout(config)
-    check_packed_dropout(TrainConfig(model=nanogpt, step_tokens=64, seq_len=16))  # p = 0
+    check_packed_dropout(train_config(model=nanogpt, step_tokens=64, seq_len=16))  # p = 0

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from hspmd.cli.plan_lengths import apply_plans
+from hspmd.cli.plan_lengths import apply_plans, read_length_plans
 from hspmd.plan.strategy import parse_strategy
 from hspmd.train.active import strategy_options
+from hspmd.train.api import train_config
 from hspmd.train.compare import compare
 from hspmd.train.config import TrainConfig
 from hspmd.train.packing import plan_schedule, planned_steps
@@ -24,8 +25,9 @@ from tests.cli.test_train_plans import _pipe, write_inputs
 
 def config(tmp_path: Path, steps: int) -> TrainConfig:
     plans, data = write_inputs(tmp_path)
-    base = TrainConfig(data=str(data), seq_len=256, step_tokens=256, steps=steps)
-    return apply_plans(base, plans.read_text(), path=str(plans))
+    base = train_config(data=str(data), seq_len=256, step_tokens=256, steps=steps)
+    return apply_plans(base, read_length_plans(json.loads(plans.read_text()), "plans"),
+                       path=str(plans))  # fmt: skip
 
 
 def test_the_worker_makes_the_synchronous_choices(tmp_path: Path) -> None:
@@ -51,10 +53,10 @@ def test_each_strategy_of_a_plans_file_keeps_its_recompute(tmp_path: Path) -> No
     plans, data = write_inputs(tmp_path)
     text = json.loads(plans.read_text())
     text["strategies"][1] |= {"recompute": True, "recompute_layers": 1}
-    base = TrainConfig(data=str(data), seq_len=256, step_tokens=256, steps=2)
-    run = apply_plans(base, json.dumps(text), path="plans.json")
-    assert run.recompute and run.recompute_layers == 1  # the most any strategy asks
-    short, long = (str(parse_strategy(e["strategy"])) for e in text["strategies"])
+    base = train_config(data=str(data), seq_len=256, step_tokens=256, steps=2)
+    run = apply_plans(base, read_length_plans(text, "plans.json"), path="plans.json")
+    assert run.options.recompute and run.options.recompute_layers == 1  # the most any strategy asks
+    short, long = (parse_strategy(e["strategy"]) for e in text["strategies"])
     assert not strategy_options(run, short).recompute  # but each runs its own
     assert strategy_options(run, long).recomputed(4) == 1
 
@@ -93,8 +95,8 @@ def test_empty_micro_batches_are_skipped_and_equal_the_reference(tmp_path: Path)
     }  # fmt: skip
     data = tmp_path / "docs.jsonl"
     data.write_text("".join(json.dumps({"text": "y" * n}) + "\n" for n in [90, 60, 100] * 6))
-    base = TrainConfig(data=str(data), seq_len=128, step_tokens=200, steps=3)
-    run = apply_plans(base, json.dumps(plans), path="plans.json")
+    base = train_config(data=str(data), seq_len=128, step_tokens=200, steps=3)
+    run = apply_plans(base, read_length_plans(plans, "plans.json"), path="plans.json")
     steps = list(planned_steps(run))
     assert any(0 in pipe for s in steps for pipe in s.assignment.lengths)  # empty ones
     (result,) = train_many([run], threads=1)

@@ -10,7 +10,7 @@ from hspmd.cost.cluster import load_cluster
 from hspmd.cost.lines import CostModel
 from hspmd.models.config import get_config
 from hspmd.planner.search import plan
-from hspmd.train.config import TrainConfig
+from hspmd.train.api import train_config
 from hspmd.train.reference import run_reference
 from hspmd.train.trainer import train_many
 from tests.planner.conftest import cluster_file
@@ -34,13 +34,13 @@ def test_planned_strategies_equal_the_reference(tmp_path: Path) -> None:
         chosen = plan(get_config("llama-tiny"), cost, global_batch=8, seq_len=32, dtype="fp32",
                       homogeneous=False)  # fmt: skip
         o = chosen.options
-        configs.append(TrainConfig(
-            strategy=str(chosen.strategy), global_batch=8, seq_len=32, steps=3,
+        configs.append(train_config(
+            strategy=chosen.strategy, global_batch=8, seq_len=32, steps=3,
             zero=o.zero, sequence_parallel=o.sequence_parallel, recompute=o.recompute,
         ))  # fmt: skip
-    strategies = [c.strategy for c in configs]
+    strategies = [str(c.strategy) for c in configs]
     assert len(set(strategies)) > 1, strategies  # the clusters get different plans
     assert strategies[-1] == "2x4: R0:L0-0:RC1 R1:L1-1:RC0 R2:L2-2:RC0 R3:L3-3:RC0"  # per stage
-    reference = run_reference(TrainConfig(global_batch=8, seq_len=32, steps=3))
+    reference = run_reference(train_config(global_batch=8, seq_len=32, steps=3))
     for result in train_many(configs):
         assert_equal_to_reference(result, reference)

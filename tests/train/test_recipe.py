@@ -13,8 +13,9 @@ import torch
 from hspmd.models.llama import get_config
 from hspmd.plan.params import parameter_annotations, state_annotations
 from hspmd.plan.strategy import parse_strategy
+from hspmd.train.api import train_config
 from hspmd.train.clip import owned_names
-from hspmd.train.config import AdamConfig, TrainConfig, TrainError
+from hspmd.train.config import AdamConfig, TrainError
 from hspmd.train.home import home_annotations
 from hspmd.train.lr import learning_rate
 from hspmd.train.optim import Adam, decays
@@ -104,7 +105,7 @@ def test_schedule_shape_and_after_the_horizon() -> None:
 
 
 def test_decay_steps_default_to_the_runs_steps() -> None:
-    config = TrainConfig(steps=10, adam=AdamConfig(lr=1.0, lr_schedule="cosine"))
+    config = train_config(steps=10, adam=AdamConfig(lr=1.0, lr_schedule="cosine"))
     assert config.optimizer.decay_steps == 10
     assert learning_rate(config.optimizer, 1) == 1.0
     assert learning_rate(config.optimizer, 11) == 0.0
@@ -139,7 +140,7 @@ def test_bad_recipes_name_the_flag(changes: dict[str, Any], words: str) -> None:
 )
 def test_bad_run_recipes_are_refused(changes: dict[str, Any], words: str) -> None:
     with pytest.raises(TrainError, match=words):
-        TrainConfig(**changes)
+        train_config(**changes)
 
 
 def test_weight_decay_rule_and_reference_groups() -> None:

@@ -15,7 +15,8 @@ import pytest
 
 from hspmd.checkpoint import latest, read_manifest
 from hspmd.cli.train import resume_warnings
-from hspmd.train.config import AdamConfig, TrainConfig
+from hspmd.train.api import revise, train_config
+from hspmd.train.config import AdamConfig
 from hspmd.train.reference import TrainResult, run_reference
 from hspmd.train.trainer import train_many
 
@@ -23,8 +24,8 @@ pytestmark = pytest.mark.multiproc
 
 RECIPE = AdamConfig(lr=1e-3, beta2=0.95, weight_decay=0.1, lr_schedule="linear",
                     warmup_steps=1, decay_steps=4, min_lr=1e-4)  # fmt: skip
-BASE = TrainConfig(
-    model_overrides=(("num_layers", 2),), seq_len=16, global_batch=4, steps=4, adam=RECIPE,
+BASE = train_config(
+    model_kwargs=(("num_layers", 2),), seq_len=16, global_batch=4, steps=4, adam=RECIPE,
     clip_grad_norm=1.0, grad_accum=2,
 )  # fmt: skip
 
@@ -32,9 +33,9 @@ BASE = TrainConfig(
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[TrainResult]]:
     folder = str(tmp_path_factory.mktemp("recipe") / "ckpt")
-    save = dataclasses.replace(BASE, strategy="2x1: R0-1:L0 R2:L1; 2x1: R3:L0-1", steps=2,
+    save = revise(BASE, strategy="2x1: R0-1:L0 R2:L1; 2x1: R3:L0-1", steps=2,
                                save=folder)  # fmt: skip
-    resume = dataclasses.replace(BASE, strategy="1x2: R0:L0-1; 1x2: R1-2:L0-1", zero=1,
+    resume = revise(BASE, strategy="1x2: R0:L0-1; 1x2: R1-2:L0-1", zero=1,
                                  resume=folder)  # fmt: skip
     return folder, train_many([save, resume], threads=1, timeout_s=600)
 
@@ -66,16 +67,11 @@ def test_checkpoint_records_the_recipe_and_a_different_one_warns(
     assert (manifest.step, manifest.adam_step) == (2, 2)
     assert manifest.run["--lr-schedule"] == "linear" and manifest.run["--decay-steps"] == 4
     assert manifest.run["--clip-grad-norm"] == 1.0 and manifest.run["--grad-accum"] == 2
-    same = dataclasses.replace(BASE, strategy="4x1: R0:L0-1", resume=folder)
+    same = revise(BASE, strategy="4x1: R0:L0-1", resume=folder)
     assert resume_warnings(same) == []
     # the default horizon is --steps, 4 here as the saved one: no change
-    assert (
-        resume_warnings(
-            dataclasses.replace(same, adam=dataclasses.replace(RECIPE, decay_steps=None))
-        )
-        == []
-    )
-    other = dataclasses.replace(same, adam=dataclasses.replace(RECIPE, lr_schedule="cosine"))
+    assert resume_warnings(revise(same, adam=dataclasses.replace(RECIPE, decay_steps=None))) == []
+    other = revise(same, adam=dataclasses.replace(RECIPE, lr_schedule="cosine"))
     (warning,) = resume_warnings(other)
     assert warning.startswith(
         "resuming with --lr-schedule cosine where the checkpoint was saved with linear"

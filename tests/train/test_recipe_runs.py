@@ -12,12 +12,12 @@ one launch.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
 
-from hspmd.train.config import AdamConfig, TrainConfig
+from hspmd.train.api import revise, train_config
+from hspmd.train.config import AdamConfig
 from hspmd.train.reference import TrainResult, run_reference
 from hspmd.train.trainer import train_many
 
@@ -26,8 +26,8 @@ pytestmark = pytest.mark.multiproc
 RECIPE = AdamConfig(lr=1e-3, beta2=0.95, weight_decay=0.1, lr_schedule="cosine",
                     warmup_steps=1, min_lr=1e-4)  # fmt: skip
 CLIP = 1.0  # the gradients' norm is about 1.7-2.2 on these steps: every step clips
-BASE = TrainConfig(
-    model_overrides=(("num_layers", 2),), seq_len=16, global_batch=4, steps=3, adam=RECIPE,
+BASE = train_config(
+    model_kwargs=(("num_layers", 2),), seq_len=16, global_batch=4, steps=3, adam=RECIPE,
     clip_grad_norm=CLIP,
 )  # fmt: skip
 HETERO = "2x1: R0-1:L0 R2:L1; 2x1: R3:L0-1"  # TP 2 then TP 1 beside a one-rank pipeline
@@ -60,17 +60,15 @@ BF16_RTOL = {"loss": 1e-3, "norm": 1e-2, "param": 5e-2}
 @pytest.fixture(scope="module")
 def runs() -> dict[str, TrainResult]:
     cases = {**CASES, **BF16}
-    configs = [dataclasses.replace(BASE, **changes) for changes in cases.values()]
+    configs = [revise(BASE, **changes) for changes in cases.values()]
     results = train_many(configs, threads=1, timeout_s=600)
     return dict(zip(cases, results, strict=True))
 
 
 @pytest.fixture(scope="module")
 def references() -> dict[str, TrainResult]:
-    out = {f"accum {n}": run_reference(dataclasses.replace(BASE, grad_accum=n)) for n in (1, 2)}
-    out["variable-length steps"] = run_reference(
-        dataclasses.replace(BASE, **CASES["variable-length steps"])
-    )
+    out = {f"accum {n}": run_reference(revise(BASE, grad_accum=n)) for n in (1, 2)}
+    out["variable-length steps"] = run_reference(revise(BASE, **CASES["variable-length steps"]))
     return out
 
 

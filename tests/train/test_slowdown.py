@@ -7,7 +7,8 @@ import time
 import pytest
 
 from hspmd.cli.train import parse_slowdown
-from hspmd.train.config import TrainConfig, TrainError
+from hspmd.train.api import train_config
+from hspmd.train.config import TrainError
 from hspmd.train.slowdown import Slowdown, slowdown_of
 from hspmd.train.trainer import check_config, train_many
 
@@ -35,21 +36,21 @@ def test_parse_slowdown() -> None:
 
 def test_slowdown_values_are_checked() -> None:
     with pytest.raises(TrainError, match="factor 0.5 of rank 1 must be a finite number >= 1"):
-        TrainConfig(strategy=_STRATEGY, slowdown=((1, 0.5),))
+        train_config(strategy=_STRATEGY, slowdown=((1, 0.5),))
     with pytest.raises(TrainError, match="rank listed twice"):
-        TrainConfig(strategy=_STRATEGY, slowdown=((1, 2.0), (1, 3.0)))
+        train_config(strategy=_STRATEGY, slowdown=((1, 2.0), (1, 3.0)))
     with pytest.raises(TrainError, match=r"ranks \[4\] that the run's strategies do not use"):
-        check_config(TrainConfig(strategy=_STRATEGY, model_overrides=_TWO, slowdown=((4, 2.0),)))
+        check_config(train_config(strategy=_STRATEGY, model_kwargs=_TWO, slowdown=((4, 2.0),)))
 
 
 @pytest.mark.multiproc
 def test_slowdown_keeps_the_losses_and_takes_longer() -> None:
-    base = TrainConfig(
-        strategy=_STRATEGY, model_overrides=_TWO, global_batch=8, seq_len=32,
+    base = train_config(
+        strategy=_STRATEGY, model_kwargs=_TWO, global_batch=8, seq_len=32,
         steps=4,
     )  # fmt: skip
-    slowed = TrainConfig(
-        strategy=_STRATEGY, model_overrides=_TWO, global_batch=8, seq_len=32,
+    slowed = train_config(
+        strategy=_STRATEGY, model_kwargs=_TWO, global_batch=8, seq_len=32,
         steps=4, slowdown=((1, 10.0),),
     )  # fmt: skip
     plain, slow = train_many([base, slowed])

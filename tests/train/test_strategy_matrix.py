@@ -9,11 +9,11 @@ All strategies that work share one launch (processes start once, configs run in 
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
 
+from hspmd.train.api import revise, train_config
 from hspmd.train.config import AdamConfig, TrainConfig
 from hspmd.train.reference import TrainResult, run_reference
 from hspmd.train.trainer import train_many
@@ -83,7 +83,7 @@ BF16_LOSS_RTOL, BF16_PARAM_RTOL = 1e-3, 5e-2
 
 def bf16_config(name: str) -> TrainConfig:
     strategy, zero1 = BF16[name]
-    return dataclasses.replace(config(strategy, 4, zero1=zero1), dtype="bf16")
+    return revise(config(strategy, 4, zero1=zero1), dtype="bf16")
 
 
 # activation recompute per layer (each layer's forward, collectives included, rerun in B)
@@ -102,9 +102,7 @@ RECOMPUTE = {
 def recompute_config(name: str) -> TrainConfig:
     sp = "sequence parallel" in name
     per_stage = ":RC" in RECOMPUTE[name][0]
-    return dataclasses.replace(
-        config(*RECOMPUTE[name]), recompute=not per_stage, sequence_parallel=sp
-    )
+    return revise(config(*RECOMPUTE[name]), recompute=not per_stage, sequence_parallel=sp)
 
 
 # sequence parallel: the residual stream split on the sequence inside each stage (boundaries
@@ -117,7 +115,7 @@ SEQUENCE_PARALLEL = {
 
 
 def sp_config(name: str) -> TrainConfig:
-    return dataclasses.replace(config(*SEQUENCE_PARALLEL[name]), sequence_parallel=True)
+    return revise(config(*SEQUENCE_PARALLEL[name]), sequence_parallel=True)
 
 
 def config(
@@ -127,9 +125,9 @@ def config(
     overrides: tuple[Any, ...] = (),
     zero1: bool = False,
 ) -> TrainConfig:
-    return TrainConfig(
+    return train_config(
         zero=int(zero1),
-        model_overrides=overrides,
+        model_kwargs=overrides,
         strategy=strategy,
         global_batch=batch,
         seq_len=16,

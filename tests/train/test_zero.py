@@ -20,14 +20,15 @@ from hspmd.plan.schema import build_plan, plan_from_json, plan_to_json
 from hspmd.plan.strategy import StrategyOptions, parse_strategy
 from hspmd.specialize.executable import build_executable
 from hspmd.specialize.explain import explain, render
+from hspmd.train.api import revise, train_config
 from hspmd.train.compare import compare
 from hspmd.train.config import AdamConfig, TrainConfig, TrainError
 from hspmd.train.reference import TrainResult, run_reference
 from hspmd.train.trainer import check_config, train_many
 from hspmd.train.zero_units import insert_points
 
-BASE = TrainConfig(
-    model_overrides=(("num_layers", 2),), seq_len=16, global_batch=4, steps=3,
+BASE = train_config(
+    model_kwargs=(("num_layers", 2),), seq_len=16, global_batch=4, steps=3,
     adam=AdamConfig(lr=1e-3),
 )  # fmt: skip
 DP = "2x1: R0:L0-1; 2x1: R1:L0-1"
@@ -73,14 +74,14 @@ def _cases(root: Path) -> dict[str, dict[str, Any]]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[TrainConfig, TrainResult]]:
     cases = _cases(tmp_path_factory.mktemp("zero"))
-    configs = [dataclasses.replace(BASE, **changes) for changes in cases.values()]
+    configs = [revise(BASE, **changes) for changes in cases.values()]
     results = train_many(configs, threads=1, timeout_s=900, trace=True)
     return {name: (c, r) for name, c, r in zip(cases, configs, results, strict=True)}
 
 
 def _reference(config: TrainConfig) -> TrainResult:
     plain = dict(strategy=None, zero=0, zero_shares=(), switches=(), save=None, resume=None)
-    return run_reference(dataclasses.replace(config, **plain, dtype="fp32", steps=3))
+    return run_reference(revise(config, **plain, dtype="fp32", steps=3))
 
 
 EQUAL = [n for n in _cases(Path(".")) if not n.startswith(("memory", "bf16", "ZeRO-3 save"))]
@@ -149,14 +150,14 @@ def test_stages_and_shares_are_checked_in_one_line() -> None:
         StrategyOptions(zero=4)
     with pytest.raises(StrategyError, match="with a ZeRO stage"):
         StrategyOptions(zero_shares=(1.0, 2.0))
-    with pytest.raises(TrainError, match="--zero 5: choose"):
-        TrainConfig(zero=5)
+    with pytest.raises(StrategyError, match="zero=5: choose"):  # the config's options
+        train_config(zero=5)
     with pytest.raises(StrategyError, match="zero_shares has 3 weights for 2 pipelines"):
-        check_config(dataclasses.replace(BASE, strategy=DP, zero=3, zero_shares=(1, 2, 3)))
+        check_config(revise(BASE, strategy=DP, zero=3, zero_shares=(1, 2, 3)))
     with pytest.raises(TrainError, match="--elastic does not take --zero"):
-        dataclasses.replace(BASE, strategy=DP, zero=3, elastic=True)
+        revise(BASE, strategy=DP, zero=3, elastic=True)
     with pytest.raises(TrainError, match="--zero 2 adds nothing under switch mode 'weights'"):
-        dataclasses.replace(BASE, strategy=DP, zero=2, switch_mode="weights")
+        revise(BASE, strategy=DP, zero=2, switch_mode="weights")
 
 
 def test_plan_json_carries_the_stage_and_the_shares() -> None:
@@ -184,7 +185,7 @@ def test_explain_says_how_zero3_gathers() -> None:
 def test_units_are_the_same_on_replicas_of_different_tp() -> None:
     """The replicas of a layer gather the same parameters in the same order, whatever the
     reshards their TP degree puts between a layer's nodes."""
-    config = dataclasses.replace(BASE, model="hspmd.models.examples:gpt2").model_config()
+    config = revise(BASE, model="hspmd.models.examples:gpt2").model_config()
     strategy = parse_strategy("2x1: R0-1:L0-1; 2x1: R2:L0-1")
     found = []
     for rank in (0, 2):

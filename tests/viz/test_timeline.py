@@ -10,7 +10,7 @@ import pytest
 
 from hspmd.runtime.trace import RankTrace, chrome_trace
 from hspmd.sim import Task, simulate
-from hspmd.train.config import TrainConfig
+from hspmd.train.api import train_config
 from hspmd.train.reference import TrainResult
 from hspmd.viz.common import PictureError
 from hspmd.viz.timeline import (
@@ -104,7 +104,7 @@ def test_a_wrong_suffix_is_refused(tmp_path: Path) -> None:
 def test_write_outputs_draws_measured_over_predicted(tmp_path: Path, capsys) -> None:
     from hspmd.cli.timeline import write_outputs
 
-    config = TrainConfig(strategy="2x1: R0:L0-3; 2x1: R1:L0-3", global_batch=4, seq_len=16,
+    config = train_config(strategy="2x1: R0:L0-3; 2x1: R1:L0-3", global_batch=4, seq_len=16,
                          steps=2)  # fmt: skip
     result = TrainResult(records=(), params={}, trace=TRACE)
     out = tmp_path / "vs.svg"

@@ -7,7 +7,8 @@ values             ``Strategy``, ``StrategyOptions``, ``parse_strategy``, ``Anno
 metadata verbs     ``model_spec``, ``resolve``, ``explain``, ``render``, ``simulate``,
                    ``plan_strategy``
                    (no processes)
-training           ``fit`` (the run, or the reference), ``train_config``, ``compare``
+training           ``fit`` (the run, or the reference), ``train_config``, ``revise``,
+                   ``compare``
 your own loop      ``launch`` (local processes), ``build`` (one rank's ``RankProgram``),
                    ``assemble`` (the ranks' outcomes as one ``TrainResult``)
 markers            ``reshard`` (identity on one device, a marker in the captured graph)
@@ -27,7 +28,7 @@ from hspmd.plan.identity import ModelIdentity
 from hspmd.plan.strategy import Strategy, StrategyOptions, parse_strategy
 from hspmd.runtime.launch import launch
 from hspmd.specialize.explain import render
-from hspmd.train.api import RunOptions, fit, train_config
+from hspmd.train.api import RunOptions, fit, revise, train_config
 from hspmd.train.compare import Comparison, compare
 from hspmd.train.config import AdamConfig, StepRecord, TrainConfig
 from hspmd.train.program import RankProgram, build
@@ -38,5 +39,6 @@ __all__ = [
     "AdamConfig", "Annotation", "Comparison", "ModelIdentity", "RankProgram", "RunOptions",
     "StepRecord", "Strategy", "StrategyOptions", "TrainConfig", "TrainResult", "assemble",
     "build", "compare", "explain", "fit", "launch", "model_spec", "parse_annotation",
-    "parse_strategy", "plan_strategy", "render", "reshard", "resolve", "simulate", "train_config",
+    "parse_strategy", "plan_strategy", "render", "reshard", "resolve", "revise", "simulate",
+    "train_config",
 ]  # fmt: skip

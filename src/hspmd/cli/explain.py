@@ -26,11 +26,7 @@ from hspmd.cli.flags import STRATEGY_FLAGS, HelpFormatter, add_flags, shares_of,
 from hspmd.cli.model_input import add_model_arguments, read_run, seq_len_of
 from hspmd.errors import StrategyError
 from hspmd.models.config import PRESETS
-from hspmd.plan.strategy import (
-    StrategyOptions,
-    check_strategy,
-    parse_strategy,
-)
+from hspmd.plan.strategy import StrategyOptions, check_strategy
 from hspmd.specialize.explain import explain, render, runs_text
 from hspmd.viz.common import check_picture_path
 
@@ -71,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     )
     config, options = run_of.model, run_of.options
     seq_len = seq_len_of(config, run_of.seq_len)
-    strategy = parse_strategy(run_of.strategy)
+    strategy = run_of.strategy
     check_strategy(strategy, config, options=options, seq_len=seq_len)
     kinds = _gpu_kinds(args.cluster, strategy.ranks) if args.cluster else None
     if args.rank is not None and args.rank not in strategy.ranks:

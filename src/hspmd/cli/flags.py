@@ -20,10 +20,9 @@ with the reason) and that the parsers use these.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import typing
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from hspmd.cli.model_input import model_argument
@@ -57,6 +56,7 @@ class Flag:
     name: str
     field: str | None
     help: str
+    _: KW_ONLY
     type: Callable[[str], object] | None = None
     default: object = None
     choices: tuple[str, ...] | None = None
@@ -78,13 +78,22 @@ class Flag:
 
 
 def _default(name: str) -> object:
-    """``TrainConfig``'s default of field ``name``."""
-    return next(f.default for f in dataclasses.fields(TrainConfig) if f.name == name)
+    """``TrainConfig``'s default of field ``name`` (``options.dtype``: of a section's)."""
+    value: object = _DEFAULT
+    for part in name.split("."):
+        value = getattr(value, part)
+    return value
 
 
 def _choices(name: str) -> tuple[str, ...]:
-    """The values of field ``name``'s ``Literal`` type."""
-    return typing.get_args(typing.get_type_hints(TrainConfig)[name])
+    """The values of field ``name``'s ``Literal`` type (``options.dtype``: a section's)."""
+    kind: Any = TrainConfig
+    for part in name.split("."):
+        kind = typing.get_type_hints(kind)[part]
+    return typing.get_args(kind)
+
+
+_DEFAULT = TrainConfig()
 
 
 # Without --global-batch and --strategy (the reference run): this many sequences per step.
@@ -166,26 +175,26 @@ TRAIN_FLAGS: tuple[Flag, ...] = (
     Flag("--data-cache", "data_cache", metavar="DIR",
          help="where tokenized text and token-file scans are kept (default: $HSPMD_CACHE or "
          "~/.cache/hspmd)"),
-    Flag("--schedule", "schedule", default=_default("schedule"), choices=_choices("schedule"),
+    Flag("--schedule", "options.schedule", default=_default("options.schedule"), choices=_choices("options.schedule"),
          help="pipeline schedule"),
-    Flag("--dtype", "dtype", default=_default("dtype"), choices=_choices("dtype"),
+    Flag("--dtype", "options.dtype", default=_default("options.dtype"), choices=_choices("options.dtype"),
          help="compute dtype (masters fp32)"),
-    Flag("--zero", "zero", default="0", choices=("0", "1", "2", "3"),
+    Flag("--zero", "options.zero", default="0", choices=("0", "1", "2", "3"),
          help="ZeRO stage, sharded over the data-parallel replicas (docs/zero.md): 1 fp32 "
          "masters and Adam states, 2 also the gradients, 3 also the parameters between uses"),
     Flag("--zero1", None, action="store_true", help="the same as --zero 1"),
     Flag("--zero-no-overlap", "zero_overlap", action="store_true",
          help="with --zero 2|3: wait for each gradient bucket's reduce at once and gather no "
          "layer ahead (the least memory, the most exposed communication)"),
-    Flag("--zero-shares", "zero_shares", default="", metavar="W,W,...",
+    Flag("--zero-shares", "options.zero_shares", default="", metavar="W,W,...",
          help="with --zero: one weight per pipeline, its part of the shards in proportion "
          "(e.g. each device's free memory; default: even)"),
-    Flag("--sequence-parallel", "sequence_parallel", action="store_true",
+    Flag("--sequence-parallel", "options.sequence_parallel", action="store_true",
          help="split the sequence inside each stage"),
-    Flag("--recompute", "recompute", action="store_true",
+    Flag("--recompute", "options.recompute", action="store_true",
          help="recompute each layer in backward"),
-    Flag("--recompute-layers", "recompute_layers", type=int,
-         default=_default("recompute_layers"), metavar="K",
+    Flag("--recompute-layers", "options.recompute_layers", type=int,
+         default=_default("options.recompute_layers"), metavar="K",
          help="with --recompute: only the first K layers of each stage (0: all)"),
     Flag("--no-overlap", "overlap", action="store_true",
          help="sync gradients after the last backward instead of during it (debugging)"),

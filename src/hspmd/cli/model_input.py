@@ -22,7 +22,7 @@ from typing import Any
 from hspmd.models import get_model
 from hspmd.models.hf import HF_PREFIX, hf_source
 from hspmd.models.spec import NO_LIMIT, ModelSpec, ModelSpecError
-from hspmd.plan.strategy import StrategyOptions
+from hspmd.plan.strategy import Strategy, StrategyOptions, parse_strategy
 
 __all__ = [
     "Run",
@@ -139,7 +139,7 @@ class Run:
     """What a metadata command works on: the model, the strategy, options, length."""
 
     model: ModelSpec
-    strategy: str
+    strategy: Strategy
     options: StrategyOptions
     seq_len: int | None  # None: the command's default
 
@@ -152,7 +152,8 @@ def read_run(args: argparse.Namespace, options: StrategyOptions) -> Run:
     if path is None:
         if args.strategy is None:
             raise ModelSpecError('give --strategy "COUNTxSIZE: R..:L.." or --plan plan.json')
-        return Run(read_model(args), args.strategy, options, getattr(args, "seq_len", None))
+        model = read_model(args)
+        return Run(model, parse_strategy(args.strategy), options, getattr(args, "seq_len", None))
     if args.strategy is not None:
         raise ModelSpecError("--plan carries the strategy: drop --strategy (or drop --plan)")
     from hspmd.plan.schema import Plan
@@ -170,12 +171,7 @@ def read_run(args: argparse.Namespace, options: StrategyOptions) -> Run:
     config = config_from_plan(plan, base)
     check_plan(plan, config)
     assert config.strategy is not None
-    planned = StrategyOptions(
-        zero=config.zero, zero_shares=config.zero_shares, sequence_parallel=config.sequence_parallel,
-        recompute=config.recompute, recompute_layers=config.recompute_layers,
-        schedule=config.schedule, dtype=config.dtype,
-    )  # fmt: skip
-    return Run(config.model_config(), config.strategy, planned, config.seq_len)
+    return Run(config.model_config(), config.strategy, config.options, config.seq_len)
 
 
 def seq_len_of(model: ModelSpec, given: int | None) -> int:

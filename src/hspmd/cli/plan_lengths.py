@@ -48,8 +48,8 @@ from hspmd.planner.lengths import (
     switch_matrix,
 )
 from hspmd.planner.local import local_cost
-from hspmd.train.config import TrainConfig
-from hspmd.train.packing import length_plans, planned_steps
+from hspmd.train.config import LengthPlans, TrainConfig
+from hspmd.train.packing import planned_steps
 
 SAMPLE_STEPS = 32  # sample steps the strategies are chosen on (planner.length_candidates)
 
@@ -149,8 +149,9 @@ def _plans(
     return plans, switch_matrix(plans, config, cost)
 
 
-def read_plans_file(path: str) -> tuple[str, dict[str, Any]]:
-    """``hspmd train --plans FILE``: the file's text and its JSON (errors: one line)."""
+def read_plans_file(path: str) -> tuple[LengthPlans, dict[str, Any]]:
+    """``hspmd train --plans FILE``: the plans as values, read once here, and the file's
+    JSON (errors: one line)."""
     try:
         text = Path(path).read_text()
         data = json.loads(text)
@@ -158,11 +159,16 @@ def read_plans_file(path: str) -> tuple[str, dict[str, Any]]:
         raise LengthPlanError(f"--plans {path}: cannot read it ({error.strerror})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise LengthPlanError(f"--plans {path}: not JSON ({error}): write it with `hspmd plan --data`") from None  # fmt: skip
-    load_plans(data, f"--plans {path}")
-    return text, data
+    return read_length_plans(data, f"--plans {path}"), data
 
 
-def apply_plans(config: TrainConfig, text: str, *, path: str) -> TrainConfig:
+def read_length_plans(data: Any, where: str) -> LengthPlans:
+    """A plans file's JSON as values (``where`` names it in errors)."""
+    plans, switch = load_plans(data, where)
+    return LengthPlans(plans=tuple(plans), switch_s=tuple(tuple(row) for row in switch))
+
+
+def apply_plans(config: TrainConfig, plans: LengthPlans, *, path: str) -> TrainConfig:
     """``config`` under a plans file: it starts under the first step's chosen strategy;
     the later steps are chosen while training runs (``hspmd.train.plan_ahead``), with a
     switch (bf16 weights only) before each step whose choice differs from the one before.
@@ -172,23 +178,23 @@ def apply_plans(config: TrainConfig, text: str, *, path: str) -> TrainConfig:
         raise LengthPlanError(f"--plans {path} chooses every step's strategy: drop --strategy and --switch")  # fmt: skip
     # an elastic run moves the states (two holders each), not weights around a home layout
     config = replace(
-        config, length_plans=text, switch_mode="states" if config.elastic else "weights"
+        config, length_plans=plans, switch_mode="states" if config.elastic else "weights"
     )
-    plans, _ = length_plans(config)
-    options = [p.options for p in plans]
+    options = [p.options for p in plans.plans]
     recompute = [o for o in options if o.recompute]
-    config = replace(
-        config,
-        sequence_parallel=config.sequence_parallel or any(o.sequence_parallel for o in options),
-        recompute=config.recompute or bool(recompute),
-        recompute_layers=config.recompute_layers if config.recompute else _most(recompute),
-    )
+    given = config.options
+    config = replace(config, options=replace(
+        given,
+        sequence_parallel=given.sequence_parallel or any(o.sequence_parallel for o in options),
+        recompute=given.recompute or bool(recompute),
+        recompute_layers=given.recompute_layers if given.recompute else _most(recompute),
+    ))  # fmt: skip
     if config.elastic:  # the elastic chooser (hspmd.train.elastic_lengths): with its fallbacks
         from hspmd.train.elastic_lengths import Lengths
 
-        return replace(config, strategy=Lengths(config).choose(1, None).text)
+        return replace(config, strategy=Lengths(config).choose(1, None).strategy)
     first = next(planned_steps(replace(config, steps=1)))
-    return replace(config, strategy=str(plans[first.plan or 0].strategy))
+    return replace(config, strategy=plans.plans[first.plan or 0].strategy)
 
 
 def _most(recompute: list[StrategyOptions]) -> int:

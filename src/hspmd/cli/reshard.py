@@ -145,10 +145,10 @@ def _run_processes(
     plan: CommPlan, *, nproc: int, backend: str, value: np.ndarray
 ) -> dict[int, np.ndarray]:
     try:
-        module = importlib.import_module("hspmd.runtime.reshard_cli")
+        module = importlib.import_module("hspmd.runtime.plan_runs")
     except ImportError as error:
         raise HspmdError(
-            f"--nproc needs hspmd.runtime.reshard_cli, which cannot be imported ({error}): "
+            f"--nproc needs hspmd.runtime.plan_runs, which cannot be imported ({error}): "
             "use --simulate instead"
         ) from error
     result: dict[int, np.ndarray] = module.run_plan_processes(

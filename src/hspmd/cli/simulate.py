@@ -34,7 +34,7 @@ from hspmd.cost.cluster import load_cluster
 from hspmd.cost.lines import CostModel
 from hspmd.models.config import PRESETS, LlamaConfig
 from hspmd.models.spec import ModelSpec
-from hspmd.plan.strategy import StrategyOptions, check_strategy, parse_strategy
+from hspmd.plan.strategy import StrategyOptions, check_strategy
 from hspmd.planner.predict import Prediction, predict
 
 GIB = 2**30
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     if planned.options.dtype != args.dtype:  # the plan's dtype prices the run
         args.dtype = planned.options.dtype
     config, cost, seq_len = setup(args, planned.model, planned.seq_len)
-    strategy = parse_strategy(planned.strategy)
+    strategy = planned.strategy
     options = planned.options
     check_strategy(
         strategy, config, global_batch=args.global_batch, options=options, seq_len=seq_len,

@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hspmd.plan.strategy import parse_strategy
 from hspmd.train.config import TrainConfig, TrainError
 from hspmd.train.reference import TrainResult
 from hspmd.viz.common import check_picture_path
@@ -146,17 +145,16 @@ def _predict(config: TrainConfig, *, profile: str | None) -> Prediction:
     from hspmd.cost.captured import planning_model
     from hspmd.planner.local import local_cost
     from hspmd.planner.predict import predict
-    from hspmd.train.active import options_of
 
-    strategy = parse_strategy(config.strategy_at(config.steps))
+    strategy = config.strategy_at(config.steps)
     cost = local_cost(
         1 + max(strategy.ranks), ranks_per_node=config.ranks_per_node, profile=profile,
-        dtype="bf16" if config.dtype == "bf16" else "fp32",
+        dtype="bf16" if config.options.dtype == "bf16" else "fp32",
     )  # fmt: skip
     return predict(
         strategy,
         planning_model(config.model_config()),
         cost,
         seq_len=config.seq_len,
-        options=options_of(config),
+        options=config.options,
     )

@@ -61,12 +61,13 @@ from hspmd.cli.timeline import check_trace_flags, write_outputs
 from hspmd.cli.tokenize import byte_progress
 from hspmd.data import DEFAULT_MAX_BYTES, data_warnings
 from hspmd.data.source import spec_warnings
-from hspmd.plan.strategy import parse_strategy
+from hspmd.errors import StrategyError
+from hspmd.plan.strategy import Strategy, StrategyOptions, parse_strategy
 from hspmd.runtime.launch import NodeSpec
 from hspmd.runtime.members import how_lost
 from hspmd.train.batches import check_data
 from hspmd.train.compare import compare
-from hspmd.train.config import EvalConfig, EvalRecord, Record, TrainConfig, TrainError
+from hspmd.train.config import EvalConfig, EvalRecord, LengthPlans, Record, TrainConfig, TrainError
 from hspmd.train.device import gpu_count, reference_device, run_device, where
 from hspmd.train.faults import parse_injections
 from hspmd.train.logs import RECORDS, RunLog
@@ -91,15 +92,18 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, strategy: str | Non
         flag.add(parser, **({"default": strategy} if flag.name == "--strategy" else {}))
 
 
-def parse_switches(values: list[str]) -> tuple[tuple[int, str], ...]:
-    """``['3=1x4: R0-1:L0-3']`` -> ``((3, '1x4: R0-1:L0-3'),)``, sorted by step."""
+def parse_switches(values: list[str]) -> tuple[tuple[int, Strategy], ...]:
+    """``['3=1x4: R0-1:L0-3']`` -> ``((3, Strategy(...)),)``, sorted by step."""
     out = []
     for value in values:
         step, sep, text = value.partition("=")
         if not sep or not step.strip().isdigit() or not text.strip():
             raise TrainError(f'--switch {value!r}: write STEP="STRATEGY", e.g. 3="1x4: R0-1:L0-3"')
-        out.append((int(step), text.strip()))
-    return tuple(sorted(out))
+        try:
+            out.append((int(step), parse_strategy(text.strip())))
+        except StrategyError as error:
+            raise StrategyError(f"--switch {int(step)}: {error}") from None
+    return tuple(sorted(out, key=lambda item: item[0]))
 
 
 def parse_slowdown(text: str) -> tuple[tuple[int, float], ...]:
@@ -118,12 +122,14 @@ def parse_slowdown(text: str) -> tuple[tuple[int, float], ...]:
     return tuple(sorted(out))
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
+def _packed_args(args: argparse.Namespace) -> tuple[int | None, int | None, LengthPlans | None]:
+    """``--tokens-per-step`` and ``--max-seq-len``, else a ``--plans`` file's, and the
+    plans (read here, once)."""
     step_tokens = getattr(args, "tokens_per_step", None)
     max_seq_len = getattr(args, "max_seq_len", None)
     plans = None
     if getattr(args, "plans", None):  # length plans (hspmd.cli.plan_lengths)
-        from hspmd.cli.plan_lengths import apply_plans, read_plans_file
+        from hspmd.cli.plan_lengths import read_plans_file
 
         plans, data = read_plans_file(args.plans)
         step_tokens = int(data["tokens_per_step"]) if step_tokens is None else step_tokens
@@ -135,11 +141,19 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             f"--max-seq-len {max_seq_len} needs --tokens-per-step N (variable-length steps); "
             "for fixed batches give --seq-len"
         )
+    return step_tokens, max_seq_len, plans
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The run's config from the parsed flags: every text (strategies, plans, lists)
+    parsed here, once."""
+    step_tokens, max_seq_len, plans = _packed_args(args)
+    strategy = None if args.strategy is None else parse_strategy(args.strategy)  # the edge
     config = TrainConfig(
         model=args.model,
         model_overrides=model_kwargs(getattr(args, "config", None)),
-        strategy=args.strategy,
-        global_batch=global_batch_of(args),
+        strategy=strategy,
+        global_batch=global_batch_of(args, strategy),
         seq_len=max_seq_len or args.seq_len,
         step_tokens=step_tokens,
         long_docs=getattr(args, "long_docs", "truncate"),
@@ -156,14 +170,16 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         eod_id=getattr(args, "eod_id", None),
         tokenizer=getattr(args, "tokenizer", None),
         data_cache=getattr(args, "data_cache", None),
-        schedule=args.schedule,
-        dtype=args.dtype,
-        zero=zero_of(args),
-        zero_shares=shares_of(args),
+        options=StrategyOptions(
+            schedule=args.schedule,
+            dtype=args.dtype,
+            zero=zero_of(args),
+            zero_shares=shares_of(args),
+            sequence_parallel=args.sequence_parallel,
+            recompute=args.recompute,
+            recompute_layers=args.recompute_layers,
+        ),  # fmt: skip
         zero_overlap=not getattr(args, "zero_no_overlap", False),
-        sequence_parallel=args.sequence_parallel,
-        recompute=args.recompute,
-        recompute_layers=args.recompute_layers,
         overlap=not getattr(args, "no_overlap", False),
         switches=parse_switches(args.switch),
         switch_mode=getattr(args, "switch_mode", "states"),
@@ -181,7 +197,12 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         grow=parse_grow(getattr(args, "grow", [])),
         device=getattr(args, "device", "auto"),
     )
-    return config if plans is None else apply_plans(config, plans, path=args.plans)
+    config.check_model()  # the model loads once here, at the edge
+    if plans is None:
+        return config
+    from hspmd.cli.plan_lengths import apply_plans
+
+    return apply_plans(config, plans, path=args.plans)
 
 
 def parse_grow(values: list[str]) -> tuple[tuple[int, int], ...]:
@@ -197,13 +218,13 @@ def parse_grow(values: list[str]) -> tuple[tuple[int, int], ...]:
     return tuple(sorted(out))
 
 
-def global_batch_of(args: argparse.Namespace) -> int:
+def global_batch_of(args: argparse.Namespace, strategy: Strategy | None) -> int:
     """``--global-batch``, else the strategy's sum of COUNT x SIZE (8 without a strategy)."""
     if args.global_batch is not None:
         return int(args.global_batch)
-    if args.strategy is None:
+    if strategy is None:
         return REFERENCE_BATCH
-    return parse_strategy(args.strategy).global_batch
+    return strategy.global_batch
 
 
 def warnings_of(args: argparse.Namespace, config: TrainConfig) -> list[str]:
@@ -233,10 +254,10 @@ def warnings_of(args: argparse.Namespace, config: TrainConfig) -> list[str]:
     if getattr(args, "max_seq_len", None) is not None and args.seq_len != DEFAULT_SEQ_LEN:
         out.append(f"--seq-len {args.seq_len} does nothing with --max-seq-len: drop one")
     out += _eval_warnings(args, config)
-    for step, text in config.switches:
+    for step, strategy in config.switches:
         if step > config.steps:
             out.append(
-                f"--switch {step}={text!r} never runs: step {step} is past --steps {config.steps}"
+                f"--switch {step}={str(strategy)!r} never runs: step {step} is past --steps {config.steps}"
             )
     return out
 
@@ -437,7 +458,7 @@ def resume_text(config: TrainConfig) -> str:
     assert config.resume is not None
     folder = latest(config.resume)
     manifest = read_manifest(folder)
-    now = config.strategy_at(manifest.step + 1)
+    now = str(config.strategy_at(manifest.step + 1))
     change = f"{manifest.strategy!r} -> {now!r}" if manifest.strategy != now else repr(now)
     return (
         f"resuming {folder} (saved after step {manifest.step}) at step {manifest.step + 1}: "
@@ -615,15 +636,7 @@ def run(args: argparse.Namespace) -> int:
     if config.data_spec.kind == "text":  # tokenized once, here, into the cache ranks read
         with byte_progress("tokenizing --data", quiet=getattr(args, "quiet", False)) as bar:
             check_data(config, on_progress=bar)
-    if not args.reference and (done := resumed_step(config)) >= config.steps:
-        print(
-            f"nothing to do: checkpoint is at step {done} (in {config.resume}) and --steps is "
-            f"{config.steps}; pass --steps above {done} to train on",
-            file=sys.stderr,
-        )
-        if args.json:
-            print(json.dumps({"nothing_to_do": True, "checkpoint_step": done,
-                              "steps": config.steps, "resume": config.resume}))  # fmt: skip
+    if not args.reference and _nothing_to_do(args, config):
         return 0
     wants_trace = check_trace_flags(args)  # before any work
     if config.resume and not args.reference:
@@ -646,6 +659,28 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if wants_trace:
         write_outputs(args, config, result)
+    _print_summary(args, config, result)
+    return compare_with_reference(args, config, result) if args.compare else 0
+
+
+def _nothing_to_do(args: argparse.Namespace, config: TrainConfig) -> bool:
+    """The checkpoint of ``--resume`` is at ``--steps`` or past it: say so (and in JSON)."""
+    done = resumed_step(config)
+    if done < config.steps:
+        return False
+    print(
+        f"nothing to do: checkpoint is at step {done} (in {config.resume}) and --steps is "
+        f"{config.steps}; pass --steps above {done} to train on",
+        file=sys.stderr,
+    )
+    if args.json:
+        print(json.dumps({"nothing_to_do": True, "checkpoint_step": done,
+                          "steps": config.steps, "resume": config.resume}))  # fmt: skip
+    return True
+
+
+def _print_summary(args: argparse.Namespace, config: TrainConfig, result: TrainResult) -> None:
+    """The run's last lines on stderr: the final loss, GPU peaks, the last checkpoint."""
     if not args.json and result.records:
         print(f"final loss {result.records[-1].loss:.6f}", file=sys.stderr)
     if result.peak_memory:
@@ -656,7 +691,6 @@ def run(args: argparse.Namespace) -> int:
     saved = [r.step for r in result.records if r.step % config.save_every == 0]
     if config.save and not args.reference and saved:
         print(f"checkpoint of step {saved[-1]} saved in {latest(config.save)}", file=sys.stderr)
-    return compare_with_reference(args, config, result) if args.compare else 0
 
 
 def check_compare(args: argparse.Namespace, config: TrainConfig, node: NodeSpec | None) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import torch
@@ -21,6 +21,7 @@ class StepContext:
     after: Annotation
     shape: tuple[int, ...]
     like: dict[str, Any]  # dtype and device of new tensors
+    _: KW_ONLY
     owned: bool  # the executor may overwrite the incoming tensor (and return it)
 
     @property

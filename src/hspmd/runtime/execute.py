@@ -128,7 +128,7 @@ def start_plan(
                     f"rank {rank} receives data in {step.kind} but holds nothing: pass an "
                     "empty placeholder of the right dtype, or dtype="
                 )
-            ctx = StepContext(world, before, after, plan.shape, like, owned)
+            ctx = StepContext(world, before, after, plan.shape, like, owned=owned)
             span = _untraced if isinstance(step, Local) else comm_span(world, step.kind)
             if index == last and type(step) in _ISSUERS:
                 with span:

@@ -44,6 +44,7 @@ Or run the same worker function under torchrun with ``run_from_env``.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import importlib
 import multiprocessing as mp
@@ -123,7 +124,7 @@ _DONE_KEY = "hspmd/launch/done"
 _HANG_POLL_S = 0.05  # elastic: how often the launcher looks at the heartbeats
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ElasticLaunch:
     """An elastic launch: a worker's death or hang is published, never fatal to the others.
 
@@ -149,7 +150,7 @@ class _Closed(LaunchError):
     """A worker's pipe closed with no result: it died."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _WorkerSpec:
     rank: int
     world_size: int
@@ -186,79 +187,35 @@ def launch(
     workers (``ElasticLaunch``, docs/elastic.md); a dead rank's result is None, and the
     workers' ``World`` carries the store, its member id and ``notify``.
     """
-    if nproc < 1:
-        raise LaunchError(f"nproc={nproc}: start at least one process")
-    if backend == "nccl" and torch.cuda.device_count() < nproc:
-        raise LaunchError(
-            f"backend nccl needs one GPU per rank: {nproc} ranks but "
-            f"{torch.cuda.device_count()} GPUs; use backend='gloo'"
-        )
-    ctx: Any = mp.get_context(start_method)
-    if start_method == "forkserver":
-        ctx.set_forkserver_preload(_PRELOAD)
-    spares = elastic.spares if elastic is not None else 0
+    _check_launch(nproc, backend)
+    meet = _Rendezvous.open(nproc, node=node, elastic=elastic, timeout_s=timeout_s)
+    base = _WorkerSpec(
+        rank=0, world_size=meet.world_size, host=meet.host, port=meet.port, backend=backend,
+        pg_timeout_s=pg_timeout_s or timeout_s,
+        threads=threads or max(1, (os.cpu_count() or 1) // nproc), node=node,
+        elastic=elastic is not None,
+    )  # fmt: skip
     beat: NodeBeat | None = None
-    if elastic is not None and elastic.store is not None:  # a node of an elastic job
-        host, port = elastic.store
-        store: Any = dist.TCPStore(
-            host, port, None, elastic.serve, timeout=_seconds(timeout_s), wait_for_workers=False
-        )
-        first, world_size = elastic.first_member, elastic.num_members or nproc
-    elif node is None:
-        store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
-        host, port, first, world_size = "127.0.0.1", store.port, 0, nproc - spares
-    else:  # node 0 hosts the store for every node; the others only connect to it
-        host, port = node.master_addr, node.master_port
-        first, world_size = node.node_rank * nproc, node.num_nodes * nproc
-        store = None
-        if node.node_rank == 0:
-            store = dist.TCPStore(host, port, None, True, wait_for_workers=False)
-    threads = threads or max(1, (os.cpu_count() or 1) // nproc)
-    procs, conns = [], []
+    procs: list[Any] = []
+    conns: list[Connection] = []
     deadline = time.monotonic() + timeout_s
     try:
-        for local in range(nproc):
-            rank = first + local
-            timeout = pg_timeout_s or timeout_s
-            spec = _WorkerSpec(
-                rank, world_size, host, port, backend, timeout, threads, node, local,
-                elastic=elastic is not None,
-            )  # fmt: skip
-            reader, writer = ctx.Pipe(duplex=False)
-            proc = ctx.Process(
-                target=_worker_main, args=(fn, tuple(args), spec, writer), name=f"hspmd-rank{rank}"
-            )
-            proc.start()
-            writer.close()
-            procs.append(proc)
-            conns.append(reader)
+        _start_workers(fn, args, base, first=meet.first, nproc=nproc, start_method=start_method,
+                       procs=procs, conns=conns)  # fmt: skip
         members = None
         if elastic is not None:
-            if elastic.on_start is not None:
-                elastic.on_start([proc.pid for proc in procs])
-            several = elastic.store is not None
-            members = Members(
-                store, range(first, first + nproc - spares), hang_timeout_s=elastic.hang_timeout_s,
-                spares=range(nproc - spares, nproc), everyone=range(world_size) if first == 0 else None,
-                watch_nodes=several and first == 0,
-            )  # fmt: skip
-            if several:
-                beat = NodeBeat(_client(host, port, timeout_s), first, range(first, first + nproc))
+            members, beat = _elastic_members(elastic, meet, procs, nproc=nproc,
+                                             timeout_s=timeout_s)  # fmt: skip
         try:
             results = _collect(
-                procs, conns, deadline=deadline, first=first, elastic=elastic, members=members
+                procs, conns, deadline=deadline, first=meet.first, elastic=elastic, members=members
             )
         except (LaunchError, RuntimeError) as error:
-            if beat is not None and not _serves(elastic) and not _reachable(host, port):
-                raise _store_gone(host, port) from error
+            if beat is not None and not _serves(elastic) and not _reachable(meet.host, meet.port):
+                raise _store_gone(meet.host, meet.port) from error
             raise
-        _stop(procs, exit_s=_GRACE_S)  # every result is in: let the workers exit cleanly
-        if beat is not None:
-            beat.done()
-        if node is not None and store is not None:
-            _wait_done(store, world_size, deadline=deadline)  # the other nodes still use it
-        if members is not None and _serves(elastic):  # the others still use the store
-            _wait_others(members, range(world_size), deadline=deadline)
+        _wind_down(procs, meet, beat=beat, members=members, serves=_serves(elastic),
+                   several_nodes=node is not None, deadline=deadline)  # fmt: skip
         return results
     finally:
         if beat is not None:
@@ -266,7 +223,113 @@ def launch(
         _stop(procs)
         for conn in conns:
             conn.close()
-        del store
+        del meet
+
+
+def _wind_down(
+    procs: list[Any], meet: _Rendezvous, *, beat: NodeBeat | None, members: Members | None,
+    serves: bool, several_nodes: bool, deadline: float,
+) -> None:  # fmt: skip
+    """Every result is in: let the workers exit cleanly, stop beating, and keep a store
+    that other launchers still use until they are done."""
+    _stop(procs, exit_s=_GRACE_S)
+    if beat is not None:
+        beat.done()
+    if several_nodes and meet.store is not None:
+        _wait_done(meet.store, meet.world_size, deadline=deadline)  # the other nodes use it
+    if members is not None and serves:  # the others still use the store
+        _wait_others(members, range(meet.world_size), deadline=deadline)
+
+
+def _check_launch(nproc: int, backend: str) -> None:
+    if nproc < 1:
+        raise LaunchError(f"nproc={nproc}: start at least one process")
+    if backend == "nccl" and torch.cuda.device_count() < nproc:
+        raise LaunchError(
+            f"backend nccl needs one GPU per rank: {nproc} ranks but "
+            f"{torch.cuda.device_count()} GPUs; use backend='gloo'"
+        )
+
+
+@dataclass(slots=True, kw_only=True)
+class _Rendezvous:
+    """Where the workers meet: the store this launcher holds (None on a node that only
+    connects to node 0's), its address, this launcher's first rank and the world size."""
+
+    store: Any
+    host: str
+    port: int
+    first: int
+    world_size: int
+
+    @staticmethod
+    def open(
+        nproc: int, *, node: NodeSpec | None, elastic: ElasticLaunch | None, timeout_s: float
+    ) -> _Rendezvous:
+        if elastic is not None and elastic.store is not None:  # a node of an elastic job
+            host, port = elastic.store
+            store = dist.TCPStore(
+                host, port, None, elastic.serve, timeout=_seconds(timeout_s),
+                wait_for_workers=False,
+            )  # fmt: skip
+            return _Rendezvous(store=store, host=host, port=port, first=elastic.first_member,
+                               world_size=elastic.num_members or nproc)  # fmt: skip
+        if node is None:
+            spares = elastic.spares if elastic is not None else 0
+            store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+            return _Rendezvous(store=store, host="127.0.0.1", port=store.port, first=0,
+                               world_size=nproc - spares)  # fmt: skip
+        # node 0 hosts the store for every node; the others only connect to it
+        host, port = node.master_addr, node.master_port
+        hosted = None
+        if node.node_rank == 0:
+            hosted = dist.TCPStore(host, port, None, True, wait_for_workers=False)
+        return _Rendezvous(store=hosted, host=host, port=port, first=node.node_rank * nproc,
+                           world_size=node.num_nodes * nproc)  # fmt: skip
+
+
+def _start_workers(
+    fn: Callable[..., Any], args: Sequence[Any], base: _WorkerSpec, *, first: int, nproc: int,
+    start_method: str, procs: list[Any], conns: list[Connection],
+) -> None:  # fmt: skip
+    """Start ranks ``first .. first + nproc - 1`` (appended to ``procs`` and ``conns`` as
+    they start, so that a failed start still stops the ones before)."""
+    ctx: Any = mp.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload(_PRELOAD)
+    for local in range(nproc):
+        rank = first + local
+        spec = dataclasses.replace(base, rank=rank, local_rank=local)
+        reader, writer = ctx.Pipe(duplex=False)
+        proc = ctx.Process(
+            target=_worker_main, args=(fn, tuple(args), spec, writer), name=f"hspmd-rank{rank}"
+        )
+        proc.start()
+        writer.close()
+        procs.append(proc)
+        conns.append(reader)
+
+
+def _elastic_members(
+    elastic: ElasticLaunch, meet: _Rendezvous, procs: list[Any], *, nproc: int, timeout_s: float
+) -> tuple[Members, NodeBeat | None]:
+    """The membership this launcher keeps of its workers (and, on a node of several, its
+    heartbeat in the job's store)."""
+    if elastic.on_start is not None:
+        elastic.on_start([proc.pid for proc in procs])
+    several, spares = elastic.store is not None, elastic.spares
+    first, world_size = meet.first, meet.world_size
+    members = Members(
+        meet.store, range(first, first + nproc - spares), hang_timeout_s=elastic.hang_timeout_s,
+        spares=range(nproc - spares, nproc), everyone=range(world_size) if first == 0 else None,
+        watch_nodes=several and first == 0,
+    )  # fmt: skip
+    beat = None
+    if several:
+        beat = NodeBeat(
+            _client(meet.host, meet.port, timeout_s), first, range(first, first + nproc)
+        )
+    return members, beat
 
 
 def _serves(elastic: ElasticLaunch | None) -> bool:

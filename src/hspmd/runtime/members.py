@@ -72,7 +72,7 @@ def key(*parts: object) -> str:
     return PREFIX + "/".join(map(str, parts))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Death:
     """Why and when member ``member`` left: ``cause`` is ``"exit"`` (the process ended,
     ``exitcode`` negative for a signal), ``"hang"`` (no progress for the hang timeout:
@@ -189,7 +189,8 @@ class Members:
         if self.store.check([key("dying", member)]):  # an injected failure stamps itself
             stamp, phase, text = self.store.get(key("dying", member)).decode().split()
             when, step = float(stamp), int(text)
-        death = Death(member, cause, exitcode, phase, step, when, now)
+        death = Death(member=member, cause=cause, exitcode=exitcode, phase=phase, step=step,
+                      failed_at=when, noticed_at=now)  # fmt: skip
         self.store.set(key("dead", member), json.dumps(asdict(death)))
         return death
 

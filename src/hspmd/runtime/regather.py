@@ -25,7 +25,7 @@ checkpointing keep their own hooks (the innermost wins) and are not affected.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import torch
@@ -55,6 +55,7 @@ class _Source:
     version: int
     plan: CommPlan
     world: World
+    _: KW_ONLY
     pending: int = 0
     full: torch.Tensor | None = None
 

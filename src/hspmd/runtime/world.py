@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime
 import os
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -82,6 +82,7 @@ class World:
     device: torch.device
     backend: str
     timeout: datetime.timedelta
+    _: KW_ONLY
     groups: dict[Ranks, dist.ProcessGroup] = field(default_factory=dict)
     logs: list[CommLog] = field(default_factory=list)
     waiter: Callable[[Sequence[Any]], None] | None = None

@@ -1,7 +1,8 @@
 """Training: the reference run, the per-rank loop, the local-process trainer.
 
+>>> from hspmd.plan.strategy import parse_strategy
 >>> from hspmd.train import TrainConfig
->>> TrainConfig(strategy="4x2: R0:L0-3", global_batch=8).tokens_per_step
+>>> TrainConfig(strategy=parse_strategy("4x2: R0:L0-3"), global_batch=8).tokens_per_step
 512
 """
 

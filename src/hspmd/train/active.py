@@ -1,6 +1,6 @@
 """The active strategy: this rank's part in the strategy now running, and how it is built.
 
-``activate(world, config, text)`` builds, for strategy ``text`` on this rank, what the
+``activate(world, config, strategy)`` builds, for ``strategy`` on this rank, what the
 training loop (``hspmd.train.loop``) and the elastic loop (``hspmd.train.elastic``) run::
 
     layout  the strategy with its pipelines' roles (hspmd.train.layout)
@@ -23,22 +23,19 @@ mixed-length mode's switch: only the compute weights move, the home state stays.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 from dataclasses import dataclass
 
 import torch
 
 from hspmd.models.spec import stream_shape
 from hspmd.plan.params import lock_step, parameter_annotations
-from hspmd.plan.strategy import Strategy, StrategyOptions, parse_strategy
+from hspmd.plan.strategy import Strategy, StrategyOptions
 from hspmd.runtime.counting import count_comm
 from hspmd.runtime.executable import bind_executable
 from hspmd.runtime.regather import Regather
 from hspmd.runtime.world import World
 from hspmd.specialize.boundary import BoundaryPlans, boundary_plans
 from hspmd.specialize.executable import Executable, build_executable
-from hspmd.specialize.grad_sync import StageGradSync
 from hspmd.specialize.recompute import checkpoint_layers
 from hspmd.switch.weights import plan_weight_switch, run_weight_switch
 from hspmd.train.clip import owned_names
@@ -47,13 +44,13 @@ from hspmd.train.home import HomePost, HomeState, home_post
 from hspmd.train.layout import Layout, Role
 from hspmd.train.meter import StateMeter, state_tensors
 from hspmd.train.post import MixedPost, PlainPost, Post
-from hspmd.train.sync import SyncItem, grad_sync_plan
+from hspmd.train.sync import grad_sync_plan
 from hspmd.train.zero import ZeroItem, ZeroOne, zero1_plan
 from hspmd.train.zero_params import ParamStore, StoreAround
 from hspmd.train.zero_shards import ShardedPost, shard_buckets, unit_buckets
 from hspmd.train.zero_units import Unit, insert_points
 
-__all__ = ["Active", "Built", "activate", "options_of", "strategy_options", "switch_weights"]
+__all__ = ["Active", "Built", "activate", "strategy_options", "switch_weights"]
 
 
 class Built:
@@ -76,12 +73,11 @@ class Built:
         return str(Strategy(tuple(pipes)))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Active:
     """This rank's part in the strategy now running (role, exe and plans None on an idle
     rank; post None there too, except for the home shards of ``switch_mode="weights"``)."""
 
-    text: str
     layout: Layout
     role: Role | None = None
     exe: Executable | None = None
@@ -89,6 +85,11 @@ class Active:
     post: Post | None = None
     built: Built | None = None  # the mixed-length mode's reusable executables
     meter: StateMeter | None = None  # with measure_memory: the state's tracked bytes
+
+    @property
+    def strategy(self) -> Strategy:
+        """The strategy now running."""
+        return self.layout.strategy
 
     def gather_params(self) -> None:
         """Make every parameter of the executable whole where ZeRO-3 stores it sharded
@@ -103,146 +104,161 @@ class Active:
         return self.post.home if isinstance(self.post, HomePost) else None
 
 
-def options_of(config: TrainConfig) -> StrategyOptions:
-    """The strategy options of a run (what ``check_strategy`` and the planner take)."""
-    return StrategyOptions(
-        zero=config.zero,
-        zero_shares=config.zero_shares,
-        sequence_parallel=config.sequence_parallel,
-        recompute=config.recompute,
-        recompute_layers=config.recompute_layers,
-        schedule=config.schedule,
-        dtype=config.dtype,
+def strategy_options(config: TrainConfig, strategy: Strategy) -> StrategyOptions:
+    """The options ``strategy`` runs with: the run's, but under length plans its
+    recompute is the plans file's for that strategy (a long-row strategy may recompute
+    while the others do not; the executable is built per strategy anyway)."""
+    options = config.options
+    if config.length_plans is None:
+        return options
+    found = {p.strategy: p.options for p in config.length_plans.plans}.get(strategy)
+    if found is None:
+        return options
+    return dataclasses.replace(
+        options, recompute=found.recompute, recompute_layers=found.recompute_layers
     )
 
 
-def strategy_options(config: TrainConfig, text: str) -> StrategyOptions:
-    """The options strategy ``text`` runs with: the run's, but under length plans its
-    recompute is the plans file's for that strategy (a long-row strategy may recompute
-    while the others do not; the executable is built per strategy anyway)."""
-    options = options_of(config)
-    if config.length_plans is None:
-        return options
-    found = _plan_recompute(config.length_plans).get(text)
-    if found is None:
-        return options
-    return dataclasses.replace(options, recompute=found[0], recompute_layers=found[1])
-
-
-@functools.cache
-def _plan_recompute(plans: str) -> dict[str, tuple[bool, int]]:
-    """Strategy text -> (recompute, recompute_layers) of a plans file's text."""
-    out = {}
-    for entry in json.loads(plans)["strategies"]:
-        text = str(parse_strategy(entry["strategy"]))
-        out[text] = (bool(entry.get("recompute")), int(entry.get("recompute_layers", 0)))
-    return out
-
-
 def _post(
-    config: TrainConfig, params: dict[str, torch.Tensor], sync: tuple[SyncItem, ...],
-    zero: dict[str, ZeroItem], world: World, *, stage_sync: tuple[StageGradSync, ...],
-    strategy: Strategy, units: tuple[Unit, ...] = (),
+    config: TrainConfig, exe: Executable, world: World, *, strategy: Strategy,
+    units: tuple[Unit, ...], per_layer: bool,
 ) -> Post:  # fmt: skip
-    model, adam = config.model_config(), config.optimizer
+    """The states mode's Post of ``exe``: ZeRO 2 and 3 (with ZeRO-3's parameter store
+    bound to the graph), ZeRO-1, or plain gradient sync (bf16: with fp32 masters)."""
+    model, adam, params, stage_sync = (
+        config.model_config(),
+        config.optimizer,
+        exe.params,
+        exe.grad_sync,
+    )
+    zero = zero1_plan(strategy, model, shares=config.options.zero_shares) if config.zero1 else {}
     if zero and config.zero >= 2:
         buckets = unit_buckets(zero, units) if units else shard_buckets(
             zero, bucket_bytes=config.bucket_bytes,
             layer_of=model.param_layer if config.zero == 3 else None,
         )  # fmt: skip
-        return ShardedPost(
+        post = ShardedPost(
             zero, params, config=model, seed=config.seed, adam=adam, world=world,
             zero=config.zero, buckets=buckets,
             every_backward=config.overlap and _lock_step(config, strategy),
             stage_sync=stage_sync, in_flight=1 if config.zero_overlap else 0,
         )  # fmt: skip
+        if config.zero == 3:
+            _attach_store(config, exe, post, zero, units, world, per_layer=per_layer)
+        return post
     if zero:
         return ZeroOne(zero, params, config=model, seed=config.seed, adam=adam,
                        world=world, stage_sync=stage_sync)  # fmt: skip
+    sync = grad_sync_plan(strategy, model, bucket_bytes=config.bucket_bytes)
     # the pieces of the parameters this rank counts in the global gradient norm
     owned = owned_names(parameter_annotations(strategy, model), world.rank)
-    kind = MixedPost if config.dtype == "bf16" else PlainPost
+    kind = MixedPost if config.options.dtype == "bf16" else PlainPost
     return kind(params, sync, adam=adam, world=world, stage_sync=stage_sync, owned=owned)
 
 
+def _attach_store(
+    config: TrainConfig, exe: Executable, post: ShardedPost, zero: dict[str, ZeroItem],
+    units: tuple[Unit, ...], world: World, *, per_layer: bool,
+) -> None:  # fmt: skip
+    """ZeRO-3: the executable's parameters stored as shards, gathered at its points."""
+    store = ParamStore(
+        exe.params, {n: zero[n].gather for n in exe.params}, post.shard, units, world,
+        per_layer=per_layer, prefetch=config.zero_overlap, on_change=lambda: post.meter(),
+    )  # fmt: skip
+    store.bind(exe.graph_module)
+    exe.around = StoreAround(store, exe.around if isinstance(exe.around, Regather) else None)
+    post.attach(store)
+
+
 def activate(
-    world: World, config: TrainConfig, text: str, *, home: HomeState | None = None,
+    world: World, config: TrainConfig, strategy: Strategy, *, home: HomeState | None = None,
     built: Built | None = None,
 ) -> Active:  # fmt: skip
-    """Build this rank's executable graph, boundary plans and Post under strategy ``text``
+    """Build this rank's executable graph, boundary plans and Post under ``strategy``
     (``home``: the mixed-length mode's optimizer state to keep, ``hspmd.train.home``;
     ``built``: its executables built before, reused by layout)."""
     model = config.model_config()
-    layout = Layout.from_text(text, num_layers=model.num_layers)
+    layout = Layout(strategy, model.num_layers)
     role = layout.role(world.rank)
     if config.switch_mode == "weights" and built is None:
         built = Built()
     if role is None:
         if config.switch_mode == "weights":  # an idle rank keeps its home shards
             idle = home_post(world, config, layout.strategy, {}, home=home)
-            return Active(text, layout, post=idle, built=built)
-        return Active(text, layout)
-    key = f"{Built.key(layout.strategy)} [{strategy_options(config, text)}]"
+            return Active(layout=layout, post=idle, built=built)
+        return Active(layout=layout)
+    key = f"{Built.key(strategy)} [{strategy_options(config, strategy)}]"
     if built is not None and key in built.by_layout:
-        exe, plans = built.by_layout[key]
-        built.reused += 1
-        reused = built.posts.get(key)
-        if reused is None or reused.home is not home:
-            reused = home_post(world, config, layout.strategy, exe.params, home=home,
-                               stage_sync=exe.grad_sync)  # fmt: skip
-            if reused is not None:
-                built.posts[key] = reused
-        return Active(text, layout, role, exe, plans, reused, built)
-    sync = (
-        ()
-        if config.zero1
-        else grad_sync_plan(layout.strategy, model, bucket_bytes=config.bucket_bytes)
+        return _reused(world, config, layout, role, built, key=key, home=home)
+    exe, units, per_layer = _executable(world, config, strategy)
+    shape = stream_shape(model, role.micro_batch_size, config.seq_len)
+    plans = boundary_plans(
+        strategy, model, world.rank, shape, options=_exe_options(config, strategy)
     )
-    zero = zero1_plan(layout.strategy, model, shares=config.zero_shares) if config.zero1 else {}
-    # ZeRO and bf16 change only Pre/Post: the executable graph is the fp32 one
-    # (sequence parallel and per-layer recompute are the executable's)
-    options = dataclasses.replace(
-        strategy_options(config, text), zero=0, zero_shares=(), dtype="fp32"
+    if config.options.dtype == "bf16":
+        exe.graph_module.to(torch.bfloat16)  # compute copy; Post keeps fp32 masters
+    post: Post | None
+    if built is not None:
+        built.by_layout[key] = (exe, plans)
+    if config.switch_mode == "weights":
+        post = home_post(world, config, strategy, exe.params, home=home, stage_sync=exe.grad_sync)
+        if built is not None and post is not None:
+            built.posts[key] = post
+    else:  # Post also sums the gradients still partial inside the stage (SP norm weights)
+        post = _post(config, exe, world, strategy=strategy, units=units, per_layer=per_layer)
+    meter = None
+    if config.measure_memory:
+        meter = StateMeter(lambda: state_tensors(exe.params, post))
+        if isinstance(post, ShardedPost):
+            post.meter = meter.sample
+    return Active(
+        layout=layout, role=role, exe=exe, plans=plans, post=post, built=built, meter=meter
     )
-    per_layer = config.zero == 3 and _lock_step(config, layout.strategy)
+
+
+def _reused(
+    world: World, config: TrainConfig, layout: Layout, role: Role, built: Built, *, key: str,
+    home: HomeState | None,
+) -> Active:  # fmt: skip
+    """The mixed-length mode's executable and boundary plans built before for ``key``, with
+    a Post over ``home`` (the one built before if it holds the same home)."""
+    exe, plans = built.by_layout[key]
+    built.reused += 1
+    reused = built.posts.get(key)
+    if reused is None or reused.home is not home:
+        reused = home_post(world, config, layout.strategy, exe.params, home=home,
+                           stage_sync=exe.grad_sync)  # fmt: skip
+        if reused is not None:
+            built.posts[key] = reused
+    return Active(layout=layout, role=role, exe=exe, plans=plans, post=reused, built=built)
+
+
+def _exe_options(config: TrainConfig, strategy: Strategy) -> StrategyOptions:
+    """The options the executable is built with: ZeRO and bf16 change only Pre/Post, so
+    the executable graph is the fp32 one (sequence parallel and per-layer recompute are
+    the executable's)."""
+    options = strategy_options(config, strategy)
+    return dataclasses.replace(options, zero=0, zero_shares=(), dtype="fp32")
+
+
+def _executable(
+    world: World, config: TrainConfig, strategy: Strategy
+) -> tuple[Executable, tuple[Unit, ...], bool]:
+    """This rank's executable under ``strategy``, bound to the world; under ZeRO-3 in lock
+    step also its gather points (per layer, placed before the recompute split)."""
+    model = config.model_config()
+    options = _exe_options(config, strategy)
+    per_layer = config.zero == 3 and _lock_step(config, strategy)
     exe = bind_executable(build_executable(
-        model, _unrecomputed(layout.strategy) if per_layer else layout.strategy,
+        model, _unrecomputed(strategy) if per_layer else strategy,
         dataclasses.replace(options, recompute=False) if per_layer else options,
         world.rank, seq_len=config.seq_len, seed=config.seed,
     ), world)  # fmt: skip
     names = {n: n for n in model.parameter_shapes() if n in exe.params}  # model order
     units = insert_points(exe.graph_module, names) if per_layer else ()
     if per_layer:  # the points ride into the recomputed layers' submodules
-        exe.graph_module = _recompute(exe, layout.strategy, options)
-    shape = stream_shape(model, role.micro_batch_size, config.seq_len)
-    plans = boundary_plans(layout.strategy, model, world.rank, shape, options=options)
-    if config.dtype == "bf16":
-        exe.graph_module.to(torch.bfloat16)  # compute copy; Post keeps fp32 masters
-    post: Post | None
-    if built is not None:
-        built.by_layout[key] = (exe, plans)
-    if config.switch_mode == "weights":
-        post = home_post(world, config, layout.strategy, exe.params, home=home,
-                         stage_sync=exe.grad_sync)  # fmt: skip
-        if built is not None and post is not None:
-            built.posts[key] = post
-    else:  # Post also sums the gradients still partial inside the stage (SP norm weights)
-        post = _post(config, exe.params, sync, zero, world, stage_sync=exe.grad_sync,
-                     strategy=layout.strategy, units=units)  # fmt: skip
-    if isinstance(post, ShardedPost) and config.zero == 3:
-        store = ParamStore(
-            exe.params, {n: zero[n].gather for n in exe.params}, post.shard, units, world,
-            per_layer=per_layer, prefetch=config.zero_overlap, on_change=lambda: post.meter(),
-        )  # fmt: skip
-        store.bind(exe.graph_module)
-        exe.around = StoreAround(store, exe.around if isinstance(exe.around, Regather) else None)
-        post.attach(store)
-    meter = None
-    if config.measure_memory:
-        meter = StateMeter(lambda: state_tensors(exe.params, post))
-        if isinstance(post, ShardedPost):
-            post.meter = meter.sample
-    return Active(text, layout, role, exe, plans, post, built, meter)
+        exe.graph_module = _recompute(exe, strategy, options)
+    return exe, units, per_layer
 
 
 def _lock_step(config: TrainConfig, strategy: Strategy) -> bool:
@@ -275,10 +291,11 @@ def _recompute(
 
 
 def switch_weights(
-    world: World, config: TrainConfig, active: Active, text: str, *, rederive: bool = False
-) -> tuple[Active, int]:
+    world: World, config: TrainConfig, active: Active, target: Strategy, *,
+    rederive: bool = False,
+) -> tuple[Active, int]:  # fmt: skip
     """The mixed-length switch (``hspmd.train.loop.switch_to`` under ``--switch-mode
-    weights``): one fused BSR of the compute weights from ``active``'s strategy to ``text``,
+    weights``): one fused BSR of the compute weights from ``active``'s strategy to ``target``,
     the new strategy built around the same home state. ``rederive``: skip the move and
     gather the new compute weights from home instead (for comparison). Returns the new
     part and the messages this rank sent."""
@@ -289,13 +306,12 @@ def switch_weights(
     with count_comm(world) as log:
         if not rederive:
             dtype = post.dtype if post is not None else torch.float32
-            target = parse_strategy(text)
             source = active.layout.strategy
             plan = plan_weight_switch(model, source, target, itemsize=dtype.itemsize)
             params = active.exe.params if active.exe is not None else {}
             moved = run_weight_switch(plan, params, world, dtype=dtype)
     del active, post  # the old executable goes before the new one is built
-    new = activate(world, config, text, home=home, built=built)
+    new = activate(world, config, target, home=home, built=built)
     with count_comm(world) as gather, torch.no_grad():
         if rederive and isinstance(new.post, HomePost):
             new.post.refresh()

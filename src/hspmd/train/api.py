@@ -41,19 +41,22 @@ from typing import Any, TypedDict, Unpack, get_type_hints
 from hspmd.models.hf import HF_PREFIX, hf_source
 from hspmd.plan.strategy import Dtype, Schedule, Strategy, parse_strategy
 from hspmd.train.config import (
+    SECTIONS,
     AdamConfig,
     Device,
     EvalConfig,
+    LengthPlans,
     Record,
     SwitchAlgo,
     SwitchMode,
     TrainConfig,
     TrainError,
 )
+from hspmd.train.faults import Injection
 from hspmd.train.reference import TrainResult, run_reference
 from hspmd.train.trainer import train
 
-__all__ = ["RunOptions", "fit", "model_source", "train_config"]
+__all__ = ["Changes", "RunOptions", "fit", "model_source", "revise", "train_config"]
 
 REFERENCE_BATCH = 8  # sequences a step without a strategy (a reference run), as the CLI
 
@@ -62,7 +65,8 @@ class RunOptions(TypedDict, total=False):
     """The typed keywords of ``fit``, ``build`` and ``train_config``: ``TrainConfig``'s
     fields (docs/api.md lists them with their meaning), ``lr`` and ``model_kwargs``."""
 
-    model_kwargs: Mapping[str, Any]
+    model_kwargs: Mapping[str, Any] | Sequence[tuple[str, Any]]
+    tp_rules: Sequence[tuple[str, str]] | None
     global_batch: int | None
     seq_len: int
     steps: int
@@ -70,9 +74,15 @@ class RunOptions(TypedDict, total=False):
     lr: float
     adam: AdamConfig
     evaluation: EvalConfig
+    clip_grad_norm: float | None
+    grad_accum: int
     data: str | None
     dataset: str | None  # a user's dataset of any items (docs/data.md, "Any batch")
     data_max_bytes: int | None
+    data_dtype: str | None
+    eod_id: int | None
+    tokenizer: str | None
+    data_cache: str | None
     schedule: Schedule
     dtype: Dtype
     zero: int
@@ -83,6 +93,7 @@ class RunOptions(TypedDict, total=False):
     recompute: bool
     recompute_layers: int
     overlap: bool
+    bucket_bytes: int
     switches: Sequence[tuple[int, str | Strategy]]
     switch_mode: SwitchMode
     switch_algo: SwitchAlgo
@@ -94,10 +105,14 @@ class RunOptions(TypedDict, total=False):
     slowdown: Sequence[tuple[int, float]]
     elastic: bool
     hang_timeout: float
+    inject: Sequence[Injection]
     spares: int
     grow: Sequence[tuple[int, int]]
+    measure_memory: bool
     step_tokens: int | None
     long_docs: str
+    min_documents: int
+    length_plans: LengthPlans | None
     device: Device
 
 
@@ -139,32 +154,83 @@ def train_config(
     **options: Unpack[RunOptions],
 ) -> TrainConfig:
     """The ``TrainConfig`` of ``fit(model, strategy, **options)`` (module docstring)."""
-    unknown = sorted(set(options) - set(get_type_hints(RunOptions)))
+    _check_names(options, RunOptions, extra=("strategy",))
+    start = _strategy(strategy)
+    fields = _fields(options, base=TrainConfig())
+    if fields.get("global_batch") is None:
+        fields["global_batch"] = REFERENCE_BATCH if start is None else start.global_batch
+    config = TrainConfig(model=model_source(model), strategy=start, **fields)
+    config.check_model()  # the model loads here, at the edge, not in the config
+    return config
+
+
+class Changes(RunOptions, total=False):
+    """The keywords of ``revise``: ``RunOptions`` and the model and strategy."""
+
+    model: str | Callable[..., Any]
+    strategy: str | Strategy | None
+
+
+def revise(config: TrainConfig, **changes: Unpack[Changes]) -> TrainConfig:
+    """``config`` with ``changes``: ``train_config``'s keywords (a strategy's text parsed
+    here, ``lr`` into ``adam``, ``model_kwargs`` as the overrides), each routed to its field.
+
+    >>> config = revise(train_config(), strategy="2x1: R0:L0-3", lr=1e-3)
+    >>> str(config.strategy), config.adam.lr, config.global_batch
+    ('2x1: R0:L0-3', 0.001, 8)
+    """
+    _check_names(changes, Changes)
+    options = {k: v for k, v in changes.items() if k not in ("model", "strategy")}
+    fields = _fields(options, base=config)
+    if "model" in changes:
+        fields["model"] = model_source(changes["model"])
+    if "strategy" in changes:
+        fields["strategy"] = _strategy(changes["strategy"])
+    if "global_batch" in fields and fields["global_batch"] is None:
+        chosen = fields.get("strategy", config.strategy)
+        fields["global_batch"] = REFERENCE_BATCH if chosen is None else chosen.global_batch
+    revised = dataclasses.replace(config, **fields)
+    revised.check_model()
+    return revised
+
+
+def _check_names(options: Mapping[str, Any], kind: Any, *, extra: Sequence[str] = ()) -> None:
+    unknown = sorted(set(options) - set(get_type_hints(kind)))
     if unknown:
-        allowed = ", ".join(["strategy", *get_type_hints(RunOptions)])
+        allowed = ", ".join([*extra, *get_type_hints(kind)])
         raise TrainError(f"unknown option {unknown[0]!r}: give one of {allowed}")
+
+
+def _fields(options: Mapping[str, Any], *, base: TrainConfig) -> dict[str, Any]:
+    """``TrainConfig``'s fields of ``options`` (``RunOptions``): ``lr`` into ``adam`` (the
+    given one, else ``base``'s), ``model_kwargs`` as ``model_overrides``, ``zero1`` as
+    ``zero=1``, names of a section into it (``SECTIONS``: on ``base``'s section), strategies
+    parsed, sequences as tuples."""
     fields: dict[str, Any] = dict(options)
-    text = None if strategy is None else str(strategy)
-    kwargs = fields.pop("model_kwargs", None) or {}
+    if "model_kwargs" in fields:
+        fields["model_overrides"] = _frozen(dict(fields.pop("model_kwargs") or {}))
     lr = fields.pop("lr", None)
     if lr is not None:
-        fields["adam"] = dataclasses.replace(fields.get("adam") or AdamConfig(), lr=lr)
-    if fields.get("global_batch") is None:
-        fields["global_batch"] = (
-            REFERENCE_BATCH if text is None else parse_strategy(text).global_batch
-        )
+        fields["adam"] = dataclasses.replace(fields.get("adam") or base.adam, lr=lr)
     if "switches" in fields:
-        fields["switches"] = tuple((int(step), str(s)) for step, s in fields["switches"])
+        fields["switches"] = tuple((int(step), _strategy(s)) for step, s in fields["switches"])
     if fields.pop("zero1", False):
         if fields.get("zero", 1) != 1:
             raise TrainError(f"zero1=True with zero={fields['zero']}: zero1 is zero=1; give one")
         fields["zero"] = 1
-    for name in ("slowdown", "grow", "zero_shares"):
+    for name in ("slowdown", "grow", "zero_shares", "inject", "tp_rules"):
         if name in fields:
             fields[name] = _frozen(fields[name])
-    return TrainConfig(
-        model=model_source(model), model_overrides=_frozen(dict(kwargs)), strategy=text, **fields
-    )
+    for section in dict.fromkeys(SECTIONS.values()):
+        changes = {n: fields.pop(n) for n in list(fields) if SECTIONS.get(n) == section}
+        if changes:
+            fields[section] = dataclasses.replace(getattr(base, section), **changes)
+    return fields
+
+
+def _strategy(strategy: str | Strategy | None) -> Strategy | None:
+    """A strategy given as text is parsed here, at the edge; everything below takes values."""
+    return parse_strategy(strategy) if isinstance(strategy, str) else strategy
 
 
 def fit(

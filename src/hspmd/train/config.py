@@ -1,13 +1,14 @@
 """What a training run is: a typed, frozen config, and the per-step record it produces.
 
->>> config = TrainConfig(strategy="2x2: R0:L0-3; 2x2: R1:L0-3", global_batch=8, steps=2)
+>>> from hspmd.plan.strategy import parse_strategy
+>>> strategy = parse_strategy("2x2: R0:L0-3; 2x2: R1:L0-3")
+>>> config = TrainConfig(strategy=strategy, global_batch=8, steps=2)
 >>> config.tokens_per_step
 512
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
@@ -17,11 +18,12 @@ from hspmd.data.tokens import TOKEN_DTYPES
 from hspmd.errors import HspmdError
 from hspmd.models.llama import get_config
 from hspmd.models.spec import BatchField, ModelSpec, ModuleModel
-from hspmd.plan.strategy import Dtype, Schedule, parse_strategy
+from hspmd.plan.strategy import Strategy, StrategyOptions
+from hspmd.planner.length_model import LengthStrategy
 from hspmd.train.faults import Injection
 
 __all__ = [
-    "AdamConfig", "Device", "EvalConfig", "EvalRecord", "LrSchedule", "Record", "StepRecord",
+    "AdamConfig", "Device", "EvalConfig", "EvalRecord", "LengthPlans", "LrSchedule", "SECTIONS", "Record", "StepRecord",
     "SwitchAlgo", "SwitchMode", "TrainConfig", "TrainError",
 ]  # fmt: skip
 
@@ -149,6 +151,25 @@ class EvalConfig:
         return self.every > 0 and step > 0 and step % self.every == 0
 
 
+SECTIONS: dict[str, str] = {
+    name: "options"
+    for name in ("zero", "zero_shares", "sequence_parallel", "recompute", "recompute_layers",
+                 "schedule", "dtype")
+}  # fmt: skip
+"""Flat option names (``hspmd.fit``'s keywords, the CLI's flags) that live in a section of
+``TrainConfig``, and the section's field (``TrainConfig.options``: ``StrategyOptions``)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LengthPlans:
+    """A plans file of ``hspmd plan --data`` as values (read at the edge: the CLI's
+    ``--plans``, ``hspmd.cli.plan_lengths``): its strategies and the predicted seconds of the
+    switch between any two (``switch_s[i][j]``: from strategy ``i`` to ``j``)."""
+
+    plans: tuple[LengthStrategy, ...]
+    switch_s: tuple[tuple[float, ...], ...]
+
+
 def dataset_items(source: str | None) -> tuple[str, tuple[BatchField, ...]] | None:
     """The items of the dataset ``source`` (``--dataset``) as a model's inputs: their
     structure and fields (``hspmd.data.items``); None without a dataset."""
@@ -162,7 +183,7 @@ def dataset_items(source: str | None) -> tuple[str, tuple[BatchField, ...]] | No
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainConfig:
-    """One training run. ``strategy`` is the compact strategy text (None: one rank).
+    """One training run. ``strategy`` is the parsed strategy (None: one rank).
 
     ``global_batch`` counts sequences of ``seq_len`` tokens per optimizer step, summed
     over every pipeline's micro-batches.
@@ -176,7 +197,7 @@ class TrainConfig:
     # a user module's TP kinds by name pattern, ahead of its own tp_rules (a plan file's
     # per-parameter annotations: hspmd.train.planfile); None: the module's only
     tp_rules: tuple[tuple[str, str], ...] | None = None
-    strategy: str | None = None  # e.g. "2x2: R0-1:L0-1 R2:L2-3; 4x1: R3:L0-3"
+    strategy: Strategy | None = None  # e.g. parse_strategy("2x2: R0-1:L0-1 R2:L2-3; 4x1: R3:L0-3")
     global_batch: int = 8
     seq_len: int = 64
     steps: int = 5
@@ -200,22 +221,16 @@ class TrainConfig:
     eod_id: int | None = None  # a token file's end-of-document id (packed steps split there)
     tokenizer: str | None = None  # tokenizer.json or a local HF folder: text is tokenized
     data_cache: str | None = None  # tokenizations' cache (None: $HSPMD_CACHE, ~/.cache/hspmd)
-    schedule: Schedule = "1f1b"  # or "gpipe"
-    dtype: Dtype = "fp32"  # compute dtype; masters are fp32
-    # ZeRO stage (docs/zero.md): 0; 1 shards fp32 masters and Adam states over the
-    # data-parallel replicas; 2 also the gradients; 3 also the parameters between uses
-    zero: int = 0
-    zero_shares: tuple[float, ...] = ()  # per pipeline: its part of the shards (even if empty)
+    # the options every strategy of the run runs with: the ZeRO stage (docs/zero.md) and its
+    # shares, sequence parallelism, recompute, the pipeline schedule, the compute dtype
+    options: StrategyOptions = field(default_factory=StrategyOptions)
     # ZeRO 2 and 3: one gradient bucket in flight while backward goes on, and under ZeRO-3
     # the next unit's gather prefetched; False: each waited at once (the least memory)
     zero_overlap: bool = True
-    sequence_parallel: bool = False
-    recompute: bool = False
-    recompute_layers: int = 0  # with recompute: the first k layers of each stage (0: all)
     overlap: bool = True  # gradient sync during the last backward (False: after it)
     bucket_bytes: int = 4 << 20  # flat gradient buckets of Post (hspmd.train.sync)
     # (step, strategy): switch to that strategy in memory before that step (hspmd.switch.live)
-    switches: tuple[tuple[int, str], ...] = ()
+    switches: tuple[tuple[int, Strategy], ...] = ()
     # measure each rank's peak training-state bytes (hspmd.train.meter; benchmarks/zero.py)
     measure_memory: bool = False
     # "states": a switch moves fp32 masters and Adam states (unstable devices);
@@ -245,10 +260,10 @@ class TrainConfig:
     # at least this many documents a step (0: one per micro-batch of the strategy): runs
     # of different strategies then see the same steps (benchmarks/mixed_length.py)
     min_documents: int = 0
-    # a plans file's text (``hspmd plan --data``): per step the strategy with the least
+    # a plans file (``hspmd plan --data``): per step the strategy with the least
     # predicted time is chosen (hspmd.train.packing.planned_steps) on a background worker
     # (hspmd.train.plan_ahead); the loop switches when the choice changes
-    length_plans: str | None = None
+    length_plans: LengthPlans | None = None
     # where the ranks compute (hspmd.train.device): "auto" is CUDA with nccl when torch
     # sees a GPU per rank, else CPU with gloo; "cpu" and "cuda" force one
     device: Device = "auto"
@@ -271,18 +286,17 @@ class TrainConfig:
                 f"switch steps {steps}: give each step once, in increasing order, from 2 on "
                 "(the strategy of step 1 is --strategy)"
             )
-        if self.recompute_layers < 0 or (self.recompute_layers and not self.recompute):
+        if self.options.recompute_layers and not self.options.recompute:
             raise TrainError(
-                f"--recompute-layers {self.recompute_layers}: give a count of at least 0, "
-                "with --recompute (0: every layer of a stage)"
+                f"--recompute-layers {self.options.recompute_layers}: give a count of at "
+                "least 0, with --recompute (0: every layer of a stage)"
             )
         self._check_recipe()
         self._check_slowdown()
         self._check_elastic()
         self._check_packed()
         # the Literal types check callers under mypy; these check everyone else
-        for name, kind in (("schedule", Schedule), ("dtype", Dtype),
-                           ("switch_mode", SwitchMode), ("switch_algo", SwitchAlgo),
+        for name, kind in (("switch_mode", SwitchMode), ("switch_algo", SwitchAlgo),
                            ("device", Device)):  # fmt: skip
             if getattr(self, name) not in get_args(kind):
                 raise TrainError(
@@ -301,6 +315,13 @@ class TrainConfig:
         if self.ranks_per_node is not None and self.ranks_per_node < 1:
             raise TrainError(f"ranks_per_node={self.ranks_per_node} must be at least 1")
         self._check_zero()
+        # the model is not loaded here: a config is a value (check_model loads it, once)
+
+    def check_model(self) -> ModelSpec:
+        """The model's metadata (``model_config``: a preset's config, or the user's module
+        built on the meta device, which runs its file), checked against the run. Called at
+        the edges (the CLI, ``train_config``, ``check_config``, ``run_reference``), never
+        when a config is built."""
         model = self.model_config()
         if model.config_only:
             raise TrainError(
@@ -313,22 +334,21 @@ class TrainConfig:
             )
         if isinstance(model, ModuleModel):
             self._check_module(model)
+        return model
 
     @property
     def zero1(self) -> bool:
         """Whether the fp32 masters and Adam states are sharded (ZeRO 1, 2 or 3)."""
-        return self.zero >= 1
+        return self.options.zero1
+
+    @property
+    def zero(self) -> int:
+        """The ZeRO stage (``options.zero``)."""
+        return self.options.zero
 
     def _check_zero(self) -> None:
-        """The ZeRO stage and shares, and what they do not combine with (docs/zero.md)."""
-        if self.zero not in (0, 1, 2, 3):
-            raise TrainError(f"--zero {self.zero}: choose a ZeRO stage 0, 1, 2 or 3")
-        object.__setattr__(self, "zero_shares", tuple(float(w) for w in self.zero_shares))
-        if self.zero_shares and (not self.zero or min(self.zero_shares) <= 0):
-            raise TrainError(
-                f"--zero-shares {self.zero_shares}: give positive weights, one per pipeline, "
-                "with --zero 1|2|3"
-            )
+        """What the ZeRO stage does not combine with (docs/zero.md; ``StrategyOptions``
+        checks the stage and the shares)."""
         if self.switch_mode == "weights" and self.zero:
             raise TrainError(
                 f"--zero {self.zero} adds nothing under switch mode 'weights': its home layout "
@@ -383,17 +403,19 @@ class TrainConfig:
         for flag, given, why in refused:
             if given:
                 raise TrainError(f"--elastic does not take {flag} ({why}): drop {flag}")
-        texts = [self.strategy] if self.strategy is not None else []
+        self._packed_documents()
+
+    def _packed_documents(self) -> None:
+        """Packed elastic steps: a document a rank at least, so that every strategy a re-plan
+        may give (a pipeline has a rank at least) takes every step
+        (``hspmd.train.elastic_lengths``)."""
+        given = [self.strategy] if self.strategy is not None else []
         if self.length_plans is not None:
-            texts += [e["strategy"] for e in json.loads(self.length_plans)["strategies"]]
-        if self.step_tokens is not None and texts:
-            # packed steps: a document a rank at least, so that every strategy a re-plan may
-            # give (a pipeline has a rank at least) takes every step (hspmd.train.elastic_lengths)
-            try:
-                ranks = 1 + max(r for t in texts for r in parse_strategy(t).ranks)
-            except (HspmdError, KeyError, TypeError):  # check_config names a bad strategy
-                return
-            object.__setattr__(self, "min_documents", max(self.min_documents, ranks + self.spares))
+            given += [p.strategy for p in self.length_plans.plans]
+        if self.step_tokens is None or not given:
+            return
+        ranks = 1 + max(r for strategy in given for r in strategy.ranks)
+        object.__setattr__(self, "min_documents", max(self.min_documents, ranks + self.spares))
 
     def _check_data(self) -> None:
         if self.data_dtype is not None and self.data_dtype not in TOKEN_DTYPES:
@@ -416,9 +438,9 @@ class TrainConfig:
             ("--data", self.data is not None), ("--tokenizer", self.tokenizer is not None),
             ("--tokens-per-step", self.step_tokens is not None),
             ("--eval-every", self.evaluation.every > 0),
-            ("--sequence-parallel", self.sequence_parallel),
+            ("--sequence-parallel", self.options.sequence_parallel),
             ("a context-parallel stage", self.strategy is not None and any(
-                st.cp > 1 for t in self.strategies for _, _, st in parse_strategy(t).stages())),
+                st.cp > 1 for strategy in self.strategies for _, _, st in strategy.stages())),
         ]  # fmt: skip
         for what, given in refused:
             if given:
@@ -562,7 +584,7 @@ class TrainConfig:
             "--eval-split": self.evaluation.split,  # its part is never trained on
         }
 
-    def require_strategy(self) -> str:
+    def require_strategy(self) -> Strategy:
         """The starting strategy; a config without one can only train the reference."""
         if self.strategy is None:
             raise TrainError(
@@ -572,16 +594,16 @@ class TrainConfig:
         return self.strategy
 
     @property
-    def strategies(self) -> tuple[str, ...]:
+    def strategies(self) -> tuple[Strategy, ...]:
         """Every strategy of the run, the starting one first (under length plans every
         strategy of the plans file: the run chooses among them step by step)."""
         start = self.require_strategy()
         if self.length_plans is not None:
-            found = (e["strategy"] for e in json.loads(self.length_plans)["strategies"])
-            return (start, *(t for t in dict.fromkeys(found) if t != start))
-        return (start, *(text for _, text in self.switches))
+            found = dict.fromkeys(p.strategy for p in self.length_plans.plans)
+            return (start, *(s for s in found if s != start))
+        return (start, *(strategy for _, strategy in self.switches))
 
-    def strategy_at(self, step: int) -> str:
+    def strategy_at(self, step: int) -> Strategy:
         """The strategy that runs ``step`` (after the switches before it)."""
         start = self.require_strategy()
         return next((t for s, t in reversed(self.switches) if s <= step), start)
@@ -664,10 +686,6 @@ Record = StepRecord | EvalRecord
 """What a run reports as it goes: each step, and each evaluation after its step."""
 
 
-def _staged(strategies: tuple[str, ...]) -> bool:
+def _staged(strategies: tuple[Strategy, ...]) -> bool:
     """True if a pipeline of one of ``strategies`` has more than one stage."""
-    return any(
-        len(pipeline.stages) > 1
-        for text in strategies
-        for pipeline in parse_strategy(text).pipelines
-    )
+    return any(len(pipeline.stages) > 1 for s in strategies for pipeline in s.pipelines)

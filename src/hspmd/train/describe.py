@@ -1,7 +1,7 @@
 """What each rank does under a training config, as table rows (for `hspmd demo`).
 
->>> from hspmd.train.config import TrainConfig
->>> rows = describe_ranks(TrainConfig(strategy="2x1: R0-1:L0-1 R2:L2-3", global_batch=2))
+>>> from hspmd.train.api import train_config
+>>> rows = describe_ranks(train_config(strategy="2x1: R0-1:L0-1 R2:L2-3"))
 >>> rows[2]
 ('2', '0', '1 of 2', '2-3', '1', '2 x 1', 'in: bsr', '-', 'Pre F0 B0 F1 B1 Post')
 """
@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from hspmd.models.spec import stream_shape
-from hspmd.plan.strategy import Stage, parse_strategy
+from hspmd.plan.strategy import Stage
 from hspmd.specialize.boundary import boundary_plans
 from hspmd.specialize.schedule import make_schedule
 from hspmd.train.config import TrainConfig
@@ -24,14 +24,16 @@ COLUMNS = ("rank", "pipe", "stage", "layers", "TP", "micro-batches", "boundary",
 def describe_ranks(config: TrainConfig) -> list[tuple[str, ...]]:
     """One row per rank, in ``COLUMNS`` order (communication kinds as resolved)."""
     model = config.model_config()
-    strategy = parse_strategy(config.require_strategy())
+    strategy = config.require_strategy()
     layout = Layout(strategy, model.num_layers)
     sync = grad_sync_plan(strategy, model)
     rows: list[tuple[str, ...]] = []
     for rank in strategy.ranks:
         role = layout.role(rank)
         assert role is not None
-        schedule = make_schedule(config.schedule, role.num_stages, role.stage, role.micro_batches)
+        schedule = make_schedule(
+            config.options.schedule, role.num_stages, role.stage, role.micro_batches
+        )
         shape = stream_shape(model, role.micro_batch_size, config.seq_len)
         plans = boundary_plans(strategy, model, rank, shape)
         edges = [

@@ -44,7 +44,7 @@ import dataclasses
 import itertools
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from functools import partial
 from typing import Any
 
@@ -61,7 +61,7 @@ from hspmd.runtime.watch import POLL_S, PeerFailure, Watch, regroup
 from hspmd.runtime.world import World
 from hspmd.switch.live import run_switch
 from hspmd.switch.survivors import lost_states, plan_survivor_switch, renumber_strategy
-from hspmd.train.active import Active, Built, activate, options_of
+from hspmd.train.active import Active, Built, activate
 from hspmd.train.batches import eval_batches, step_batches
 from hspmd.train.clip import clip_gradients
 from hspmd.train.config import EvalRecord, StepRecord, TrainConfig, TrainError
@@ -86,6 +86,7 @@ class _Run:
     watch: Watch
     active: Active
     members: tuple[int, ...]  # member of each rank of the strategy's generation
+    _: KW_ONLY
     gen: int  # the generation the strategy (and the step's commit counter) belongs to
     step: int = 1
     adam_steps: int = 0
@@ -118,12 +119,24 @@ def _reporters(active: Active) -> list[int]:
     return [p.stages[-1].ranks[0] for p in active.layout.strategy.pipelines]
 
 
-def _build(world: World, config: TrainConfig, text: str, watch: Watch) -> Active:
-    """The executables of ``text`` on this rank (its groups first: ``new_group`` is a
+def _build(world: World, config: TrainConfig, strategy: Strategy, watch: Watch) -> Active:
+    """The executables of ``strategy`` on this rank (its groups first: ``new_group`` is a
     collective of the whole generation, so it is watched like any wait)."""
-    watch.run(partial(prepare_strategies, world, config, [text]))
+    watch.run(partial(prepare_strategies, world, config, [strategy]))
     watch.unwatched()  # building executables: local work, no hang check
-    return activate(world, config, text)
+    return activate(world, config, strategy)
+
+
+def _encode(strategy: Strategy) -> str:
+    """A strategy as it crosses the store between ranks (grow requests, published plans):
+    its text form, which ``_decode`` reads back exactly (the one decode of a strategy in
+    ``train``; every other place passes the value)."""
+    return str(strategy)
+
+
+def _decode(text: str) -> Strategy:
+    """``_encode``'s inverse."""
+    return parse_strategy(text)
 
 
 def run_rank_elastic(world: World, config: TrainConfig) -> dict[str, Any]:
@@ -197,7 +210,7 @@ def _grow(run: _Run) -> None:
     if run.world.rank == 0:
         request = {
             "count": dict(run.config.grow)[run.step], "step": run.step, "gen": run.gen,
-            "members": list(run.members), "strategy": run.active.text,
+            "members": list(run.members), "strategy": _encode(run.active.strategy),
             "adam_steps": run.adam_steps, "grown": run.grown,
         }  # fmt: skip
         run.store(lambda s: s.set(key("grow", index), json.dumps(request)))
@@ -217,9 +230,9 @@ def _spare(world: World, config: TrainConfig, watch: Watch) -> tuple[_Run, Any, 
     index = int(watch.store_call(lambda s: s.get(name)))
     request = json.loads(watch.store_call(lambda s: s.get(key("grow", index))))
     model = config.model_config()
-    layout = Layout.from_text(request["strategy"], num_layers=model.num_layers)
+    layout = Layout(_decode(request["strategy"]), model.num_layers)
     run = _Run(
-        config, world, watch, Active(request["strategy"], layout), tuple(request["members"]),
+        config, world, watch, Active(layout=layout), tuple(request["members"]),
         gen=request["gen"], step=request["step"], adam_steps=request["adam_steps"],
         grown=list(request["grown"]), lengths=Lengths(config) if config.packed else None,
     )  # fmt: skip
@@ -342,7 +355,7 @@ def _eval_settled(run: _Run, step: int) -> bool:
     return True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _Moved:
     """A new generation's state, built and loaded, adopted once every member has it."""
 
@@ -350,9 +363,9 @@ class _Moved:
     members: tuple[int, ...]
     gen: int
     moved_bytes: float | None  # None: loaded from a checkpoint
-    strategy: str
+    strategy: Strategy
     plan_seconds: float
-    strategies: tuple[str, ...] = ()  # packed steps: the new set (new numbers)
+    strategies: tuple[Strategy, ...] = ()  # packed steps: the new set (new numbers)
 
 
 def _recover(run: _Run, failure: PeerFailure, data: Any, batch: Any) -> tuple[Any, Any]:
@@ -383,18 +396,18 @@ def _recover(run: _Run, failure: PeerFailure, data: Any, batch: Any) -> tuple[An
             break
         except PeerFailure as again:  # a member failed during recovery: again, from settled states
             detected = again.detected_at
-    used = set(parse_strategy(pending.strategy).ranks)
+    used = set(pending.strategy.ranks)
     if pending.moved_bytes is None and not config.packed:  # the checkpoint's steps again
         data = step_batches(config, first=run.step)
         batch = next(data)
     event = {
         "event": "replan",
-        "strategy": pending.strategy,
+        "strategy": str(pending.strategy),
         "plan_seconds": pending.plan_seconds,
         "idle": [m for r, m in enumerate(pending.members) if r not in used],  # launch ranks
     }
     if pending.strategies:  # packed steps: the set the steps now choose from
-        event["strategies"] = list(pending.strategies)
+        event["strategies"] = [str(s) for s in pending.strategies]
     run.notify("event", event)
     run.notify(
         "event",
@@ -486,19 +499,19 @@ def _replan_and_move(run: _Run, members: tuple[int, ...]) -> _Moved:
     states were lost); the result, not adopted yet."""
     config, world, watch = run.config, run.world, run.watch
     model = config.model_config()
-    source = parse_strategy(run.active.text)
+    source = run.active.strategy
     renumbered = {r: members.index(m) for r, m in enumerate(run.members) if m in members}
     dead = [r for r, m in enumerate(run.members) if m not in members]
     joined = [m for m in members if m not in run.members]  # spares: numbered after the old
     renumbered.update({len(run.members) + i: members.index(m) for i, m in enumerate(joined)})
-    text, plan_seconds = _plan(run, members, source, renumbered)
-    target = str(renumber_strategy(parse_strategy(text), renumbered))
+    planned, plan_seconds = _plan(run, members, source, renumbered)
+    target = renumber_strategy(planned, renumbered)
     lost = lost_states(model, source, dead)
     if lost:
         return _fallback(run, members, target, lost, plan_seconds)
     watch.enter("switch", run.step)
     inject(config.inject, member=world.member, step=run.step, phase="switch", watch=watch)
-    switch = plan_survivor_switch(model, source, parse_strategy(target), renumbered=renumbered)
+    switch = plan_survivor_switch(model, source, target, renumbered=renumbered)
     state = run.active.post.state() if run.active.post is not None else {}
     moved, _ = run_switch(switch, state, world)
     active = _build(world, config, target, watch)
@@ -506,38 +519,40 @@ def _replan_and_move(run: _Run, members: tuple[int, ...]) -> _Moved:
     if active.post is not None:
         active.post.load_state(moved, steps=run.adam_steps)
     sent = float(sum(switch.sent_bytes().values()))
-    texts = run.lengths.pending_texts() if run.lengths is not None else ()
-    return _Moved(active, members, watch.gen, sent, target, plan_seconds, texts)
+    strategies = run.lengths.pending_strategies() if run.lengths is not None else ()
+    return _Moved(active=active, members=members, gen=watch.gen, moved_bytes=sent,
+                  strategy=target, plan_seconds=plan_seconds, strategies=strategies)  # fmt: skip
 
 
 def _plan_record(
-    run: _Run, members: tuple[int, ...], source: Any, renumbered: dict[int, int]
+    run: _Run, members: tuple[int, ...], source: Strategy, renumbered: dict[int, int]
 ) -> dict[str, Any]:
     """Rank 0's plan for the ranks left (old numbers): the elastic planner's strategy, or
-    under packed steps a length-aware set (``Lengths.replan_record``)."""
+    under packed steps a length-aware set (``Lengths.replan_record``); a strategy in it
+    is a value (``_plan`` encodes it for the store)."""
     config = run.config
     if run.lengths is not None:
         joined = tuple(m for m in members if m not in run.members)
         return run.lengths.replan_record(members=run.members, joined=joined,
-                                         alive=sorted(renumbered), current=run.active.text)  # fmt: skip
+                                         alive=sorted(renumbered), current=run.active.strategy)  # fmt: skip
     plan = replan(
         planning_model(config.model_config()), local_cost(max(len(run.members), max(renumbered) + 1)),
         alive=sorted(renumbered),
         current=source, global_batch=config.global_batch, seq_len=config.seq_len,
-        dtype=config.dtype,
+        dtype=config.options.dtype,
     )  # fmt: skip
     check_strategy(
         plan.strategy, config.model_config(), global_batch=config.global_batch,
-        options=options_of(config), seq_len=config.seq_len,
+        options=config.options, seq_len=config.seq_len,
     )  # fmt: skip
-    return {"strategy": str(plan.strategy), "plan_seconds": plan.plan_seconds}
+    return {"strategy": plan.strategy, "plan_seconds": plan.plan_seconds}
 
 
 def _plan(
-    run: _Run, members: tuple[int, ...], source: Any, renumbered: dict[int, int]
-) -> tuple[str, float]:
+    run: _Run, members: tuple[int, ...], source: Strategy, renumbered: dict[int, int]
+) -> tuple[Strategy, float]:
     """Rank 0 of the new generation plans (in the old numbers) and publishes; the others
-    read it. Returns the strategy text (old numbers) and the planner's seconds."""
+    read it. Returns the strategy (old numbers) and the planner's seconds."""
     world, watch = run.world, run.watch
     name = key("plan", watch.gen, run.gen, run.step)
     record: dict[str, Any]
@@ -545,6 +560,8 @@ def _plan(
         watch.unwatched()
         try:
             record = _plan_record(run, members, source, renumbered)
+            if "strategy" in record:
+                record["strategy"] = _encode(record["strategy"])
         except HspmdError as error:
             record = {"error": f"no plan for the {len(members)} ranks left: {error}"}
         run.store(lambda s: s.set(name, json.dumps(record)))
@@ -556,14 +573,16 @@ def _plan(
         record = json.loads(run.store(lambda s: s.get(name)))
     if "error" in record:
         raise TrainError(record["error"])
+    if "strategy" in record:
+        record["strategy"] = _decode(record["strategy"])
     if run.lengths is not None:  # the redo step's strategy of the new set
-        text = run.lengths.take(record, step=run.step, renumbered=renumbered)
-        return text, float(record["plan_seconds"])
+        strategy = run.lengths.take(record, step=run.step, renumbered=renumbered)
+        return strategy, float(record["plan_seconds"])
     return record["strategy"], float(record["plan_seconds"])
 
 
 def _fallback(
-    run: _Run, members: tuple[int, ...], target: str, lost: list[str], plan_seconds: float
+    run: _Run, members: tuple[int, ...], target: Strategy, lost: list[str], plan_seconds: float
 ) -> _Moved:
     """Every holder of ``lost`` died: the newest checkpoint, loaded onto ``target``; the
     run goes back to the step after it."""
@@ -588,9 +607,10 @@ def _fallback(
     run.reeval = run.reeval if run.reeval == state.step else 0
     run.notify(
         "event",
-        {"event": "fallback", "lost": what, "checkpoint_step": state.step, "strategy": target},
+        {"event": "fallback", "lost": what, "checkpoint_step": state.step, "strategy": str(target)},
     )
-    return _Moved(active, members, run.watch.gen, None, target, plan_seconds)
+    return _Moved(active=active, members=members, gen=run.watch.gen, moved_bytes=None,
+                  strategy=target, plan_seconds=plan_seconds)  # fmt: skip
 
 
 def _has_checkpoint(directory: str) -> bool:
@@ -604,19 +624,20 @@ def _has_checkpoint(directory: str) -> bool:
 def _packed(run: _Run, lengths: Lengths) -> Any:
     """The step's packed batch under the strategy the set chooses for it, switching the
     states to that strategy first where it is not the one running (``_switch``)."""
-    choice = lengths.choose(run.step, run.active.text)
+    choice = lengths.choose(run.step, run.active.strategy)
     switched = None
-    if choice.text != run.active.text:
+    if choice.strategy != run.active.strategy:
         began = time.perf_counter()
-        _switch(run, choice.text)
+        _switch(run, choice.strategy)
         switched = round(time.perf_counter() - began, 6)
     run.fields = {
-        **record_fields(choice.batch), "strategy": run.active.text, "switch_seconds": switched,
+        **record_fields(choice.batch), "strategy": str(run.active.strategy),
+        "switch_seconds": switched,
     }  # fmt: skip
     return choice.batch
 
 
-def _switch(run: _Run, target: str) -> None:
+def _switch(run: _Run, target: Strategy) -> None:
     """Move masters and Adam moments to ``target`` (one fused BSR, the ranks unchanged)
     and build it; adopted once every rank of the generation has it (``switched/G/S``), as
     a recovery's move: a failure during it leaves the states where they were. A target
@@ -625,14 +646,14 @@ def _switch(run: _Run, target: str) -> None:
     config, world, watch = run.config, run.world, run.watch
     watch.enter("switch", run.step)
     inject(config.inject, member=world.member, step=run.step, phase="switch", watch=watch)
-    layout = Layout.from_text(target, num_layers=config.model_config().num_layers)
+    layout = Layout(target, config.model_config().num_layers)
     if _only_counts(run.active.layout.strategy, layout.strategy):  # same executables, states
         role = layout.role(world.rank)
-        run.active = dataclasses.replace(run.active, text=target, layout=layout, role=role)
+        run.active = dataclasses.replace(run.active, layout=layout, role=role)
         return
     same = {r: r for r in range(len(run.members))}
     switch = plan_survivor_switch(
-        config.model_config(), run.active.layout.strategy, parse_strategy(target), renumbered=same
+        config.model_config(), run.active.layout.strategy, target, renumbered=same
     )
     state = run.active.post.state() if run.active.post is not None else {}
     moved, _ = run_switch(switch, state, world)

@@ -31,14 +31,13 @@ from hspmd.cost.captured import planning_model
 from hspmd.data import DocumentStep
 from hspmd.models.config import LlamaConfig
 from hspmd.plan.dispatch import Assignment, DispatchError, balanced
-from hspmd.plan.strategy import Strategy, check_strategy, parse_strategy
+from hspmd.plan.strategy import Strategy, check_strategy
 from hspmd.planner.combined import LengthPlanner, LengthSet, StatesSwitch
 from hspmd.planner.elastic import replan
 from hspmd.planner.length_model import Histogram, LengthStrategy
 from hspmd.planner.lengths import assignment_seconds, fixed_dispatcher, load_plans, plans_json
 from hspmd.planner.local import local_cost
 from hspmd.switch.survivors import renumber_strategy
-from hspmd.train.active import options_of
 from hspmd.train.batches import step_documents
 from hspmd.train.config import TrainConfig, TrainError
 from hspmd.train.packing import PackedStep, length_multiple, length_plans, pack
@@ -59,9 +58,7 @@ def documents_floor(config: TrainConfig) -> int:
         plans, _ = length_plans(config)
         least = min(len(p.strategy.pipelines) for p in plans)
     else:
-        least = sum(
-            p.num_micro_batches for p in parse_strategy(config.require_strategy()).pipelines
-        )
+        least = sum(p.num_micro_batches for p in config.require_strategy().pipelines)
     return max(config.min_documents, least)
 
 
@@ -79,20 +76,20 @@ def document_rows(config: TrainConfig) -> Iterator[PackedStep]:
 
 @dataclass(frozen=True, slots=True)
 class StrategySet:
-    """Strategies (texts in the generation's numbers; ``plans[k]`` None: ``--strategy``
+    """Strategies (in the generation's numbers; ``plans[k]`` None: ``--strategy``
     dispatched by ``balanced``) and the predicted switch between each pair."""
 
     plans: tuple[LengthStrategy | None, ...]
-    texts: tuple[str, ...]
+    strategies: tuple[Strategy, ...]
     switch: tuple[tuple[float, ...], ...]
 
 
 @dataclass(frozen=True, slots=True)
 class Choice:
-    """A step's strategy (index in the set and text), its packing and predictions."""
+    """A step's strategy (index in the set and the strategy), its packing and predictions."""
 
     index: int
-    text: str
+    strategy: Strategy
     batch: PackedStep
     predicted: float | None
     switch: float
@@ -110,7 +107,7 @@ class Lengths:
         self._next = 1  # the step the stream gives next
         if config.length_plans is not None:
             plans, switch = length_plans(config)
-            self.set = StrategySet(tuple(plans), tuple(str(p.strategy) for p in plans),
+            self.set = StrategySet(tuple(plans), tuple(p.strategy for p in plans),
                                    tuple(map(tuple, switch)))  # fmt: skip
         else:
             self.set = StrategySet((None,), (config.require_strategy(),), ((0.0,),))
@@ -131,16 +128,17 @@ class Lengths:
             del self._docs[old]
         return self._docs[step]
 
-    def choose(self, step: int, running: str | None, of: StrategySet | None = None) -> Choice:
+    def choose(self, step: int, running: Strategy | None, of: StrategySet | None = None) -> Choice:
         """The strategy of the set (``of``, else the one running now) for ``step``: least
         predicted time plus the switch from ``running`` (module docstring); raises
         ``TrainError`` if none takes it."""
         docs, group = self.documents(step), of or self.set
-        current = group.texts.index(running) if running in group.texts else None
+        found = running is not None and running in group.strategies
+        current = group.strategies.index(running) if found else None
         best: tuple[float, int, Assignment, float | None, float] | None = None
-        for k, (plan, text) in enumerate(zip(group.plans, group.texts, strict=True)):
+        for k, (plan, strategy) in enumerate(zip(group.plans, group.strategies, strict=True)):
             try:
-                a = self._dispatch(plan, parse_strategy(text), docs.lengths)
+                a = self._dispatch(plan, strategy, docs.lengths)
             except DispatchError:
                 continue
             t = assignment_seconds(a, plan) if plan is not None else None
@@ -150,7 +148,7 @@ class Lengths:
         if best is None:
             return self._widened(step, docs, group)
         _, k, a, t, s = best
-        return Choice(k, group.texts[k], pack(docs, a, plan=k, predicted=t), t, s)
+        return Choice(k, group.strategies[k], pack(docs, a, plan=k, predicted=t), t, s)
 
     def _widened(self, step: int, docs: DocumentStep, group: StrategySet) -> Choice:
         """A step that no strategy's fixed micro-batches take (whole documents leave gaps
@@ -159,8 +157,8 @@ class Lengths:
         least ``f`` that takes it: micro-batch counts change neither executables nor
         states), then only its pipelines of the longest rows (if two or more: every state
         keeps two holders), then every pipeline's rows at the longest."""
-        k = max(range(len(group.texts)), key=lambda i: _max_len(group.plans[i]))
-        for plan, base in _fallbacks(group.plans[k], parse_strategy(group.texts[k])):
+        k = max(range(len(group.strategies)), key=lambda i: _max_len(group.plans[i]))
+        for plan, base in _fallbacks(group.plans[k], group.strategies[k]):
             for factor in range(1, len(docs.lengths) + 1):
                 wide = Strategy(tuple(dataclasses.replace(p, num_micro_batches=p.num_micro_batches * factor)
                                       for p in base.pipelines))  # fmt: skip
@@ -169,7 +167,7 @@ class Lengths:
                 except DispatchError:
                     continue
                 t = assignment_seconds(a, plan) if plan is not None else None
-                return Choice(k, str(wide), pack(docs, a, plan=k, predicted=t), t, 0.0)
+                return Choice(k, wide, pack(docs, a, plan=k, predicted=t), t, 0.0)
         raise TrainError(
             f"step {step}: its {len(docs.lengths)} documents ({sum(docs.lengths)} tokens, "
             f"longest {max(docs.lengths)}) fit no strategy of the set for the ranks left: "
@@ -180,7 +178,9 @@ class Lengths:
         self, plan: LengthStrategy | None, strategy: Strategy, lengths: Any
     ) -> Assignment:
         slots = [(p.num_micro_batches, p.micro_batch_size) for p in strategy.pipelines]
-        multiple = length_multiple(strategy, sequence_parallel=self.config.sequence_parallel)
+        multiple = length_multiple(
+            strategy, sequence_parallel=self.config.options.sequence_parallel
+        )
         run = balanced if plan is None else fixed_dispatcher(plan)
         return run(lengths, slots=slots, max_len=self.config.seq_len, multiple=multiple)
 
@@ -193,22 +193,23 @@ class Lengths:
         return self._samples
 
     def replan_record(self, *, members: tuple[int, ...], joined: tuple[int, ...],
-                      alive: list[int], current: str) -> dict[str, Any]:  # fmt: skip
+                      alive: list[int], current: Strategy) -> dict[str, Any]:  # fmt: skip
         """Rank 0: the set for ``alive`` (the old generation's numbers, ``joined`` spares
         after them), warm-started from the set running now, as a plans file. A model the
         length planner cannot cost (its row model has the Llama's formulas only) gets the
         elastic planner's strategy for rows of ``--max-seq-len``, dispatched by
-        ``balanced``, warm-started from ``current``."""
+        ``balanced``, warm-started from ``current`` (a strategy in the record is a value:
+        ``hspmd.train.elastic`` encodes it for the store)."""
         config = self.config
         slow = {r: slowdown_of(config.slowdown, m).factor for r, m in enumerate(members + joined)}
-        cost = local_cost(len(members) + len(joined), slowdown=slow, dtype=config.dtype)
+        cost = local_cost(len(members) + len(joined), slowdown=slow, dtype=config.options.dtype)
         model = planning_model(config.model_config())
         if not isinstance(model, LlamaConfig):
             rows = max(2, -(-(config.step_tokens or 0) // config.seq_len))
-            fixed = replan(model, cost, alive=alive, current=parse_strategy(current),
-                           global_batch=rows, seq_len=config.seq_len, dtype=config.dtype)  # fmt: skip
-            return {"strategy": str(fixed.strategy), "plan_seconds": fixed.plan_seconds}
-        planner = LengthPlanner(model, cost, sequence_parallel=config.sequence_parallel)
+            fixed = replan(model, cost, alive=alive, current=current, global_batch=rows,
+                           seq_len=config.seq_len, dtype=config.options.dtype)  # fmt: skip
+            return {"strategy": fixed.strategy, "plan_seconds": fixed.plan_seconds}
+        planner = LengthPlanner(model, cost, sequence_parallel=config.options.sequence_parallel)
         samples = self.samples()
         hist = Histogram.of([n for s in samples for n in s], max_len=config.seq_len,
                             smallest=max(1, config.seq_len >> (MAXIMA + 2)))  # fmt: skip
@@ -220,33 +221,37 @@ class Lengths:
                              count=MAXIMA, samples=samples, previous=previous)  # fmt: skip
         plans = [dataclasses.replace(p, strategy=_explicit(p)) for p in found.plans]
         for p in plans:
-            check_strategy(p.strategy, config.model_config(), options=options_of(config),
+            check_strategy(p.strategy, config.model_config(), options=config.options,
                            seq_len=config.seq_len)  # fmt: skip
         switch = StatesSwitch(plans, model, cost).matrix()
         data = plans_json(plans, hist, model=config.model, cluster=cost.cluster.name,
                           step_tokens=config.step_tokens or 0, switch=switch)  # fmt: skip
         return {"plans": data, "plan_seconds": found.plan_seconds}
 
-    def take(self, record: dict[str, Any], *, step: int, renumbered: dict[int, int]) -> str:
-        """A published set (old numbers): kept pending in the new numbers; returns the
-        strategy (old numbers) that ``step`` runs under it."""
+    def take(self, record: dict[str, Any], *, step: int, renumbered: dict[int, int]) -> Strategy:
+        """A published set (old numbers; its strategy decoded): kept pending in the new
+        numbers; returns the strategy (old numbers) that ``step`` runs under it."""
         if "plans" not in record:  # the elastic planner's strategy alone
-            text = record["strategy"]
-            moved_text = str(renumber_strategy(parse_strategy(text), renumbered))
-            self._pending = StrategySet((None,), (moved_text,), ((0.0,),))
-            return text
+            strategy: Strategy = record["strategy"]
+            moved = renumber_strategy(strategy, renumbered)
+            self._pending = StrategySet((None,), (moved,), ((0.0,),))
+            return strategy
         plans, switch = load_plans(record["plans"], "the re-planned set")
         matrix = tuple(map(tuple, switch))
-        old = StrategySet(tuple(plans), tuple(str(p.strategy) for p in plans), matrix)
+        old = StrategySet(tuple(plans), tuple(p.strategy for p in plans), matrix)
         chosen = self.choose(step, None, of=old)
-        moved = tuple(dataclasses.replace(p, strategy=renumber_strategy(p.strategy, renumbered))
-                      for p in plans)  # fmt: skip
-        self._pending = StrategySet(moved, tuple(str(p.strategy) for p in moved), matrix)
-        return chosen.text
+        renumbered_plans = tuple(
+            dataclasses.replace(p, strategy=renumber_strategy(p.strategy, renumbered))
+            for p in plans
+        )
+        self._pending = StrategySet(
+            renumbered_plans, tuple(p.strategy for p in renumbered_plans), matrix
+        )
+        return chosen.strategy
 
-    def pending_texts(self) -> tuple[str, ...]:
+    def pending_strategies(self) -> tuple[Strategy, ...]:
         """The strategies of the set ``take`` kept (new numbers)."""
-        return self._pending.texts if self._pending is not None else ()
+        return self._pending.strategies if self._pending is not None else ()
 
     def commit(self) -> None:
         """Adopt the set ``take`` kept (with the recovery's state)."""

@@ -72,7 +72,7 @@ def _pass(
     tokens, targets = batch
     size = role.micro_batch_size
     hidden = config.model_config().hidden_size
-    dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
+    dtype = torch.bfloat16 if config.options.dtype == "bf16" else torch.float32
     loss, sends = 0.0, list[Pending]()
     for action in forward_only(role.num_stages, role.stage, role.micro_batches):
         if action.kind != "F":

@@ -43,7 +43,7 @@ from hspmd.errors import StrategyError
 from hspmd.models.build import initial_piece
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import ParamSpec, parameter_annotations
-from hspmd.plan.strategy import Strategy, parse_strategy
+from hspmd.plan.strategy import Strategy
 from hspmd.runtime.fused import FusedTensor, run_fused_bsr
 from hspmd.runtime.world import World
 from hspmd.specialize.grad_sync import StageGradSync
@@ -89,7 +89,7 @@ def home_annotations(config: ModelSpec, *, num_ranks: int) -> Mapping[str, Param
     )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HomePlan:
     """Post's communication under one strategy: gradient sync, grads to home, weights out."""
 
@@ -124,7 +124,14 @@ def home_plan(strategy: Strategy, config: ModelSpec, *, num_ranks: int, itemsize
         return schedule(tables, topology=Topology.flat(), fused=True)
 
     sync = grad_sync_plan(strategy, config)
-    return HomePlan(names, sync, grads, fused(grads, 4), weights, fused(weights, itemsize))
+    return HomePlan(
+        names=names,
+        sync=sync,
+        grads=grads,
+        grad_transfers=fused(grads, 4),
+        weights=weights,
+        weight_transfers=fused(weights, itemsize),
+    )
 
 
 class HomeState:
@@ -244,7 +251,7 @@ class HomePost:
 
 def run_ranks(config: TrainConfig) -> int:
     """N: the ranks of the run (0..N-1), those of its largest strategy; the home spans them."""
-    return 1 + max(max(parse_strategy(text).ranks) for text in config.strategies)
+    return 1 + max(max(strategy.ranks) for strategy in config.strategies)
 
 
 def home_post(
@@ -257,7 +264,7 @@ def home_post(
     if world.rank >= num_ranks:
         return None
     model = config.model_config()
-    dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
+    dtype = torch.bfloat16 if config.options.dtype == "bf16" else torch.float32
     if home is None:
         home = HomeState(
             model, rank=world.rank, num_ranks=num_ranks, seed=config.seed, adam=config.optimizer,

@@ -8,7 +8,8 @@ followed by stages ``R<ranks>:L<first>-<last>``. Pipeline ``p`` takes the rows
     pipeline 0: rows 0-3, micro-batches [0,2) [2,4); ranks 0 (L0-1), 1 (L2-3)
     pipeline 1: rows 4-7, micro-batches [4,5) .. [7,8); rank 2 (L0-3)
 
->>> layout = Layout.from_text("2x2: R0:L0-1 R1:L2-3; 4x1: R2:L0-3", num_layers=4)
+>>> from hspmd.plan.strategy import parse_strategy
+>>> layout = Layout(parse_strategy("2x2: R0:L0-1 R1:L2-3; 4x1: R2:L0-3"), num_layers=4)
 >>> role = layout.role(1)
 >>> role.pipeline, role.stage, role.layers, role.row_offset, role.micro_batches
 (0, 1, (2, 3), 0, 2)
@@ -18,12 +19,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hspmd.plan.strategy import Pipeline, Strategy, parse_strategy
+from hspmd.plan.strategy import Pipeline, Strategy
 
 __all__ = ["Layout", "Role"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Role:
     """One rank's part in a strategy."""
 
@@ -54,10 +55,6 @@ class Layout:
 
     strategy: Strategy
     num_layers: int
-
-    @staticmethod
-    def from_text(text: str, *, num_layers: int) -> Layout:
-        return Layout(parse_strategy(text), num_layers)
 
     @property
     def pipelines(self) -> tuple[Pipeline, ...]:

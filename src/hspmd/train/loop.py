@@ -59,6 +59,7 @@ from hspmd.checkpoint import (
 )
 from hspmd.models.spec import ModelSpec, stream_shape
 from hspmd.plan.params import ParamSpec, state_annotations
+from hspmd.plan.strategy import Strategy
 from hspmd.randomness import dropout_key
 from hspmd.runtime.boundary import Pending, recv, send
 from hspmd.runtime.counting import count_comm
@@ -76,12 +77,11 @@ from hspmd.train.evaluate import evaluate_rank
 from hspmd.train.faults import inject
 from hspmd.train.home import home_annotations, run_ranks
 from hspmd.train.identity import model_identity
-from hspmd.train.layout import Layout, Role
+from hspmd.train.layout import Role
 from hspmd.train.lr import learning_rate
 from hspmd.train.meter import StateMeter
 from hspmd.train.packing import (
     PackedStep,
-    length_plans,
     packed_steps,
     planned_steps,
     record_fields,
@@ -145,7 +145,7 @@ def _micro_batch(
     return first, rest[0] if len(rest) == 1 else tuple(rest), None, weight, place
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class _Live:
     """Tensors of one step still needed, by micro-batch, and the sends in flight."""
 
@@ -238,12 +238,12 @@ def _run_pass(
     """One pass of ``run_step``: the schedule on one global batch (``first_row``: its
     first row's place in the step's rows)."""
     schedule = _without_empty(
-        make_schedule(config.schedule, role.num_stages, role.stage, role.micro_batches),
+        make_schedule(config.options.schedule, role.num_stages, role.stage, role.micro_batches),
         batch, role,
     )  # fmt: skip
     live = _Live(slow=slow or Slowdown())
     model = config.model_config()
-    dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
+    dtype = torch.bfloat16 if config.options.dtype == "bf16" else torch.float32
     last_b = max((i for i, a in enumerate(schedule) if a.kind == "B"), default=-1)
     for index, action in enumerate(schedule):
         if on_action is not None:
@@ -280,14 +280,13 @@ def prepare_all(world: World, config: TrainConfig) -> None:
     prepare_strategies(world, config, config.strategies)
 
 
-def prepare_strategies(world: World, config: TrainConfig, texts: Sequence[str]) -> None:
-    """Create the process groups of the strategies ``texts`` on every rank."""
+def prepare_strategies(world: World, config: TrainConfig, strategies: Sequence[Strategy]) -> None:
+    """Create the process groups of ``strategies`` on every rank."""
     model = config.model_config()
     plans, groups = [], []
-    for text in dict.fromkeys(texts):
-        strategy = Layout.from_text(text, num_layers=model.num_layers).strategy
+    for strategy in dict.fromkeys(strategies):
         if config.zero1:
-            zero = zero1_plan(strategy, model, shares=config.zero_shares)
+            zero = zero1_plan(strategy, model, shares=config.options.zero_shares)
             plans += [p for z in zero.values() for p in (z.reduce, z.gather)]
         else:
             plans += [
@@ -299,29 +298,28 @@ def prepare_strategies(world: World, config: TrainConfig, texts: Sequence[str]) 
 
 
 def switch_to(
-    world: World, config: TrainConfig, active: Active, text: str, *, steps: int
+    world: World, config: TrainConfig, active: Active, target: Strategy, *, steps: int
 ) -> tuple[Active, int]:
-    """Move the training state from ``active``'s strategy to ``text`` in memory (one fused
+    """Move the training state from ``active``'s strategy to ``target`` in memory (one fused
     BSR, ``hspmd.switch.live``) and continue under it; ``steps``: Adam's step count.
     Returns the new part and the messages this rank sent. Under ``switch_mode="weights"``
     only the compute weights move (``hspmd.train.home.switch_weights``)."""
     if config.switch_mode == "weights":
-        return switch_weights(world, config, active, text)
+        return switch_weights(world, config, active, target)
     model = config.model_config()
-    target = Layout.from_text(text, num_layers=model.num_layers)
     nodes = switch_topology(
         cluster=config.cluster, ranks_per_node=config.ranks_per_node, num_ranks=world.world_size
     )
     plan = plan_switch(
-        model, active.layout.strategy, target.strategy, zero1=config.zero1,
-        shares=config.zero_shares, compute=config.zero < 3, topology=nodes,
+        model, active.strategy, target, zero1=config.zero1,
+        shares=config.options.zero_shares, compute=config.zero < 3, topology=nodes,
         algo=config.switch_algo, num_ranks=world.world_size,
     )  # fmt: skip
     state = active.post.state() if active.post is not None else {}
     with count_comm(world) as log:
         moved, compute = run_switch(plan, state, world)
     del state, active  # the old strategy's tensors go before the new ones are built
-    new = activate(world, config, text)
+    new = activate(world, config, target)
     if new.post is not None:
         new.post.load_state(moved, steps=steps, compute=compute)
     return new, log.counts().get("send", 0)
@@ -349,11 +347,11 @@ def post_step(
 
 
 def _timed_switch(
-    world: World, config: TrainConfig, active: Active, text: str, *, steps: int
+    world: World, config: TrainConfig, active: Active, target: Strategy, *, steps: int
 ) -> tuple[Active, float, int]:
     """``switch_to`` on every rank; the slowest rank's seconds and the messages sent."""
     begin = time.perf_counter()
-    active, sent = switch_to(world, config, active, text, steps=steps)
+    active, sent = switch_to(world, config, active, target, steps=steps)
     took = torch.tensor([time.perf_counter() - begin], dtype=torch.float64, device=world.device)
     dist.all_reduce(took, op=dist.ReduceOp.MAX)
     messages = torch.tensor([sent], dtype=torch.int64, device=world.device)
@@ -369,7 +367,7 @@ def _state_specs(config: TrainConfig, active: Active) -> dict[str, ParamSpec]:
     if config.switch_mode == "weights":
         return dict(home_annotations(model, num_ranks=run_ranks(config)))
     return state_annotations(
-        active.layout.strategy, model, zero1=config.zero1, shares=config.zero_shares
+        active.layout.strategy, model, zero1=config.zero1, shares=config.options.zero_shares
     )
 
 
@@ -391,7 +389,7 @@ def save_checkpoint(
     world.wait([dist.barrier(async_op=True)])  # through the waiter: elastic runs go on
     if world.rank == 0:
         commit_rank_states(
-            directory, step=step, model=config.model, strategy=active.text,
+            directory, step=step, model=config.model, strategy=str(active.strategy),
             param_specs=specs, adam_step=steps, data_position=step,
             run={**config.data_identity(), **config.recipe_identity()},
             identity=model_identity(config), model_config=_hf_config(config),
@@ -434,6 +432,49 @@ def _resume(world: World, config: TrainConfig) -> tuple[Active, int, int]:
     return active, first, state.adam_step
 
 
+@dataclass(slots=True, kw_only=True)
+class _RankRun:
+    """What ``run_rank`` carries from step to step on one rank."""
+
+    active: Active
+    adam_steps: int  # Adam's steps so far
+    slow: Slowdown  # this rank's emulated slowdown
+    planned: list[Strategy]  # under length plans: the strategies, by plan index
+    records: list[StepRecord] = field(default_factory=list)
+    evals: list[EvalRecord] = field(default_factory=list)
+    executables: set[int] = field(default_factory=set)  # one per strategy, whatever the lengths
+    held: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # eval batches
+    state_peak: int = 0  # with measure_memory: the state's tracked bytes (hspmd.train.meter)
+
+    def sample_peak(self) -> None:
+        meter = self.active.meter
+        self.state_peak = max(self.state_peak, meter.peak if meter else 0)
+
+
+@dataclass(slots=True)
+class _Data:
+    """The step data of one rank: every rank reads the stream (a rank idle now may train
+    after a switch). A worker thread draws the next steps' data while this one trains (a
+    step's data depends on its number only, not on when it is drawn); under length plans
+    it also plans them, and the loop draws a step before its switch (``ahead``)."""
+
+    stream: Iterator[Batch]
+    worker: PlanAhead[Batch]
+    ahead: bool
+
+    @staticmethod
+    def open(config: TrainConfig, strategy: Strategy, first: int) -> _Data:
+        if config.length_plans is not None:
+            worker: PlanAhead[Batch] = PlanAhead(planned_steps(config))
+            return _Data(islice(worker, first - 1, None), worker, ahead=True)
+        worker = PlanAhead(
+            islice(packed_steps(config, strategy), first - 1, None)
+            if config.packed
+            else step_batches(config, first=first)  # drawn by step: nothing replayed
+        )
+        return _Data(worker, worker, ahead=False)
+
+
 def run_rank(
     world: World,
     config: TrainConfig,
@@ -450,9 +491,7 @@ def run_rank(
     ``Recorder`` (``hspmd.runtime.trace``) records steps, F, B, Post, switches, saves and
     every communication step.
     """
-    first_strategy = config.require_strategy()
-    cuda = world.device.type == "cuda"
-    if cuda:  # this run's peak (a launch may run several configs)
+    if world.device.type == "cuda":  # this run's peak (a launch may run several configs)
         torch.cuda.reset_peak_memory_stats(world.device)
     world.tracer = rec if isinstance(rec, Recorder) else None
     end_setup = rec.begin("setup", cat="setup")  # groups, executables (and a resume)
@@ -460,92 +499,103 @@ def run_rank(
     if config.resume:
         active, first, adam_steps = _resume(world, config)
     else:
-        active, first, adam_steps = activate(world, config, first_strategy), 1, 0
-    switches = dict(config.switches)
-    # every rank reads the stream: a rank idle now may train after a switch. A worker thread
-    # draws the next steps' data while this one trains (a step's data depends on its number
-    # only, not on when it is drawn); under length plans it also plans them
-    ahead = PlanAhead(planned_steps(config)) if config.length_plans else None
-    drawn: PlanAhead[Batch] | None = None
-    if ahead is not None:
-        data: Iterator[Batch] = islice(ahead, first - 1, None)
-    else:
-        data = drawn = PlanAhead(
-            islice(packed_steps(config, active.layout.strategy), first - 1, None)
-            if config.packed
-            else step_batches(config, first=first)  # drawn by step: nothing replayed
-        )
-    texts = _plan_texts(config)
-    state_peak = 0  # with measure_memory: the state's tracked bytes (hspmd.train.meter)
-    records, executables = [], set()  # executables: one per strategy, whatever the lengths
-    evals: list[EvalRecord] = []
-    held: list[tuple[torch.Tensor, torch.Tensor]] = []  # the evaluations' batches, once drawn
-    slow = slowdown_of(config.slowdown, world.rank, device=world.device)
+        active, first, adam_steps = activate(world, config, config.require_strategy()), 1, 0
+    run = _RankRun(
+        active=active, adam_steps=adam_steps, planned=_planned_strategies(config),
+        slow=slowdown_of(config.slowdown, world.rank, device=world.device),
+    )  # fmt: skip
+    data = _Data.open(config, active.strategy, first)
     end_setup()
+    switches = dict(config.switches)
     for step in range(first, config.steps + 1):
+        batch = next(data.stream) if data.ahead else None
+        target = (
+            run.planned[batch.plan or 0] if isinstance(batch, PackedStep) else switches.get(step)
+        )
         switched, messages = None, None
-        batch = next(data) if ahead is not None else None
-        target = texts[batch.plan or 0] if isinstance(batch, PackedStep) else switches.get(step)
-        if target is not None and target != active.text and (ahead is not None or step != first):
-            state_peak = max(state_peak, active.meter.peak if active.meter else 0)
-            with rec.span("switch", cat="switch", step=step, to=target):
-                active, switched, messages = _timed_switch(
-                    world, config, active, target, steps=adam_steps
+        if target is not None and target != run.active.strategy and (data.ahead or step != first):
+            run.sample_peak()
+            with rec.span("switch", cat="switch", step=step, to=str(target)):
+                run.active, switched, messages = _timed_switch(
+                    world, config, run.active, target, steps=run.adam_steps
                 )
         end_step = rec.begin(f"step {step}", cat="step", step=step)
-        batch = next(data) if batch is None else batch
+        batch = next(data.stream) if batch is None else batch
         inject(config.inject, member=world.rank, step=step, phase="forward")  # ends the run
         start = time.perf_counter()
-        loss = torch.zeros(1, dtype=torch.float64, device=world.device)
-        role, exe, plans, post = active.role, active.exe, active.plans, active.post
-        if role is not None and exe is not None and plans is not None and post is not None:
-            post.zero_grad()
-            value = run_step(
-                exe, role, plans, config, world, batch, step=step, post=post, slow=slow, rec=rec
-            )  # fmt: skip
-            executables.add(id(exe))
-            if active.meter is not None:  # every gradient made (ZeRO-0, 1: the peak)
-                active.meter.sample()
-            end_post = rec.begin("Post", cat="post")
-            if role.is_last and role.rank == role.tp_ranks[0]:  # one reporter per pipeline
-                loss += value
-            with slow:
-                grad_norm = post_step(post, world, config, loss=loss, meter=active.meter)
-            end_post()
-        else:  # an idle rank: its home shards (switch_mode="weights"), the clipping norm
-            grad_norm = None
-            if post is not None or config.clip_grad_norm is not None:
-                with rec.span("Post", cat="post"), slow:
-                    grad_norm = post_step(post, world, config, loss=loss)
-        adam_steps += 1
-        with rec.span("loss all-reduce", cat="wait"):  # waits for the slowest rank
-            if grad_norm is None:  # else summed with the norm's squares (hspmd.train.clip)
-                dist.all_reduce(loss)
-            total = float(loss)  # on CUDA: waits for the step's kernels too
+        total, grad_norm = _train_step(world, config, run, batch, step=step, rec=rec)
         end_step()
-        record = StepRecord(
+        run.records.append(StepRecord(
             step=step, loss=total, seconds=time.perf_counter() - start,
-            lr=learning_rate(config.optimizer, adam_steps),
-            grad_norm=None if grad_norm is None else float(grad_norm),
+            lr=learning_rate(config.optimizer, run.adam_steps), grad_norm=grad_norm,
             switch_seconds=switched, switch_messages=messages,
-            strategy=active.text if switched is not None else None,
+            strategy=str(run.active.strategy) if switched is not None else None,
             **{"tokens": config.tokens_per_step, **_record_fields(batch)},
+        ))  # fmt: skip
+        _after_step(world, config, run, step=step, report=report, rec=rec)
+    data.worker.close()
+    return _outcome(world, run)
+
+
+def _train_step(
+    world: World, config: TrainConfig, run: _RankRun, batch: Batch, *, step: int, rec: Spans
+) -> tuple[float, float | None]:
+    """One optimizer step on this rank (an idle one joins Post's collectives and the loss
+    sum): the global loss and, with clipping, the global gradient norm."""
+    active, slow = run.active, run.slow
+    loss = torch.zeros(1, dtype=torch.float64, device=world.device)
+    role, exe, plans, post = active.role, active.exe, active.plans, active.post
+    if role is not None and exe is not None and plans is not None and post is not None:
+        post.zero_grad()
+        value = run_step(
+            exe, role, plans, config, world, batch, step=step, post=post, slow=slow, rec=rec
         )  # fmt: skip
-        records.append(record)
+        run.executables.add(id(exe))
+        if active.meter is not None:  # every gradient made (ZeRO-0, 1: the peak)
+            active.meter.sample()
+        end_post = rec.begin("Post", cat="post")
+        if role.is_last and role.rank == role.tp_ranks[0]:  # one reporter per pipeline
+            loss += value
+        with slow:
+            grad_norm = post_step(post, world, config, loss=loss, meter=active.meter)
+        end_post()
+    else:  # an idle rank: its home shards (switch_mode="weights"), the clipping norm
+        grad_norm = None
+        if post is not None or config.clip_grad_norm is not None:
+            with rec.span("Post", cat="post"), slow:
+                grad_norm = post_step(post, world, config, loss=loss)
+    run.adam_steps += 1
+    with rec.span("loss all-reduce", cat="wait"):  # waits for the slowest rank
+        if grad_norm is None:  # else summed with the norm's squares (hspmd.train.clip)
+            dist.all_reduce(loss)
+        total = float(loss)  # on CUDA: waits for the step's kernels too
+    return total, None if grad_norm is None else float(grad_norm)
+
+
+def _after_step(
+    world: World, config: TrainConfig, run: _RankRun, *, step: int,
+    report: Callable[[Record], None] | None, rec: Spans,
+) -> None:  # fmt: skip
+    """Report the step's record, then its checkpoint and its evaluation, if due."""
+    if report is not None and world.rank == 0:
+        report(run.records[-1])
+    if config.save and step % config.save_every == 0:
+        with rec.span("save", cat="checkpoint", step=step):
+            save_checkpoint(
+                world, config, run.active, directory=config.save, step=step, steps=run.adam_steps
+            )  # fmt: skip
+    if config.evaluation.due(step):
+        run.held = run.held or eval_batches(config)
+        with rec.span("eval", cat="eval", step=step):
+            run.evals.append(evaluate_rank(world, config, run.active, run.held, step=step))
         if report is not None and world.rank == 0:
-            report(record)
-        if config.save and step % config.save_every == 0:
-            with rec.span("save", cat="checkpoint", step=step):
-                save_checkpoint(
-                    world, config, active, directory=config.save, step=step, steps=adam_steps
-                )
-        if config.evaluation.due(step):
-            held = held or eval_batches(config)
-            with rec.span("eval", cat="eval", step=step):
-                evals.append(evaluate_rank(world, config, active, held, step=step))
-            if report is not None and world.rank == 0:
-                report(evals[-1])
-    state_peak = max(state_peak, active.meter.peak if active.meter else 0)
+            report(run.evals[-1])
+
+
+def _outcome(world: World, run: _RankRun) -> dict[str, Any]:
+    """What a rank returns: its parameter pieces, the records, builds and peaks."""
+    run.sample_peak()
+    active = run.active
     active.gather_params()  # ZeRO-3: the pieces are read whole
     pieces = {}
     if active.exe is not None:
@@ -553,19 +603,18 @@ def run_rank(
             # numpy, not tensors: tensors would travel as shared-memory fds
             pieces[name] = (active.exe.pieces[name].region, p.detach().float().cpu().numpy().copy())
     world.tracer = None
-    for worker in (ahead, drawn):
-        if worker is not None:
-            worker.close()
+    cuda = world.device.type == "cuda"
     peak = torch.cuda.max_memory_allocated(world.device) if cuda else None
-    return {"pieces": pieces, "records": records, "evals": evals, "builds": len(executables),
-            "rank": world.rank, "peak_memory": peak, "state_peak": state_peak}  # fmt: skip
+    return {"pieces": pieces, "records": run.records, "evals": run.evals,
+            "builds": len(run.executables), "rank": world.rank, "peak_memory": peak,
+            "state_peak": run.state_peak}  # fmt: skip
 
 
-def _plan_texts(config: TrainConfig) -> list[str]:
-    """The strategy strings of a length-plans run, by plan index (empty otherwise)."""
+def _planned_strategies(config: TrainConfig) -> list[Strategy]:
+    """The strategies of a length-plans run, by plan index (empty otherwise)."""
     if config.length_plans is None:
         return []
-    return [str(plan.strategy) for plan in length_plans(config)[0]]
+    return [plan.strategy for plan in config.length_plans.plans]
 
 
 def _record_fields(batch: Batch) -> dict[str, Any]:

@@ -27,10 +27,9 @@ compute the same packing from the same data and strategy.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from itertools import islice
 from typing import Any
 
@@ -40,7 +39,7 @@ from hspmd.data import DocumentStep
 from hspmd.models.build import model_graph
 from hspmd.plan.dispatch import Assignment, Dispatcher, DispatchError, balanced
 from hspmd.plan.strategy import Strategy
-from hspmd.planner.lengths import LengthStrategy, assignment_seconds, fixed_dispatcher, load_plans
+from hspmd.planner.lengths import LengthStrategy, assignment_seconds, fixed_dispatcher
 from hspmd.randomness import mask_ops
 from hspmd.train.batches import step_documents
 from hspmd.train.config import TrainConfig, TrainError
@@ -71,6 +70,7 @@ class PackedStep:
 
     micro_batches: tuple[tuple[MicroBatch, ...], ...]
     assignment: Assignment
+    _: KW_ONLY
     truncated: int = 0
     dropped: int = 0
     plan: int | None = None  # with length plans: the strategy chosen for this step
@@ -124,7 +124,8 @@ def pack(
                 real += at
             micro.append(MicroBatch(tokens, targets, segments, real))
         pipelines.append(tuple(micro))
-    return PackedStep(tuple(pipelines), assignment, step.truncated, step.dropped, plan, predicted)
+    return PackedStep(tuple(pipelines), assignment, truncated=step.truncated,
+                      dropped=step.dropped, plan=plan, predicted=predicted)  # fmt: skip
 
 
 def packed_steps(
@@ -150,7 +151,7 @@ def _dispatched(
     """Each step's documents and where ``dispatch`` puts them (``packed_steps``, unpacked)."""
     assert config.step_tokens is not None
     slots = [(p.num_micro_batches, p.micro_batch_size) for p in strategy.pipelines]
-    multiple = length_multiple(strategy, sequence_parallel=config.sequence_parallel)
+    multiple = length_multiple(strategy, sequence_parallel=config.options.sequence_parallel)
     stream = step_documents(
         config, min_documents=max(config.min_documents, sum(m for m, _ in slots))
     )
@@ -215,9 +216,10 @@ def check_packing(config: TrainConfig, strategy: Strategy) -> None:
 
 
 def length_plans(config: TrainConfig) -> tuple[list[LengthStrategy], list[list[float]]]:
-    """The strategies and switch times of ``config.length_plans`` (a plans file's text)."""
+    """The strategies and switch times of ``config.length_plans``."""
     assert config.length_plans is not None
-    return load_plans(json.loads(config.length_plans), "--plans")
+    plans = config.length_plans
+    return list(plans.plans), [list(row) for row in plans.switch_s]
 
 
 def plan_schedule(config: TrainConfig) -> list[tuple[int, float, float]]:
@@ -241,7 +243,9 @@ def _planned(config: TrainConfig) -> Iterator[tuple[PackedStep, float]]:
     assert config.step_tokens is not None
     plans, switch = length_plans(config)
     strategies = [p.strategy for p in plans]
-    multiples = [length_multiple(s, sequence_parallel=config.sequence_parallel) for s in strategies]
+    multiples = [
+        length_multiple(s, sequence_parallel=config.options.sequence_parallel) for s in strategies
+    ]
     stream = step_documents(
         config, min_documents=max(config.min_documents, min(len(s.pipelines) for s in strategies))
     )

@@ -34,7 +34,6 @@ from hspmd.plan.identity import check_identity
 from hspmd.plan.params import ParamSpec
 from hspmd.plan.schema import FORMAT, SECTIONS, Plan, build_plan, plan_from_json, plan_to_json
 from hspmd.plan.strategy import parse_strategy
-from hspmd.train.active import options_of
 from hspmd.train.config import TrainConfig, TrainError
 from hspmd.train.identity import model_identity
 
@@ -113,45 +112,34 @@ def config_from_plan(plan: PlanFile, config: TrainConfig) -> TrainConfig:
     kinds = {spec.name: kind_of(spec) for spec in plan.parameters}
     rules = tuple((name, kind) for name, kind in kinds.items() if kind is not None)
     options = plan.options
-    strategy = parse_strategy(plan.strategy)
+    strategy = parse_strategy(plan.strategy)  # the file's text, read here (an edge)
     return dataclasses.replace(
         config,
-        strategy=plan.strategy,
+        strategy=strategy,
         global_batch=strategy.global_batch,
         seq_len=tokens.shape[1] if tokens is not None else config.seq_len,  # none: --dataset
         tp_rules=rules if config.module_model else None,
-        zero=options.zero,
-        zero_shares=options.zero_shares,
-        sequence_parallel=options.sequence_parallel,
-        recompute=options.recompute,
-        recompute_layers=options.recompute_layers,
-        schedule=options.schedule,
-        dtype=options.dtype,
+        options=options,
     )
 
 
 def _config_from_choice(choice: StrategyChoice, config: TrainConfig) -> TrainConfig:
     options = choice.options
+    strategy = parse_strategy(choice.strategy)  # the file's text, read here (an edge)
     return dataclasses.replace(
         config,
-        strategy=choice.strategy,
-        global_batch=parse_strategy(choice.strategy).global_batch,
+        strategy=strategy,
+        global_batch=strategy.global_batch,
         seq_len=choice.seq_len or config.seq_len,
-        zero=options.zero,
-        zero_shares=options.zero_shares,
-        sequence_parallel=options.sequence_parallel,
-        recompute=options.recompute,
-        recompute_layers=options.recompute_layers,
-        schedule=options.schedule,
-        dtype=options.dtype,
+        options=options,
     )
 
 
 def derived_plan(config: TrainConfig) -> Plan:
     """The plan hspmd derives for ``config``'s starting strategy, naming its model."""
     plan = build_plan(
-        parse_strategy(config.require_strategy()), config.model_config(),
-        seq_len=config.seq_len, options=options_of(config), global_batch=config.global_batch,
+        config.require_strategy(), config.model_config(),
+        seq_len=config.seq_len, options=config.options, global_batch=config.global_batch,
     )  # fmt: skip
     return dataclasses.replace(plan, model=model_identity(config))
 

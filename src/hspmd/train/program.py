@@ -93,7 +93,7 @@ class RankProgram:
         role = self.role
         if role is None:
             return ()
-        kind = self.config.schedule
+        kind = self.config.options.schedule
         return tuple(make_schedule(kind, role.num_stages, role.stage, role.micro_batches))
 
     def batches(self) -> Iterator[Batch]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import torch
@@ -35,7 +35,6 @@ from torch import nn
 
 from hspmd.models.build import plain_model, step_loss
 from hspmd.models.spec import ModelSpec
-from hspmd.plan.strategy import parse_strategy
 from hspmd.randomness import positional_dropout
 from hspmd.train.batches import accumulation_passes, check_data, eval_batches, step_batches
 from hspmd.train.config import AdamConfig, EvalRecord, Record, StepRecord, TrainConfig, TrainError
@@ -62,6 +61,7 @@ class TrainResult:
 
     records: tuple[StepRecord, ...]
     params: dict[str, torch.Tensor]
+    _: KW_ONLY
     trace: dict[str, Any] | None = None
     builds: int = 0  # executables a rank built and ran (one per strategy: lengths are symbolic)
     # CUDA runs: torch.cuda.max_memory_allocated of each rank (by rank) over the run, as
@@ -88,6 +88,7 @@ def run_reference(
     ``reference_device(config)`` (CUDA when there is a GPU, unless ``device="cpu"``); the
     weights start on CPU from the seed (DESIGN decision 5) and the result is on CPU.
     ``on_step(record)`` after each step and each evaluation (``hspmd.train.evaluate``)."""
+    config.check_model()
     check_data(config)  # bad data: one line, not a traceback from the first step
     device = reference_device(config)
     cuda = device.type == "cuda"
@@ -108,16 +109,7 @@ def run_reference(
         if isinstance(batch, PackedStep):
             loss, fields = _packed_step(spec, model, batch, device), record_fields(batch)
         else:
-            loss = 0.0
-            for k, part in enumerate(accumulation_passes(batch, config)):
-                inputs = tuple(t.to(device) for t in part)  # tokens, targets; or fields
-                # dropout by position: the pass's rows of the step (DESIGN decision 17)
-                rows = range(k * config.global_batch, (k + 1) * config.global_batch)
-                with positional_dropout(seed=config.seed, step=step, rows=rows):
-                    # mean over every token (item) of the global batch, over the passes
-                    value = step_loss(spec, model, *inputs) / config.grad_accum
-                value.backward()
-                loss += float(value.detach())
+            loss = _fixed_step(config, spec, model, batch, step=step, device=device)
         if config.clip_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(
                 model.parameters(), config.clip_grad_norm, foreach=False
@@ -176,7 +168,26 @@ def _batches(config: TrainConfig) -> Iterator[tuple[torch.Tensor, ...] | PackedS
         return document_rows(config)
     if config.length_plans is not None:
         return planned_steps(config)
-    return packed_steps(config, parse_strategy(config.strategy))
+    return packed_steps(config, config.strategy)
+
+
+def _fixed_step(
+    config: TrainConfig, spec: ModelSpec, model: nn.Module,
+    batch: tuple[torch.Tensor, ...], *, step: int, device: torch.device,
+) -> float:  # fmt: skip
+    """One step of fixed batches on this process, once per accumulation pass (the
+    gradients add up): the mean token (item) loss of the step, backpropagated."""
+    loss = 0.0
+    for k, part in enumerate(accumulation_passes(batch, config)):
+        inputs = tuple(t.to(device) for t in part)  # tokens, targets; or fields
+        # dropout by position: the pass's rows of the step (DESIGN decision 17)
+        rows = range(k * config.global_batch, (k + 1) * config.global_batch)
+        with positional_dropout(seed=config.seed, step=step, rows=rows):
+            # mean over every token (item) of the global batch, over the passes
+            value = step_loss(spec, model, *inputs) / config.grad_accum
+        value.backward()
+        loss += float(value.detach())
+    return loss
 
 
 def _packed_step(

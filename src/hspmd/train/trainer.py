@@ -1,6 +1,8 @@
 """Train on local processes: check the strategy, launch one process per rank, collect.
 
->>> config = TrainConfig(strategy="2x2: R0:L0-3; 2x2: R1:L0-3", global_batch=8, steps=1)
+>>> from hspmd.plan.strategy import parse_strategy
+>>> strategy = parse_strategy("2x2: R0:L0-3; 2x2: R1:L0-3")
+>>> config = TrainConfig(strategy=strategy, global_batch=8, steps=1)
 >>> check_config(config).ranks
 (0, 1)
 
@@ -28,12 +30,11 @@ import torch
 from hspmd.errors import StrategyError
 from hspmd.models.build import check_weights
 from hspmd.models.spec import ModelSpec
-from hspmd.plan.strategy import Strategy, StrategyOptions, check_strategy, parse_strategy
+from hspmd.plan.strategy import Strategy, StrategyOptions, check_strategy
 from hspmd.runtime.launch import ElasticLaunch, NodeSpec, launch
 from hspmd.runtime.trace import NULL, Recorder, chrome_trace, gather_parts
 from hspmd.runtime.world import World
 from hspmd.specialize.sites import deduced_sites
-from hspmd.train.active import options_of
 from hspmd.train.batches import check_data
 from hspmd.train.config import Record, TrainConfig, TrainError
 from hspmd.train.device import backend_of, run_device
@@ -55,26 +56,25 @@ def check_config(config: TrainConfig) -> Strategy:
     run switches to, cannot train ``config``."""
     if config.strategy is None:
         raise TrainError("no strategy: give --strategy '...' or use --reference")
+    config.check_model()
     labels = ["--strategy", *(f"--switch {step}" for step, _ in config.switches)]
     if config.length_plans is not None:
-        labels = [f"--plans strategy {text!r}" for text in config.strategies]
-    strategies = []
-    for label, text in zip(labels, config.strategies, strict=True):
+        labels = [f"--plans strategy {str(s)!r}" for s in config.strategies]
+    for label, strategy in zip(labels, config.strategies, strict=True):
         try:  # name the flag when a run has several strategies (issue 17)
-            strategy = parse_strategy(text)
             check_strategy(
                 strategy,
                 config.model_config(),
                 # packed steps: rows are documents, not a global batch of samples
                 global_batch=strategy.global_batch if config.packed else config.global_batch,
-                options=options_of(config),
+                options=config.options,
                 seq_len=config.seq_len,
             )
         except StrategyError as error:
             if len(labels) == 1:
                 raise
             raise StrategyError(f"{label}: {error}") from None
-        strategies.append(strategy)
+    strategies = config.strategies
     fallbacks(config)  # a model that cannot specialize: one line now, not from a rank later
     strategy = strategies[0]
     used = sorted({r for s in strategies for r in s.ranks})
@@ -117,18 +117,18 @@ def fallbacks(config: TrainConfig) -> tuple[str, ...]:
     """Deduce every pipeline of the run's strategies on the meta device, as ``explain``
     does, and return the ops computed whole on gathered inputs (``hspmd.deduce.fallback``)."""
     model = config.model_config()
-    options = options_of(config)
+    options = config.options
     lines: list[str] = []
-    for text in dict.fromkeys(config.strategies):
-        lines += _deduced(text, model, options, config.seq_len)
+    for strategy in dict.fromkeys(config.strategies):
+        lines += _deduced(strategy, model, options, config.seq_len)
     return tuple(dict.fromkeys(lines))
 
 
 @functools.lru_cache(maxsize=8)
 def _deduced(
-    text: str, model: ModelSpec, options: StrategyOptions, seq_len: int
+    strategy: Strategy, model: ModelSpec, options: StrategyOptions, seq_len: int
 ) -> tuple[str, ...]:
-    return deduced_sites(parse_strategy(text), model, options, seq_len=seq_len).fallbacks
+    return deduced_sites(strategy, model, options, seq_len=seq_len).fallbacks
 
 
 def _check_writable(folder: str) -> None:
@@ -164,7 +164,7 @@ def _check_elastic(config: TrainConfig, strategy: Strategy, used: list[int]) -> 
 def num_processes(config: TrainConfig) -> int:
     """Processes a run needs: the most ranks of any of its strategies (checked first)."""
     check_config(config)
-    return 1 + max(max(parse_strategy(text).ranks) for text in config.strategies)
+    return 1 + max(max(strategy.ranks) for strategy in config.strategies)
 
 
 def _rank_work(
@@ -202,12 +202,7 @@ def train_many(
     """
     nproc = max(num_processes(c) for c in configs)
     if node is not None:
-        if nproc % node.num_nodes:
-            raise TrainError(
-                f"{nproc} ranks do not split evenly over {node.num_nodes} nodes: use a "
-                f"strategy whose rank count is a multiple of {node.num_nodes}"
-            )
-        nproc //= node.num_nodes
+        nproc = _even_share(nproc, node)
     devices = {run_device(c, num_ranks=nproc) for c in configs}
     if len(devices) > 1:
         raise TrainError(
@@ -267,7 +262,7 @@ def _assemble(
         records = tuple(per_rank[0][index]["records"])
         evals = tuple(per_rank[0][index].get("evals", ()))
         parts = next((o[index]["trace"] for o in per_rank if o[index].get("trace")), None)
-        meta = {"model": config.model, "strategy": config.strategy, "steps": config.steps}
+        meta = {"model": config.model, "strategy": str(config.strategy), "steps": config.steps}
         trace = chrome_trace(parts, meta=meta) if parts else None
         builds = max(outcome[index]["builds"] for outcome in per_rank)
         peaks = {o[index]["rank"]: o[index]["peak_memory"] for o in per_rank
@@ -362,21 +357,7 @@ def train_elastic(
     if node is not None:
         (store, first, count), total = node, nproc
         nproc = count
-    # a step (an evaluation) reported again across a failure (a new rank 0) is dropped
-    last = {"step": 0, "eval": 0}
-
-    def on_message(_rank: int, payload: Any) -> None:
-        kind, value = payload
-        if kind in last:
-            if value.step > last[kind]:
-                last[kind] = value.step
-                if on_step is not None:
-                    on_step(value)
-            return
-        if value.get("event") == "fallback":
-            last["step"] = last["eval"] = value["checkpoint_step"]
-        if on_event is not None:
-            on_event(value)
+    on_message = _elastic_messages(on_step, on_event)
 
     def on_start(pids: list[int]) -> None:  # for tests and users that kill ranks from outside
         if on_event is not None:
@@ -398,14 +379,43 @@ def train_elastic(
     return _assemble(alive, [config])[0]
 
 
-def node_share(config: TrainConfig, node: NodeSpec) -> tuple[int, int]:
-    """The first launch rank and the rank count of ``node`` (an even share of the run's
-    processes; checked before any process starts)."""
-    total = num_processes(config)
+def _elastic_messages(
+    on_step: Callable[[Record], None] | None, on_event: Callable[[dict[str, Any]], None] | None
+) -> Callable[[int, Any], None]:
+    """The launcher's handler of the ranks' messages in an elastic run: records to
+    ``on_step``, events to ``on_event``. A step (an evaluation) reported again across a
+    failure (by a new rank 0) is dropped; after a fallback to a checkpoint, the steps after
+    it are reported again."""
+    last = {"step": 0, "eval": 0}
+
+    def on_message(_rank: int, payload: Any) -> None:
+        kind, value = payload
+        if kind in last:
+            if value.step > last[kind]:
+                last[kind] = value.step
+                if on_step is not None:
+                    on_step(value)
+            return
+        if value.get("event") == "fallback":
+            last["step"] = last["eval"] = value["checkpoint_step"]
+        if on_event is not None:
+            on_event(value)
+
+    return on_message
+
+
+def _even_share(total: int, node: NodeSpec) -> int:
+    """The ranks of one node: ``total`` split evenly over the nodes (else one line)."""
     if total % node.num_nodes:
         raise TrainError(
             f"{total} ranks do not split evenly over {node.num_nodes} nodes: use a "
             f"strategy whose rank count is a multiple of {node.num_nodes}"
         )
-    share = total // node.num_nodes
+    return total // node.num_nodes
+
+
+def node_share(config: TrainConfig, node: NodeSpec) -> tuple[int, int]:
+    """The first launch rank and the rank count of ``node`` (an even share of the run's
+    processes; checked before any process starts)."""
+    share = _even_share(num_processes(config), node)
     return node.node_rank * share, share

@@ -7,7 +7,7 @@ import pytest
 
 from hspmd.comm.simulate import scatter, simulate
 from hspmd.errors import HspmdError
-from hspmd.runtime.reshard_cli import run_plan_processes
+from hspmd.runtime.plan_runs import run_plan_processes
 
 from .rt_plans import A, bsr, top_plans
 
