@@ -106,6 +106,7 @@ def test_context_parallel_equals_the_reference(tmp_path: Path) -> None:
         # one executable per rank and strategy, whatever the lengths
         assert result.builds == 1 + len(config.switches), name
     packed = configs[-1]
-    steps = list(islice(packed_steps(packed, parse_strategy(packed.strategy or "")), 2))
+    assert packed.strategy is not None
+    steps = list(islice(packed_steps(packed, packed.strategy), 2))
     lengths = {n for step in steps for pipe in step.assignment.lengths for n in pipe}
     assert len(lengths) > 1 and all(n % 2 == 0 for n in lengths)  # CP 2: even lengths
