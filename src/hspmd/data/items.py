@@ -27,9 +27,7 @@ import functools
 import hashlib
 import importlib
 import importlib.util
-import sys
 import threading
-import traceback
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +36,7 @@ from typing import Any, Literal
 import torch
 
 from hspmd.data.errors import DataError
+from hspmd.userfiles import import_file, user_frame
 
 __all__ = ["FieldSpec", "ItemLayout", "UserDataset", "open_dataset"]
 
@@ -226,7 +225,7 @@ def open_dataset(source: str) -> UserDataset:
     except DataError:
         raise
     except Exception as error:
-        where = _user_frame(error)
+        where = user_frame(error)
         raise DataError(
             f"--dataset {source}: the factory raised {type(error).__name__}: {error}"
             f"{f' at {where}' if where else ''}"
@@ -249,7 +248,7 @@ def _factory(source: str) -> Any:
     except DataError:
         raise
     except Exception as error:
-        at = _user_frame(error)
+        at = user_frame(error)
         raise DataError(
             f"--dataset {source}: {where} failed to import: {error!r}{f' at {at}' if at else ''}"
         ) from None
@@ -263,28 +262,4 @@ def _load_file(path: Path) -> Any:
     path = path.expanduser().resolve()
     if not path.is_file():
         raise DataError(f"--dataset: no file {path}: give the path of a Python file")
-    name = "hspmd_data_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
-    if name in sys.modules:
-        return sys.modules[name]
-    if str(path.parent) not in sys.path:  # the file may import the files beside it
-        sys.path.append(str(path.parent))
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
-
-
-def _user_frame(error: BaseException) -> str | None:
-    """``file:line`` of the innermost frame of ``error``'s traceback outside torch and hspmd."""
-    found = None
-    for frame in traceback.extract_tb(error.__traceback__):
-        name = frame.filename
-        if "/torch/" not in name and "/hspmd/" not in name and "<" not in name:
-            found = f"{name}:{frame.lineno}"
-    return found
+    return import_file(path, "hspmd_data_")

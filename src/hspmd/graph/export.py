@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import inspect
 import operator
-import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from torch import nn
 
 from hspmd.errors import HspmdError
 from hspmd.markers import capturing, eager_function, reshard
+from hspmd.userfiles import user_frame
 
 __all__ = [
     "SEGMENTS_INPUT", "TOKEN_INPUTS", "ExportError", "GraphInput", "LengthRangeError", "StepCall",
@@ -141,16 +141,6 @@ class _Step(nn.Module):
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         return self._call(self.model, *inputs)
-
-
-def user_frame(error: BaseException) -> str | None:
-    """``file:line`` of the innermost frame of ``error``'s traceback outside torch and hspmd."""
-    found = None
-    for frame in traceback.extract_tb(error.__traceback__):
-        name = frame.filename
-        if "/torch/" not in name and "/hspmd/" not in name and "<" not in name:
-            found = f"{name}:{frame.lineno}"
-    return found
 
 
 @contextmanager

@@ -38,11 +38,9 @@ can rebuild the module from. What hspmd reads from the module (docs/models.md):
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib
 import importlib.util
 import json
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -86,6 +84,7 @@ from hspmd.models.spec import (
     Placement,
     kind_by_rules,
 )
+from hspmd.userfiles import import_file
 
 __all__ = [
     "build_module",
@@ -132,21 +131,10 @@ def _load_file(path: Path) -> Any:
     path = path.expanduser().resolve()
     if not path.is_file():
         raise ModelSpecError(f"--model: no file {path}: give the path of a Python file")
-    name = "hspmd_user_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
-    if name in sys.modules:
-        return sys.modules[name]
-    if str(path.parent) not in sys.path:  # the file may import the files beside it
-        sys.path.append(str(path.parent))
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        return import_file(path, "hspmd_user_")
     except Exception as error:
-        del sys.modules[name]
         raise ModelSpecError(f"--model: {path} failed to import: {error!r}") from error
-    return module
 
 
 # In-place random fills whose meta-device kernels are Python references behind
