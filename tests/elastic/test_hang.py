@@ -30,7 +30,7 @@ def test_an_injected_hang_is_detected_after_the_timeout() -> None:
 
 @pytest.mark.xfail(
     reason="stop 33: times out intermittently since the merges of 2026-12-06 (2 of 4 runs that day; "
-    "the values merge, fails on the final commit); cause not found yet, see the stop's note",
+    "cause not found yet, see the stop's note)",
     strict=False,
 )
 def test_sigstop_from_outside_is_a_hang() -> None:
