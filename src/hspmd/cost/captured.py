@@ -82,7 +82,7 @@ NORMS = (F.layer_norm, F.group_norm, F.batch_norm, F.instance_norm) + (
 )  # fmt: skip
 LOSSES = (F.cross_entropy, aten.cross_entropy_loss.default)
 CAUSAL = ("hspmd.attention", "causal_attention")  # hspmd's own, by name (the layering)
-RMS_NORM = ("hspmd.ops", "rms_norm")
+RMS_NORM = ("hspmd.fused_ops", "rms_norm")
 COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all")
 PRE, POST = -1, -2  # parts that are not blocks
 

@@ -58,11 +58,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from hspmd.annotation import Piece
-from hspmd.comm.gcpause import paused_gc
 from hspmd.comm.plan import CommPlan
 from hspmd.comm.resolve import resolve
 from hspmd.comm.sizing import length_multiple
 from hspmd.deduce import AnnotatedGraph
+from hspmd.gcpause import paused_gc
 from hspmd.markers import is_align_node, is_reshard_node
 from hspmd.models.build import constant, initial_piece
 from hspmd.models.spec import ModelSpec
@@ -473,7 +473,7 @@ def _loss_options(node: torch.fx.Node) -> tuple[int, str]:
     return int(kwargs.get("ignore_index", -100)), str(kwargs.get("reduction", "mean"))  # type: ignore[arg-type]
 
 
-@paused_gc()  # millions of objects that live on: hspmd.comm.gcpause
+@paused_gc()  # millions of objects that live on: hspmd.gcpause
 def build_executable(
     config: ModelSpec,
     strategy: Strategy,
