@@ -5,9 +5,10 @@
 ``"package.module:make"``), a Hugging Face folder (``"hf:path/to/dir"``: its config and
 weights, docs/checkpoints.md) or the factory itself (a module-level function: processes
 rebuild the model from its module, or from the file of ``__main__``). The keywords are
-``RunOptions``: ``TrainConfig``'s fields by name, typed, plus ``lr`` (the learning rate of
-``adam``) and ``model_kwargs`` (the factory's keyword arguments); ``global_batch``
-defaults to the strategy's (its sum of COUNT x SIZE)::
+``RunOptions``: flat names, typed, each a field of ``TrainConfig`` or of one of its sections
+(``hspmd.train.sections.SECTIONS``: ``seq_len`` is ``batch.seq_len``, ``lr`` ``adam.lr``),
+plus ``model_kwargs`` (the factory's keyword arguments); ``global_batch`` defaults to the
+strategy's (its sum of COUNT x SIZE)::
 
     import hspmd
 
@@ -61,8 +62,9 @@ REFERENCE_BATCH = 8  # sequences a step without a strategy (a reference run), as
 
 
 class RunOptions(TypedDict, total=False):
-    """The typed keywords of ``fit``, ``build`` and ``train_config``: ``TrainConfig``'s
-    fields (docs/api.md lists them with their meaning), ``lr`` and ``model_kwargs``."""
+    """The typed keywords of ``fit``, ``build`` and ``train_config``: the flat names of
+    ``TrainConfig``'s fields and its sections' (``SECTIONS``; docs/api.md lists them with
+    their meaning and field), and ``model_kwargs``."""
 
     model_kwargs: Mapping[str, Any] | Sequence[tuple[str, Any]]
     tp_rules: Sequence[tuple[str, str]] | None
