@@ -73,4 +73,6 @@ def test_dropout_trains_equal_to_the_reference(runs: Runs, name: str) -> None:
 
 
 def _fields(config: TrainConfig) -> dict[str, object]:
-    return {f: getattr(config, f) for f in ("model", "global_batch", "seq_len", "steps")}
+    batch = config.batch
+    return {"model": config.model.source, "global_batch": batch.global_batch,
+            "seq_len": batch.seq_len, "steps": config.steps}  # fmt: skip

@@ -50,8 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def show_plan(config: TrainConfig, console: Console) -> None:
     strategy = check_config(config)
+    batch = config.batch
     console.print(f"[bold]strategy[/] {strategy}  ({strategy.num_ranks} ranks, "
-                  f"global batch {config.batch.global_batch} x {config.batch.seq_len} tokens)")  # fmt: skip
+                  f"global batch {batch.global_batch} x {batch.seq_len} tokens)")  # fmt: skip
     table = Table(*COLUMNS[:-1])
     rows = describe_ranks(config)
     for row in rows:

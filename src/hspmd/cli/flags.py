@@ -292,9 +292,9 @@ def shares_of(args: argparse.Namespace) -> tuple[float, ...]:
 
 # TrainConfig fields without a flag of their own, and why.
 NOT_FLAGS = {
-    "model.tp_rules": "a user module's TP kinds come from a plan file: --plan (hspmd.train.planfile)",
-    "runtime.bucket_bytes": "a tuning knob of the library API (RuntimeConfig.bucket_bytes), no flag",
-    "batch.min_documents": "aligns the steps of runs under different strategies (benchmarks), no flag",
+    "model.tp_rules": "a user module's TP kinds come from a plan file: --plan (planfile)",
+    "runtime.bucket_bytes": "a tuning knob of the library API (RuntimeConfig), no flag",
+    "batch.min_documents": "aligns the steps of runs under different strategies, no flag",
     "runtime.measure_memory": "the state's tracked bytes per rank for benchmarks/zero.py, no flag",
     "adam.beta2": "set with beta1 by --betas B1,B2",
 }

@@ -260,7 +260,8 @@ def warnings_of(args: argparse.Namespace, config: TrainConfig) -> list[str]:
         out.append(f"--save-every {args.save_every} without --save saves nothing: add --save DIR")
     elif config.checkpoint.save and config.checkpoint.every > config.steps:
         out.append(
-            f"--save-every {config.checkpoint.every} is past --steps {config.steps}: nothing is saved"
+            f"--save-every {config.checkpoint.every} is past --steps {config.steps}: nothing is "
+            "saved"
         )
     spec = config.data
     out += spec_warnings(spec, step_tokens=config.tokens_per_step, steps=config.steps)
@@ -284,7 +285,8 @@ def warnings_of(args: argparse.Namespace, config: TrainConfig) -> list[str]:
     for step, strategy in config.switching.switches:
         if step > config.steps:
             out.append(
-                f"--switch {step}={str(strategy)!r} never runs: step {step} is past --steps {config.steps}"
+                f"--switch {step}={str(strategy)!r} never runs: step {step} is past --steps "
+                f"{config.steps}"
             )
     return out
 
@@ -454,7 +456,8 @@ def progress(
 
 
 def resumed_step(config: TrainConfig) -> int:
-    """The step the checkpoint in ``config.checkpoint.resume`` was saved at (0 without ``--resume``)."""
+    """The step the checkpoint in ``config.checkpoint.resume`` was saved at (0 without
+    ``--resume``)."""
     if not config.checkpoint.resume:
         return 0
     return read_manifest(latest(config.checkpoint.resume)).step
@@ -704,8 +707,8 @@ def _nothing_to_do(args: argparse.Namespace, config: TrainConfig) -> bool:
     if done < config.steps:
         return False
     print(
-        f"nothing to do: checkpoint is at step {done} (in {config.checkpoint.resume}) and --steps is "
-        f"{config.steps}; pass --steps above {done} to train on",
+        f"nothing to do: checkpoint is at step {done} (in {config.checkpoint.resume}) and "
+        f"--steps is {config.steps}; pass --steps above {done} to train on",
         file=sys.stderr,
     )
     if args.json:
@@ -749,8 +752,9 @@ def compare_with_reference(
     """``--compare``: the reference on the ranks' device, then the comparison (stdout;
     one JSON object with ``--json``); 1 if the run differs from it."""
     device = run_device(config, num_ranks=num_processes(config) + config.elastic.spares)
+    runtime = dataclasses.replace(config.runtime, device=device)
     reference = run_config(
-        dataclasses.replace(config, runtime=dataclasses.replace(config.runtime, device=device)), reference=True, as_json=False,
+        dataclasses.replace(config, runtime=runtime), reference=True, as_json=False,
         quiet=args.json or getattr(args, "quiet", False),
     )  # fmt: skip
     report = compare(result, reference, config=config)

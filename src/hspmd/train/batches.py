@@ -167,18 +167,18 @@ def accumulation_passes(
 def step_documents(config: TrainConfig, *, min_documents: int) -> Iterator[DocumentStep]:
     """Endless variable-length steps of whole documents (``config.batch.step_tokens`` tokens at
     most, ``config.batch.seq_len`` a document) from the run's corpus."""
-    assert config.batch.step_tokens is not None
-    spec = config.data
+    spec, batch = config.data, config.batch
+    assert batch.step_tokens is not None
     if spec.tokenized:
         file = open_tokens(spec)
         trained, _ = split_ids(file.ids, config.evaluation.split)  # documents end there
         return document_steps_of(
-            clip_documents(token_documents(spec, file), len(trained)), config.batch.step_tokens,
-            config.seed, max_len=config.batch.seq_len, long_docs=config.batch.long_docs,
+            clip_documents(token_documents(spec, file), len(trained)), batch.step_tokens,
+            config.seed, max_len=batch.seq_len, long_docs=batch.long_docs,
             min_documents=min_documents,
         )  # fmt: skip
     return document_steps(
-        config.batch.step_tokens, config.seed, max_len=config.batch.seq_len, long_docs=config.batch.long_docs,
+        batch.step_tokens, config.seed, max_len=batch.seq_len, long_docs=batch.long_docs,
         min_documents=min_documents, texts=_byte_texts(config),
     )  # fmt: skip
 

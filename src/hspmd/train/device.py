@@ -1,4 +1,4 @@
-"""Where a run computes: ``TrainConfig.runtime.device`` (``--device auto|cpu|cuda``) on this machine.
+"""Where a run computes: ``TrainConfig.runtime.device`` (``--device auto|cpu|cuda``) here.
 
 One process per rank, one GPU per rank (DESIGN decision 8): nccl on CUDA, gloo on CPU::
 

@@ -314,8 +314,8 @@ def _save(run: _Run) -> None:
         watch=run.watch,
     )
     save_checkpoint(
-        run.world, run.config, run.active, directory=run.config.checkpoint.save or "", step=run.step,
-        steps=run.adam_steps,
+        run.world, run.config, run.active, directory=run.config.checkpoint.save or "",
+        step=run.step, steps=run.adam_steps,
     )  # fmt: skip
     run.saved = run.step
 

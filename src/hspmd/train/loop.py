@@ -425,7 +425,8 @@ def load_checkpoint(
 
 
 def _resume(world: World, config: TrainConfig) -> tuple[Active, int, int]:
-    """The active strategy loaded from ``config.checkpoint.resume``, the first step and Adam's steps."""
+    """The active strategy loaded from ``config.checkpoint.resume``, the first step and
+    Adam's steps."""
     assert config.checkpoint.resume is not None
     first = read_manifest(latest(config.checkpoint.resume)).step + 1
     active = activate(world, config, config.strategy_at(first))
@@ -491,8 +492,8 @@ def run_rank(
     """Train ``config`` on this rank; ranks outside the strategy only join the loss sum.
 
     ``report(record)`` is called on rank 0 after each step, and after each evaluation
-    (``config.evaluation``: every N-th step, ``hspmd.train.evaluate``). Switches (``config.switching.switches``)
-    run before their step on every rank. Returns the step records and this rank's
+    (``config.evaluation``: every N-th step, ``hspmd.train.evaluate``). Switches
+    (``config.switching.switches``) run before their step on every rank. Returns the step records and this rank's
     parameter pieces: name -> (global region, numpy array). ``rec``: a trace
     ``Recorder`` (``hspmd.runtime.trace``) records steps, F, B, Post, switches, saves and
     every communication step.
@@ -588,7 +589,8 @@ def _after_step(
     if config.checkpoint.save and step % config.checkpoint.every == 0:
         with rec.span("save", cat="checkpoint", step=step):
             save_checkpoint(
-                world, config, run.active, directory=config.checkpoint.save, step=step, steps=run.adam_steps
+                world, config, run.active, directory=config.checkpoint.save, step=step,
+                steps=run.adam_steps,
             )  # fmt: skip
     if config.evaluation.due(step):
         run.held = run.held or eval_batches(config)

@@ -146,7 +146,8 @@ def derived_plan(config: TrainConfig) -> Plan:
     """The plan hspmd derives for ``config``'s starting strategy, naming its model."""
     plan = build_plan(
         config.require_strategy(), config.model_config(),
-        seq_len=config.batch.seq_len, options=config.options, global_batch=config.batch.global_batch,
+        seq_len=config.batch.seq_len, options=config.options,
+        global_batch=config.batch.global_batch,
     )  # fmt: skip
     return dataclasses.replace(plan, model=model_identity(config))
 

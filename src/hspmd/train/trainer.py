@@ -383,7 +383,8 @@ def train_elastic(
 
     elastic = ElasticLaunch(
         hang_timeout_s=config.elastic.hang_timeout, on_message=on_message, on_start=on_start,
-        spares=config.elastic.spares, store=store, first_member=first, num_members=total, serve=serve,
+        spares=config.elastic.spares, store=store, first_member=first, num_members=total,
+        serve=serve,
     )  # fmt: skip
     results = launch(
         run_rank_elastic, nproc, args=(config,), timeout_s=timeout_s, threads=threads,
