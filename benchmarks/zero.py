@@ -83,9 +83,9 @@ def predicted(config: TrainConfig, rank: int = RANK) -> float:
             m = rank_memory(
                 model, rank=rank, tp=stage.tp, num_layers=len(stage.layers), first=place.first,
                 last=place.last, in_flight_micro_batches=place.in_flight,
-                micro_batch_size=place.micro_batch_size, seq_len=config.seq_len,
+                micro_batch_size=place.micro_batch_size, seq_len=config.batch.seq_len,
                 replicas=place.replicas, options=options, lock_step=place.lock_step,
-                micro_batches=place.micro_batches, prefetch=config.zero_overlap,
+                micro_batches=place.micro_batches, prefetch=config.runtime.zero_overlap,
                 share=place.share,
             )  # fmt: skip
             return m.weights + m.gradients + m.optimizer
@@ -105,7 +105,7 @@ def _fsdp_rank(world: World, config: TrainConfig) -> list[float]:
         fully_shard(block)
     fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.adam.lr, weight_decay=0.0)
-    spec, rows = config.model_config(), config.global_batch // world.world_size
+    spec, rows = config.model_config(), config.batch.global_batch // world.world_size
     seconds = []
     for tokens, targets in step_batches(config):
         dist.barrier()

@@ -30,7 +30,7 @@ def _layout(strategy: Strategy) -> tuple[tuple[tuple[int, ...], range], ...]:
 
 def test_documents_are_a_function_of_the_step(tmp_path: Path) -> None:
     config = _config(tmp_path)
-    assert config.min_documents == 4  # a document a rank: any re-planned strategy takes it
+    assert config.batch.min_documents == 4  # a document a rank: any re-planned strategy takes it
     a, b = Lengths(config), Lengths(config)
     later = [a.documents(s).lengths for s in (1, 2, 3, 4)]
     assert b.documents(3).lengths == later[2] and b.documents(1).lengths == later[0]

@@ -92,7 +92,7 @@ EQUAL = [n for n in _cases(Path(".")) if not n.startswith(("memory", "bf16", "Ze
 def test_zero_equals_the_reference(runs: Any, name: str) -> None:
     config, result = runs[name]
     reference = _reference(config)
-    if config.resume:  # steps 3 on, from the checkpoint of step 2
+    if config.checkpoint.resume:  # steps 3 on, from the checkpoint of step 2
         assert [r.step for r in result.records] == [3]
         assert result.losses[0] == pytest.approx(reference.losses[2], rel=1e-5)
         reference = dataclasses.replace(reference, records=reference.records[2:])

@@ -86,7 +86,7 @@ __all__ = [
 ]
 
 OVERHEAD_BYTES = 3 * 2**30  # assumed: CUDA context ~0.5 GiB, NCCL, fragmentation
-ZERO_BUCKET_BYTES = 4 << 20  # ZeRO-2's gradient buckets (TrainConfig.bucket_bytes' default)
+ZERO_BUCKET_BYTES = 4 << 20  # ZeRO-2's gradient buckets (TrainConfig.runtime.bucket_bytes' default)
 
 
 @dataclass(frozen=True, slots=True)
