@@ -24,6 +24,7 @@ A fork of two 100 µs ops behind a 1 µs op, two devices, tiny transfers:
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable
 from math import inf
 
 import numpy as np
@@ -60,6 +61,22 @@ def eft_placement(
             graph.time_us, comm.cost_us(graph.out_bytes).astype(np.float64),
             np.ascontiguousarray(rank_a, dtype=np.float64), graph.in_degree,
         )  # fmt: skip
+    memory = _MemoryEstimate(graph, num_devices, caps) if caps is not None else None
+    return _eft_python(
+        graph, num_devices=num_devices, comm=comm, pinned=pinned, rank=rank_a, memory=memory
+    )
+
+
+def _eft_python(
+    graph: OpGraph,
+    *,
+    num_devices: int,
+    comm: CommModel,
+    pinned: np.ndarray | None,
+    rank: np.ndarray,
+    memory: _MemoryEstimate | None,
+) -> np.ndarray:
+    """:func:`eft_placement`'s loop in Python (the reference for ``native.eft_kernel``)."""
     num = graph.num_nodes
     pin = [-1] * num if pinned is None else pinned.tolist()
     group = graph.group_of.tolist()
@@ -68,46 +85,25 @@ def eft_placement(
     in_ptr, preds = graph.in_ptr.tolist(), graph.preds.tolist()
     dur = graph.time_us.tolist()
     delay = comm.cost_us(graph.out_bytes).tolist()
-    rank = (graph.topo_rank if priority is None else priority).tolist()
+    ranks = rank.tolist()
     remaining = graph.in_degree.tolist()
-    memory = _MemoryEstimate(graph, num_devices, caps) if caps is not None else None
     place = [0] * num
     finish = [0.0] * num
     data_ready = [0.0] * num  # latest finish among the inputs placed so far
     free = [0.0] * num_devices
-    heap = [(0.0, rank[v], v) for v in range(num) if remaining[v] == 0]
+    heap = [(0.0, ranks[v], v) for v in range(num) if remaining[v] == 0]
     heapq.heapify(heap)
     push, pop = heapq.heappush, heapq.heappop
     devices = range(num_devices)
     while heap:
         _, _, v = pop(heap)
-        # arrivals(v, ...), inlined: the hottest loop
-        arrive = [0.0] * num_devices
-        top_t, top_d, second = 0.0, -1, 0.0
-        for u in preds[in_ptr[v] : in_ptr[v + 1]]:
-            pu, fu = place[u], finish[u]
-            if fu > arrive[pu]:
-                arrive[pu] = fu
-            t = fu + delay[u]
-            if t > top_t:
-                if pu != top_d:
-                    second = top_t
-                top_t, top_d = t, pu
-            elif pu != top_d and t > second:
-                second = t
-        for d in devices:
-            t = second if d == top_d else top_t
-            if t > arrive[d]:
-                arrive[d] = t
+        arrive = arrivals(v, in_ptr, preds, place, finish, delay, num_devices)
         forced = group_dev[group[v]] if group_dev[group[v]] >= 0 else pin[v]
         if forced >= 0:
             best = forced
         else:
-            best, begin = -1, inf  # earliest start, lowest device id on a tie
-            for d in memory.allowed(v) if memory is not None else devices:
-                t = arrive[d] if arrive[d] > free[d] else free[d]
-                if t < begin:
-                    best, begin = d, t
+            allowed = memory.allowed(v) if memory is not None else devices
+            best = _earliest_start(arrive, free, allowed)
         group_dev[group[v]] = best
         place[v] = best
         finish[v] = max(arrive[best], free[best]) + dur[v]
@@ -120,8 +116,18 @@ def eft_placement(
                 data_ready[u] = done
             remaining[u] -= 1
             if remaining[u] == 0:
-                push(heap, (data_ready[u], rank[u], u))
+                push(heap, (data_ready[u], ranks[u], u))
     return np.asarray(place, dtype=np.int64)
+
+
+def _earliest_start(arrive: list[float], free: list[float], devices: Iterable[int]) -> int:
+    """The device of ``devices`` where an op could start first, lowest id on a tie."""
+    best, begin = -1, inf
+    for d in devices:
+        t = arrive[d] if arrive[d] > free[d] else free[d]
+        if t < begin:
+            best, begin = d, t
+    return best
 
 
 def arrivals(
