@@ -31,6 +31,11 @@ def _jit(fn: Any) -> Any:
     return _njit(cache=True, nogil=True)(fn) if ENABLED else fn
 
 
+def _jit_inline(fn: Any) -> Any:
+    """For a kernel's steps: inlined into the caller by numba, no call left."""
+    return _njit(cache=True, nogil=True, inline="always")(fn) if ENABLED else fn
+
+
 # --- a binary min-heap over (float key, float key, int id), in three arrays ----------
 
 
@@ -168,7 +173,7 @@ def schedule_kernel(
     return start, finish
 
 
-@_jit
+@_jit_inline
 def _slot_bases(dev: np.ndarray, num_devices: int) -> np.ndarray:
     """Per-device ready heaps share one buffer: device d owns slots [base[d], base[d+1])."""
     count = np.zeros(num_devices + 1, dtype=np.int64)
@@ -177,7 +182,7 @@ def _slot_bases(dev: np.ndarray, num_devices: int) -> np.ndarray:
     return np.cumsum(count)
 
 
-@_jit
+@_jit_inline
 def _push_ready(
     qa: np.ndarray,
     qb: np.ndarray,
@@ -242,7 +247,7 @@ def eft_kernel(
     return place
 
 
-@_jit
+@_jit_inline
 def _arrivals(
     v: int,
     in_ptr: np.ndarray,
@@ -273,7 +278,7 @@ def _arrivals(
             arrive[d] = t
 
 
-@_jit
+@_jit_inline
 def _earliest_start(arrive: np.ndarray, free: np.ndarray) -> int:
     """``eft._earliest_start`` over all devices: the first to start, lowest on a tie."""
     best, begin = -1, np.inf
@@ -500,7 +505,7 @@ def walk_kernel(
     return members[:m], sizes[:p]
 
 
-@_jit
+@_jit_inline
 def _whole_and_free(
     members: np.ndarray, lo: int, hi: int, place: np.ndarray, group_free: np.ndarray, h: int
 ) -> bool:
@@ -512,7 +517,7 @@ def _whole_and_free(
     return True
 
 
-@_jit
+@_jit_inline
 def _others_by_load(load: np.ndarray, h: int, targets: np.ndarray) -> int:
     """The devices but ``h`` into ``targets`` by load, ties by index (a stable insertion
     sort); returns their number."""
@@ -529,7 +534,7 @@ def _others_by_load(load: np.ndarray, h: int, targets: np.ndarray) -> int:
     return nt
 
 
-@_jit
+@_jit_inline
 def _entry_and_exit(
     other: np.ndarray,
     cost_of: np.ndarray,
