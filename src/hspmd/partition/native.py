@@ -158,8 +158,10 @@ def schedule_kernel(
                     ready[u] = t
                 remaining[u] -= 1
                 if remaining[u] == 0:
-                    _push_ready(qa, qb, qi, qn, base[dev[u]], dev[u], ready[u], float(rank[u]), u)
-                    en = _push(ea, eb, ei, en, ready[u], 1.0, dev[u])
+                    du = dev[u]
+                    lo = base[du]
+                    qn[du] = _push(qa[lo:], qb[lo:], qi[lo:], qn[du], ready[u], float(rank[u]), u)
+                    en = _push(ea, eb, ei, en, ready[u], 1.0, du)
             continue
         lo = base[item]
         if busy[item] or qn[item] == 0 or qa[lo] > now:

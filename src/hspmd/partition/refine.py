@@ -376,17 +376,23 @@ class _Relief:
     ) -> int | None:
         """The least loaded device that takes cluster ``c`` off ``h`` with its new
         crossings hidden, or None (the loads are tried in order until one stops helping)."""
-        work = self.work[c]
+        work, w, bother, bcost, in_side = (
+            self.work[c],
+            self.w,
+            self.bother,
+            self.bcost,
+            self.in_side,
+        )
         targets = sorted((d for d in range(len(load)) if d != h), key=load.__getitem__)
         for t in targets:
             if max(load[h] - work, load[t] + work) >= max(load[h], load[t]):
                 return None
             enter, leave = 0.0, 0.0
             for i in range(self.bptr[c], self.bptr[c + 1]):
-                u = self.bother[i]
-                cost = self.bcost[i] if place_l[u] != t else 0.0
-                if self.in_side[i]:
-                    enter = max(enter, top_l[u] + self.w[u] + cost)
+                u = bother[i]
+                cost = bcost[i] if place_l[u] != t else 0.0
+                if in_side[i]:
+                    enter = max(enter, top_l[u] + w[u] + cost)
                 else:
                     leave = max(leave, cost + bot_l[u])
             # a path no longer than the busiest device's new work is hidden by it
