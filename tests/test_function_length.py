@@ -4,6 +4,7 @@ docstring included), outside an explicit allow-list."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "hspmd"
@@ -18,6 +19,7 @@ ALLOWED: dict[str, str] = {
 }
 
 
+@functools.cache
 def _lengths(root: Path = SRC) -> dict[str, int]:
     """Lines of every function and method (nested ones too) under ``root``, by
     ``path:name``; the longest where a file repeats a name."""
