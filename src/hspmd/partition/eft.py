@@ -79,16 +79,11 @@ def _eft_python(
     """:func:`eft_placement`'s loop in Python (the reference for ``native.eft_kernel``)."""
     num = graph.num_nodes
     pin = [-1] * num if pinned is None else pinned.tolist()
-    group = graph.group_of.tolist()
-    group_dev = [-1] * num
-    out_ptr, dst = graph.out_ptr.tolist(), graph.dst.tolist()
+    group, dur, ranks = graph.group_of.tolist(), graph.time_us.tolist(), rank.tolist()
+    out_ptr, dst, remaining = graph.out_ptr.tolist(), graph.dst.tolist(), graph.in_degree.tolist()
     in_ptr, preds = graph.in_ptr.tolist(), graph.preds.tolist()
-    dur = graph.time_us.tolist()
     delay = comm.cost_us(graph.out_bytes).tolist()
-    ranks = rank.tolist()
-    remaining = graph.in_degree.tolist()
-    place = [0] * num
-    finish = [0.0] * num
+    group_dev, place, finish = [-1] * num, [0] * num, [0.0] * num
     data_ready = [0.0] * num  # latest finish among the inputs placed so far
     free = [0.0] * num_devices
     heap = [(0.0, ranks[v], v) for v in range(num) if remaining[v] == 0]
@@ -97,17 +92,30 @@ def _eft_python(
     devices = range(num_devices)
     while heap:
         _, _, v = pop(heap)
-        arrive = arrivals(v, in_ptr, preds, place, finish, delay, num_devices)
-        forced = group_dev[group[v]] if group_dev[group[v]] >= 0 else pin[v]
-        if forced >= 0:
-            best = forced
-        else:
+        # arrivals(v, ...), inlined: the hottest loop
+        arrive = [0.0] * num_devices
+        top_t, top_d, second = 0.0, -1, 0.0
+        for u in preds[in_ptr[v] : in_ptr[v + 1]]:
+            pu, fu = place[u], finish[u]
+            if fu > arrive[pu]:
+                arrive[pu] = fu
+            t = fu + delay[u]
+            if t > top_t:
+                if pu != top_d:
+                    second = top_t
+                top_t, top_d = t, pu
+            elif pu != top_d and t > second:
+                second = t
+        for d in devices:
+            t = second if d == top_d else top_t
+            if t > arrive[d]:
+                arrive[d] = t
+        best = group_dev[group[v]] if group_dev[group[v]] >= 0 else pin[v]
+        if best < 0:
             allowed = memory.allowed(v) if memory is not None else devices
             best = _earliest_start(arrive, free, allowed)
-        group_dev[group[v]] = best
-        place[v] = best
-        finish[v] = max(arrive[best], free[best]) + dur[v]
-        free[best] = finish[v]
+        group_dev[group[v]] = place[v] = best
+        finish[v] = free[best] = max(arrive[best], free[best]) + dur[v]
         if memory is not None:
             memory.place(v, best, place)
         done = finish[v]

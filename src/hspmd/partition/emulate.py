@@ -140,74 +140,58 @@ def schedule(
             comm.cost_us(graph.out_bytes).astype(np.float64), graph.topo_rank,
             graph.out_ptr, graph.dst, graph.in_degree, k,
         )  # fmt: skip
-    return _FifoRun(graph, place, comm=comm).run()
+    return _schedule_python(graph, place, comm=comm)
 
 
-class _FifoRun:
+def _schedule_python(
+    graph: OpGraph, place: np.ndarray, *, comm: CommModel
+) -> tuple[np.ndarray, np.ndarray]:
     """:func:`schedule`'s event loop in Python (the reference for the compiled kernel).
 
     Events are (time, kind, payload): kind 0 = op ``payload`` finished, 1 = device
-    ``payload`` may pick its next ready op.
+    ``payload`` may pick its next ready op. One function, locals only: it is the
+    emulator's hot loop without numba.
     """
-
-    def __init__(self, graph: OpGraph, place: np.ndarray, *, comm: CommModel) -> None:
-        num = graph.num_nodes
-        self.dev = place.tolist()
-        self.dur = graph.time_us.tolist()
-        self.delay = comm.cost_us(graph.out_bytes).tolist()
-        self.rank = graph.topo_rank.tolist()
-        self.out_ptr = graph.out_ptr.tolist()
-        self.dst = graph.dst.tolist()
-        self.remaining = graph.in_degree.tolist()
-        self.ready = [0.0] * num
-        self.start = [0.0] * num
-        self.finish = [0.0] * num
-        num_devices = max(self.dev, default=0) + 1
-        self.queues: list[list[tuple[float, int, int]]] = [[] for _ in range(num_devices)]
-        self.busy = [False] * num_devices
-        for v in range(num):
-            if self.remaining[v] == 0:
-                heapq.heappush(self.queues[self.dev[v]], (0.0, self.rank[v], v))
-        self.events = [(0.0, 1, d) for d in range(num_devices)]
-        heapq.heapify(self.events)
-
-    def run(self) -> tuple[np.ndarray, np.ndarray]:
-        while self.events:
-            now, kind, item = heapq.heappop(self.events)
-            if kind == 0:
-                self._finished(now, item)
-            else:
-                self._pick(now, item)
-        return np.asarray(self.start, dtype=np.float64), np.asarray(self.finish, dtype=np.float64)
-
-    def _finished(self, now: float, op: int) -> None:
-        """Free ``op``'s device and send its output: each consumer is ready once its
-        last input arrives (at once on the same device, after the transfer elsewhere)."""
-        dev, ready, remaining, push = self.dev, self.ready, self.remaining, heapq.heappush
-        d = dev[op]
-        self.busy[d] = False
-        push(self.events, (now, 1, d))
-        arrive = now + self.delay[op]
-        for e in range(self.out_ptr[op], self.out_ptr[op + 1]):
-            u = self.dst[e]
-            t = now if dev[u] == d else arrive
-            if t > ready[u]:
-                ready[u] = t
-            remaining[u] -= 1
-            if remaining[u] == 0:
-                push(self.queues[dev[u]], (ready[u], self.rank[u], u))
-                push(self.events, (ready[u], 1, dev[u]))
-
-    def _pick(self, now: float, d: int) -> None:
-        """Start device ``d``'s first ready op if the device is idle and one is ready."""
-        queue = self.queues[d]
-        if self.busy[d] or not queue or queue[0][0] > now:
-            return
-        _, _, v = heapq.heappop(queue)
-        self.start[v] = now
-        self.finish[v] = now + self.dur[v]
-        self.busy[d] = True
-        heapq.heappush(self.events, (self.finish[v], 0, v))
+    num = graph.num_nodes
+    dev, dur, rank = place.tolist(), graph.time_us.tolist(), graph.topo_rank.tolist()
+    delay = comm.cost_us(graph.out_bytes).tolist()
+    out_ptr, dst, remaining = graph.out_ptr.tolist(), graph.dst.tolist(), graph.in_degree.tolist()
+    ready, start, finish = [0.0] * num, [0.0] * num, [0.0] * num
+    num_devices = max(dev, default=0) + 1
+    queues: list[list[tuple[float, int, int]]] = [[] for _ in range(num_devices)]
+    busy = [False] * num_devices
+    for v in range(num):
+        if remaining[v] == 0:
+            heapq.heappush(queues[dev[v]], (0.0, rank[v], v))
+    events = [(0.0, 1, d) for d in range(num_devices)]
+    heapq.heapify(events)
+    push, pop = heapq.heappush, heapq.heappop
+    while events:
+        now, kind, item = pop(events)
+        if kind == 0:  # op ``item`` finished: free its device, send its output
+            d = dev[item]
+            busy[d] = False
+            push(events, (now, 1, d))
+            arrive = now + delay[item]
+            for e in range(out_ptr[item], out_ptr[item + 1]):
+                u = dst[e]
+                t = now if dev[u] == d else arrive
+                if t > ready[u]:
+                    ready[u] = t
+                remaining[u] -= 1
+                if remaining[u] == 0:
+                    push(queues[dev[u]], (ready[u], rank[u], u))
+                    push(events, (ready[u], 1, dev[u]))
+            continue
+        queue = queues[item]
+        if busy[item] or not queue or queue[0][0] > now:
+            continue
+        _, _, v = pop(queue)
+        start[v] = now
+        finish[v] = now + dur[v]
+        busy[item] = True
+        push(events, (finish[v], 0, v))
+    return np.asarray(start, dtype=np.float64), np.asarray(finish, dtype=np.float64)
 
 
 def _sent_pairs(graph: OpGraph, place: np.ndarray, num_devices: int) -> np.ndarray:
