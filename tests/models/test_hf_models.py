@@ -209,5 +209,3 @@ def test_context_parallelism_refuses_heads_it_cannot_split_in_one_line(
     assert code == 2 and len(err.splitlines()) == 1, err
     assert "the 2 heads of marker model.layers.0.self_attn.k over CP = 4 ranks" in err, err
     assert "use CP dividing 2" in err, err
-
-

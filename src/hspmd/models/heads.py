@@ -45,6 +45,7 @@ PLACEMENT = "hspmd_placement"
 _ATTENTION = (torch.ops.aten.scaled_dot_product_attention.default, causal_attention)
 _LINEAR = torch.ops.aten.linear.default
 _TRANSPOSE = torch.ops.aten.transpose.int
+_ROLES = ("q", "k", "v", "ctx")
 
 
 def _shape(node: object) -> str | None:
@@ -145,7 +146,8 @@ def insert_head_markers(gm: torch.fx.GraphModule, kinds: Mapping[str, str]) -> i
     ``(B, heads, T, hd)`` (module docstring); returns how many attentions were marked."""
     tokens = next(n for n in gm.graph.nodes if n.op == "placeholder")
     seq = str(tokens.meta["val"].shape[1]) if "val" in tokens.meta else ""
-    graph, marked, names = gm.graph, 0, set()
+    graph, marked = gm.graph, 0
+    names = {str(n.args[1]) for n in graph.nodes if is_reshard_node(n)}  # the model's own
     constants, done = _constants(graph), set()
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target not in _ATTENTION:
@@ -153,19 +155,19 @@ def insert_head_markers(gm: torch.fx.GraphModule, kinds: Mapping[str, str]) -> i
         if not seq or not _heads_layout(node, seq):
             continue
         path = _module_path(node)
-        while path in names:
-            path += "_"
-        names.add(path)
-        q, k, v = node.args[:3]
-        split = _tp_split(q, kinds)  # type: ignore[arg-type]
-        for x, role in ((q, "q"), (k, "k"), (v, "v")):
+        while any(f"{path}.{role}" in names for role in _ROLES):
+            path += "_"  # a second attention in one module, or the model's own names
+        names.update(f"{path}.{role}" for role in _ROLES)
+        first: Placement | None = None
+        for x, role in zip(node.args[:3], _ROLES, strict=False):
             assert isinstance(x, torch.fx.Node)
             at = entry(x, constants)
-            if at in done:  # one tensor for two roles (q is k): marked once
-                continue
-            done.add(at)
-            _mark(graph, at, f"{path}.{role}", "heads" if _tp_split(at, kinds) else "cp_heads")
-        _mark(graph, node, f"{path}.ctx", 2 if split else "dup")
+            placement: Placement = "heads" if _tp_split(at, kinds) else "cp_heads"
+            first = first or placement
+            if at not in done:  # one tensor in two roles (q is k): marked once
+                done.add(at)
+                _mark(graph, at, f"{path}.{role}", placement)
+        _mark(graph, node, f"{path}.ctx", 2 if first == "heads" else "dup")  # as its q
         marked += 1
     graph.lint()
     gm.recompile()

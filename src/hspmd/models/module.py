@@ -25,14 +25,16 @@ can rebuild the module from. What hspmd reads from the module (docs/models.md):
   folder: ``hspmd.models.hf``) starts from its safetensors weights;
 - packed documents (``load_model(..., packed=True)``): the graph takes ``segments`` too and
   every causal SDPA runs per document (``hspmd.graph.documents``); a model whose attention
-  takes a mask, or that calls no SDPA, must take ``segments`` itself, else it is refused.
+  takes a mask, or that calls no SDPA, must take ``segments`` itself, else it is refused;
+- attention heads: every SDPA on ``(B, heads, T, hd)`` gets the markers where context
+  parallelism trades the sequence split for a heads split (``hspmd.models.heads``).
 
 >>> import torch
 >>> model = load_model("hspmd.models.examples:gpt2", {"num_layers": 2})
 >>> model.num_layers, model.hidden_size, model.param_kind("layers.0.attn.q.weight")
 (2, 32, 'column')
->>> [m.name for m in model.markers()][:4]
-['wte.tp_out', 'layers.0.input', 'layers.0.attn.q.tp_in', 'layers.0.attn.o.tp_out']
+>>> [str(m) for m in model.markers()][2:5]
+['layers.0.attn.q.tp_in L0 dup (B,T,32)', 'layers.0.attn.q L0 heads (B,T,4,8)', 'layers.0.attn.k L0 heads (B,T,4,8)']
 """
 
 from __future__ import annotations
