@@ -197,6 +197,30 @@ def test_captured_attention_gets_head_markers_that_only_cp_resolves() -> None:
             assert not site.forward_plan().steps and not site.backward_plan().steps, site
 
 
+def test_q_and_k_are_marked_before_rotary_embeddings() -> None:
+    """The q marker stands on the head view's transpose (its entry), so RoPE (q * cos +
+    rotate_half(q) * sin) runs after the all-to-all, on whole rows; nanoGPT's replicate
+    c_attn gives heads TP leaves whole (``cp_heads``)."""
+    import torch
+
+    from hspmd.markers import is_reshard_node
+    from hspmd.models.module import model_graph
+
+    aten = torch.ops.aten
+    gm = model_graph(load_model(f"{HF}:llama"))
+    marker = next(n for n in gm.graph.nodes if is_reshard_node(n) and n.args[1].endswith(".q"))
+    there = marker.args[0]  # transpose(1, 2) of the entry: (B, T, heads, hd)
+    assert there.target is aten.transpose.int and there.args[0].target is aten.transpose.int
+    assert there.args[0].args[0].target is aten.view.default  # the entry: the head view's
+    attention = next(
+        n for n in gm.graph.nodes if n.target is aten.scaled_dot_product_attention.default
+    )
+    assert attention.args[0].target is aten.add.Tensor  # RoPE's sum, after the marker
+    placements = {str(m.placement) for m in load_model(f"{NANOGPT}:make").markers()
+                  if m.name.startswith("transformer.h.0.attn.")}  # fmt: skip
+    assert placements == {"cp_heads", "dup"}
+
+
 def test_context_parallelism_refuses_heads_it_cannot_split_in_one_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
