@@ -61,9 +61,9 @@ CASES = {
     "gpt2 tied": (f"{HF}:gpt2", "2x1: R0:L0 R1:L1-3", 2, False, {}),
     "llama sp": (f"{HF}:llama", "1x2: R0-1:L0-1 R2-3:L2-3", 2, True, {}),
     "nanogpt sp": (f"{NANOGPT}:make", "1x2: R0-1:L0-2", 2, True, {}),
-    # context parallelism (a stage's :C2): a CP-2 stage then a stage without CP, beside a
+    # context parallelism (a stage's :C2): a stage without CP then a CP-2 stage, beside a
     # one-rank pipeline (GQA: 4 heads, 2 KV heads, each split over CP)
-    "llama cp": (f"{HF}:llama", "1x2: R0-1:L0-1:C2 R2:L2-3; 2x1: R3:L0-3", 4, False, {}),
+    "llama cp": (f"{HF}:llama", "1x2: R0:L0-1 R1-2:L2-3:C2; 2x1: R3:L0-3", 4, False, {}),
     # TP 2 x CP 2 on nanoGPT: its fused c_attn is replicate, so the heads split over CP
     # only (``cp_heads``); no biases (a key bias's gradient is fp32 noise: docs/cli.md)
     "nanogpt tp cp": (f"{NANOGPT}:make", "1x2: R0-3:L0-2:C2", 2, False, {"bias": False}),
@@ -157,9 +157,9 @@ def _equal_params(runs: Runs, name: str) -> None:
 
 @pytest.mark.multiproc
 def test_hf_llama_trains_context_parallel_in_one_pipeline_of_two(runs: Runs) -> None:
-    """A CP-2 stage (q, k, v and the output traded between the sequence and the heads
-    split by all-to-alls; RoPE after them, on global positions) then a stage without CP,
-    beside a one-rank pipeline."""
+    """A stage without CP, then a CP-2 stage (q, k, v and the output traded between the
+    sequence and the heads split by all-to-alls; RoPE after them, on global positions; the
+    sizes it reads from the tokens are the global ones), beside a one-rank pipeline."""
     _equal_params(runs, "llama cp")
 
 
