@@ -421,9 +421,7 @@ class _Builder:
         if not isinstance(source, torch.fx.Node) or not isinstance(dim, int):
             return False
         shape, ann = self.ag.shape(source.name), self.ag.annotations.get(source.name)
-        if (
-            ann is not None and self.rank not in ann
-        ):  # an earlier stage's (swapped): its shape there
+        if ann is not None and self.rank not in ann:  # an earlier stage's: its shape there
             return self._elsewhere_shape(source)[dim] == shape[dim]
         return self.local_shape(source)[dim] == shape[dim]
 
