@@ -72,6 +72,10 @@ class LlamaCost:
         return True
 
     @property
+    def context_parallel(self) -> bool:
+        return True
+
+    @property
     def vocab_split(self) -> bool:
         return True
 

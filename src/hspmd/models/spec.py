@@ -71,6 +71,7 @@ __all__ = [
     "ModelSpecError",
     "ModuleModel",
     "ParamInfo",
+    "HEADS",
     "Placement",
     "TPKind",
     "TP_KINDS",
@@ -92,7 +93,10 @@ NOT_ARCHITECTURE = frozenset({
 })  # fmt: skip
 TPKind = Literal["column", "row", "vocab", "replicate"]
 TP_KINDS: tuple[str, ...] = get_args(TPKind)
-Placement = Literal["residual", "dup", "heads"] | int
+Placement = Literal["residual", "dup", "heads", "cp_heads"] | int
+HEADS: tuple[str, ...] = ("heads", "cp_heads")
+"""Placements of attention-head markers: heads split over TP x CP (``heads``), or over CP
+only where TP leaves the attention whole (``cp_heads``: a fused replicate qkv)."""
 
 
 class ModelSpecError(HspmdError, ValueError):

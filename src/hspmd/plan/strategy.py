@@ -693,6 +693,9 @@ def _check_tp(p: int, s: int, stage: Stage, config: ModelSpec) -> None:
             )
 
 
+_HEADS = ("heads", "cp_heads")  # hspmd.models.spec.HEADS (plan imports no model at run time)
+
+
 def _check_cp(p: int, stage: Stage, config: ModelSpec, seq_len: int | None) -> None:
     """A context-parallel stage (``check_strategy``)."""
     where = f"stage {stage} (pipeline {p}) has CP degree {stage.cp}"
@@ -701,18 +704,20 @@ def _check_cp(p: int, stage: Stage, config: ModelSpec, seq_len: int | None) -> N
             f"{where}, which does not divide seq_len={seq_len}: use a length that is a "
             f"multiple of {stage.cp}"
         )
-    heads = [m for m in config.markers() if m.placement == "heads" and m.layer in stage.layers]
+    heads = [m for m in config.markers() if m.placement in _HEADS and m.layer in stage.layers]
     if not heads:
         raise StrategyError(
-            f"{where}, but {config.name} has no attention-head markers (placement 'heads', "
-            "docs/models.md) on those layers to split the heads over: use :C1 there"
+            f"{where}, but {config.name} has no attention-head markers on those layers to "
+            "split the heads over (hspmd marks F.scaled_dot_product_attention on q, k, v of "
+            "shape (B, heads, T, head_dim); docs/models.md): use :C1 there"
         )
-    degree = stage.tp * stage.cp
     for marker in heads:
         count = marker.trailing[0]
-        if count % degree:
+        tp = stage.tp if marker.placement == "heads" else 1  # cp_heads: TP keeps them whole
+        if count % (tp * stage.cp):
+            over = f"TP x CP = {tp}x{stage.cp}" if tp > 1 else "CP"
             raise StrategyError(
                 f"{where}: the all-to-all splits the {count} heads of marker {marker.name} "
-                f"over TP x CP = {stage.tp}x{stage.cp} = {degree} ranks, which does not "
-                f"divide: use TP x CP dividing {count}"
+                f"over {over} = {tp * stage.cp} ranks, which does not divide: use {over[:7]} "
+                f"dividing {count}"
             )

@@ -420,7 +420,9 @@ class _Builder:
             source, dim = size.args[0], size.args[1]
         if not isinstance(source, torch.fx.Node) or not isinstance(dim, int):
             return False
-        shape = self.ag.shape(source.name)
+        shape, ann = self.ag.shape(source.name), self.ag.annotations.get(source.name)
+        if ann is not None and self.rank not in ann:  # an earlier stage's: its shape there
+            return self._elsewhere_shape(source)[dim] == shape[dim]
         return self.local_shape(source)[dim] == shape[dim]
 
     def embedding(self, node: torch.fx.Node, *, weight_first: bool = False) -> None:
