@@ -35,7 +35,7 @@ from hspmd.comm.plan import (
     volume,
 )
 from hspmd.runtime.context import Issued, StepContext, finish, held, nbytes, region_shape
-from hspmd.runtime.p2p import Exchange
+from hspmd.runtime.p2p import Exchange, Received
 
 
 def send_recv(step: SendRecv, x: torch.Tensor | None, ctx: StepContext) -> torch.Tensor | None:
@@ -224,22 +224,17 @@ def queue_split_reduce_scatter(
     moves = _reduce_moves(step, ctx.before, ctx.after, ctx.shape, rank)
     for root, box in moves.sends:
         exchange.send(root, [x[box]])
-    received: list[list[torch.Tensor]] = []
-    for _, shape, parts in moves.roots:
-        values = []
-        for r, mine in parts:
-            if mine is not None:
-                values.append(x[mine])
-            else:
-                values.append(torch.empty(shape, **ctx.like))
-                exchange.recv(r, [values[-1]])
-        received.append(values)
+    received: list[list[torch.Tensor | Received]] = []
+    for _, shape, parts in moves.roots:  # others' parts: views of each peer's one buffer
+        received.append([x[mine] if mine is not None else exchange.recv_new(r, shape, ctx.like)
+                         for r, mine in parts])  # fmt: skip
 
     def then() -> torch.Tensor | None:
         if rank not in ctx.after:
             return None
         out = torch.empty(ctx.new().shape, **ctx.like)
-        for (box, _, _), values in zip(moves.roots, received, strict=True):
+        for (box, _, _), parts in zip(moves.roots, received, strict=True):
+            values = [p if isinstance(p, torch.Tensor) else _value(p) for p in parts]
             view = out[box]  # summed in the slice's rank order, as on every root
             if not values:
                 view.zero_()
@@ -320,3 +315,8 @@ def queue_split_all_gather(
         assert out is not None
         exchange.recv(peer, [out[out_box]])
     return out
+
+
+def _value(received: Received) -> torch.Tensor:
+    assert received.value is not None, "read before its batch was issued"
+    return received.value
