@@ -6,10 +6,15 @@ The model is a Llama of 4 layers (hidden 256, FFN 768, vocabulary 2048: 4.46 M p
 pipelines in lock step: ZeRO-3 gathers per layer), each step 2 micro-batches of 1 sequence
 of 128 tokens per rank. One launch trains, per round, every ZeRO stage (3 twice more:
 without overlap, ``--zero-no-overlap``, and with uneven shares 3,1,1,1, whose first rank
-holds half of every shard); a second launch trains the same model, data and batches under
-FSDP2 (every block and the root ``fully_shard``-ed, torch's AdamW, a reduce-scatter in
-every backward as ZeRO-3 here). Rounds rotate the order; step times are the median over the
-steps after the first two, of all rounds.
+holds half of every shard) and, in the same processes, the same model, data and batches
+under FSDP2 (every block and the root ``fully_shard``-ed, torch's AdamW, a reduce-scatter
+in every backward as ZeRO-3 here): FSDP2 last in even rounds, first in odd ones (ABAB),
+the stages' order rotating. Each run's first two steps are warm-up. A step's wall time is
+its slowest rank's; its CPU time (``time.process_time``: the rank's process, gloo's threads
+included; less moved by the other processes of a shared machine) the ranks' mean. Per
+round, each run's median step over FSDP2's median step of that round; the table and the
+JSON line give the median of these ratios over the rounds and their range, in wall and in
+CPU time (``zero3_step_over_fsdp2`` is the wall-time median).
 
 Memory is the state's tracked tensor bytes (``hspmd.train.meter``: parameters as their
 storage holds them now, gradients, fp32 masters, Adam moments, gradient shards; not the
@@ -22,9 +27,9 @@ prefetch (the default) one unit computes while the next one's gather arrives, so
 units are resident at the peak by design (FSDP2's prefetch holds two as well): the goal
 line also gives ZeRO-3 over 1/4 of ZeRO-0's plus two layers.
 
-    .venv/bin/python benchmarks/zero.py            # 2 rounds of 6 steps
+    .venv/bin/python benchmarks/zero.py            # 4 rounds of 6 steps
     .venv/bin/python benchmarks/zero.py --quick    # 1 round of 4 steps
-    .venv/bin/python benchmarks/zero.py --runs ZeRO-3 --rounds 4   # ZeRO-3 and FSDP2 only
+    .venv/bin/python benchmarks/zero.py --runs ZeRO-3 --rounds 6   # ZeRO-3 and FSDP2 only
 
 Prints a table, then one JSON line.
 """
