@@ -85,15 +85,16 @@ def test_restricted_keeps_the_kept_ranks_part_of_each_collective() -> None:
 def test_replan_is_the_per_pipeline_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A re-plan with one pipeline simulated per class chooses what simulating every pipeline
     chooses: the same strategy, options, step and switch."""
-    cost = CostModel.of(
-        load_cluster(cluster_file(tmp_path / "c.json", fast=64, slow=0, per_node=8))
-    )
-    current = parse_strategy("8*(2x1: R0-7:L0-59)")
+    path = cluster_file(tmp_path / "c.json", fast=16, slow=0, per_node=4)
+    cost = CostModel.of(load_cluster(path), dtype="fp32")
+    current = parse_strategy("8*(2x1: R0-1:L0-7)")
 
     def run() -> tuple[object, ...]:
-        p = replan(MODEL, cost, alive=range(56), current=current, global_batch=16, seq_len=4096)
+        p = replan(get_config("llama-small"), cost, alive=range(14), current=current,
+                   global_batch=32, seq_len=256, dtype="fp32")  # fmt: skip
         return str(p.strategy), p.options, p.step_time_s, p.moved_bytes, p.source
 
     by_class = run()
+    assert max(map(len, pipeline_classes(parse_strategy(by_class[0]), cost, BF16))) > 1
     monkeypatch.setattr(zero_choice, "predict_by_class", predict)
     assert run() == by_class
