@@ -153,6 +153,9 @@ def parameter_annotations(strategy: Strategy, config: ModelSpec) -> dict[str, Pa
     'layers.0.attn.wo.weight [64, 64] [0,1]{1:2}'
     """
     check_strategy(strategy, config)
+    # one annotation per (holding stages, kind): the layers of one stage share it (65,536
+    # ranks: 8,191 stages per annotation, 4 built for the 80 layers of one-stage pipelines)
+    holders: dict[tuple[int, ...], tuple[Stage, ...]] = {}
     cache: dict[tuple[tuple[int, ...], str], Annotation] = {}
     parts: dict[tuple[Stage, int], tuple[DeviceGroup, DistributedStates]] = {}
     specs = {}
@@ -164,9 +167,11 @@ def parameter_annotations(strategy: Strategy, config: ModelSpec) -> dict[str, Pa
                 "replicate (a row-parallel layer's bias is added after the all-reduce)"
             )
         layers = _layers_of(config, name, layer)
-        key = (layers, kind)
+        if layers not in holders:
+            holders[layers] = _tied_holders(strategy, layers)
+        key = (tuple(map(id, holders[layers])), kind)  # the stages live as long as strategy
         if key not in cache:
-            cache[key] = _annotation(_tied_holders(strategy, layers), kind, parts)
+            cache[key] = _annotation(holders[layers], kind, parts)
         specs[name] = _spec(name, shape, cache[key])
     return specs
 
