@@ -223,7 +223,7 @@ class _CaptureCache:
     answers from what a launcher sent (``receive``) and says which keys a ``sending`` block
     read."""
 
-    def __init__(self, fn: Callable[..., Any], maxsize: int) -> None:
+    def __init__(self, fn: Callable[..., Any], maxsize: int | None) -> None:
         self.fn, self.maxsize = fn, maxsize
         self.name = f"{fn.__module__}.{fn.__qualname__}"
         self.values: OrderedDict[Hashable, Any] = OrderedDict()
@@ -241,7 +241,7 @@ class _CaptureCache:
         value = self.fn(*args) if sent is None else _unpacked(sent)
         with _LOCK:
             self.values[args] = value
-            while len(self.values) > self.maxsize:
+            while self.maxsize is not None and len(self.values) > self.maxsize:
                 evicted, _ = self.values.popitem(last=False)
                 self.packed.pop(evicted, None)
         return value
@@ -258,10 +258,11 @@ class _CaptureCache:
         return self.packed[args]
 
 
-def captured_cache(maxsize: int) -> Callable[[Callable[P, R]], Callable[P, R]]:
+def captured_cache(maxsize: int | None) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Decorate a function of hashable, picklable positional arguments that captures a
     graph (it returns a ``GraphModule`` or a tuple holding some): its values are cached
-    like ``functools.lru_cache(maxsize)``'s, and a launcher sends them to its workers."""
+    like ``functools.lru_cache(maxsize)``'s (None: unbounded), and a launcher sends them to
+    its workers (``sending``, ``receive``)."""
 
     def wrap(fn: Callable[P, R]) -> Callable[P, R]:
         cache = _CaptureCache(fn, maxsize)

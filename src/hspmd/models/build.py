@@ -29,7 +29,7 @@ __all__ = [
 ]  # fmt: skip
 
 
-@captured_cache(maxsize=16)  # a launcher sends its workers these (hspmd.graph.portable)
+@captured_cache(maxsize=None)  # a launcher sends its workers these (hspmd.graph.portable)
 def _llama_graph(config: LlamaConfig) -> torch.fx.GraphModule:
     from hspmd.models.llama import Llama
 
