@@ -65,6 +65,7 @@ from hspmd.graph.export import (
     capture_step,
     user_frame,
 )
+from hspmd.graph.portable import captured_cache
 from hspmd.markers import is_reshard_node, reshard
 from hspmd.models.calling import (
     check_fields,
@@ -805,7 +806,7 @@ def _vocab_size(module: nn.Module, gm: torch.fx.GraphModule) -> int:
     return 256
 
 
-@functools.lru_cache(maxsize=16)
+@captured_cache(maxsize=16)  # a launcher sends its workers these (hspmd.graph.portable)
 def _capture(
     source: str,
     kwargs: tuple[tuple[str, Any], ...],

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from hspmd.errors import StrategyError
-from hspmd.models.build import check_weights
+from hspmd.models.build import Sent, check_weights, receive_graphs, sent_graphs
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Strategy, StrategyOptions, check_strategy
 from hspmd.runtime.launch import ElasticLaunch, NodeSpec, launch
@@ -182,8 +182,10 @@ def num_processes(config: TrainConfig) -> int:
 
 
 def _rank_work(
-    world: World, configs: Sequence[TrainConfig], events: Any, trace: bool
+    world: World, configs: Sequence[TrainConfig], events: Any, trace: bool, graphs: Sent
 ) -> list[dict[str, Any]]:
+    receive_graphs(graphs)  # the launcher's captures: no rank captures the model again
+
     def report_for(index: int) -> Callable[[Record], None]:
         return lambda record: events.put((index, record))
 
@@ -233,7 +235,7 @@ def train_many(
             box["results"] = launch(
                 _rank_work,
                 nproc,
-                args=(list(configs), events, trace),
+                args=(list(configs), events, trace, _graphs(configs)),
                 backend=backend_of(devices.pop()),
                 timeout_s=timeout_s,
                 threads=threads,
@@ -387,8 +389,8 @@ def train_elastic(
         serve=serve,
     )  # fmt: skip
     results = launch(
-        run_rank_elastic, nproc, args=(config,), timeout_s=timeout_s, threads=threads,
-        elastic=elastic,
+        _elastic_rank, nproc, args=(config, _graphs([config])), timeout_s=timeout_s,
+        threads=threads, elastic=elastic,
     )  # fmt: skip
     alive = [[r] for r in results if r is not None]
     if not alive:  # this node's ranks all died; the others trained on
@@ -396,6 +398,16 @@ def train_elastic(
         nan = {name: torch.full(shape, float("nan")) for name, shape in shapes.items()}
         return TrainResult(records=(), params=nan)
     return _assemble(alive, [config])[0]
+
+
+def _graphs(configs: Sequence[TrainConfig]) -> Sent:
+    """The runs' captured graphs, for the workers (the checks before launch captured them)."""
+    return sent_graphs(lambda: [config.model_config() for config in configs])
+
+
+def _elastic_rank(world: World, config: TrainConfig, graphs: Sent) -> dict[str, Any]:
+    receive_graphs(graphs)
+    return run_rank_elastic(world, config)
 
 
 def _elastic_messages(
