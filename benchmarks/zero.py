@@ -277,6 +277,23 @@ def render(out: dict[str, dict[str, Any]], names: list[str]) -> Table:
     return table
 
 
+def run_names(text: str) -> list[str]:
+    """The names of ``--runs``: comma-separated, a name's own commas kept
+    (``ZeRO-0,ZeRO-3 shares 3,1,1,1`` is two runs).
+
+    >>> run_names("ZeRO-0,ZeRO-3 shares 3,1,1,1,ZeRO-3")
+    ['ZeRO-0', 'ZeRO-3 shares 3,1,1,1', 'ZeRO-3']
+    """
+    names: list[str] = []
+    for piece in (p.strip() for p in text.split(",")):
+        joined = f"{names[-1]},{piece}" if names else piece
+        if names and names[-1] not in RUNS and any(r.startswith(joined) for r in RUNS):
+            names[-1] = joined
+        elif piece:
+            names.append(piece)
+    return names
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="one round of 4 steps")
@@ -285,7 +302,7 @@ def main() -> None:
     parser.add_argument("--runs", default=",".join(RUNS), help="comma-separated names of RUNS")
     args = parser.parse_args()
     steps, rounds = (4, 1) if args.quick else (args.steps, args.rounds)
-    names = [n.strip() for n in args.runs.split(",") if n.strip()]
+    names = run_names(args.runs)
     unknown = [n for n in names if n not in RUNS]
     if unknown:
         parser.error(f"unknown runs {unknown}: choose among {', '.join(RUNS)}")
