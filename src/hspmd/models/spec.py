@@ -157,6 +157,12 @@ class ModelSpec(Protocol):
         graph (``hspmd.specialize.sites.marker_sites``; tests check it against deduction)."""
         ...
 
+    @property
+    def tied(self) -> tuple[tuple[str, int], ...]:
+        """Parameters used on two stages' layers (a head tied to the embedding): each
+        name and its second layer; its gradient is summed between the two stages."""
+        ...
+
     def parameter_shapes(self) -> Mapping[str, tuple[int, ...]]:
         """Every parameter's global shape, in ``named_parameters()`` order."""
         ...

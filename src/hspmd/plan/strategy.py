@@ -600,7 +600,7 @@ def _check_pipeline(
             )
         if stage.cp > 1:
             _check_cp(p, stage, config, seq_len)
-    if config.tie_embeddings and len(pipeline.stages) > 1 and not getattr(config, "tied", ()):
+    if config.tie_embeddings and len(pipeline.stages) > 1 and not config.tied:
         raise StrategyError(
             f"tied embeddings need layer 0 and layer {config.num_layers - 1} on one stage, "
             f"but pipeline {p} ({pipeline}) has {len(pipeline.stages)} stages: "

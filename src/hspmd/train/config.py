@@ -16,7 +16,7 @@ from typing import Any
 
 from hspmd.data.source import DataSpec
 from hspmd.models.llama import get_config
-from hspmd.models.spec import BatchField, ModelSpec, ModuleModel
+from hspmd.models.spec import BatchField, ModelSpec
 from hspmd.plan.strategy import Strategy, StrategyOptions
 from hspmd.train.sections import (
     SECTIONS,
@@ -201,7 +201,7 @@ class TrainConfig:
                 f"seq_len={seq_len} exceeds the model's max_seq_len={model.max_seq_len}"
             )
         staged = self.strategy is not None and _staged(self.strategies)
-        if isinstance(model, ModuleModel) and model.tied and self.zero1 and staged:
+        if model.tied and self.zero1 and staged:
             raise TrainError(
                 f"{model.name} ties {model.tied[0][0]} between its first and last stage, which "
                 "--zero1 does not shard yet: drop --zero1, or put each pipeline on one stage"
