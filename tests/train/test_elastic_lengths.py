@@ -61,8 +61,7 @@ def test_choice_per_step_and_a_widened_fallback(tmp_path: Path) -> None:
 
 def test_a_replanned_set_is_taken_and_committed(tmp_path: Path) -> None:
     lengths = Lengths(_config(tmp_path))
-    record = lengths.replan_record(members=(0, 1, 2, 3), joined=(), alive=[0, 2, 3],
-                                   current=parse_strategy(SHORT))  # fmt: skip
+    record = lengths.replan_record(members=(0, 1, 2, 3), joined=(), alive=[0, 2, 3])
     json.dumps(record)  # published through the store
     strategy = lengths.take(record, step=2, renumbered={0: 0, 2: 1, 3: 2})
     assert set(strategy.ranks) <= {0, 2, 3}

@@ -430,10 +430,10 @@ def _measure(
     forward at batch 1, ``seq_len`` tokens, on the meta device."""
     counter = _Counter()
     saves = _Saves(counter)
-    tokens = torch.zeros(1, seq_len, dtype=torch.long, device="meta")
+    inputs = _meta_inputs(gm, seq_len)
     try:
         with counter, torch.autograd.graph.saved_tensors_hooks(saves.pack, lambda t: t):
-            _CostRun(gm, counter, saves).run(tokens, tokens)
+            _CostRun(gm, counter, saves).run(*inputs)
     except HspmdError:
         raise
     except Exception as error:
@@ -443,6 +443,23 @@ def _measure(
             "data-dependent shapes)"
         ) from error
     return counter.ops, list(saves.saved.values())
+
+
+def _meta_inputs(gm: torch.fx.GraphModule, seq_len: int) -> list[torch.Tensor]:
+    """One meta tensor per graph input at batch 1: each symbolic dim (the sequence) at
+    ``seq_len``, the rest as captured; tokens, targets and packed documents' segments
+    (one document) are int64 zeros."""
+    out = []
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            out.append(torch.zeros(1, seq_len, dtype=torch.long, device="meta"))
+            continue
+        trailing = [seq_len if isinstance(d, torch.SymInt) else int(d) for d in val.shape[1:]]
+        out.append(torch.zeros(1, *trailing, dtype=val.dtype, device="meta"))
+    return out
 
 
 class _Saves:

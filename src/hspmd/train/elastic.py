@@ -548,7 +548,7 @@ def _plan_record(
     if run.lengths is not None:
         joined = tuple(m for m in members if m not in run.members)
         return run.lengths.replan_record(members=run.members, joined=joined,
-                                         alive=sorted(renumbered), current=run.active.strategy)  # fmt: skip
+                                         alive=sorted(renumbered))  # fmt: skip
     plan = replan(
         planning_model(config.model_config()), local_cost(max(len(run.members), max(renumbered) + 1)),
         alive=sorted(renumbered),

@@ -29,11 +29,9 @@ from typing import Any
 
 from hspmd.cost.captured import planning_model
 from hspmd.data import DocumentStep
-from hspmd.models.config import LlamaConfig
 from hspmd.plan.dispatch import Assignment, DispatchError, balanced
 from hspmd.plan.strategy import Strategy, check_strategy
 from hspmd.planner.combined import LengthPlanner, LengthSet, StatesSwitch
-from hspmd.planner.elastic import replan
 from hspmd.planner.length_model import Histogram, LengthStrategy
 from hspmd.planner.lengths import assignment_seconds, fixed_dispatcher, load_plans, plans_json
 from hspmd.planner.local import local_cost
@@ -193,24 +191,18 @@ class Lengths:
         return self._samples
 
     def replan_record(self, *, members: tuple[int, ...], joined: tuple[int, ...],
-                      alive: list[int], current: Strategy) -> dict[str, Any]:  # fmt: skip
+                      alive: list[int]) -> dict[str, Any]:  # fmt: skip
         """Rank 0: the set for ``alive`` (the old generation's numbers, ``joined`` spares
-        after them), warm-started from the set running now, as a plans file. A model the
-        length planner cannot cost (its row model has the Llama's formulas only) gets the
-        elastic planner's strategy for rows of ``--max-seq-len``, dispatched by
-        ``balanced``, warm-started from ``current`` (a strategy in the record is a value:
-        ``hspmd.train.elastic`` encodes it for the store)."""
+        after them), warm-started from the set running now, as a plans file; any model with
+        a cost function (a preset's formulas, a captured model's measured figures:
+        ``planning_model``). A strategy in the record is a value: ``hspmd.train.elastic``
+        encodes it for the store."""
         config = self.config
         slow = {
             r: slowdown_of(config.faults.slowdown, m).factor for r, m in enumerate(members + joined)
         }
         cost = local_cost(len(members) + len(joined), slowdown=slow, dtype=config.options.dtype)
         model = planning_model(config.model_config())
-        if not isinstance(model, LlamaConfig):
-            rows = max(2, -(-(config.batch.step_tokens or 0) // config.batch.seq_len))
-            fixed = replan(model, cost, alive=alive, current=current, global_batch=rows,
-                           seq_len=config.batch.seq_len, dtype=config.options.dtype)  # fmt: skip
-            return {"strategy": fixed.strategy, "plan_seconds": fixed.plan_seconds}
         planner = LengthPlanner(model, cost, sequence_parallel=config.options.sequence_parallel)
         samples = self.samples()
         hist = Histogram.of([n for s in samples for n in s], max_len=config.batch.seq_len,
