@@ -57,6 +57,7 @@ from torch.utils.flop_counter import flop_registry
 
 from hspmd.annotation import DUP, Annotation
 from hspmd.errors import HspmdError
+from hspmd.graph.export import GraphInput
 from hspmd.markers import is_reshard_node
 from hspmd.models.build import model_graph, params_before_first_block
 from hspmd.models.spec import (
@@ -446,19 +447,21 @@ def _measure(
 
 
 def _meta_inputs(gm: torch.fx.GraphModule, seq_len: int) -> list[torch.Tensor]:
-    """One meta tensor per graph input at batch 1: each symbolic dim (the sequence) at
-    ``seq_len``, the rest as captured; tokens, targets and packed documents' segments
-    (one document) are int64 zeros."""
+    """One meta tensor per graph input at batch 1 (``GraphInput.sample``), read from the
+    placeholders: each symbolic dim (the sequence) at ``seq_len``; tokens, targets and
+    packed documents' segments (one document) are int64 zeros."""
     out = []
     for node in gm.graph.nodes:
-        if node.op != "placeholder":
-            continue
-        val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor):
-            out.append(torch.zeros(1, seq_len, dtype=torch.long, device="meta"))
-            continue
-        trailing = [seq_len if isinstance(d, torch.SymInt) else int(d) for d in val.shape[1:]]
-        out.append(torch.zeros(1, *trailing, dtype=val.dtype, device="meta"))
+        if node.op == "placeholder":
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                trailing = tuple(
+                    None if isinstance(d, torch.SymInt) else int(d) for d in val.shape[1:]
+                )
+                spec = GraphInput(node.name, trailing, str(val.dtype).removeprefix("torch."))
+            else:
+                spec = GraphInput(node.name, (None,))
+            out.append(spec.sample(1, seq_len))
     return out
 
 
