@@ -4,7 +4,7 @@ Some gradients are zero in exact arithmetic and yet not zero in fp32: a key bias
 part of it that RoPE does not rotate) shifts every score of a query by the same amount,
 which the softmax ignores; with documents of one repeated token every value of a document
 is the same, so no query or key weight gets a gradient either. What fp32 computes for such
-an element is rounding error, about 1e-11 to 1e-10 of the step's largest gradient element
+an element is rounding error, about 4e-11 to 5e-10 of the step's largest gradient element
 (measured: docs/cli.md, "Equal to the reference: the rule"), and it depends on the order
 of the sums, which a distributed run changes. Adam then divides that noise by ``eps`` and
 moves the element by up to ``lr`` a step in a direction no two runs share.
@@ -19,7 +19,7 @@ step does not hold, is structure, not noise: Adam leaves it in place in both run
 The floor is the normwise precision of the step's gradient: fp32 carries any gradient
 vector to a relative accuracy no better than ``u`` of its largest element, so an element
 below ``u x max |g_t|`` has no digit the arithmetic vouches for. The noise measured sits
-three to four decades below the floor; the smallest real gradients measured (a slowly
+two to three decades below the floor; the smallest real gradients measured (a slowly
 rotating RoPE pair of a key bias, single weights crossing zero) sit around it, and those
 are the elements whose Adam step is noise-dominated anyway (their gradient is near
 ``eps``). ``hspmd.train.compare`` does not call such elements equal or different: it holds
