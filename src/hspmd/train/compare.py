@@ -20,10 +20,11 @@ rounding error that depends on the order of the sums, and Adam divides it by ``e
 steps up to ``lr`` in directions no two runs share, so nothing about them can be equal.
 They are held only to Adam's reach, a bound no correct run exceeds::
 
-    |p - ref| <= 2 x lr x steps x max(1, (1 - beta1) / sqrt(1 - beta2))
+    |p - ref| <= 2 x lr x sum over steps t of adam_step_bound(t)
 
-(each run's Adam step is at most ``lr x max(1, (1 - beta1) / sqrt(1 - beta2))`` an element,
-Kingma and Ba 2015, section 2.1; two runs apart twice that). A NaN anywhere is different.
+(each run's step t moves an element by at most ``lr x adam_step_bound(t)``, whatever the
+gradients: 1 at step 1, 7.3 at most for betas 0.9/0.999; two runs apart twice that). A
+NaN anywhere is different.
 
 >>> import torch
 >>> from hspmd.train.config import AdamConfig, StepRecord
@@ -48,10 +49,12 @@ from typing import Any
 
 import torch
 
-from hspmd.train.config import TrainConfig
+from hspmd.train.config import AdamConfig, TrainConfig
 from hspmd.train.reference import TrainResult
 
-__all__ = ["LOSS_RTOL", "PARAM_RTOL", "UPDATE_RTOL", "Comparison", "NoiseOnly", "compare"]
+__all__ = [
+    "LOSS_RTOL", "PARAM_RTOL", "UPDATE_RTOL", "Comparison", "NoiseOnly", "adam_step_bound", "compare",
+]  # fmt: skip
 
 LOSS_RTOL = 1e-5
 PARAM_RTOL = 1e-4
@@ -195,13 +198,30 @@ def _noise_only(
     ]
     largest = float(torch.stack(apart).max())  # NaN when any is (torch's max keeps NaN)
     reach = math.inf
-    if config is not None:
-        a = config.adam
-        reach = 2 * a.lr * len(reference.records) * max(1.0, (1 - a.beta1) / (1 - a.beta2) ** 0.5)
+    if config is not None:  # two runs, each within lr x adam_step_bound a step
+        steps = range(1, len(reference.records) + 1)
+        reach = 2 * config.adam.lr * sum(adam_step_bound(config.adam, t) for t in steps)
     return NoiseOnly(
         elements=sum(int(m.sum()) for m in reference.noise_only.values()),
         parameters=tuple(reference.noise_only), largest=largest, reach=reach,
     )  # fmt: skip
+
+
+def adam_step_bound(adam: AdamConfig, step: int) -> float:
+    """The most Adam's step ``step`` can move an element, over ``lr`` (any gradients;
+    ``eps`` and decoupled weight decay only shrink it): ``|m_hat| / sqrt(v_hat)`` by
+    Cauchy-Schwarz over the gradients' weights in the two averages.
+
+    >>> a = AdamConfig()
+    >>> adam_step_bound(a, 1), round(adam_step_bound(a, 2), 3), round(adam_step_bound(a, 10**4), 2)
+    (1.0, 1.001, 7.27)
+    """
+    b1, b2 = adam.beta1, adam.beta2
+    ratio = b1 * b1 / b2
+    terms = float(step) if ratio == 1 else (1 - ratio**step) / (1 - ratio)
+    first = (1 - b1) ** 2 / (1 - b1**step) ** 2
+    second = (1 - b2**step) / (1 - b2)
+    return math.sqrt(first * second * terms)
 
 
 def _eval_difference(result: TrainResult, reference: TrainResult) -> float:
