@@ -8,14 +8,20 @@ before clipping: the figure the floor ``u x max |g|`` (u = 2^-24 = 6.0e-8) is se
 Prints, per parameter whose figure ever fell below 1e-4, the smallest and largest of it
 over the steps and its noise-only elements; the JSON line has them for every parameter.
 
-    python benchmarks/grad_noise.py --model FILE.py:make --data docs.jsonl \\
-        --tokens-per-step 96 --seq-len 64 --strategy "2x1: R0-1:L0-1:C2"
+``--write-letters random|repeated`` first writes ``--data`` (JSONL): 300 documents of 3 to 16
+letters (seed 0), random ones or one letter repeated. docs/cli.md's figures:
+
+    python benchmarks/grad_noise.py --write-letters random --data /tmp/letters.jsonl \\
+        --model tests/models/data/hf_models.py:phi --tokens-per-step 96 --seq-len 64 \\
+        --strategy "2x1: R0-1:L0-1:C2"
+    hspmd train --data /tmp/letters.jsonl ... (the same flags) --compare
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 from collections.abc import Mapping
 
 import torch
@@ -47,10 +53,24 @@ def _noise_high(name: str, mask: torch.Tensor | None) -> float:
     return max(float(s[name][mask].max()) for s in RecordingFloor.steps if name in s)
 
 
+def write_letters(path: str, kind: str) -> None:
+    """300 documents of 3 to 16 letters, random ones or one letter repeated (seed 0)."""
+    draw = random.Random(0)
+    with open(path, "w") as out:
+        for _ in range(300):
+            n = draw.randint(3, 16)
+            text = "".join(draw.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(n))
+            out.write(json.dumps({"text": text if kind == "random" else "a" * n}) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_config_arguments(parser, strategy=None)
-    config = config_from_args(parser.parse_args())
+    parser.add_argument("--write-letters", choices=("random", "repeated"))
+    args = parser.parse_args()
+    if args.write_letters is not None:
+        write_letters(args.data, args.write_letters)
+    config = config_from_args(args)
     reference.NoiseFloor = RecordingFloor  # type: ignore[misc]
     result = reference.run_reference(config)
     names = list(result.params)
