@@ -57,10 +57,13 @@ SRC = ROOT / "src"
 if str(SRC) not in sys.path:  # a checkout without `pip install`: hspmd from src/
     sys.path.insert(0, str(SRC))
 
-PARTS = ("profile", "equal", "shapes", "activations")
+PARTS = ("profile", "equal", "shapes", "activations", "zero3", "zero_memory", "hf_llama",
+         "zero_cpu")  # fmt: skip
 DATA = str(ROOT / "docs")  # the training text: this checkout's docs, whatever the Python
-LIMIT_S = {"profile": 120, "equal": 100, "shapes": 130, "activations": 60}  # per part (GPU)
-BUDGET_S = 360  # the whole check: a part gets at most what is left of it
+LIMIT_S = {"profile": 55, "equal": 70, "shapes": 70, "activations": 30, "zero3": 45,
+           "zero_memory": 55, "hf_llama": 55, "zero_cpu": 80}  # per part (GPU): sum 460  # fmt: skip
+BUDGET_S = 460  # the whole check (the module docstring's arithmetic)
+NO_TF32 = ("equal", "zero3")  # parts whose processes run fp32 matmuls without TF32
 GIB = 2**30
 
 # (c): 2 layers of Llama-2-7B (no grouped-query attention, so SDPA's flash kernel runs)
@@ -103,9 +106,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu check: {report['error']}", flush=True)
     else:
         scale = 3 if args.cpu_dry_run else 1  # a loaded 2-core machine is slow
-        for name in [p for p in args.parts.split(",") if p]:
+        names = [p for p in args.parts.split(",") if p]
+        unknown = [n for n in names if n not in LIMIT_S]
+        if unknown:
+            parser.error(f"--parts: unknown {', '.join(unknown)}; choose among {', '.join(PARTS)}")
+        for i, name in enumerate(names):
             left = args.budget_s * scale - (time.perf_counter() - begin)
-            limit = min(LIMIT_S[name] * scale, left)
+            limit = part_limit(name, names[i + 1 :], left=left, scale=scale)
             if limit < 10:
                 report["parts"][name] = {"error": f"skipped: {left:.0f} s of the budget left"}
                 print(f"== part {name}: skipped, the budget is spent", flush=True)
@@ -121,6 +128,18 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     return 1 if failed or "error" in report else 0
+
+
+def part_limit(name: str, later: list[str], *, left: float, scale: float = 1) -> float:
+    """Seconds for part ``name`` with ``left`` of the budget: its own limit plus what the
+    parts before it left unused, never the limits of the ``later`` parts (first come,
+    first served where the budget is below the limits' sum).
+
+    >>> part_limit("zero3", ["zero_cpu"], left=200), part_limit("zero3", [], left=30)
+    (120, 30)
+    """
+    own = LIMIT_S[name] * scale
+    return min(left, max(own, left - sum(LIMIT_S[n] * scale for n in later)))
 
 
 def _environment() -> dict[str, Any]:
@@ -151,7 +170,7 @@ def _run_part(name: str, out: Path, *, dry: bool, limit: float) -> dict[str, Any
                "--part", name, "--result", result, *(["--cpu-dry-run"] if dry else [])]  # fmt: skip
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH")) if p)
-    if name == "equal":
+    if name in NO_TF32:
         env["NVIDIA_TF32_OVERRIDE"] = "0"  # no TF32 in cuBLAS / cuDNN, in every process
     begin = time.perf_counter()
     proc = subprocess.Popen(
@@ -217,15 +236,26 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 
 def _child(name: str, out: Path, result: Path, *, dry: bool) -> int:
     data: dict[str, Any] = {}
-    part: Callable[..., None] = {"profile": part_profile, "equal": part_equal,
-                                 "shapes": part_shapes, "activations": part_activations}[name]  # fmt: skip
     try:
-        part(data, out, dry=dry)
+        _part(name)(data, out, dry=dry)
     except Exception as error:  # noqa: BLE001 - recorded; the parent goes on
         data["error"] = f"{type(error).__name__}: {error}"
         traceback.print_exc()
     result.write_text(json.dumps(data, default=str))
     return 1 if data.get("error") else 0
+
+
+def _part(name: str) -> Callable[..., None]:
+    """The function of part ``name``: (a)-(d) here, (e)-(h) in gpu_check_zero and
+    gpu_check_hf beside this file."""
+    import gpu_check_hf
+    import gpu_check_zero
+
+    here = {"profile": part_profile, "equal": part_equal, "shapes": part_shapes,
+            "activations": part_activations}  # fmt: skip
+    beside = {"zero3": gpu_check_zero.part_zero3, "zero_memory": gpu_check_zero.part_zero_memory,
+              "hf_llama": gpu_check_hf.part_hf_llama, "zero_cpu": gpu_check_zero.part_zero_cpu}  # fmt: skip
+    return {**here, **beside}[name]
 
 
 def _step(data: dict[str, Any], key: str, fn: Callable[[], Any]) -> Any:
