@@ -13,6 +13,13 @@ dry run) runs, in the same process and on the same device:
             and ``torch.optim.AdamW(foreach=False)`` on them, the same arithmetic as
             hspmd's Adam; the bf16 weights copied back after each step
 
+The factory builds the module in bf16 (``hf_llama(bf16=True)``), as a bf16 run of a Hugging
+Face model builds it: hspmd captures the module in the dtype of its parameters. A module
+built in fp32 and trained with ``dtype="bf16"`` fails today at its first matmul ("expected
+m1 and m2 to have the same dtype"): its capture keeps HF's RMSNorm cast back to the input's
+dtype as a cast to fp32, and the bf16 cast of the executable's parameters does not change it
+(``hspmd train --model tests/models/data/hf_models.py:llama --dtype bf16`` shows it).
+
 Both train on the run's first global batch, again at every step, so each side's k-th loss
 is comparable. One warm-up step each, then rounds alternating which side goes first (ABAB),
 ``--steps`` steps a side a round; per round hspmd's median step over eager's, the median
