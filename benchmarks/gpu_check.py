@@ -53,8 +53,9 @@ with 16 cores, estimated, not yet measured for (e)-(h) nor since (a)-(d) last ra
     g hf_llama     55   a launch, capture, 44 steps of ~50 ms: ~30
     h zero_cpu     80   2 launches of 4 ranks, 18 metered + 84 timed steps: ~45
                   ---
-                  460   + about 5 s of set-up before (a) and at most 11 s to stop a part
-                        that runs out of time: under 480 s (8 minutes) in every case
+                  460   the set-up before (a) counts in it; a part that runs out of time
+                        takes at most 11 s more to stop (a part after it may get as much
+                        less): at most 471 s, under 8 minutes
 
 A part may use what the parts before it left unused, never the limits of the parts after
 it (``part_limit``). ``--budget-s`` below 460 cuts the last parts first.
