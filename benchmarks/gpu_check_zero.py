@@ -11,7 +11,7 @@ f. ``zero_memory``: ZeRO 0 and 3 on one rank, each in a launch of its own (a lau
    reports on CPU (its ``predicted``).
 h. ``zero_cpu``: ``benchmarks/zero.py`` itself on the GPU machine's CPU cores: 4 gloo ranks
    of one torch thread each (``zero.py`` launches them so), CUDA hidden from them
-   (``CUDA_VISIBLE_DEVICES=''``: FSDP2's default mesh would take the GPU); its table and
+   (``CUDA_VISIBLE_DEVICES=''``; FSDP2 there runs on an explicit CPU mesh); its table and
    JSON line, the cores and the load average before and after.
 
 Why one rank for (e) and (f): ZeRO shards over data-parallel replicas, and one GPU holds

@@ -135,15 +135,17 @@ def _hspmd_rank(world: World, config: TrainConfig) -> Times:
 def _fsdp_rank(world: World, config: TrainConfig) -> Times:
     """FSDP2 on this rank: its rows of each global batch, 2 micro-batches of 1; the step
     times (between barriers, the loss all-reduced as hspmd's loop does)."""
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     from hspmd.models.build import step_loss
 
     torch.manual_seed(config.seed)
     model = build_reference_model(config)
+    mesh = init_device_mesh("cpu", (world.world_size,))  # its default takes a GPU where seen
     for block in model.layers:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.adam.lr, weight_decay=0.0)
     spec, rows = config.model_config(), config.batch.global_batch // world.world_size
     times = []
