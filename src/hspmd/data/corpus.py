@@ -58,6 +58,7 @@ __all__ = [
     "data_files",
     "jsonl_text",
     "load_documents",
+    "utf8_text",
     "split_documents",
 ]
 
@@ -109,19 +110,58 @@ def data_files(path: str | Path | None) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
 
 
+def utf8_text(raw: bytes, *, file: Path, number: int | None = None) -> str:
+    """``raw`` decoded as UTF-8; bytes that are not UTF-8 (a Latin-1 file, a binary file in
+    a data directory) are one line naming the file, its line (``number``, JSONL) and the
+    offset, never replaced in silence.
+
+    >>> utf8_text(b"caf\\xc3\\xa9", file=Path("a.txt"))
+    'café'
+    >>> utf8_text(b"caf\\xe9", file=Path("a.txt"))
+    Traceback (most recent call last):
+    hspmd.data.errors.DataError: a.txt: byte 0xe9 at offset 3 is not UTF-8: hspmd reads text as UTF-8; convert the file (e.g. iconv -f LATIN1 -t UTF-8) or leave it out of the data
+    """
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        where = f"{file}:{number}" if number is not None else str(file)
+        within = "of the line " if number is not None else ""
+        raise DataError(
+            f"{where}: byte 0x{raw[error.start]:02x} at offset {error.start} {within}is not "
+            "UTF-8: hspmd reads text as UTF-8; convert the file (e.g. iconv -f LATIN1 -t "
+            "UTF-8) or leave it out of the data"
+        ) from None
+
+
 def jsonl_text(line: str, *, file: Path, number: int) -> str | None:
     """The ``"text"`` of one JSONL line (None for a blank line); errors name the line."""
     if not line.strip():
         return None
     try:
         record = json.loads(line)
-        text = record["text"]
-    except (json.JSONDecodeError, KeyError, TypeError):
+    except json.JSONDecodeError as error:
         raise DataError(
-            f'{file}:{number}: expected a JSON object with a "text" field, got {line[:60]!r}'
+            f"{file}:{number}: not JSON ({error.msg} at column {error.colno}): a .jsonl file "
+            'holds one {"text": ...} object per line; name a plain text file other than .jsonl'
         ) from None
+    if not isinstance(record, dict):
+        raise DataError(
+            f'{file}:{number}: expected a JSON object with a "text" field, got '
+            f'{line.strip()[:60]!r}: write each line as {{"text": ...}}'
+        )
+    if "text" not in record:
+        strings = [k for k, v in record.items() if isinstance(v, str)] or ["FIELD"]
+        raise DataError(
+            f'{file}:{number}: no "text" field (its fields: {", ".join(map(str, record))}): '
+            f'hspmd reads each line\'s "text"; rename the field, e.g. jq -c '
+            f"'{{text: .{strings[0]}}}' {file} > fixed.jsonl"
+        )
+    text = record["text"]
     if not isinstance(text, str):
-        raise DataError(f'{file}:{number}: "text" must be a string, not {type(text).__name__}')
+        raise DataError(
+            f'{file}:{number}: "text" must be a string, not {type(text).__name__}: give each '
+            "line's document as a JSON string"
+        )
     return text
 
 
@@ -131,10 +171,11 @@ def _read_file(file: Path) -> list[bytes]:
     except OSError as error:
         raise DataError(f"cannot read data file {str(file)!r}: {error}") from None
     if file.suffix != ".jsonl":
+        utf8_text(raw, file=file)  # the bytes are the tokens, but only of UTF-8 text
         return [raw]
     docs = []
-    for number, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
-        text = jsonl_text(line, file=file, number=number)
+    for number, line in enumerate(raw.splitlines(), 1):
+        text = jsonl_text(utf8_text(line, file=file, number=number), file=file, number=number)
         if text is not None:
             docs.append(text.encode("utf-8"))
     return docs

@@ -23,10 +23,10 @@ from typing import Any
 
 from hspmd.data.errors import DataError
 
-__all__ = ["TextTokenizer", "fingerprint", "load_tokenizer", "tokenizer_files"]
+__all__ = ["EOD_TOKENS", "TextTokenizer", "fingerprint", "load_tokenizer", "tokenizer_files"]
 
-# end-of-document tokens of common tokenizers, tried in order when none is configured
-_EOD_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>")
+EOD_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>")
+"""End-of-document tokens of common tokenizers, tried in order when none is configured."""
 # files in a model folder that are no part of its tokenizer
 _NOT_TOKENIZER = {".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf",
                   ".onnx", ".npz", ".npy"}  # fmt: skip
@@ -105,7 +105,7 @@ def _tokenizers(file: Path) -> TextTokenizer:
         return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=True)]
 
     eod = _configured_eod(file.parent) if file.name == "tokenizer.json" else None
-    ids = [tokenizer.token_to_id(t) for t in ([eod] if eod else []) + list(_EOD_TOKENS)]
+    ids = [tokenizer.token_to_id(t) for t in ([eod] if eod else []) + list(EOD_TOKENS)]
     eod_id = next((i for i in ids if i is not None), None)
     vocab = tokenizer.get_vocab_size(with_added_tokens=True)
     return TextTokenizer(str(file), vocab, eod_id, "tokenizers", encode)

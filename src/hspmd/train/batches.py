@@ -40,7 +40,7 @@ from hspmd.data.held_out import (
 )
 from hspmd.data.items import open_dataset
 from hspmd.data.prepare import Progress
-from hspmd.data.source import check_tokens, open_tokens, token_documents
+from hspmd.data.source import check_tokens, corpus_name, open_tokens, token_documents
 from hspmd.data.steps import document_steps_of
 from hspmd.data.windows import TokenWindows
 from hspmd.train.config import TrainConfig
@@ -89,7 +89,7 @@ def _windows(config: TrainConfig) -> TokenWindows:
     file = open_tokens(spec)
     ids, _ = split_ids(file.ids, config.evaluation.split)
     return TokenWindows(ids, config.batch.global_batch, config.batch.seq_len, config.seed,
-                        where=_where(config, str(spec.path or file.path)))  # fmt: skip
+                        where=_where(config, corpus_name(spec, file)))  # fmt: skip
 
 
 def _byte_texts(config: TrainConfig) -> list[bytes]:
@@ -113,7 +113,7 @@ def eval_batches(config: TrainConfig) -> list[tuple[torch.Tensor, torch.Tensor]]
     if spec.tokenized:
         file = open_tokens(spec)
         ids = file.ids if ev.data is not None else split_ids(file.ids, ev.split)[1]
-        where = _held_where(config, str(spec.path or file.path))
+        where = _held_where(config, corpus_name(spec, file))
         return token_eval_batches(ids, count=ev.batches, global_batch=size, seq_len=seq_len,
                                   where=where)  # fmt: skip
     docs = load_documents(spec.path, max_bytes=spec.max_bytes or DEFAULT_MAX_BYTES)
