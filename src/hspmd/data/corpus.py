@@ -46,6 +46,7 @@ import torch
 
 from hspmd.data.errors import DataError
 from hspmd.data.steps import LONG_DOCS, DocumentStep, document_steps_of
+from hspmd.data.tokens import token_format
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -107,7 +108,17 @@ def data_files(path: str | Path | None) -> list[Path]:
             '(one {"text": ...} per line), a directory of text files, or a token file '
             "(.bin, .idx, .npy)"
         )
-    return sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+    if not root.is_dir():
+        return [root]
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    tokens = [p for p in files if token_format(p) is not None]
+    if tokens:  # their ids would be read as text (small ids are valid UTF-8)
+        raise DataError(
+            f"--data {path} is a folder, read as text, but holds token files "
+            f"({', '.join(p.name for p in tokens[:3])}{', ...' if len(tokens) > 3 else ''}): "
+            f"give one token file as --data (e.g. --data {tokens[0]}), or move them out"
+        )
+    return files
 
 
 def utf8_text(raw: bytes, *, file: Path, number: int | None = None) -> str:
