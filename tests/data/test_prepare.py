@@ -147,3 +147,16 @@ def test_bad_text_is_one_line_and_leaves_no_partial_files(
     assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
     with pytest.raises(DataError, match=words):
         load_documents(source)
+
+
+def test_a_byte_order_mark_is_not_text(jsonl: Path, tokenizer_json: Path, tmp_path: Path) -> None:
+    """A UTF-8 file that starts with a byte-order mark (as some editors write) reads as the
+    same documents without it: JSONL (whose first line would not parse) and plain text."""
+    marked = tmp_path / "marked.jsonl"
+    marked.write_bytes(b"\xef\xbb\xbf" + jsonl.read_bytes())
+    plain, _ = cached_tokens(jsonl, tokenizer_json, cache=tmp_path / "cache")
+    with_bom, _ = cached_tokens(marked, tokenizer_json, cache=tmp_path / "cache")
+    assert np.array_equal(open_token_file(plain).ids, open_token_file(with_bom).ids)
+    assert load_documents(marked) == load_documents(jsonl)
+    (tmp_path / "t.txt").write_bytes(b"\xef\xbb\xbfsome text")
+    assert load_documents(tmp_path / "t.txt") == [b"some text"]

@@ -69,6 +69,9 @@ DEFAULT_MAX_BYTES = 8 << 20
 SEPARATOR = 0
 """The byte between documents."""
 
+BOM = "\ufeff"
+"""The byte-order mark some editors write at a UTF-8 file's start: not text, dropped."""
+
 
 def load_documents(path: str | Path | None = None, *, max_bytes: int = DEFAULT_MAX_BYTES) -> list[bytes]:  # fmt: skip
     """Documents as UTF-8 bytes, in a fixed order (module docstring).
@@ -122,9 +125,9 @@ def data_files(path: str | Path | None) -> list[Path]:
 
 
 def utf8_text(raw: bytes, *, file: Path, number: int | None = None) -> str:
-    """``raw`` decoded as UTF-8; bytes that are not UTF-8 (a Latin-1 file, a binary file in
-    a data directory) are one line naming the file, its line (``number``, JSONL) and the
-    offset, never replaced in silence.
+    """``raw`` decoded as UTF-8 (a file's first line without its ``BOM``); bytes that are
+    not UTF-8 (a Latin-1 file, a binary file in a data directory) are one line naming the
+    file, its line (``number``, JSONL) and the offset, never replaced in silence.
 
     >>> utf8_text(b"caf\\xc3\\xa9", file=Path("a.txt"))
     'café'
@@ -133,7 +136,7 @@ def utf8_text(raw: bytes, *, file: Path, number: int | None = None) -> str:
     hspmd.data.errors.DataError: a.txt: byte 0xe9 at offset 3 is not UTF-8: hspmd reads text as UTF-8; convert the file (e.g. iconv -f LATIN1 -t UTF-8) or leave it out of the data
     """
     try:
-        return raw.decode("utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
         where = f"{file}:{number}" if number is not None else str(file)
         within = "of the line " if number is not None else ""
@@ -142,6 +145,7 @@ def utf8_text(raw: bytes, *, file: Path, number: int | None = None) -> str:
             "UTF-8: hspmd reads text as UTF-8; convert the file (e.g. iconv -f LATIN1 -t "
             "UTF-8) or leave it out of the data"
         ) from None
+    return text.removeprefix(BOM) if number in (None, 1) else text  # a file's first text
 
 
 def jsonl_text(line: str, *, file: Path, number: int) -> str | None:
@@ -183,7 +187,7 @@ def _read_file(file: Path) -> list[bytes]:
         raise DataError(f"cannot read data file {str(file)!r}: {error}") from None
     if file.suffix != ".jsonl":
         utf8_text(raw, file=file)  # the bytes are the tokens, but only of UTF-8 text
-        return [raw]
+        return [raw.removeprefix(BOM.encode())]
     docs = []
     for number, line in enumerate(raw.splitlines(), 1):
         text = jsonl_text(utf8_text(line, file=file, number=number), file=file, number=number)
