@@ -76,6 +76,10 @@ def test_fewer_bytes_than_one_step_is_one_line_before_launch(
     (tmp_path / "short.txt").write_text("abc")
     err = _one_line(["train", "--strategy", STRATEGY, "--data", str(tmp_path / "short.txt"), *SMALL], capsys)  # fmt: skip
     assert "fewer than one batch needs" in err
+    (tmp_path / "words.txt").write_text("plain words " * 20)  # --tokenizer forgotten
+    vocab = ["--config", '{"vocab_size": 64}']
+    err = _one_line(["train", "--strategy", STRATEGY, "--data", str(tmp_path / "words.txt"), *vocab, *SMALL], capsys)  # fmt: skip
+    assert "words.txt is read as raw bytes (no --tokenizer) and holds byte 119" in err
 
 
 def test_tokenizer_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -223,7 +223,8 @@ def _check_bytes(path: str | None, *, vocab: int, max_bytes: int | None) -> None
     largest = int(np.frombuffer(b"".join(docs), dtype=np.uint8).max())
     if largest >= vocab:
         raise DataError(
-            f"the byte corpus holds byte {largest}, not below the model's vocabulary "
-            f"of {vocab}: the byte corpus needs a vocabulary of 256 (--config "
-            """'{"vocab_size": 256}'), or give a token file (docs/data.md)"""
+            f"{path or 'the byte corpus'} is read as raw bytes (no --tokenizer) and holds byte "
+            f"{largest}, not below the model's vocabulary of {vocab}: give --tokenizer "
+            "(yours, to tokenize the text) or a token file, or a model with a vocabulary of "
+            """256 (--config '{"vocab_size": 256}'; docs/data.md)"""
         )
