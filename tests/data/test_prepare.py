@@ -160,3 +160,11 @@ def test_a_byte_order_mark_is_not_text(jsonl: Path, tokenizer_json: Path, tmp_pa
     assert load_documents(marked) == load_documents(jsonl)
     (tmp_path / "t.txt").write_bytes(b"\xef\xbb\xbfsome text")
     assert load_documents(tmp_path / "t.txt") == [b"some text"]
+
+
+def test_a_model_folder_without_a_vocabulary_is_refused(tmp_path: Path) -> None:
+    """transformers builds an empty tokenizer from a model folder's config.json alone (every
+    text encoded as nothing); hspmd refuses the folder in one line instead."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "vocab_size": 64}))
+    with pytest.raises(DataError, match=r"holds no tokenizer vocabulary \(none of tokenizer.json"):
+        load_tokenizer(tmp_path)

@@ -23,10 +23,20 @@ from typing import Any
 
 from hspmd.data.errors import DataError
 
-__all__ = ["EOD_TOKENS", "TextTokenizer", "fingerprint", "load_tokenizer", "tokenizer_files"]
+__all__ = [
+    "EOD_TOKENS",
+    "VOCABULARY_FILES",
+    "TextTokenizer",
+    "fingerprint",
+    "load_tokenizer",
+    "tokenizer_files",
+]
 
 EOD_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>")
 """End-of-document tokens of common tokenizers, tried in order when none is configured."""
+VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                    "spiece.model", "sentencepiece.bpe.model", "tekken.json")  # fmt: skip
+"""Files that hold a Hugging Face tokenizer's vocabulary (one at least, or a ``.tiktoken``)."""
 # files in a model folder that are no part of its tokenizer
 _NOT_TOKENIZER = {".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf",
                   ".onnx", ".npz", ".npy"}  # fmt: skip
@@ -73,6 +83,7 @@ def load_tokenizer(path: str | Path) -> TextTokenizer:
     tokenizer_files(path)  # it exists
     path = Path(path)
     if path.is_dir():
+        _check_vocabulary_files(path)
         try:
             return _transformers(path)
         except ImportError:
@@ -83,6 +94,19 @@ def load_tokenizer(path: str | Path) -> TextTokenizer:
                 ) from None
             return _tokenizers(path / "tokenizer.json")
     return _tokenizers(path)
+
+
+def _check_vocabulary_files(folder: Path) -> None:
+    """A folder must hold a vocabulary (``VOCABULARY_FILES``): given a model folder without
+    one, transformers builds an empty tokenizer from config.json's model type, which
+    encodes every text as nothing."""
+    names = {p.name for p in folder.iterdir() if p.is_file()}
+    if not names & set(VOCABULARY_FILES) and not any(n.endswith(".tiktoken") for n in names):
+        raise DataError(
+            f"--tokenizer {folder} holds no tokenizer vocabulary (none of "
+            f"{', '.join(VOCABULARY_FILES)}): give the folder the tokenizer's save_pretrained "
+            "wrote, or its tokenizer.json"
+        )
 
 
 def _tokenizers(file: Path) -> TextTokenizer:
