@@ -98,12 +98,11 @@ def test_tokenizer_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert "--tokenizer" in err and "does not exist" in err
     (tmp_path / "latin1.txt").write_bytes(b"w1 w2 caf\xe9\n" * 40)
     (tmp_path / "content.jsonl").write_text('{"content": "w1 w2"}\n')
-    for data, words in [("latin1.txt", "latin1.txt: byte 0xe9 at offset 9 is not UTF-8"),
-                        ("content.jsonl", "content.jsonl:1: no \"text\" field (its fields: content)")]:  # fmt: skip
-        for tokenized in (vocab, []):  # with the tokenizer, and as the byte corpus
-            argv = base if tokenized else base[:3] + base[5:]
-            err = _one_line([*argv, *tokenized, "--data", str(tmp_path / data)], capsys)
-            assert words in err, err
+    err = _one_line([*base, *vocab, "--data", str(tmp_path / "latin1.txt")], capsys)
+    assert "latin1.txt: byte 0xe9 at offset 9 is not UTF-8" in err
+    no_tokenizer = [*base[:3], *base[5:]]  # the byte corpus reads JSONL too
+    err = _one_line([*no_tokenizer, "--data", str(tmp_path / "content.jsonl")], capsys)
+    assert 'content.jsonl:1: no "text" field (its fields: content)' in err
     assert main(["tokenize", str(tmp_path / "latin1.txt"), "--tokenizer", str(tokenizer),
                  "--out", str(tmp_path / "l.bin")]) == 2  # fmt: skip
     assert "not UTF-8" in capsys.readouterr().err and not list(tmp_path.glob("*l.bin*"))
