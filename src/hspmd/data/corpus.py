@@ -50,6 +50,7 @@ from hspmd.data.tokens import token_format
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
+    "EMPTY_FIX",
     "ByteDocuments",
     "batches",
     "byte_batches",
@@ -68,6 +69,11 @@ DEFAULT_MAX_BYTES = 8 << 20
 
 SEPARATOR = 0
 """The byte between documents."""
+
+EMPTY_FIX = (
+    " (blank JSONL lines and empty files are skipped): give --data a file or folder with text"
+)
+"""What an error about a corpus without text adds: where text was skipped, and the fix."""
 
 BOM = "\ufeff"
 """The byte-order mark some editors write at a UTF-8 file's start: not text, dropped."""
@@ -91,7 +97,9 @@ def load_documents(path: str | Path | None = None, *, max_bytes: int = DEFAULT_M
         if total >= max_bytes:
             break
     if not docs:
-        raise DataError(f"no text in {path or 'the standard library'}: the data is empty")
+        raise DataError(
+            f"no text in {path or 'the standard library'}: the data is empty{EMPTY_FIX}"
+        )
     return docs
 
 

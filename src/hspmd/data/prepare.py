@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hspmd.data.corpus import data_files, jsonl_text, utf8_text
+from hspmd.data.corpus import EMPTY_FIX, data_files, jsonl_text, utf8_text
 from hspmd.data.errors import DataError
 from hspmd.data.megatron import IndexedWriter
 from hspmd.data.tokenizer import EOD_TOKENS, TextTokenizer, fingerprint, load_tokenizer
@@ -160,7 +160,9 @@ def write_tokens(
         raise
     if documents == 0:
         _remove(tmp)
-        raise DataError(f"no text in {source or 'the standard library'}: the corpus is empty")
+        raise DataError(
+            f"no text in {source or 'the standard library'}: the corpus is empty{EMPTY_FIX}"
+        )
     _finish(tmp, out, chosen, np.dtype(dtype))
     return Written(str(out), chosen, documents, tokens, np.dtype(dtype).name,
                    tokenizer.vocab_size, eod, time.perf_counter() - start)  # fmt: skip
