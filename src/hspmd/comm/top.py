@@ -184,12 +184,12 @@ def _as_reduce_scatter(
         if len({len(ranks) for ranks in holders}) != 1 or (hi - lo) % parts:
             return None
         size = (hi - lo) // parts
-        for group in zip(*holders, strict=True):
-            for i, rank in enumerate(group):
+        for paired in zip(*holders, strict=True):
+            for i, rank in enumerate(paired):
                 cut = (lo + i * size, lo + (i + 1) * size)
                 if new.get(rank) != (*region[:dim], cut, *region[dim + 1 :]):
                     return None
-            groups.append(group)
+            groups.append(paired)
     if sum(len(g) for g in groups) != len(new):
         return None
     return ReduceScatter(tuple(sorted(groups)), dim=dim)
