@@ -26,6 +26,7 @@ from hspmd.annotation import DUP, PARTIAL, Annotation, Region
 from hspmd.comm.plan import (
     AllReduce,
     Local,
+    ReduceScatter,
     SliceReduce,
     SplitAllGather,
     SplitAllReduce,
@@ -46,7 +47,9 @@ def top_step(before: Annotation, after: Annotation, shape: Sequence[int]) -> Ste
     if h1 == PARTIAL and h2 == DUP:
         return _as_all_reduce(before, old) or _split_all_reduce(before, old, shape)
     if h1 == PARTIAL and h2 >= 0:
-        return _split_reduce_scatter(before, old, new, shape)
+        return _as_reduce_scatter(before, h2, old, new) or _split_reduce_scatter(
+            before, old, new, shape
+        )
     if h1 >= 0 and h2 == DUP:
         return _split_all_gather(old, new, shape)
     if h1 == DUP and h2 == PARTIAL:
@@ -60,14 +63,51 @@ def top_step(before: Annotation, after: Annotation, shape: Sequence[int]) -> Ste
     return None
 
 
-def _representatives(layout: Annotation, holders: Sequence[int], prefer: int = -1) -> set[int]:
-    """One holder per subgroup: ``prefer`` where it is a holder, else the lowest rank."""
-    chosen: dict[int, int] = {}
-    for rank in sorted(holders):
-        chosen.setdefault(layout.subgroup_of(rank)[0], rank)
-    if prefer in holders:
-        chosen[layout.subgroup_of(prefer)[0]] = prefer
-    return set(chosen.values())
+class _Representatives:
+    """One holder per subgroup of ``layout``: ``prefer`` where it is a holder, else the
+    lowest rank. The choice per holders tuple is kept, by the tuple's identity
+    (``holders_table`` shares one tuple per holder set): the finest slices of one tensor
+    have few distinct holder sets (one per TP position), so a split collective over 1024
+    replicas asks 8192 times for 8 sets of 1024 ranks."""
+
+    def __init__(self, layout: Annotation) -> None:
+        self.layout = layout
+        # by id(holders): (holders, subgroup -> representative, representatives sorted)
+        self._chosen: dict[int, tuple[tuple[int, ...], dict[int, int], tuple[int, ...]]] = {}
+        self._into: dict[tuple[int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+
+    def _default(self, holders: tuple[int, ...]) -> tuple[dict[int, int], tuple[int, ...]]:
+        found = self._chosen.get(id(holders))
+        if found is None:
+            chosen: dict[int, int] = {}
+            for rank in sorted(holders):
+                chosen.setdefault(self.layout.subgroup_of(rank)[0], rank)
+            found = self._chosen[id(holders)] = (holders, chosen, tuple(sorted(chosen.values())))
+        return found[1], found[2]
+
+    def __call__(self, holders: tuple[int, ...], prefer: int = -1) -> set[int]:
+        chosen, _ = self._default(holders)
+        if prefer in holders:
+            chosen = {**chosen, self.layout.subgroup_of(prefer)[0]: prefer}
+        return set(chosen.values())
+
+    def summed_into(
+        self, holders: tuple[int, ...], root: int
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """``(ranks, zero)`` of a slice of ``holders`` summed into ``root``: the
+        representatives with ``root`` for its own subgroup, and ``root`` itself where it
+        holds nothing. Where ``root`` is its subgroup's usual representative (every root of
+        a TP-split weight), every root shares one ``ranks`` tuple: a split collective over
+        1024 replicas keeps 8 tuples of 1024 ranks, not 8192."""
+        chosen, plain = self._default(holders)
+        if chosen.get(self.layout.subgroup_of(root)[0]) == root:  # so root holds it
+            return plain, ()
+        key = (id(holders), root)
+        if key not in self._into:
+            summed = self(holders, prefer=root)
+            zero = () if root in summed else (root,)
+            self._into[key] = (tuple(sorted(summed | {root})), zero)
+        return self._into[key]
 
 
 def _slices(keyed: dict[tuple, list[Region]]) -> list[tuple[Region, tuple]]:
@@ -79,8 +119,9 @@ def _split_all_reduce(
     before: Annotation, regions: dict[int, Region], shape: Sequence[int]
 ) -> SplitAllReduce:
     keyed: dict[tuple, list[Region]] = defaultdict(list)
+    representatives = _Representatives(before)
     for box, holders, _ in holders_table(regions, regions, shape):
-        summed = _representatives(before, holders)
+        summed = representatives(holders)
         keyed[(holders, tuple(r for r in holders if r not in summed))].append(box)
     return SplitAllReduce(
         tuple(SliceReduce(box, ranks, zero) for box, (ranks, zero) in _slices(keyed))
@@ -114,15 +155,55 @@ def _as_all_reduce(before: Annotation, regions: dict[int, Region]) -> AllReduce 
     return AllReduce(tuple(sorted(groups)))
 
 
+def _as_reduce_scatter(
+    before: Annotation, dim: int, old: dict[int, Region], new: dict[int, Region]
+) -> ReduceScatter | None:
+    """Plain reduce-scatters over disjoint groups, where the pieces line up.
+
+    As in ``_as_all_reduce``, ranks of one summand region are paired position by position
+    across the subgroups; where every group's new pieces are its region cut evenly along
+    ``dim`` in subgroup order, each group reduce-scatters its region (the chunk of group
+    member ``i`` is part ``i``). ZeRO's gradient reduce over identical replicas is this:
+    one collective per TP position, not a message per replica pair (a split collective
+    over 1024 replicas would list 8192 slices of 1024 ranks)::
+
+        hP: [0,1]{1:2} [2,3]{1:2} -> h0: ...       reduce-scatter over [0,2] and [1,3]
+        hP: [0,1]{1:2} [2,3,4,5]{1:4}               None (split-reduce-scatter)
+    """
+    parts = len(before.groups)
+    by_region: dict[Region, list[list[int]]] = {}
+    for index, group in enumerate(before.groups):
+        for rank in sorted(group.ranks):
+            holders = by_region.get(old[rank])
+            if holders is None:
+                holders = by_region[old[rank]] = [[] for _ in before.groups]
+            holders[index].append(rank)
+    groups: list[tuple[int, ...]] = []
+    for region, holders in by_region.items():
+        lo, hi = region[dim]
+        if len({len(ranks) for ranks in holders}) != 1 or (hi - lo) % parts:
+            return None
+        size = (hi - lo) // parts
+        for paired in zip(*holders, strict=True):
+            for i, rank in enumerate(paired):
+                cut = (lo + i * size, lo + (i + 1) * size)
+                if new.get(rank) != (*region[:dim], cut, *region[dim + 1 :]):
+                    return None
+            groups.append(paired)
+    if sum(len(g) for g in groups) != len(new):
+        return None
+    return ReduceScatter(tuple(sorted(groups)), dim=dim)
+
+
 def _split_reduce_scatter(
     before: Annotation, old: dict[int, Region], new: dict[int, Region], shape: Sequence[int]
 ) -> SplitReduceScatter:
     keyed: dict[tuple, list[Region]] = defaultdict(list)
+    representatives = _Representatives(before)
     for box, owners, needers in holders_table(old, new, shape):
         for root in needers:
-            summed = _representatives(before, owners, prefer=root)
-            ranks = tuple(sorted(summed | {root}))
-            keyed[(ranks, () if root in summed else (root,), root)].append(box)
+            ranks, zero = representatives.summed_into(owners, root)
+            keyed[(ranks, zero, root)].append(box)
     return SplitReduceScatter(
         tuple(
             SliceReduce(box, ranks, zero, root=root) for box, (ranks, zero, root) in _slices(keyed)
@@ -134,18 +215,27 @@ def _split_all_gather(
     old: dict[int, Region], new: dict[int, Region], shape: Sequence[int]
 ) -> SplitAllGather:
     rows = holders_table(old, new, shape)
-    keyed: dict[tuple, list[Region]] = defaultdict(list)
+    # keyed by the needers tuple's identity (``holders_table`` shares one per set: hashing
+    # a tuple of 16,384 ranks per row was most of the time at scale)
+    keyed: dict[int, list[Region]] = defaultdict(list)
+    needers_of: dict[int, tuple[int, ...]] = {}
     owner_of: dict[Region, int] = {}
     for box, owners, needers in rows:
-        inside = [o for o in owners if o in needers]
-        owner_of[box] = min(inside or owners)
-        keyed[(needers,)].append(box)
+        if len(owners) > 1:
+            inside = set(needers).intersection(owners)
+            owner_of[box] = min(inside or owners)
+        else:
+            owner_of[box] = owners[0]
+        keyed[id(needers)].append(box)
+        needers_of[id(needers)] = needers
     slices = []
-    for box, (needers,) in _slices(keyed):
+    merged = sorted((box, key) for key, boxes in keyed.items() for box in merge_boxes(boxes))
+    for box, key in merged:  # the boxes of different needers are disjoint: sorted by box
         by_owner: dict[int, list[Region]] = defaultdict(list)
-        for row_box, _, row_needers in rows:
-            if row_needers == needers and contains(box, row_box):
+        for row_box in keyed[key]:
+            if contains(box, row_box):
                 by_owner[owner_of[row_box]].append(row_box)
+        needers = needers_of[key]
         sources = tuple(
             (owner, part) for owner in sorted(by_owner) for part in merge_boxes(by_owner[owner])
         )

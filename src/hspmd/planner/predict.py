@@ -52,6 +52,8 @@ from hspmd.sim.engine import Result, Task, simulate
 from hspmd.sim.restrict import restricted
 from hspmd.specialize.schedule import make_schedule
 
+GRAD_BYTES = 4  # gradients are synced in fp32 (the masters' dtype)
+
 __all__ = ["Prediction", "Segment", "predict", "segments", "step_tasks"]
 
 
@@ -262,55 +264,99 @@ def _sync_tasks(
     segs: Sequence[Segment], overlap: bool,
 ) -> list[Task]:  # fmt: skip
     """Gradient sync per segment, the optimizer, and (ZeRO-1) the weight all-gather."""
-    tasks: list[Task] = []
-    d = len(strategy.pipelines)
-    grad_elt, weight_elt = 4, cost.element_bytes
     last_b = {  # both schedules end every stage with the last micro-batch's backward
         (p, s): f"p{p}s{s}B{pipe.num_micro_batches - 1}"
         for p, pipe in enumerate(strategy.pipelines)
         for s in range(len(pipe.stages))
     }
-    zero = options.zero1 and d > 1
-    gather_in_post = options.zero < 3
+    zero = options.zero1 and len(strategy.pipelines) > 1
     # uneven shards (--zero-shares): the replica holding the most sets each exchange's pace
     parts = shard_parts(options.zero_shares) if zero and options.zero_shares else ()
-    slower = exchange_factor(parts)
     synced: dict[int, list[str]] = {}
-    for p, s, stage in strategy.stages():  # context parallel: grads partial over CP groups
-        if stage.cp > 1:
-            pipe = strategy.pipelines[p]
-            n = stage_params(config, len(stage.layers), stage.tp, first=s == 0,
-                             last=s == len(pipe.stages) - 1)  # fmt: skip
-            seconds = cost.collective("all-reduce", n * grad_elt, stage.cp_groups[0], stage.tp)
-            tid = f"cpsync p{p}s{s}"
-            tasks.append(Task(tid, stage.ranks[0], "comm", seconds, category="comm",
-                              deps=(last_b[(p, s)],), ranks=stage.ranks, label="CP grad sync"))  # fmt: skip
-            for r in stage.ranks:
-                synced.setdefault(r, []).append(tid)
-    gathers: list[tuple[Segment, tuple[int, ...], tuple[int, ...], int]] = []
+    tasks = _cp_sync_tasks(strategy, config, cost, last_b, synced)
+    sync = _SegmentSync(strategy, cost, zero=zero, slower=exchange_factor(parts), overlap=overlap)
     for seg in reversed(segs):  # issued in the order backward finishes them
-        stages = [strategy.pipelines[p].stages[s] for p, s in seg.holders]
+        tasks.append(sync.reduce(seg, last_b, synced))
+    tasks += _adam_tasks(strategy, config, cost, zero=zero, parts=parts, last_b=last_b,
+                         synced=synced)  # fmt: skip
+    if zero and options.zero < 3:  # ZeRO-3 gathers around each use instead (zero_gathers)
+        tasks += [sync.gather(seg) for seg in reversed(segs)]
+    return tasks
+
+
+def _cp_sync_tasks(
+    strategy: Strategy, config: ModelSpec, cost: CostModel,
+    last_b: dict[tuple[int, int], str], synced: dict[int, list[str]],
+) -> list[Task]:  # fmt: skip
+    """Context parallel: each stage's gradients, partial over its CP groups, summed."""
+    tasks = []
+    for p, s, stage in strategy.stages():
+        if stage.cp == 1:
+            continue
+        pipe = strategy.pipelines[p]
+        n = stage_params(config, len(stage.layers), stage.tp, first=s == 0,
+                         last=s == len(pipe.stages) - 1)  # fmt: skip
+        seconds = cost.collective("all-reduce", n * GRAD_BYTES, stage.cp_groups[0], stage.tp)
+        tid = f"cpsync p{p}s{s}"
+        tasks.append(Task(tid, stage.ranks[0], "comm", seconds, category="comm",
+                          deps=(last_b[(p, s)],), ranks=stage.ranks, label="CP grad sync"))  # fmt: skip
+        for r in stage.ranks:
+            synced.setdefault(r, []).append(tid)
+    return tasks
+
+
+class _SegmentSync:
+    """A segment's cross-pipeline sync: its ring of one rank per holder at the smallest TP
+    degree, an all-reduce (or under ZeRO a reduce-scatter, and the gather after Adam)."""
+
+    def __init__(
+        self, strategy: Strategy, cost: CostModel, *, zero: bool, slower: float, overlap: bool
+    ) -> None:
+        self.strategy, self.cost = strategy, cost
+        self.zero, self.slower, self.overlap = zero, slower, overlap
+
+    def _ring(self, seg: Segment) -> tuple[list[Stage], tuple[int, ...], tuple[int, ...], int]:
+        stages = [self.strategy.pipelines[p].stages[s] for p, s in seg.holders]
         ranks = tuple(sorted({r for st in stages for r in st.ranks}))
-        tmin = min(st.tp for st in stages)
-        ring = tuple(st.ranks[0] for st in stages)
-        shard = seg.params / tmin * grad_elt
-        if zero:
-            seconds = slower * cost.collective("reduce-scatter", shard, ring, tmin)
-            if gather_in_post:
-                gathers.append((seg, ranks, ring, tmin))
+        return stages, ranks, tuple(st.ranks[0] for st in stages), min(st.tp for st in stages)
+
+    def reduce(
+        self, seg: Segment, last_b: dict[tuple[int, int], str], synced: dict[int, list[str]]
+    ) -> Task:
+        stages, ranks, ring, tmin = self._ring(seg)
+        shard = seg.params / tmin * GRAD_BYTES
+        if self.zero:
+            seconds = self.slower * self.cost.collective("reduce-scatter", shard, ring, tmin)
         else:
-            seconds = cost.collective("all-reduce", shard, ring, tmin)
+            seconds = self.cost.collective("all-reduce", shard, ring, tmin)
         tid = f"sync{seg.first}-{seg.last}"
         deps = tuple(last_b[h] for h in seg.holders)
-        if overlap and not (zero and len({st.tp for st in stages}) > 1):
+        if self.overlap and not (self.zero and len({st.tp for st in stages}) > 1):
             # each holder's piece of its last backward that finishes these layers (ZeRO-1
             # between unequal TP degrees is point-to-point: issued after backward)
-            deps = tuple(_piece_of(p, s, strategy.pipelines[p], seg) for p, s in seg.holders)
-        tasks.append(Task(tid, ranks[0], "comm", seconds, category="comm", deps=deps,
-                          ranks=ranks if len(ranks) > 1 else (), label=f"sync L{seg.first}-{seg.last}"))  # fmt: skip
+            deps = tuple(_piece_of(p, s, self.strategy.pipelines[p], seg) for p, s in seg.holders)
         for r in ranks:
             synced.setdefault(r, []).append(tid)
+        return Task(tid, ranks[0], "comm", seconds, category="comm", deps=deps,
+                    ranks=ranks if len(ranks) > 1 else (), label=f"sync L{seg.first}-{seg.last}")  # fmt: skip
+
+    def gather(self, seg: Segment) -> Task:
+        _, ranks, ring, tmin = self._ring(seg)
+        nbytes = seg.params / tmin * self.cost.element_bytes
+        seconds = self.slower * self.cost.collective("all-gather", nbytes, ring, tmin)
+        deps = tuple(f"adam p{p}s{s}" for p, s in seg.holders)
+        return Task(f"gather{seg.first}-{seg.last}", ranks[0], "comm", seconds, category="comm",
+                    deps=deps, ranks=ranks if len(ranks) > 1 else (), label=f"gather L{seg.first}-{seg.last}")  # fmt: skip
+
+
+def _adam_tasks(
+    strategy: Strategy, config: ModelSpec, cost: CostModel, *, zero: bool,
+    parts: Sequence[float], last_b: dict[tuple[int, int], str], synced: dict[int, list[str]],
+) -> list[Task]:  # fmt: skip
+    """Each stage's Adam on what its ranks hold: the whole parameters, or under ZeRO the
+    shard (``1 / replicas``, or the pipeline's part of uneven shares)."""
     holders = layer_holders(strategy, config.num_layers)
+    tasks = []
     for p, s, stage in strategy.stages():
         pipe = strategy.pipelines[p]
         n = stage_params(
@@ -323,11 +369,6 @@ def _sync_tasks(
         tasks.append(Task(f"adam p{p}s{s}", stage.ranks[0], "compute", seconds, category="optimizer",
                           deps=deps, ranks=stage.ranks if len(stage.ranks) > 1 else (), label="Adam",
                           share=cost.share_of(stage.ranks[0]), weight=_busy(cost, stage.ranks)))  # fmt: skip
-    for seg, ranks, ring, tmin in gathers:
-        seconds = slower * cost.collective("all-gather", seg.params / tmin * weight_elt, ring, tmin)
-        deps = tuple(f"adam p{p}s{s}" for p, s in seg.holders)
-        tasks.append(Task(f"gather{seg.first}-{seg.last}", ranks[0], "comm", seconds, category="comm",
-                          deps=deps, ranks=ranks if len(ranks) > 1 else (), label=f"gather L{seg.first}-{seg.last}"))  # fmt: skip
     return tasks
 
 
