@@ -241,7 +241,7 @@ def test_context_parallelism_refuses_heads_it_cannot_split_in_one_line(
     assert "use CP dividing 2" in err, err
 
 
-@pytest.mark.parametrize("source", [f"{HF}:llama", f"{HF}:gpt2", f"{HF}:qwen2", f"{NANOGPT}:make"])
+@pytest.mark.parametrize("source", [f"{HF}:llama", f"{HF}:gpt2"])  # both failed before
 def test_bf16_runs_the_graph_captured_in_bf16_from_fp32_initial_weights(source: str) -> None:
     """A factory builds in fp32; ``--dtype bf16`` captures the module cast to bf16, so a
     cast back to the input's dtype (HF's RMSNorm, rotary tables) is recorded as bf16, and

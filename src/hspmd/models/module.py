@@ -585,13 +585,9 @@ def _items_key(items: Items | None) -> Items | None:
 
 @functools.lru_cache(maxsize=16)
 def _load(
-    source: str,
-    kwargs: tuple[tuple[str, Any], ...],
-    override: tuple[tuple[str, str], ...] | None,
-    items: Items | None,
-    packed: bool,
-    dtype: str,
-) -> ModuleModel:
+    source: str, kwargs: tuple[tuple[str, Any], ...],
+    override: tuple[tuple[str, str], ...] | None, items: Items | None, packed: bool, dtype: str,
+) -> ModuleModel:  # fmt: skip
     with on_meta():
         module = build_module(source, dict(kwargs))
     path, blocks = _blocks(module, source)
