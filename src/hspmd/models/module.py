@@ -45,6 +45,7 @@ import importlib.util
 import json
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -569,7 +570,7 @@ def load_model(
     kwargs = dict(kwargs or {})
     if dtype not in CAPTURE_DTYPES:
         raise ModelSpecError(f"dtype {dtype!r}: give one of {', '.join(CAPTURE_DTYPES)}")
-    items_key = _items_key(items)
+    items_key = _items_key(_in_dtype(items, dtype))
     return _load(source, tuple(sorted(kwargs.items())), tp_rules, items_key, packed, dtype)
 
 
@@ -830,6 +831,18 @@ def _capture(
         module = build_module(source, dict(kwargs)).to(CAPTURE_DTYPES[dtype])
     kinds = {n: kind_by_rules(n, rules) for n, _ in module.named_parameters()}
     return capture_model(module, kinds, source, items, packed=packed)
+
+
+def _in_dtype(items: Items | None, dtype: str) -> Items | None:
+    """``items`` with their floating fields in the compute ``dtype``: the graph takes them
+    as a run feeds them (``hspmd.train.loop``), and so does ``ModuleModel.batch``."""
+    if items is None or dtype == "fp32":
+        return items
+    name = str(CAPTURE_DTYPES[dtype]).removeprefix("torch.")
+    structure, fields = items
+    return structure, tuple(
+        replace(f, dtype=name) if getattr(torch, f.dtype).is_floating_point else f for f in fields
+    )
 
 
 def model_graph(model: ModuleModel) -> torch.fx.GraphModule:
