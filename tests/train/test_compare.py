@@ -125,3 +125,22 @@ def test_noise_only_elements_beyond_adams_reach_or_nan_are_different(
     judged_nan = ref.params[QUERY_BIAS].clone()
     judged_nan[0] = math.nan
     assert not compare(_with(ref, **{QUERY_BIAS: judged_nan}), ref, config=GPT2).ok
+
+
+def test_bf16_compute_is_judged_by_the_bf16_rule(reference: TrainResult) -> None:
+    """bf16 rounding (a 1e-2 relative drift of one weight, a 1e-4 one of the losses) is
+    DIFFERENT under the fp32 rule and equal under the bf16 one; a stale weight is
+    DIFFERENT under both."""
+    from hspmd.train.api import revise
+
+    bf16 = revise(CONFIG, dtype="bf16")
+    name = "layers.0.attn.wk.weight"
+    drifted = _with(reference, **{name: reference.params[name] * (1 + 1e-2)})
+    records = tuple(dataclasses.replace(r, loss=r.loss * (1 + 1e-4)) for r in reference.records)
+    drifted = dataclasses.replace(drifted, records=records)
+    assert not compare(drifted, reference, config=CONFIG).ok
+    report = compare(drifted, reference, config=bf16)
+    assert report.ok and report.to_json()["rule"] == "bf16" and "(bf16 rule)" in str(report)
+    initial = dict(build_reference_model(CONFIG).named_parameters())
+    stale = _with(reference, **{name: initial[name].detach().clone()})
+    assert not compare(stale, reference, config=bf16).ok
