@@ -24,7 +24,8 @@ def test_a_parameter_that_missed_its_updates_is_far_over_its_tolerance() -> None
         reference, params={**reference.params, name: initial[name].detach().clone()}
     )
     report = compare(stale, reference, config=CONFIG)
-    assert not report.ok and report.worst == name and report.score > 100, report
+    # 65 times its tolerance; the worst fp32 noise measured (a key bias): 0.34 of it
+    assert not report.ok and report.worst == name and report.score > 30, report
     assert compare(reference, reference, config=CONFIG).ok
 
 
@@ -37,3 +38,17 @@ def test_noise_the_size_of_a_tiny_parameter_passes_only_by_the_update_term() -> 
     got = dataclasses.replace(reference, params={**reference.params, name: noisy})
     assert compare(got, want, config=CONFIG).ok  # 1e-3 x lr x 3 steps x sqrt(n) >> 2e-7 x sqrt(n)
     assert not compare(got, want).ok  # relative alone: 200% of its norm
+
+
+def test_key_bias_noise_of_fused_and_split_attentions_passes() -> None:
+    """A key bias's fp32 noise measured under TP 2 (OPT's ``k_proj.bias``, 6 steps: 2.4e-3
+    of ``lr x steps x sqrt(n)``; GPT-NeoX's fused ``query_key_value.bias``: 1.9e-3) passes;
+    a bias that moved by a tenth of what Adam could move it does not."""
+    reference = run_reference(CONFIG)
+    name = "layers.0.attn_norm.weight"
+    want = reference.params[name]
+    reach = CONFIG.adam.lr * len(reference.losses)  # per element
+    for fraction, ok in ((3.4e-3, True), (1e-1, False)):
+        moved = want + fraction * reach * torch.where(torch.arange(want.numel()) % 2 == 0, 1, -1)
+        got = dataclasses.replace(reference, params={**reference.params, name: moved})
+        assert compare(got, reference, config=CONFIG).ok is ok, fraction

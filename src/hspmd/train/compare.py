@@ -8,12 +8,13 @@ to the reference")::
 
     tolerance(p) = max(PARAM_RTOL x ||ref||,  UPDATE_RTOL x lr x steps x sqrt(numel))
 
-Adam moves an element by about ``lr`` a step at most, so the second term is a thousandth
+Adam moves an element by about ``lr`` a step at most, so the second term is a hundredth
 of the largest distance the run could move ``p``. It matters for a parameter whose gradient
 is zero in exact arithmetic (GPT-2's key bias: the softmax ignores it): its updates are
 fp32 noise that Adam scales up by ``1 / eps``, so its norm and its change over the run
-(both about 1e-6) are as large as its difference between two runs, while a wrong gradient
-moves it by a good fraction of ``lr x steps x sqrt(numel)``. Without ``config`` the second
+(both about 1e-6) are as large as its difference between two runs (measured up to 3.4e-3
+of ``lr x steps x sqrt(numel)``: OPT's and GPT-NeoX's key biases under TP), while a wrong
+gradient moves it by a good fraction of ``lr x steps x sqrt(numel)``. Without ``config`` the second
 term is 0: relative differences only.
 
 >>> import torch
@@ -23,7 +24,7 @@ term is 0: relative differences only.
 >>> b = TrainResult((rec(2.0 + 2e-7),), {"w": torch.ones(4), "b": torch.full((4,), -2.5e-7)})
 >>> print(compare(a, b))  # no config: b differs by twice its norm
 losses 1.0e-07 (relative, over 1 steps); parameters 2.0e+04 of their tolerance (b: difference 1.0e-06, tolerance 5.0e-11): DIFFERENT from the reference
->>> print(compare(a, b, config=TrainConfig(adam=AdamConfig(lr=1e-3))))
+>>> print(compare(a, b, config=TrainConfig(adam=AdamConfig(lr=1e-4))))
 losses 1.0e-07 (relative, over 1 steps); parameters 5.0e-01 of their tolerance (b: difference 1.0e-06, tolerance 2.0e-06): equal to the reference
 """
 
@@ -40,7 +41,7 @@ __all__ = ["LOSS_RTOL", "PARAM_RTOL", "UPDATE_RTOL", "Comparison", "compare"]
 
 LOSS_RTOL = 1e-5
 PARAM_RTOL = 1e-4
-UPDATE_RTOL = 1e-3
+UPDATE_RTOL = 1e-2
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
