@@ -44,3 +44,20 @@ def test_hugging_face_gpt_neox_fused_per_head_qkv_is_column() -> None:
     assert kind("gpt_neox.layers.0.attention.dense.weight") == "row"
     assert kind("gpt_neox.layers.0.mlp.dense_h_to_4h.bias") == "column"
     assert kind("gpt_neox.layers.0.mlp.dense_4h_to_h.weight") == "row"
+
+
+@pytest.mark.multiproc
+def test_gpt_neox_trains_under_tp_beside_a_one_rank_pipeline_equal_to_the_reference() -> None:
+    """The pairs found in GPT-NeoX's graph (its fused per-head qkv column, dense row, the
+    MLP) under TP 2 beside a one-rank pipeline: losses and parameters as the reference's."""
+    pytest.importorskip("transformers")
+    from hspmd.train.api import train_config
+    from hspmd.train.compare import compare
+    from hspmd.train.reference import run_reference
+    from hspmd.train.trainer import train
+
+    config = train_config(model=f"{Path(__file__).parent / 'data' / 'hf_models.py'}:neox",
+                          strategy="2x1: R0-1:L0-1; 1x2: R2:L0-1", global_batch=4,
+                          seq_len=16, steps=2)  # fmt: skip
+    report = compare(train(config), run_reference(config), config=config)
+    assert report.ok, report
