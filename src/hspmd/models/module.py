@@ -89,6 +89,7 @@ from hspmd.models.spec import (
     Placement,
     kind_by_rules,
 )
+from hspmd.models.tp_structure import structural_kinds
 from hspmd.userfiles import import_file
 
 __all__ = [
@@ -466,7 +467,27 @@ def _common_rules(module: nn.Module) -> tuple[tuple[str, str], ...]:
         fits = isinstance(owner, nn.Linear) or (kind == "vocab" and isinstance(owner, nn.Embedding))
         if kind != "replicate" and fits:
             found.append((name, kind))
+            bias = getattr(owner, "bias", None) if kind == "vocab" else None
+            if isinstance(bias, nn.Parameter):  # a vocab-parallel head's bias: split with it
+                found.append((f"{_prefix(name)}.bias", kind))
     return tuple(found)
+
+
+def _with_structure(
+    module: nn.Module, blocks: str, rules: tuple[tuple[str, str], ...], capture: tuple[Any, ...]
+) -> tuple[tuple[str, str], ...]:
+    """``rules`` (the common names) with the blocks' linears' kinds as the graph captured
+    with them shows Megatron's pairs (``hspmd.models.tp_structure``); a module's own
+    ``tp_rules`` as they are."""
+    if getattr(module, "tp_rules", None) is not None:
+        return rules
+    source, kwargs, items, packed = capture
+    gm = _capture(source, kwargs, rules, items, packed)[0]
+    found = structural_kinds(gm, module, blocks)
+    named = dict(rules)
+    kept = tuple((n, k) for n, k in rules if n not in found)
+    out = kept + tuple((n, k) for n, k in found.items() if k != "replicate" or n in named)
+    return rules if dict(out) == named else out  # the same kinds: the same capture
 
 
 def _checked(rules: tuple[tuple[str, str], ...], source: str) -> tuple[tuple[str, str], ...]:
@@ -592,7 +613,7 @@ def _load(
     with on_meta():
         module = build_module(source, dict(kwargs))
     path, blocks = _blocks(module, source)
-    rules = _rules(module, source)
+    rules = _with_structure(module, path, _rules(module, source), (source, kwargs, items, packed))
     if override is not None:
         rules = _checked(override, source) + rules
     names = [n for n, _ in module.named_parameters()]
