@@ -481,8 +481,10 @@ def _with_structure(
     ``tp_rules`` as they are."""
     if getattr(module, "tp_rules", None) is not None:
         return rules
-    source, kwargs, items, packed = capture
-    gm = _capture(source, kwargs, rules, items, packed)[0]
+    # the arguments of _load's own capture (its cache keys them as given, dtype included):
+    # where the graph confirms the names, that capture is this one
+    source, kwargs, items, packed, dtype = capture
+    gm = _capture(source, kwargs, rules, items, packed, dtype)[0]
     found = structural_kinds(gm, module, blocks)
     named = dict(rules)
     kept = tuple((n, k) for n, k in rules if n not in found)
@@ -613,7 +615,9 @@ def _load(
     with on_meta():
         module = build_module(source, dict(kwargs))
     path, blocks = _blocks(module, source)
-    rules = _with_structure(module, path, _rules(module, source), (source, kwargs, items, packed))
+    rules = _with_structure(
+        module, path, _rules(module, source), (source, kwargs, items, packed, dtype)
+    )
     if override is not None:
         rules = _checked(override, source) + rules
     names = [n for n, _ in module.named_parameters()]
