@@ -140,6 +140,18 @@ def _as_all_reduce(before: Annotation, regions: dict[int, Region]) -> AllReduce 
         hP: [0,1]{D:2} [2,3]{D:2} -> hD: ...    all-reduce over [0,2] and [1,3]
         hP: [0,1]{1:2} [2,3,4,5]{1:4}            None (split-all-reduce)
     """
+    paired = _paired(before, regions)
+    if paired is None:
+        return None
+    return AllReduce(tuple(sorted(tuple(sorted(g)) for gs in paired.values() for g in gs)))
+
+
+def _paired(
+    before: Annotation, regions: dict[int, Region]
+) -> dict[Region, list[tuple[int, ...]]] | None:
+    """Per summand region, its holders paired position by position across the subgroups
+    (each group in subgroup order); None where a region has more holders in one subgroup
+    than in another."""
     by_region: dict[Region, list[list[int]]] = {}
     for index, group in enumerate(before.groups):
         for rank in sorted(group.ranks):
@@ -147,12 +159,9 @@ def _as_all_reduce(before: Annotation, regions: dict[int, Region]) -> AllReduce 
             if holders is None:  # not setdefault: its default costs hsize lists per rank
                 holders = by_region[regions[rank]] = [[] for _ in before.groups]
             holders[index].append(rank)
-    groups: list[tuple[int, ...]] = []
-    for holders in by_region.values():
-        if len({len(ranks) for ranks in holders}) != 1:
-            return None
-        groups.extend(tuple(sorted(group)) for group in zip(*holders, strict=True))
-    return AllReduce(tuple(sorted(groups)))
+    if any(len({len(ranks) for ranks in holders}) != 1 for holders in by_region.values()):
+        return None
+    return {region: list(zip(*holders, strict=True)) for region, holders in by_region.items()}
 
 
 def _as_reduce_scatter(
@@ -171,25 +180,21 @@ def _as_reduce_scatter(
         hP: [0,1]{1:2} [2,3,4,5]{1:4}               None (split-reduce-scatter)
     """
     parts = len(before.groups)
-    by_region: dict[Region, list[list[int]]] = {}
-    for index, group in enumerate(before.groups):
-        for rank in sorted(group.ranks):
-            holders = by_region.get(old[rank])
-            if holders is None:
-                holders = by_region[old[rank]] = [[] for _ in before.groups]
-            holders[index].append(rank)
+    paired = _paired(before, old)
+    if paired is None:
+        return None
     groups: list[tuple[int, ...]] = []
-    for region, holders in by_region.items():
+    for region, pairs in paired.items():
         lo, hi = region[dim]
-        if len({len(ranks) for ranks in holders}) != 1 or (hi - lo) % parts:
+        if (hi - lo) % parts:
             return None
         size = (hi - lo) // parts
-        for paired in zip(*holders, strict=True):
-            for i, rank in enumerate(paired):
+        for group in pairs:
+            for i, rank in enumerate(group):
                 cut = (lo + i * size, lo + (i + 1) * size)
                 if new.get(rank) != (*region[:dim], cut, *region[dim + 1 :]):
                     return None
-            groups.append(paired)
+            groups.append(group)
     if sum(len(g) for g in groups) != len(new):
         return None
     return ReduceScatter(tuple(sorted(groups)), dim=dim)
