@@ -14,6 +14,8 @@ by permuting chunks: member ``i`` of the plan's group still gets chunk ``i``.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -28,6 +30,7 @@ from hspmd.comm.plan import (
 )
 from hspmd.runtime.compat import all_gather_single, reduce_scatter_single
 from hspmd.runtime.context import Issued, StepContext, finish, held, nbytes
+from hspmd.runtime.world import World
 
 
 def _order(group: tuple[int, ...]) -> tuple[list[int], bool]:
@@ -93,6 +96,30 @@ def reduce_scatter(
     step: ReduceScatter, x: torch.Tensor | None, ctx: StepContext
 ) -> torch.Tensor | None:
     return finish(issue_reduce_scatter(step, x, ctx), ctx)
+
+
+def issue_packed_reduce_scatter(
+    steps: list[ReduceScatter], xs: list[torch.Tensor], group: tuple[int, ...], world: World
+) -> tuple[Issued, list[tuple[int, ...]]]:
+    """One reduce-scatter over ``group`` for many tensors, as FSDP2 does: each tensor cut
+    into its group's chunks (``step.dim``) and the chunks of member ``i`` laid side by side
+    in row ``i`` of one buffer, so a bucket costs one collective, not one per tensor. Gives
+    the issued collective (its result: every chunk of this rank, one flat tensor) and each
+    chunk's shape, for ``unpack_chunks``."""
+    order, _ = _order(group)
+    parts = len(group)
+    sources = [_stacked(x, s.dim, parts, order) for s, x in zip(steps, xs, strict=True)]
+    flat = torch.cat([s.reshape(parts, -1) for s in sources], dim=1)
+    out = flat.new_empty(flat.shape[1])
+    world.record("reduce_scatter", group=group, nbytes=nbytes(flat))
+    work = reduce_scatter_single(out, flat.view(-1), group=world.group(group), async_op=True)
+    return ([work], lambda: out), [tuple(s.shape[1:]) for s in sources]
+
+
+def unpack_chunks(flat: torch.Tensor, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
+    """``flat`` cut into tensors of ``shapes``, in order (views, no copies)."""
+    sizes = [math.prod(shape) for shape in shapes]
+    return [piece.view(shape) for piece, shape in zip(flat.split(sizes), shapes, strict=True)]
 
 
 def all_gather(step: AllGather, x: torch.Tensor | None, ctx: StepContext) -> torch.Tensor:
