@@ -24,9 +24,12 @@ def _plans(n: int) -> list[CommPlan]:
     shape = (8, 12)
     # ZeRO's reduce with TP 2 over two replicas: groups [0,2] and [1,3], in subgroup order
     tp = resolve(A("hP: [2,3]{1:2} [0,1]{1:2}"), A("h0: [2,3]{1:2} [0,1]{1:2}"), shape)
+    # and its gather back, in both dims
+    back = resolve(A("h0: [2,3]{1:2} [0,1]{1:2}"), A("hD: [2,3]{1:2} [0,1]{1:2}"), shape)
+    cols = resolve(A("h1: [0,1]{0:2} [2,3]{0:2}"), A("hD: [0,1]{0:2} [2,3]{0:2}"), shape)
     names = ["reduce-scatter-0", "reduce-scatter-1", "reduce-scatter-unsorted",
-             "split-reduce-scatter", "split-all-gather", "all-reduce"]  # fmt: skip
-    return [named[name] for name in names] + [tp, named["reduce-scatter-0"]]
+             "split-reduce-scatter", "split-all-gather", "all-reduce", "all-gather-1"]  # fmt: skip
+    return [named[name] for name in names] + [tp, named["reduce-scatter-0"], back, cols]
 
 
 def _locals(world: World, plans: list[CommPlan]) -> dict[int, torch.Tensor]:
@@ -45,8 +48,17 @@ def _worker(world: World) -> tuple[list, dict[int, np.ndarray]]:
     world.prepare(plans)
     local = _locals(world, plans)
     alone = [run_plan(p, local.get(i), world, dtype=torch.float32) for i, p in enumerate(plans)]
-    got = start_plans(plans, _locals(world, plans), world, tag=1, dtype=torch.float32).wait()
-    return [None if t is None else t.numpy() for t in alone], {i: t.numpy() for i, t in got.items()}
+    # gathers fill the given tensors in place (ZeRO-3's parameter storage)
+    outs = {i: torch.full(p.dst.piece(world.rank, p.shape).shape, -1.0)
+            for i, p in enumerate(plans) if p.steps[0].kind.endswith("all-gather")
+            and world.rank in p.dst}  # fmt: skip
+    got = start_plans(plans, _locals(world, plans), world, tag=1, dtype=torch.float32, outs=outs)
+    together = got.wait()
+    for i, out in outs.items():
+        assert together[i] is out, i
+    return [None if t is None else t.numpy() for t in alone], {
+        i: t.numpy() for i, t in together.items()
+    }
 
 
 @pytest.mark.multiproc

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 from hspmd.annotation import DUP, PARTIAL, Annotation, Region
 from hspmd.comm.plan import (
+    AllGather,
     AllReduce,
     Local,
     ReduceScatter,
@@ -51,7 +52,7 @@ def top_step(before: Annotation, after: Annotation, shape: Sequence[int]) -> Ste
             before, old, new, shape
         )
     if h1 >= 0 and h2 == DUP:
-        return _split_all_gather(old, new, shape)
+        return _as_all_gather(after, h1, old, new) or _split_all_gather(old, new, shape)
     if h1 == DUP and h2 == PARTIAL:
         first = before.groups[0].ranks
         zero = tuple(sorted(r for r in old if r not in first))
@@ -167,20 +168,41 @@ def _paired(
 def _as_reduce_scatter(
     before: Annotation, dim: int, old: dict[int, Region], new: dict[int, Region]
 ) -> ReduceScatter | None:
-    """Plain reduce-scatters over disjoint groups, where the pieces line up.
-
-    As in ``_as_all_reduce``, ranks of one summand region are paired position by position
-    across the subgroups; where every group's new pieces are its region cut evenly along
-    ``dim`` in subgroup order, each group reduce-scatters its region (the chunk of group
-    member ``i`` is part ``i``). ZeRO's gradient reduce over identical replicas is this:
-    one collective per TP position, not a message per replica pair (a split collective
-    over 1024 replicas would list 8192 slices of 1024 ranks)::
+    """Plain reduce-scatters over disjoint groups, where the pieces line up (``_lined_up``).
+    ZeRO's gradient reduce over identical replicas is this: one collective per TP position,
+    not a message per replica pair (a split collective over 1024 replicas would list 8192
+    slices of 1024 ranks)::
 
         hP: [0,1]{1:2} [2,3]{1:2} -> h0: ...       reduce-scatter over [0,2] and [1,3]
         hP: [0,1]{1:2} [2,3,4,5]{1:4}               None (split-reduce-scatter)
     """
-    parts = len(before.groups)
-    paired = _paired(before, old)
+    groups = _lined_up(before, dim, old, new)
+    return None if groups is None else ReduceScatter(groups, dim=dim)
+
+
+def _as_all_gather(
+    after: Annotation, dim: int, old: dict[int, Region], new: dict[int, Region]
+) -> AllGather | None:
+    """Plain all-gathers over disjoint groups, where the pieces line up: the reverse of
+    ``_as_reduce_scatter``. ZeRO's parameter gather from its shards::
+
+        h0: [0,1]{1:2} [2,3]{1:2} -> hD: ...       all-gather over [0,2] and [1,3]
+    """
+    groups = _lined_up(after, dim, new, old)
+    return None if groups is None else AllGather(groups, dim=dim)
+
+
+def _lined_up(
+    layout: Annotation, dim: int, whole: dict[int, Region], cut: dict[int, Region]
+) -> tuple[tuple[int, ...], ...] | None:
+    """Groups of ranks, one per subgroup of ``layout``, whose ``cut`` pieces are their
+    common ``whole`` region cut evenly along ``dim`` (the piece of member ``i`` is part
+    ``i``, members in subgroup order); None unless every rank of ``cut`` is in one.
+
+    As in ``_as_all_reduce``, the holders of each region are paired position by position
+    across the subgroups."""
+    parts = len(layout.groups)
+    paired = _paired(layout, whole)
     if paired is None:
         return None
     groups: list[tuple[int, ...]] = []
@@ -191,13 +213,13 @@ def _as_reduce_scatter(
         size = (hi - lo) // parts
         for group in pairs:
             for i, rank in enumerate(group):
-                cut = (lo + i * size, lo + (i + 1) * size)
-                if new.get(rank) != (*region[:dim], cut, *region[dim + 1 :]):
+                part = (lo + i * size, lo + (i + 1) * size)
+                if cut.get(rank) != (*region[:dim], part, *region[dim + 1 :]):
                     return None
             groups.append(group)
-    if sum(len(g) for g in groups) != len(new):
+    if sum(len(g) for g in groups) != len(cut):
         return None
-    return ReduceScatter(tuple(sorted(groups)), dim=dim)
+    return tuple(sorted(groups))
 
 
 def _split_reduce_scatter(
