@@ -3,8 +3,8 @@ uses, freed after (DESIGN 18: an annotation and its resolved reshard, no FSDP co
 
 A parameter's stored annotation is its optimizer state's (``hspmd.plan.params``: the
 replicas split a dim the stage does not, even or in ``--zero-shares`` proportion); the
-gather to the compute annotation is its resolved plan, a split-all-gather between the
-replicas (point to point, so uneven parts need no padding). The executable's parameters
+gather to the compute annotation is its resolved plan, an all-gather between the replicas
+(a split-all-gather, point to point, where the parts are uneven: no padding). The executable's parameters
 keep their objects (the graph, autograd and the gradient hooks see the same tensors); only
 their storage comes and goes (``untyped_storage().resize_``). Two ways, by the strategy:
 

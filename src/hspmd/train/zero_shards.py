@@ -1,8 +1,9 @@
 """ZeRO-2 and ZeRO-3's Post: each replica keeps only its shard of the gradients (and, with
 ZeRO-3, of the parameters between uses), under the state annotation of ZeRO-1
 (``hspmd.plan.params``). The plans are ZeRO-1's (``hspmd.train.zero.zero1_plan``): the
-gradient's reduce to the shard (split-reduce-scatter between the replicas) and the
-parameter's gather back (split-all-gather); what changes is when they run and what is kept::
+gradient's reduce to the shard (a reduce-scatter between the replicas, point to point for
+uneven shares) and the parameter's gather back (an all-gather, or a split-all-gather);
+what changes is when they run and what is kept::
 
     stage  gradient reduce (ShardReduce)                    parameter gather
     1      Post, overlapped with the last B (ZeroOne)       Post, after Adam
