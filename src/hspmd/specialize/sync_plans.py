@@ -1,4 +1,10 @@
-"""Gradient synchronization (Post) as resolved plans, one per bucket of parameters.
+"""Post's plans as pure metadata: the gradient sync across pipelines and ZeRO's reduces and gathers.
+
+The trainer runs these (``hspmd.train.post``, ``hspmd.train.zero``, ``hspmd.train.overlap``)
+and the simulator prices them (``hspmd.planner.sync_tasks``), so the two cannot drift
+(DESIGN decision 12). Nothing here imports torch.
+
+Gradient synchronization as resolved plans, one per bucket of parameters.
 
 A parameter's gradient carries its annotation with the top tier partial (``hP``): each
 pipeline holds a summand. Synchronizing is the reshard ``hP -> hD``, which resolution turns
@@ -24,27 +30,16 @@ that ``hspmd.train.overlap`` can issue each as soon as its gradients are final::
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
-
-import torch
 
 from hspmd.annotation import DUP, PARTIAL, Annotation
 from hspmd.comm.plan import CommPlan
 from hspmd.comm.resolve import resolve
 from hspmd.models.spec import ModelSpec
-from hspmd.plan.params import ParamSpec, parameter_annotations
+from hspmd.plan.params import ParamSpec, parameter_annotations, state_annotations
 from hspmd.plan.strategy import Strategy
-from hspmd.train.config import TrainError
 
-__all__ = [
-    "BUCKET_BYTES",
-    "SyncItem",
-    "gathered",
-    "gathered_fp32",
-    "grad_sync_plan",
-    "scatter_back",
-]
+__all__ = ["BUCKET_BYTES", "SyncItem", "ZeroItem", "grad_sync_plan", "zero1_plan"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,30 +111,39 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def gathered(item: SyncItem, grads: list[torch.Tensor]) -> torch.Tensor:
-    """The tensor ``item``'s plan reduces: the gradients concatenated when ``flat``."""
-    return torch.cat([g.reshape(-1) for g in grads]) if item.flat else grads[0]
 
 
-def gathered_fp32(item: SyncItem, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """``item``'s gradients of ``params`` in fp32, concatenated when ``flat``: what a Post
-    whose masters are fp32 syncs."""
-    return gathered(item, [grad_of(params[n], n).float() for n in item.names])
+@dataclass(frozen=True, slots=True)
+class ZeroItem:
+    """One parameter's Post under ZeRO-1: its gradient's reduce and its parameter's gather."""
+
+    name: str
+    shape: tuple[int, ...]
+    reduce: CommPlan  # grad (hP) -> state shard
+    gather: CommPlan  # state shard -> param (hD)
 
 
-def scatter_back(out: torch.Tensor, grads: list[torch.Tensor]) -> None:
-    """Copy a synchronized (flat) result back into the gradients it came from."""
-    offset = 0
-    for g in grads:
-        g.copy_(out[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
+def zero1_plan(
+    strategy: Strategy, config: ModelSpec, *, shares: tuple[float, ...] = ()
+) -> dict[str, ZeroItem]:
+    """Every parameter's reduce and gather plans under ZeRO-1, 2 and 3, in model order (pure
+    metadata; ``hspmd.train.zero``); ``shares``: the pipelines' weights of uneven shards
+    (``--zero-shares``).
 
-
-def grad_of(param: torch.Tensor, name: str) -> torch.Tensor:
-    """``param``'s gradient after the backward pass; every local parameter must have one."""
-    if param.grad is None:
-        raise TrainError(
-            f"parameter {name} got no gradient in the backward pass: every parameter of a "
-            "stage must take part in its loss (remove or freeze unused parameters)"
+    >>> from hspmd.models.llama import get_config
+    >>> from hspmd.plan.strategy import parse_strategy
+    >>> items = zero1_plan(parse_strategy("1x1: R0-1:L0-3; 1x1: R2:L0-3"), get_config("llama-tiny"))
+    >>> item = items["layers.0.attn.wq.weight"]
+    >>> item.reduce.kinds, item.gather.kinds
+    (('split-reduce-scatter',), ('split-all-gather',))
+    """
+    params = parameter_annotations(strategy, config)
+    states = state_annotations(strategy, config, zero1=True, shares=shares)
+    items = {}
+    for name, spec in params.items():
+        param, state = spec.annotation, states[name].annotation
+        grad = dataclasses.replace(param, hdim=PARTIAL, hsizes=None) if param.hsize > 1 else param
+        items[name] = ZeroItem(
+            name, spec.shape, resolve(grad, state, spec.shape), resolve(state, param, spec.shape)
         )
-    return param.grad
+    return items
