@@ -60,14 +60,26 @@ def top_step(before: Annotation, after: Annotation, shape: Sequence[int]) -> Ste
     return None
 
 
-def _representatives(layout: Annotation, holders: Sequence[int], prefer: int = -1) -> set[int]:
-    """One holder per subgroup: ``prefer`` where it is a holder, else the lowest rank."""
-    chosen: dict[int, int] = {}
-    for rank in sorted(holders):
-        chosen.setdefault(layout.subgroup_of(rank)[0], rank)
-    if prefer in holders:
-        chosen[layout.subgroup_of(prefer)[0]] = prefer
-    return set(chosen.values())
+class _Representatives:
+    """One holder per subgroup of ``layout``: ``prefer`` where it is a holder, else the
+    lowest rank. The choice per holders tuple is kept: the finest slices of one tensor have
+    few distinct holder sets (one per TP position), so a split collective over 64 replicas
+    asks 512 times for 8 sets."""
+
+    def __init__(self, layout: Annotation) -> None:
+        self.layout = layout
+        self.chosen: dict[tuple[int, ...], dict[int, int]] = {}
+
+    def __call__(self, holders: tuple[int, ...], prefer: int = -1) -> set[int]:
+        chosen = self.chosen.get(holders)
+        if chosen is None:
+            chosen = {}
+            for rank in sorted(holders):
+                chosen.setdefault(self.layout.subgroup_of(rank)[0], rank)
+            self.chosen[holders] = chosen
+        if prefer in holders:
+            chosen = {**chosen, self.layout.subgroup_of(prefer)[0]: prefer}
+        return set(chosen.values())
 
 
 def _slices(keyed: dict[tuple, list[Region]]) -> list[tuple[Region, tuple]]:
@@ -79,8 +91,9 @@ def _split_all_reduce(
     before: Annotation, regions: dict[int, Region], shape: Sequence[int]
 ) -> SplitAllReduce:
     keyed: dict[tuple, list[Region]] = defaultdict(list)
+    representatives = _Representatives(before)
     for box, holders, _ in holders_table(regions, regions, shape):
-        summed = _representatives(before, holders)
+        summed = representatives(holders)
         keyed[(holders, tuple(r for r in holders if r not in summed))].append(box)
     return SplitAllReduce(
         tuple(SliceReduce(box, ranks, zero) for box, (ranks, zero) in _slices(keyed))
@@ -118,9 +131,10 @@ def _split_reduce_scatter(
     before: Annotation, old: dict[int, Region], new: dict[int, Region], shape: Sequence[int]
 ) -> SplitReduceScatter:
     keyed: dict[tuple, list[Region]] = defaultdict(list)
+    representatives = _Representatives(before)
     for box, owners, needers in holders_table(old, new, shape):
         for root in needers:
-            summed = _representatives(before, owners, prefer=root)
+            summed = representatives(owners, prefer=root)
             ranks = tuple(sorted(summed | {root}))
             keyed[(ranks, () if root in summed else (root,), root)].append(box)
     return SplitReduceScatter(

@@ -145,6 +145,9 @@ def parameter_annotations(strategy: Strategy, config: ModelSpec) -> dict[str, Pa
     'layers.0.attn.wo.weight [64, 64] [0,1]{1:2}'
     """
     check_strategy(strategy, config)
+    # the layers of one stage in every pipeline share their holders, so their annotations:
+    # built once per (holders, kind) (64 pipelines x 80 layers: 8 stages, not 80 layers)
+    holders: dict[tuple[int, ...], tuple[Stage, ...]] = {}
     cache: dict[tuple[tuple[int, ...], str], Annotation] = {}
     specs = {}
     for name, shape in config.parameter_shapes().items():
@@ -155,9 +158,11 @@ def parameter_annotations(strategy: Strategy, config: ModelSpec) -> dict[str, Pa
                 "replicate (a row-parallel layer's bias is added after the all-reduce)"
             )
         layers = _layers_of(config, name, layer)
-        key = (layers, kind)
+        if layers not in holders:
+            holders[layers] = _tied_holders(strategy, layers)
+        key = (tuple(id(stage) for stage in holders[layers]), kind)
         if key not in cache:
-            cache[key] = _annotation(_tied_holders(strategy, layers), kind)
+            cache[key] = _annotation(holders[layers], kind)
         specs[name] = _spec(name, shape, cache[key])
     return specs
 

@@ -30,6 +30,7 @@ that ``hspmd.train.overlap`` can issue each as soon as its gradients are final::
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from hspmd.annotation import DUP, PARTIAL, Annotation
@@ -76,14 +77,21 @@ def grad_sync_plan(
         if _whole(spec.annotation):
             buckets.setdefault(spec.annotation, []).append(spec)
             continue
-        grad = dataclasses.replace(spec.annotation, hdim=PARTIAL, hsizes=None)
+        grad = _partial(spec.annotation)
         items.append(SyncItem((spec.name,), resolve(grad, spec.annotation, spec.shape), False))
     for annotation, members in buckets.items():
-        grad = dataclasses.replace(annotation, hdim=PARTIAL, hsizes=None)
+        grad = _partial(annotation)
         for chunk in _chunks(members, bucket_bytes):
             plan = resolve(grad, annotation, (sum(_numel(s.shape) for s in chunk),))
             items.append(SyncItem(tuple(s.name for s in chunk), plan, True))
     return tuple(sorted(items, key=lambda item: -max(position[n] for n in item.names)))
+
+
+@functools.lru_cache(maxsize=256)
+def _partial(annotation: Annotation) -> Annotation:
+    """The gradient's annotation of a parameter: its top tier partial (each pipeline holds a
+    summand). Cached: every layer of a stage shares its parameters' annotations."""
+    return dataclasses.replace(annotation, hdim=PARTIAL, hsizes=None)
 
 
 def _chunks(members: list[ParamSpec], bucket_bytes: int) -> list[list[ParamSpec]]:
@@ -109,8 +117,6 @@ def _numel(shape: tuple[int, ...]) -> int:
     for d in shape:
         n *= d
     return n
-
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +148,7 @@ def zero1_plan(
     items = {}
     for name, spec in params.items():
         param, state = spec.annotation, states[name].annotation
-        grad = dataclasses.replace(param, hdim=PARTIAL, hsizes=None) if param.hsize > 1 else param
+        grad = _partial(param) if param.hsize > 1 else param
         items[name] = ZeroItem(
             name, spec.shape, resolve(grad, state, spec.shape), resolve(state, param, spec.shape)
         )

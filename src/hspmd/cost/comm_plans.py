@@ -1,0 +1,304 @@
+"""What a resolved ``CommPlan`` costs: the runtime's plans priced by the cluster's lines.
+
+Each step is priced as the runtime issues it (``hspmd.runtime.collectives``,
+``hspmd.runtime.slices``, ``hspmd.runtime.batched``)::
+
+    step                  the runtime issues                       priced
+    all-reduce, reduce-   one collective per group, the groups     the slowest group's line
+    scatter, all-gather,  side by side                             (``CostModel.collective``,
+    all-to-all                                                     ``concurrent``: the groups)
+    split-all-reduce      one all_reduce per distinct rank set,    per rank the sum over its
+                          a rank's sets one after another          sets; the slowest rank
+    send-recv, bsr,       one batch of messages, one packed        per rank max(sent, received),
+    split-reduce-scatter, buffer per peer                          each the sum over its peers
+    split-all-gather                                               of the send-recv line
+    local                 nothing                                  0
+
+A plan's steps run one after another (their times add). ``batch_seconds`` prices plans
+started as one batch (ZeRO's buckets, ``start_plans``): the point-to-point ones share one
+exchange, so their messages are summed per peer pair before pricing; the others run alone.
+A collective's ``nbytes`` follows the cost lines' convention (``hspmd.cost.profile.bus_bytes``):
+the input piece for reductions and all-to-all, the gathered tensor for an all-gather. Every
+line is ``transfer_time`` (``hspmd.cost.link``); point-to-point messages are priced all at
+once per link (numpy), so a plan of 32,000 messages costs milliseconds. A ``PlanPricer``
+keeps each plan's price and messages by identity: resolution's cache gives one object to
+every parameter of the same annotations and shape (every layer of a stage), so a
+strategy's thousands of plans are priced a few dozen times.
+
+>>> from hspmd.annotation import parse_annotation as A
+>>> from hspmd.comm.resolve import resolve
+>>> from hspmd.cost.cluster import load_cluster
+>>> from hspmd.cost.lines import CostModel
+>>> cost = CostModel.of(load_cluster("hetu-h800-h20"))
+>>> plan = resolve(A("hP: [0,1]{0:2} [2,3]{0:2}"), A("hD: [0,1]{0:2} [2,3]{0:2}"), (1024, 1024))
+>>> plan.kinds
+('all-reduce',)
+>>> plan_seconds(plan, cost, element_bytes=4) == cost.collective("all-reduce", 2 << 20, (0, 2), 2)
+True
+>>> scatter = resolve(A("hP: [0,1]{0:2} [2,3]{0:2}"), A("h1: [0,1]{0:2} [2,3]{0:2}"), (1024, 1024))
+>>> scatter.kinds, plan_seconds(scatter, cost, element_bytes=4) == cost.send(1 << 20, 0, 2)
+(('split-reduce-scatter',), True)
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hspmd.annotation import Annotation
+from hspmd.comm.plan import (
+    AllGather,
+    BatchedSendRecv,
+    CommPlan,
+    GroupCollective,
+    Local,
+    SendRecv,
+    SliceReduce,
+    SplitAllGather,
+    SplitAllReduce,
+    SplitReduceScatter,
+    Step,
+    volume,
+)
+from hspmd.cost.lines import CostModel
+from hspmd.cost.link import transfer_time
+from hspmd.cost.profile import Fit
+
+__all__ = ["PlanPricer", "batch_seconds", "messages", "plan_seconds"]
+
+
+def plan_seconds(plan: CommPlan, cost: CostModel, *, element_bytes: int) -> float:
+    """Seconds of ``plan`` on ``cost``'s cluster, its elements of ``element_bytes`` each."""
+    return PlanPricer(cost).plan(plan, element_bytes=element_bytes)
+
+
+def batch_seconds(plans: Sequence[CommPlan], cost: CostModel, *, element_bytes: int) -> float:
+    """Seconds of ``plans`` started as one batch (module docstring)."""
+    return PlanPricer(cost).batch(plans, element_bytes=element_bytes)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Flows:
+    """A point-to-point plan's messages summed per (sender, receiver) pair: ``pairs`` (codes
+    ``sender * ranks + receiver``, sorted), and per rank the seconds per element it sends
+    and receives (the lines' slopes; linear, so a batch adds them up)."""
+
+    pairs: np.ndarray
+    latency: np.ndarray  # per pair: its line's per-message cost
+    sent: np.ndarray
+    received: np.ndarray
+
+
+class PlanPricer:
+    """Prices plans on ``cost``'s cluster, keeping each plan's price and messages (module
+    docstring). The plans it has priced stay alive with it.
+
+    A batch's time per rank is ``max(sent, received)``, each a sum over its peers of
+    ``latency + per_byte * bytes``: the per-byte part adds up plan by plan (kept per plan
+    as ``_Flows``), the latencies count each pair of the batch once (kept per set of
+    distinct plans: the buckets of one stage hold the same plans in other numbers)."""
+
+    def __init__(self, cost: CostModel) -> None:
+        self.cost = cost
+        self._prices: dict[tuple[int, int], tuple[CommPlan, float]] = {}
+        self._flows: dict[int, tuple[CommPlan, _Flows]] = {}
+        self._latencies: dict[frozenset[int], tuple[np.ndarray, np.ndarray]] = {}
+        self._by_node: tuple[np.ndarray, np.ndarray] | None = None
+        self._nodes = np.array([cost.node_of(r) for r in range(cost.num_ranks)], dtype=np.int64)
+
+    def plan(self, plan: CommPlan, *, element_bytes: int) -> float:
+        """``plan``'s seconds: its steps one after another."""
+        key = (id(plan), element_bytes)
+        if key not in self._prices:
+            total = 0.0
+            for index, step in enumerate(plan.steps):
+                if isinstance(step, Local):
+                    continue
+                if isinstance(step, GroupCollective):
+                    before = plan.layouts[index]
+                    total += _group_seconds(step, before, plan.shape, self.cost, element_bytes)
+                elif isinstance(step, SplitAllReduce):
+                    total += _split_all_reduce_seconds(step, self.cost, element_bytes)
+                elif len(plan.steps) == 1:
+                    total += self.batch([plan], element_bytes=element_bytes)
+                else:
+                    flows = self._flows_of(step, plan.layouts[index], plan.shape)
+                    total += self._p2p({id(step): (flows, 1)}, element_bytes)
+            self._prices[key] = (plan, total)
+        return self._prices[key][1]
+
+    def batch(self, plans: Sequence[CommPlan], *, element_bytes: int) -> float:
+        """``plans`` started as one batch: the point-to-point ones' messages summed per pair."""
+        p2p: dict[int, tuple[_Flows, int]] = {}
+        alone = 0.0
+        for plan in plans:
+            step = plan.steps[0] if len(plan.steps) == 1 else None
+            if not isinstance(step, SplitReduceScatter | SplitAllGather):
+                alone += self.plan(plan, element_bytes=element_bytes)
+                continue
+            if id(plan) not in self._flows:
+                self._flows[id(plan)] = (plan, self._flows_of(step, plan.layouts[0], plan.shape))
+            flows, count = p2p.get(id(plan), (self._flows[id(plan)][1], 0))
+            p2p[id(plan)] = (flows, count + 1)
+        return alone + (self._p2p(p2p, element_bytes) if p2p else 0.0)
+
+    def _flows_of(self, step: Step, before: Annotation, shape: tuple[int, ...]) -> _Flows:
+        n = self.cost.num_ranks
+        table = messages(step, before, shape)
+        codes = table[:, 0] * n + table[:, 1]
+        order = np.argsort(codes, kind="stable")
+        codes = codes[order]
+        starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]]) if len(codes) else codes
+        pairs = codes[starts]
+        elements = np.add.reduceat(table[order, 2], starts) if len(codes) else np.zeros(0)
+        latency, slope = self._lines(pairs)
+        src, dst = pairs // n, pairs % n
+        sent = np.bincount(src, weights=slope * elements, minlength=n)
+        received = np.bincount(dst, weights=slope * elements, minlength=n)
+        return _Flows(pairs, latency, sent, received)
+
+    def _lines(self, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per pair code, the send-recv line of its link: (latency, seconds per byte). The
+        link is the sender kind's within a node, the sender node's across nodes."""
+        if self._by_node is None:
+            self._by_node = self._node_lines()
+        intra, inter = self._by_node
+        n = self.cost.num_ranks
+        src, dst = pairs // n, pairs % n
+        same = self._nodes[src] == self._nodes[dst]
+        line = np.where(same[:, None], intra[src], inter[self._nodes[src]])
+        return line[:, 0], line[:, 1]
+
+    def _node_lines(self) -> tuple[np.ndarray, np.ndarray]:
+        """(latency, per byte) of the send-recv line within each rank's node (by rank) and
+        from each node to another (by node): ``transfer_time``'s two terms."""
+        cost, nodes = self.cost, self._nodes
+        first = {int(node): rank for rank, node in reversed(list(enumerate(nodes)))}
+        intra = np.zeros((cost.num_ranks, 2))
+        inter = np.zeros((int(nodes.max()) + 1, 2))
+        for rank in range(cost.num_ranks):
+            peer = (
+                rank + 1
+                if rank + 1 < cost.num_ranks and nodes[rank + 1] == nodes[rank]
+                else rank - 1
+            )
+            if peer >= 0 and nodes[peer] == nodes[rank]:
+                intra[rank] = _terms(cost.link_between(rank, peer).line("send-recv", 2))
+        for node, rank in first.items():
+            other = next((r for n, r in first.items() if n != node), None)
+            if other is not None:
+                inter[node] = _terms(cost.link_between(rank, other).line("send-recv", 2))
+        return intra, inter
+
+    def _p2p(self, batch: dict[int, tuple[_Flows, int]], element_bytes: int) -> float:
+        """One batch of ``flows`` (each ``count`` times): per rank max(sent, received); the
+        slowest rank."""
+        key = frozenset(batch)
+        if key not in self._latencies:
+            pairs = np.concatenate([flows.pairs for flows, _ in batch.values()])
+            latency = np.concatenate([flows.latency for flows, _ in batch.values()])
+            if len(batch) > 1:  # a pair of several plans posts one message
+                order = np.argsort(pairs, kind="stable")
+                pairs, latency = pairs[order], latency[order]
+                first = np.r_[True, pairs[1:] != pairs[:-1]] if len(pairs) else pairs
+                pairs, latency = pairs[first], latency[first]
+            n = self.cost.num_ranks
+            self._latencies[key] = (
+                np.bincount(pairs // n, weights=latency, minlength=n),
+                np.bincount(pairs % n, weights=latency, minlength=n),
+            )
+        sent, received = (a.copy() for a in self._latencies[key])
+        for flows, count in batch.values():
+            sent += flows.sent * (count * element_bytes)
+            received += flows.received * (count * element_bytes)
+        return float(np.maximum(sent, received).max())
+
+
+def _terms(line: Fit) -> tuple[float, float]:
+    """``transfer_time(n) = latency + per_byte * n`` of ``line``, as its two terms."""
+    latency = transfer_time(0.0, per_byte=line.per_unit_s, latency=line.overhead_s)
+    return latency, transfer_time(1.0, per_byte=line.per_unit_s)
+
+
+def _group_seconds(
+    step: GroupCollective, before: Annotation, shape: tuple[int, ...], cost: CostModel,
+    element_bytes: int,
+) -> float:  # fmt: skip
+    """The slowest group: each runs the collective on its members' pieces."""
+    slowest = 0.0
+    for group in step.groups:
+        n = volume(before.piece(group[0], shape).region) * element_bytes
+        if isinstance(step, AllGather):
+            n *= len(group)  # the line's bytes are the gathered tensor's
+        seconds = cost.collective(step.kind, n, group, len(step.groups))
+        slowest = max(slowest, seconds)
+    return slowest
+
+
+def _split_all_reduce_seconds(step: SplitAllReduce, cost: CostModel, element_bytes: int) -> float:
+    """One all-reduce per distinct rank set of the packed slices; each rank runs its sets
+    one after another, so ``sets / (most sets of one rank)`` rings run side by side."""
+    elements: dict[tuple[int, ...], int] = defaultdict(int)
+    for s in step.slices:
+        elements[tuple(sorted(s.ranks))] += volume(s.region)
+    if not elements:
+        return 0.0
+    sets_of: dict[int, list[tuple[int, ...]]] = defaultdict(list)
+    for ranks in elements:
+        for rank in ranks:
+            sets_of[rank].append(ranks)
+    side_by_side = math.ceil(len(elements) / max(len(v) for v in sets_of.values()))
+    seconds = {
+        ranks: cost.collective("all-reduce", n * element_bytes, ranks, side_by_side)
+        for ranks, n in elements.items()
+    }
+    return max(sum(seconds[s] for s in sets) for sets in sets_of.values())
+
+
+def messages(step: Step, before: Annotation, shape: tuple[int, ...]) -> np.ndarray:
+    """Rows ``(sender, receiver, elements)`` of a point-to-point step, one per message the
+    runtime queues (``hspmd.runtime.slices``); local copies left out. Built from flat rank
+    lists (a split collective over 64 replicas queues 32,000 messages)."""
+    rows: list[np.ndarray] = []
+    if isinstance(step, SendRecv):
+        pairs = [(s, d, volume(before.piece(s, shape).region)) for s, d in step.pairs if s != d]
+        rows.append(np.array(pairs, dtype=np.int64).reshape(-1, 3))
+    elif isinstance(step, BatchedSendRecv):
+        moved = [(t.src, t.dst, volume(t.region)) for t in step.transfers if t.src != t.dst]
+        rows.append(np.array(moved, dtype=np.int64).reshape(-1, 3))
+    elif isinstance(step, SplitReduceScatter):  # every contributor sends its slice to the root
+        plain = [s for s in step.slices if not s.zero]
+        rows.append(_fan(plain, [s.root for s in plain], [volume(s.region) for s in plain], 1))
+        for s in step.slices:
+            if s.zero:
+                senders = [r for r in s.ranks if r != s.root and r not in s.zero]
+                rows.append(_fan_one(senders, s.root, volume(s.region)))
+    elif isinstance(step, SplitAllGather):  # every owner sends its region to every rank
+        owned = [(s, owner, volume(region)) for s in step.slices for owner, region in s.owners]
+        rows.append(_fan([s for s, _, _ in owned], [o for _, o, _ in owned],
+                         [n for _, _, n in owned], -1))  # fmt: skip
+    else:
+        raise TypeError(f"{step.kind} is not a point-to-point step")
+    table = np.concatenate(rows) if rows else np.zeros((0, 3), dtype=np.int64)
+    return table[table[:, 0] != table[:, 1]]
+
+
+def _fan(slices: Sequence[SliceReduce], hubs: Sequence[int], sizes: Sequence[int], way: int) -> np.ndarray:  # fmt: skip
+    """Each slice's ranks to its hub (``way`` 1) or the hub to them (-1), its size each."""
+    counts = [len(s.ranks) for s in slices]
+    ranks = np.fromiter(itertools.chain.from_iterable(s.ranks for s in slices), dtype=np.int64)
+    hub = np.repeat(np.asarray(hubs, dtype=np.int64), counts)
+    size = np.repeat(np.asarray(sizes, dtype=np.int64), counts)
+    pair = (ranks, hub) if way == 1 else (hub, ranks)
+    return np.stack([*pair, size], axis=1)
+
+
+def _fan_one(senders: Sequence[int], root: int, size: int) -> np.ndarray:
+    """``senders`` each send ``size`` elements to ``root``."""
+    ranks = np.asarray(senders, dtype=np.int64)
+    return np.stack([ranks, np.full(len(ranks), root), np.full(len(ranks), size)], axis=1)
