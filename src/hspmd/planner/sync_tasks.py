@@ -11,8 +11,9 @@ ZeRO       reduce (after the last backward)                     gather (after Ad
            a tied weight's first and last stage summed too)
 1          ``zero1_plan``'s reduce of each parameter            each parameter's gather of
            (split-reduce-scatter)                               its fp32 master, one by one
-2          the same reduces, a bucket started as one batch      one batch, compute dtype
-3          as 2                                                 around each use (the stage's
+2          the same reduces in ``shard_buckets`` (4 MiB), each  one batch, compute dtype
+           started as one batch
+3          as 2, the buckets also cut where the layer changes   around each use (the stage's
                                                                 work, ``predict.zero_gathers``)
 =========  ===================================================  ==========================
 
@@ -21,9 +22,9 @@ Each plan is priced by ``hspmd.cost.comm_plans`` (fp32 gradients). Tasks group t
 ``OVERLAP_PIECES`` where the sync overlaps backward) and by the ranks a plan spans: a
 parameter belongs to the segment of its first layer (a bucket's gradients are final when
 its first layer's are) and one task holds the plans of one (segment, ranks), their times
-added (the runtime issues them one after another on its stream) or, for ZeRO-2 and 3, as
-one batch (``PlanPricer.batch``: the runtime's buckets of ``bucket_bytes`` are batched
-the same way). So a step has a few sync tasks per stage whatever the rank count, and
+added (the runtime issues them one after another on its stream; a ZeRO-2/3 bucket is one
+batch, ``PlanPricer.batch``), a ZeRO-2 segment's gathers as one batch (the runtime gathers
+all of a rank's parameters in one). So a step has a few sync tasks per stage whatever the rank count, and
 identical plans (every layer's ``wq`` of one stage shares one object) are priced once.
 
 A task starts after the holders' pieces of their last backward that finish its layers
@@ -47,7 +48,7 @@ from hspmd.plan.strategy import Pipeline, Strategy, StrategyOptions
 from hspmd.planner.memory import layer_holders
 from hspmd.planner.shard_parts import shard_parts
 from hspmd.sim.engine import Task
-from hspmd.specialize.sync_plans import grad_sync_plan, zero1_plan
+from hspmd.specialize.sync_plans import BUCKET_BYTES, grad_sync_plan, shard_buckets, zero1_plan
 
 __all__ = [
     "OVERLAP_PIECES", "PostPlans", "Segment", "busy_cores", "last_b_pieces", "post_plans",
@@ -130,62 +131,68 @@ def busy_cores(cost: CostModel, ranks: Sequence[int]) -> float | None:
     return len(ranks) / factor if factor > 1 else None
 
 
-Named = tuple[tuple[tuple[str, ...], CommPlan], ...]  # (parameter names, plan), issue order
+Issued = tuple[tuple[tuple[str, ...], tuple[CommPlan, ...]], ...]  # (names, plans), in order
 
 
 @dataclass(frozen=True, slots=True)
 class PostPlans:
-    """Post's plans of a strategy (module docstring): ``reduces`` in the order the runtime
-    issues them, ``gathers`` after Adam; ``batched``: a bucket's reduces (and all the
-    gathers) start as one batch; ``gather_bytes``: bytes of a gathered element."""
+    """Post's plans of a strategy (module docstring), as the runtime issues them: each entry
+    of ``reduces`` one ``start_plan`` (one plan) or, ``batched``, one bucket's
+    ``start_plans``; ``gathers`` after Adam, one plan each, priced one by one or, with
+    ``batched``, a segment's as one batch; ``gather_bytes``: bytes of a gathered element."""
 
-    reduces: Named
-    gathers: Named
+    reduces: Issued
+    gathers: Issued
     batched: bool
     gather_bytes: int
 
 
 def post_plans(
-    strategy: Strategy, config: ModelSpec, options: StrategyOptions, *, element_bytes: int
-) -> PostPlans:
-    """The plans Post runs under ``options`` (built as the trainer builds them)."""
-    if options.zero1 and len(strategy.pipelines) > 1:
-        items = zero1_plan(strategy, config, shares=options.zero_shares)
-        reduces = tuple(((n,), items[n].reduce) for n in reversed(items))
-        gathers = () if options.zero >= 3 else tuple(((n,), i.gather) for n, i in items.items())
-        one_by_one = options.zero == 1
-        return PostPlans(reduces, gathers, batched=not one_by_one,
-                         gather_bytes=MASTER_BYTES if one_by_one else element_bytes)  # fmt: skip
-    sync = tuple((item.names, item.plan) for item in grad_sync_plan(strategy, config))
-    return PostPlans(sync, (), batched=False, gather_bytes=element_bytes)
+    strategy: Strategy, config: ModelSpec, options: StrategyOptions, *, element_bytes: int,
+    bucket_bytes: int = BUCKET_BYTES,
+) -> PostPlans:  # fmt: skip
+    """The plans Post runs under ``options``, built by the trainer's own functions."""
+    if not (options.zero1 and len(strategy.pipelines) > 1):
+        sync = grad_sync_plan(strategy, config, bucket_bytes=bucket_bytes)
+        return PostPlans(tuple((i.names, (i.plan,)) for i in sync), (), False, element_bytes)
+    items = zero1_plan(strategy, config, shares=options.zero_shares)
+    gathers = () if options.zero >= 3 else tuple(((n,), (i.gather,)) for n, i in items.items())
+    if options.zero == 1:  # each gradient's reduce issued alone; each fp32 master gathered alone
+        reduces = tuple(((n,), (items[n].reduce,)) for n in reversed(items))
+        return PostPlans(reduces, gathers, batched=False, gather_bytes=MASTER_BYTES)
+    layer_of = config.param_layer if options.zero == 3 else None
+    buckets = shard_buckets(items, bucket_bytes=bucket_bytes, layer_of=layer_of)
+    reduces = tuple((b.names, b.plans) for b in buckets)
+    return PostPlans(reduces, gathers, batched=True, gather_bytes=element_bytes)
 
 
 @dataclass(frozen=True, slots=True)
 class _Group:
-    """Plans of one segment over the same ranks: one simulator task."""
+    """Issued entries of one segment over the same ranks: one simulator task."""
 
     seg: Segment
     ranks: tuple[int, ...]
     holders: tuple[tuple[int, int], ...]  # the (pipeline, stage)s whose ranks it spans
-    plans: tuple[CommPlan, ...]
+    entries: tuple[tuple[CommPlan, ...], ...]
 
 
-def _groups(strategy: Strategy, config: ModelSpec, named: Named, segs: Sequence[Segment]) -> list[_Group]:  # fmt: skip
-    """``named`` grouped by (segment of the first layer, ranks), the latest segment first
-    (the order backward finishes them), each group's plans in issue order."""
+def _groups(strategy: Strategy, config: ModelSpec, issued: Issued, segs: Sequence[Segment]) -> list[_Group]:  # fmt: skip
+    """``issued`` grouped by (segment of the first layer, ranks), the latest segment first
+    (the order backward finishes them), each group's entries in issue order."""
     seg_of = [0] * config.num_layers
     for index, seg in enumerate(segs):
         for layer in range(seg.first, seg.last + 1):
             seg_of[layer] = index
     layers_of = getattr(config, "param_layers", None)
     where = {r: (p, s) for p, s, stage in strategy.stages() for r in stage.ranks}
-    ranks_of: dict[int, tuple[int, ...]] = {}
-    found: dict[tuple[int, tuple[int, ...]], list[CommPlan]] = {}
-    for names, plan in named:
+    ranks_of: dict[tuple[int, ...], tuple[int, ...]] = {}
+    found: dict[tuple[int, tuple[int, ...]], list[tuple[CommPlan, ...]]] = {}
+    for names, plans in issued:
         first = min(min(layers_of(n)) if layers_of else config.param_layer(n) for n in names)
-        if id(plan) not in ranks_of:
-            ranks_of[id(plan)] = plan.ranks
-        found.setdefault((seg_of[first], ranks_of[id(plan)]), []).append(plan)
+        ids = tuple(id(plan) for plan in plans)
+        if ids not in ranks_of:
+            ranks_of[ids] = tuple(sorted({r for plan in plans for r in plan.ranks}))
+        found.setdefault((seg_of[first], ranks_of[ids]), []).append(plans)
     order = sorted(found, key=lambda key: -key[0])  # stable: issue order inside a segment
     return [
         _Group(segs[index], ranks, tuple(sorted({where[r] for r in ranks})), tuple(found[(index, ranks)]))
@@ -213,12 +220,13 @@ def sync_tasks(
     tasks, synced = _cp_tasks(strategy, config, cost)
     reduce_groups = _groups(strategy, config, plans.reduces, segs)
     for group, tid in zip(reduce_groups, _ids(reduce_groups, "sync"), strict=True):
-        seconds = (
-            pricer.batch(group.plans, element_bytes=GRAD_BYTES)
+        seconds = sum(
+            pricer.batch(entry, element_bytes=GRAD_BYTES)
             if plans.batched
-            else sum(pricer.plan(plan, element_bytes=GRAD_BYTES) for plan in group.plans)
+            else pricer.plan(entry[0], element_bytes=GRAD_BYTES)
+            for entry in group.entries
         )
-        early = overlap and all(startable(plan) for plan in group.plans)
+        early = overlap and all(startable(plan) for entry in group.entries for plan in entry)
         tasks.append(Task(tid, group.ranks[0], "comm", seconds, category="comm",
                           deps=_reduce_deps(strategy, group, early=early),
                           ranks=group.ranks if len(group.ranks) > 1 else (),
@@ -228,11 +236,11 @@ def sync_tasks(
     tasks += _adam_tasks(strategy, config, cost, options, synced)
     gather_groups = _groups(strategy, config, plans.gathers, segs)
     for group, tid in zip(gather_groups, _ids(gather_groups, "gather"), strict=True):
-        size = plans.gather_bytes
+        size, every = plans.gather_bytes, [plan for entry in group.entries for plan in entry]
         seconds = (
-            pricer.batch(group.plans, element_bytes=size)
+            pricer.batch(every, element_bytes=size)
             if plans.batched
-            else sum(pricer.plan(plan, element_bytes=size) for plan in group.plans)
+            else sum(pricer.plan(plan, element_bytes=size) for plan in every)
         )
         tasks.append(Task(tid, group.ranks[0], "comm", seconds, category="comm",
                           deps=tuple(f"adam p{p}s{s}" for p, s in group.holders),

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from hspmd.annotation import DUP, PARTIAL, Annotation
@@ -40,7 +42,10 @@ from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import ParamSpec, parameter_annotations, state_annotations
 from hspmd.plan.strategy import Strategy
 
-__all__ = ["BUCKET_BYTES", "SyncItem", "ZeroItem", "grad_sync_plan", "zero1_plan"]
+__all__ = [
+    "BUCKET_BYTES", "ShardBucket", "SyncItem", "ZeroItem", "grad_sync_plan", "shard_buckets",
+    "zero1_plan",
+]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,3 +158,47 @@ def zero1_plan(
             name, spec.shape, resolve(grad, state, spec.shape), resolve(state, param, spec.shape)
         )
     return items
+
+
+@dataclass(frozen=True, slots=True)
+class ShardBucket:
+    """Parameters whose gradients are reduced to their shards in one batch."""
+
+    names: tuple[str, ...]
+    plans: tuple[CommPlan, ...]  # each gradient (hP) -> its state shard
+
+    def __str__(self) -> str:
+        return f"{len(self.names)} params: {' + '.join(sorted({k for p in self.plans for k in p.kinds}))}"
+
+
+def shard_buckets(
+    items: Mapping[str, ZeroItem], *, bucket_bytes: int,
+    layer_of: Callable[[str], int] | None = None,
+) -> tuple[ShardBucket, ...]:  # fmt: skip
+    """Every rank's buckets (module docstring), in the order they are issued; with
+    ``layer_of`` (ZeRO-3) also cut where the layer changes, so that a bucket's full
+    gradients are one layer's at most, as its gathered parameters are.
+
+    >>> from hspmd.models.llama import get_config
+    >>> from hspmd.plan.strategy import parse_strategy
+    >>> items = zero1_plan(parse_strategy("1x1: R0:L0-3; 1x1: R1:L0-3"), get_config("llama-tiny"))
+    >>> [len(b.names) for b in shard_buckets(items, bucket_bytes=1 << 17)]
+    [3, 8, 6, 7, 7, 7, 1]
+    >>> [len(b.names) for b in shard_buckets(items, bucket_bytes=1 << 30,
+    ...                                      layer_of=get_config("llama-tiny").param_layer)]
+    [11, 9, 9, 10]
+    """
+    out: list[ShardBucket] = []
+    run: list[ZeroItem] = []
+    size = 0
+    for item in reversed(list(items.values())):
+        nbytes = 4 * math.prod(item.shape)
+        other = layer_of is not None and bool(run) and layer_of(run[-1].name) != layer_of(item.name)
+        if run and (size + nbytes > bucket_bytes or other):
+            out.append(ShardBucket(tuple(i.name for i in run), tuple(i.reduce for i in run)))
+            run, size = [], 0
+        run.append(item)
+        size += nbytes
+    if run:
+        out.append(ShardBucket(tuple(i.name for i in run), tuple(i.reduce for i in run)))
+    return tuple(out)
