@@ -156,7 +156,10 @@ def post_plans(
         sync = grad_sync_plan(strategy, config, bucket_bytes=bucket_bytes)
         return PostPlans(tuple((i.names, (i.plan,)) for i in sync), (), False, element_bytes)
     items = zero1_plan(strategy, config, shares=options.zero_shares)
-    gathers = () if options.zero >= 3 else tuple(((n,), (i.gather,)) for n, i in items.items())
+    gathers: Issued = ()
+    if options.zero < 3:
+        gathers = tuple(((n,), (i.gather,)) for n, i in items.items())
+    reduces: Issued
     if options.zero == 1:  # each gradient's reduce issued alone; each fp32 master gathered alone
         reduces = tuple(((n,), (items[n].reduce,)) for n in reversed(items))
         return PostPlans(reduces, gathers, batched=False, gather_bytes=MASTER_BYTES)
