@@ -73,6 +73,8 @@ def _resolve(
 
 
 def _same_pieces(a: Annotation, b: Annotation, shape: tuple[int, ...]) -> bool:
+    if PARTIAL in (a.hdim, b.hdim):  # every piece a summand (hsize > 1): not the same
+        return False
     pa, pb = a.pieces(shape), b.pieces(shape)
     no_partial = all(not p.partial for p in pa.values()) and all(not p.partial for p in pb.values())
     return no_partial and pa == pb

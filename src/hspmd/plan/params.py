@@ -149,6 +149,7 @@ def parameter_annotations(strategy: Strategy, config: ModelSpec) -> dict[str, Pa
     # built once per (holders, kind) (64 pipelines x 80 layers: 8 stages, not 80 layers)
     holders: dict[tuple[int, ...], tuple[Stage, ...]] = {}
     cache: dict[tuple[tuple[int, ...], str], Annotation] = {}
+    checked: set[tuple[tuple[tuple[int, ...], str], tuple[int, ...]]] = set()
     specs = {}
     for name, shape in config.parameter_shapes().items():
         kind, layer = config.param_kind(name), config.param_layer(name)
@@ -163,7 +164,11 @@ def parameter_annotations(strategy: Strategy, config: ModelSpec) -> dict[str, Pa
         key = (tuple(id(stage) for stage in holders[layers]), kind)
         if key not in cache:
             cache[key] = _annotation(holders[layers], kind)
-        specs[name] = _spec(name, shape, cache[key])
+        if (key, shape) in checked:  # every layer of a stage: one check per shape
+            specs[name] = ParamSpec(name, shape, cache[key])
+        else:
+            specs[name] = _spec(name, shape, cache[key])
+            checked.add((key, shape))
     return specs
 
 
