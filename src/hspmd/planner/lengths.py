@@ -140,14 +140,43 @@ def plan_lengths(
     strategy for steps of ``step_tokens`` tokens whose documents are at most
     ``hist.max_len``. With ``config`` and ``cost`` the result carries its hspmd
     ``Strategy`` (ranks numbered pipeline by pipeline, largest first) and its sync time."""
-    K, edges = len(hist.edges), hist.edges
+    K = len(hist.edges)
     per = [hist.per_step(k, step_tokens) for k in range(K)]
-    inf = math.inf
-    # f[j][g]: bins 0..j-1 on g GPUs; back[j][g]: (i, model index, n, row_len, seconds)
+    f, back = _length_table(hist, models, per, gpus=gpus)
+    best_g = min(range(gpus + 1), key=lambda g: (f[K][g], g))
+    if f[K][best_g] == math.inf:
+        raise LengthPlanError(
+            f"no pipeline of {gpus} GPUs fits a row of {hist.max_len} tokens in memory: "
+            "lower --max-seq-len or use a larger cluster"
+        )
+    pipes, intervals = _walk_back(hist, models, per, back, best_g)
+    order = sorted(
+        range(len(pipes)), key=lambda p: (-pipes[p].model.config.gpus, -pipes[p].row_len)
+    )
+    pipes = [pipes[p] for p in order]
+    intervals = [intervals[p] for p in order]
+    out = LengthStrategy(hist.max_len, tuple(pipes), tuple(intervals), f[K][best_g])
+    if config is not None and cost is not None:
+        strategy, opts = uniform_recompute(to_strategy(out.pipes, config.num_layers),
+                                           options or StrategyOptions())  # fmt: skip
+        sync = sync_seconds(strategy, config, cost, zero1=opts.zero1)
+        out = LengthStrategy(out.max_len, out.pipes, out.intervals, out.predicted_s + sync,
+                             sync, strategy, opts)  # fmt: skip
+    return out
+
+
+_Back = tuple[int, int, int, int, float]  # (i, model index, n, row_len, seconds)
+_PerBin = Sequence[tuple[float, float, float]]  # per bin: (documents, tokens, squares) a step
+
+
+def _length_table(
+    hist: Histogram, models: Sequence[PipeModel], per: _PerBin, *, gpus: int
+) -> tuple[list[list[float]], list[list[_Back | None]]]:
+    """``f[j][g]``: the best step time of bins ``0..j-1`` on ``g`` GPUs; ``back[j][g]``: the
+    last interval's choice that gives it (module docstring)."""
+    K, edges, inf = len(hist.edges), hist.edges, math.inf
     f = [[inf] * (gpus + 1) for _ in range(K + 1)]
-    back: list[list[tuple[int, int, int, int, float] | None]] = [
-        [None] * (gpus + 1) for _ in range(K + 1)
-    ]
+    back: list[list[_Back | None]] = [[None] * (gpus + 1) for _ in range(K + 1)]
     f[0][0] = 0.0
     for j in range(1, K + 1):
         for i in range(1, j + 1):
@@ -173,15 +202,18 @@ def plan_lengths(
                             if value < f[j][g] - 1e-12:
                                 f[j][g] = value
                                 back[j][g] = (i, mi, n, row_len, t)
-    best_g = min(range(gpus + 1), key=lambda g: (f[K][g], g))
-    if f[K][best_g] == inf:
-        raise LengthPlanError(
-            f"no pipeline of {gpus} GPUs fits a row of {hist.max_len} tokens in memory: "
-            "lower --max-seq-len or use a larger cluster"
-        )
+    return f, back
+
+
+def _walk_back(
+    hist: Histogram, models: Sequence[PipeModel], per: _PerBin,
+    back: list[list[_Back | None]], best_g: int,
+) -> tuple[list[PipeSpec], list[tuple[int, int]]]:  # fmt: skip
+    """The pipelines and length intervals of the table's best entry on ``best_g`` GPUs."""
+    edges = hist.edges
     pipes: list[PipeSpec] = []
     intervals: list[tuple[int, int]] = []
-    j, g = K, best_g
+    j, g = len(edges), best_g
     while j > 0:
         entry = back[j][g]
         assert entry is not None
@@ -194,19 +226,7 @@ def plan_lengths(
             pipes.append(PipeSpec(models[mi], row_len, rows + 1))
             intervals.append((lo, edges[j - 1]))
         j, g = i - 1, g - n * models[mi].config.gpus
-    order = sorted(
-        range(len(pipes)), key=lambda p: (-pipes[p].model.config.gpus, -pipes[p].row_len)
-    )
-    pipes = [pipes[p] for p in order]
-    intervals = [intervals[p] for p in order]
-    out = LengthStrategy(hist.max_len, tuple(pipes), tuple(intervals), f[K][best_g])
-    if config is not None and cost is not None:
-        strategy, opts = uniform_recompute(to_strategy(out.pipes, config.num_layers),
-                                           options or StrategyOptions())  # fmt: skip
-        sync = sync_seconds(strategy, config, cost, zero1=opts.zero1)
-        out = LengthStrategy(out.max_len, out.pipes, out.intervals, out.predicted_s + sync,
-                             sync, strategy, opts)  # fmt: skip
-    return out
+    return pipes, intervals
 
 
 def plan_strategies(

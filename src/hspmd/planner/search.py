@@ -438,23 +438,7 @@ def plan(
         config, cost, global_batch, seq_len, zero1, dtype, time_limit, ranks, min_pipelines,
         zero=zero,
     )  # fmt: skip
-    best: dict[int, list[tuple[float, int, _Config]]] = {}
-    serial = itertools.count()
-    for pipes, tps in search.layouts():
-        for mbs in MICRO_BATCH_SIZES:
-            if global_batch % mbs or global_batch // mbs < len(pipes):
-                continue
-            conf = search.estimate(pipes, tps, mbs)
-            if conf is None:
-                continue
-            heap = best.setdefault(mbs, [])
-            item = (-conf.estimate, next(serial), conf)
-            if len(heap) < keep:
-                heapq.heappush(heap, item)
-            elif item[0] > heap[0][0]:
-                heapq.heapreplace(heap, item)
-    kept = sorted((c for heap in best.values() for c in heap), key=lambda x: (-x[0], x[1]))
-    confs = [conf for _, _, conf in kept[:KEEP_ALL]] + _seed_configs(search, seeds)
+    confs = _kept(search, global_batch=global_batch, keep=keep) + _seed_configs(search, seeds)
     predictions = _simulated(search, confs, uneven=uneven_shares)
     seen = {(p.strategy, p.options) for p in predictions}
     base = (
@@ -484,6 +468,28 @@ def plan(
         (p for p in predictions if within_headroom(p, cost)), key=lambda p: p.step_time_s
     )
     return Plan(chosen, time.perf_counter() - began, search.count, base, unused, tuple(fitting))
+
+
+def _kept(search: _Search, *, global_batch: int, keep: int) -> list[_Config]:
+    """Level 1: every layout and micro-batch size estimated by the closed form; the ``keep``
+    fastest per micro-batch size, then the fastest ``KEEP_ALL`` of those."""
+    best: dict[int, list[tuple[float, int, _Config]]] = {}
+    serial = itertools.count()
+    for pipes, tps in search.layouts():
+        for mbs in MICRO_BATCH_SIZES:
+            if global_batch % mbs or global_batch // mbs < len(pipes):
+                continue
+            conf = search.estimate(pipes, tps, mbs)
+            if conf is None:
+                continue
+            heap = best.setdefault(mbs, [])
+            item = (-conf.estimate, next(serial), conf)
+            if len(heap) < keep:
+                heapq.heappush(heap, item)
+            elif item[0] > heap[0][0]:
+                heapq.heapreplace(heap, item)
+    kept = sorted((c for heap in best.values() for c in heap), key=lambda x: (-x[0], x[1]))
+    return [conf for _, _, conf in kept[:KEEP_ALL]]
 
 
 def _simulated(search: _Search, confs: Sequence[_Config], *, uneven: bool) -> list[Prediction]:
