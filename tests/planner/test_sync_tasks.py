@@ -118,11 +118,12 @@ def test_sharded_reduces_are_the_runtime_buckets(cost: CostModel, strategy: str,
     assert _simulated(strategy, cost, options, "sync") == pytest.approx(want, rel=1e-12)
 
 
-def test_zero1_reduces_and_gathers_one_by_one(cost: CostModel) -> None:
-    """ZeRO-1: each reduce started alone; after Adam each fp32 master gathered alone."""
-    items = zero1_plan(parse_strategy(HETERO), CONFIG)
+def test_zero1_reduces_one_by_one_and_gathers_in_a_batch(cost: CostModel) -> None:
+    """ZeRO-1: each reduce started alone; after Adam the gathers in one batch, bf16 (one
+    stage per pipeline: one set of ranks)."""
+    items = zero1_plan(parse_strategy(TP_DP), CONFIG)
     options = StrategyOptions(dtype="bf16", zero=1)
     reduces = sum(_direct([i.reduce], cost, 4) for i in items.values())
-    gathers = sum(_direct([i.gather], cost, 4) for i in items.values())
-    assert _simulated(HETERO, cost, options, "sync") == pytest.approx(reduces, rel=1e-12)
-    assert _simulated(HETERO, cost, options, "gather") == pytest.approx(gathers, rel=1e-12)
+    gathers = _direct([i.gather for i in items.values()], cost, 2)
+    assert _simulated(TP_DP, cost, options, "sync") == pytest.approx(reduces, rel=1e-12)
+    assert _simulated(TP_DP, cost, options, "gather") == pytest.approx(gathers, rel=1e-12)

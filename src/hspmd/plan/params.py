@@ -210,9 +210,16 @@ def state_annotations(
             f"zero_shares has {len(shares)} weights for {len(strategy.pipelines)} pipelines: "
             "give one weight per pipeline"
         )
-    return {
-        name: _zero1_spec(spec, config.param_kind(name), shares) for name, spec in params.items()
-    }
+    # every layer of a stage shares its parameters' annotations, so their states: built and
+    # checked once per (annotation, kind, shape)
+    made: dict[tuple[int, str, tuple[int, ...]], Annotation] = {}
+    out = {}
+    for name, spec in params.items():
+        key = (id(spec.annotation), config.param_kind(name), spec.shape)
+        if key not in made:
+            made[key] = _zero1_spec(spec, key[1], shares).annotation
+        out[name] = ParamSpec(name, spec.shape, made[key])
+    return out
 
 
 def lock_step(strategy: Strategy) -> bool:

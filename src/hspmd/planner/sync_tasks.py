@@ -9,9 +9,9 @@ ZeRO       reduce (after the last backward)                     gather (after Ad
            and one plan per split parameter, ``hP -> hD``
            (all-reduce; split-all-reduce between TP degrees;
            a tied weight's first and last stage summed too)
-1          ``zero1_plan``'s reduce of each parameter            each parameter's gather of
-           (split-reduce-scatter)                               its fp32 master, one by one
-2          the same reduces in ``shard_buckets`` (4 MiB), each  one batch, compute dtype
+1          ``zero1_plan``'s reduce of each parameter            one batch, compute dtype
+           (split-reduce-scatter)
+2          the same reduces in ``shard_buckets`` (4 MiB), each  as 1
            started as one batch
 3          as 2, the buckets also cut where the layer changes   around each use (the stage's
                                                                 work, ``predict.zero_gathers``)
@@ -23,8 +23,8 @@ Each plan is priced by ``hspmd.cost.comm_plans`` (fp32 gradients). Tasks group t
 parameter belongs to the segment of its first layer (a bucket's gradients are final when
 its first layer's are) and one task holds the plans of one (segment, ranks), their times
 added (the runtime issues them one after another on its stream; a ZeRO-2/3 bucket is one
-batch, ``PlanPricer.batch``), a ZeRO-2 segment's gathers as one batch (the runtime gathers
-all of a rank's parameters in one). So a step has a few sync tasks per stage whatever the rank count, and
+batch, ``PlanPricer.batch``), a segment's gathers as one batch (the runtime gathers all of a
+rank's parameters in one: one task per set of ranks). So a step has a few sync tasks per stage whatever the rank count, and
 identical plans (every layer's ``wq`` of one stage shares one object) are priced once.
 
 A task starts after the holders' pieces of their last backward that finish its layers
@@ -56,7 +56,6 @@ __all__ = [
 ]  # fmt: skip
 
 GRAD_BYTES = 4  # gradients are synced in fp32 (the masters' dtype)
-MASTER_BYTES = 4  # ZeRO-1 gathers the fp32 masters (hspmd.train.zero.ZeroOne.apply)
 
 # The runtime issues the gradient sync item by item as the last backward finishes them
 # (hspmd.train.overlap); the simulator cuts each segment into this many runs of layers, so
@@ -138,8 +137,8 @@ Issued = tuple[tuple[tuple[str, ...], tuple[CommPlan, ...]], ...]  # (names, pla
 class PostPlans:
     """Post's plans of a strategy (module docstring), as the runtime issues them: each entry
     of ``reduces`` one ``start_plan`` (one plan) or, ``batched``, one bucket's
-    ``start_plans``; ``gathers`` after Adam, one plan each, priced one by one or, with
-    ``batched``, a segment's as one batch; ``gather_bytes``: bytes of a gathered element."""
+    ``start_plans``; ``gathers`` after Adam, one plan each (a segment's priced as one
+    batch), of ``gather_bytes`` an element."""
 
     reduces: Issued
     gathers: Issued
@@ -160,9 +159,9 @@ def post_plans(
     if options.zero < 3:
         gathers = tuple(((n,), (i.gather,)) for n, i in items.items())
     reduces: Issued
-    if options.zero == 1:  # each gradient's reduce issued alone; each fp32 master gathered alone
+    if options.zero == 1:  # each gradient's reduce issued alone (``ZeroOne``)
         reduces = tuple(((n,), (items[n].reduce,)) for n in reversed(items))
-        return PostPlans(reduces, gathers, batched=False, gather_bytes=MASTER_BYTES)
+        return PostPlans(reduces, gathers, batched=False, gather_bytes=element_bytes)
     layer_of = config.param_layer if options.zero == 3 else None
     buckets = shard_buckets(items, bucket_bytes=bucket_bytes, layer_of=layer_of)
     reduces = tuple((b.names, b.plans) for b in buckets)
@@ -237,14 +236,12 @@ def sync_tasks(
         for r in group.ranks:
             synced.setdefault(r, []).append(tid)
     tasks += _adam_tasks(strategy, config, cost, options, synced)
-    gather_groups = _groups(strategy, config, plans.gathers, segs)
+    # a rank gathers all its parameters in one batch after its Adam: one segment for all
+    whole = [Segment(0, config.num_layers - 1, (), 0)] if plans.gathers else []
+    gather_groups = _groups(strategy, config, plans.gathers, whole)
     for group, tid in zip(gather_groups, _ids(gather_groups, "gather"), strict=True):
-        size, every = plans.gather_bytes, [plan for entry in group.entries for plan in entry]
-        seconds = (
-            pricer.batch(every, element_bytes=size)
-            if plans.batched
-            else sum(pricer.plan(plan, element_bytes=size) for plan in every)
-        )
+        every = [plan for entry in group.entries for plan in entry]
+        seconds = pricer.batch(every, element_bytes=plans.gather_bytes)
         tasks.append(Task(tid, group.ranks[0], "comm", seconds, category="comm",
                           deps=tuple(f"adam p{p}s{s}" for p, s in group.holders),
                           ranks=group.ranks if len(group.ranks) > 1 else (),

@@ -75,6 +75,7 @@ def grad_sync_plan(
     specs = parameter_annotations(strategy, config)
     position = {name: i for i, name in enumerate(specs)}
     buckets: dict[Annotation, list[ParamSpec]] = {}
+    split: dict[tuple[int, tuple[int, ...]], CommPlan] = {}
     items = []
     for spec in specs.values():
         if spec.annotation.hsize == 1:
@@ -82,8 +83,10 @@ def grad_sync_plan(
         if _whole(spec.annotation):
             buckets.setdefault(spec.annotation, []).append(spec)
             continue
-        grad = _partial(spec.annotation)
-        items.append(SyncItem((spec.name,), resolve(grad, spec.annotation, spec.shape), False))
+        key = (id(spec.annotation), spec.shape)
+        if key not in split:  # every layer of a stage: one resolution
+            split[key] = resolve(_partial(spec.annotation), spec.annotation, spec.shape)
+        items.append(SyncItem((spec.name,), split[key], False))
     for annotation, members in buckets.items():
         grad = _partial(annotation)
         for chunk in _chunks(members, bucket_bytes):
@@ -151,12 +154,16 @@ def zero1_plan(
     params = parameter_annotations(strategy, config)
     states = state_annotations(strategy, config, zero1=True, shares=shares)
     items = {}
+    # one resolution per (annotations, shape): every layer of a stage has the same plans
+    # (resolve's own cache would compare the annotations, rank by rank, on every hit)
+    plans: dict[tuple[int, int, tuple[int, ...]], tuple[CommPlan, CommPlan]] = {}
     for name, spec in params.items():
         param, state = spec.annotation, states[name].annotation
-        grad = _partial(param) if param.hsize > 1 else param
-        items[name] = ZeroItem(
-            name, spec.shape, resolve(grad, state, spec.shape), resolve(state, param, spec.shape)
-        )
+        key = (id(param), id(state), spec.shape)
+        if key not in plans:
+            grad = _partial(param) if param.hsize > 1 else param
+            plans[key] = (resolve(grad, state, spec.shape), resolve(state, param, spec.shape))
+        items[name] = ZeroItem(name, spec.shape, *plans[key])
     return items
 
 

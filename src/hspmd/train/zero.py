@@ -29,6 +29,7 @@ import torch
 from hspmd.models.build import initial_piece
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import ParamSpec
+from hspmd.runtime.batched import start_plans
 from hspmd.runtime.execute import run_plan
 from hspmd.runtime.world import World
 from hspmd.specialize.grad_sync import StageGradSync
@@ -83,12 +84,17 @@ class ZeroOne(MasterAdam):
 
     @torch.no_grad()
     def apply(self) -> None:
-        """Adam on the shards, then gather the parameters."""
+        """Adam on the shards, then gather the parameters: every gather in one batch, in the
+        compute dtype (the cast commutes with moving the values), as ZeRO-2's Post does."""
         self.adam.step()
-        for item in self.items:
-            value = run_plan(item.gather, self.masters[item.name], self.world)
-            assert value is not None, item.name
-            self.params[item.name].copy_(value)
+        names = [i.name for i in self.items]
+        local = {k: self.masters[n].to(self.params[n].dtype) for k, n in enumerate(names)}
+        outs = {k: self.params[n].data for k, n in enumerate(names)}
+        plans = [i.gather for i in self.items]
+        got = start_plans(plans, local, self.world, tag=0, outs=outs, kind="zero-gather").wait()
+        for k, name in enumerate(names):
+            if got[k].data_ptr() != self.params[name].data_ptr():
+                self.params[name].copy_(got[k])
 
     @torch.no_grad()
     def load_state(
