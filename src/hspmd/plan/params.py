@@ -147,7 +147,7 @@ def parameter_annotations(strategy: Strategy, config: ModelSpec) -> dict[str, Pa
     check_strategy(strategy, config)
     # the layers of one stage in every pipeline share their holders, so their annotations:
     # built once per (holders, kind) (64 pipelines x 80 layers: 8 stages, not 80 layers)
-    holders: dict[tuple[int, ...], tuple[Stage, ...]] = {}
+    holders: dict[tuple[int, ...], tuple[tuple[Stage, ...], tuple[int, ...]]] = {}
     cache: dict[tuple[tuple[int, ...], str], Annotation] = {}
     checked: set[tuple[tuple[tuple[int, ...], str], tuple[int, ...]]] = set()
     specs = {}
@@ -160,10 +160,12 @@ def parameter_annotations(strategy: Strategy, config: ModelSpec) -> dict[str, Pa
             )
         layers = _layers_of(config, name, layer)
         if layers not in holders:
-            holders[layers] = _tied_holders(strategy, layers)
-        key = (tuple(id(stage) for stage in holders[layers]), kind)
+            found = _tied_holders(strategy, layers)
+            holders[layers] = (found, tuple(id(stage) for stage in found))
+        stages, ids = holders[layers]
+        key = (ids, kind)
         if key not in cache:
-            cache[key] = _annotation(holders[layers], kind)
+            cache[key] = _annotation(stages, kind)
         if (key, shape) in checked:  # every layer of a stage: one check per shape
             specs[name] = ParamSpec(name, shape, cache[key])
         else:
