@@ -193,10 +193,12 @@ def share_sizes(length: int, weights: tuple[float, ...]) -> tuple[int, ...]:
 
 
 def state_annotations(
-    strategy: Strategy, config: ModelSpec, *, zero1: bool = False, shares: tuple[float, ...] = ()
-) -> dict[str, ParamSpec]:
+    strategy: Strategy, config: ModelSpec, *, zero1: bool = False, shares: tuple[float, ...] = (),
+    params: dict[str, ParamSpec] | None = None,
+) -> dict[str, ParamSpec]:  # fmt: skip
     """The annotation of each parameter's fp32 master and Adam moments (module docstring);
-    ``shares``: the pipelines' weights for uneven parts (``()``: even).
+    ``shares``: the pipelines' weights for uneven parts (``()``: even); ``params``: the
+    strategy's ``parameter_annotations`` where the caller has them.
 
     >>> from hspmd.models import get_config
     >>> from hspmd.plan.strategy import parse_strategy
@@ -204,7 +206,7 @@ def state_annotations(
     >>> str(state_annotations(s, get_config("llama-tiny"), zero1=True)["norm.weight"])
     'norm.weight [64] h0: [0,1]{D:2} [2]{}'
     """
-    params = parameter_annotations(strategy, config)
+    params = parameter_annotations(strategy, config) if params is None else params
     if not zero1 or len(strategy.pipelines) == 1:
         return params
     if shares and len(shares) != len(strategy.pipelines):

@@ -152,7 +152,7 @@ def zero1_plan(
     (('split-reduce-scatter',), ('split-all-gather',))
     """
     params = parameter_annotations(strategy, config)
-    states = state_annotations(strategy, config, zero1=True, shares=shares)
+    states = state_annotations(strategy, config, zero1=True, shares=shares, params=params)
     items = {}
     # one resolution per (annotations, shape): every layer of a stage has the same plans
     # (resolve's own cache would compare the annotations, rank by rank, on every hit)
