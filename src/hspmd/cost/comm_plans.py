@@ -170,9 +170,10 @@ class PlanPricer:
         intra, inter = self._by_node
         n = self.cost.num_ranks
         src, dst = pairs // n, pairs % n
-        same = self._nodes[src] == self._nodes[dst]
-        line = np.where(same[:, None], intra[src], inter[self._nodes[src]])
-        return line[:, 0], line[:, 1]
+        node = self._nodes[src]
+        same = node == self._nodes[dst]
+        latency = np.where(same, intra[0][src], inter[0][node])
+        return latency, np.where(same, intra[1][src], inter[1][node])
 
     def _node_lines(self) -> tuple[np.ndarray, np.ndarray]:
         """(latency, per byte) of the send-recv line within each rank's node (by rank) and
@@ -193,7 +194,7 @@ class PlanPricer:
             other = next((r for n, r in first.items() if n != node), None)
             if other is not None:
                 inter[node] = _terms(cost.link_between(rank, other).line("send-recv", 2))
-        return intra, inter
+        return intra.T.copy(), inter.T.copy()  # (latency row, per-byte row)
 
     def _p2p(self, batch: dict[int, tuple[_Flows, int]], element_bytes: int) -> float:
         """One batch of ``flows`` (each ``count`` times): per rank max(sent, received); the
