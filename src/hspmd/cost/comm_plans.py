@@ -111,6 +111,16 @@ class PlanPricer:
         self._by_node: tuple[np.ndarray, np.ndarray] | None = None
         self._nodes = np.array([cost.node_of(r) for r in range(cost.num_ranks)], dtype=np.int64)
 
+    @staticmethod
+    def of(cost: CostModel) -> PlanPricer:
+        """The pricer of ``cost``, shared by the calls that pass the same ``cost`` object one
+        after another (a planner search's many ``predict`` calls): resolution's cache gives
+        them the same plan objects, priced once. One pricer is kept, the last cost's."""
+        if _SHARED and _SHARED[0].cost is cost:
+            return _SHARED[0]
+        _SHARED[:] = [PlanPricer(cost)]
+        return _SHARED[0]
+
     def plan(self, plan: CommPlan, *, element_bytes: int) -> float:
         """``plan``'s seconds: its steps one after another."""
         key = (id(plan), element_bytes)
@@ -151,7 +161,7 @@ class PlanPricer:
         n = self.cost.num_ranks
         table = messages(step, before, shape)
         codes = table[:, 0] * n + table[:, 1]
-        order = np.argsort(codes, kind="stable")
+        order = np.argsort(codes)  # integer sums below: any order of equal codes is exact
         codes = codes[order]
         starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]]) if len(codes) else codes
         pairs = codes[starts]
@@ -218,6 +228,9 @@ class PlanPricer:
             sent += flows.sent * (count * element_bytes)
             received += flows.received * (count * element_bytes)
         return float(np.maximum(sent, received).max())
+
+
+_SHARED: list[PlanPricer] = []  # PlanPricer.of's last pricer
 
 
 def _terms(line: Fit) -> tuple[float, float]:

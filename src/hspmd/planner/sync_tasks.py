@@ -218,7 +218,7 @@ def sync_tasks(
 ) -> list[Task]:  # fmt: skip
     """The CP gradient sums, the gradient sync of ``plans`` (``post_plans``), each rank's
     Adam and ZeRO's gathers."""
-    pricer = PlanPricer(cost)
+    pricer = PlanPricer.of(cost)
     tasks, synced = _cp_tasks(strategy, config, cost)
     reduce_groups = _groups(strategy, config, plans.reduces, segs)
     for group, tid in zip(reduce_groups, _ids(reduce_groups, "sync"), strict=True):
