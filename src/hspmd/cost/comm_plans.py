@@ -23,7 +23,8 @@ line is ``transfer_time`` (``hspmd.cost.link``); point-to-point messages are pri
 once per link (numpy), so a plan of 32,000 messages costs milliseconds. A ``PlanPricer``
 keeps each plan's price and messages by identity: resolution's cache gives one object to
 every parameter of the same annotations and shape (every layer of a stage), so a
-strategy's thousands of plans are priced a few dozen times.
+strategy's thousands of plans are priced a few dozen times, and ``PlanPricer.of`` shares one
+pricer between the calls on the same cost (a planner search's ``predict`` calls).
 
 >>> from hspmd.annotation import parse_annotation as A
 >>> from hspmd.comm.resolve import resolve
