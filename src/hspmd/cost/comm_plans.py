@@ -111,13 +111,16 @@ class PlanPricer:
         self._latencies: dict[frozenset[int], tuple[np.ndarray, np.ndarray]] = {}
         self._by_node: tuple[np.ndarray, np.ndarray] | None = None
         self._nodes = np.array([cost.node_of(r) for r in range(cost.num_ranks)], dtype=np.int64)
+        self.kept_bytes = 0  # of the arrays it keeps (``of``)
 
     @staticmethod
     def of(cost: CostModel) -> PlanPricer:
         """The pricer of ``cost``, shared by the calls that pass the same ``cost`` object one
         after another (a planner search's many ``predict`` calls): resolution's cache gives
-        them the same plan objects, priced once. One pricer is kept, the last cost's."""
-        if _SHARED and _SHARED[0].cost is cost:
+        them the same plan objects, priced once. One pricer is kept, the last cost's, and
+        replaced by a fresh one once its arrays pass ``SHARED_BYTES`` (at 65,536 ranks one
+        plan's per-rank arrays take a megabyte)."""
+        if _SHARED and _SHARED[0].cost is cost and _SHARED[0].kept_bytes <= SHARED_BYTES:
             return _SHARED[0]
         _SHARED[:] = [PlanPricer(cost)]
         return _SHARED[0]
@@ -171,6 +174,7 @@ class PlanPricer:
         src, dst = pairs // n, pairs % n
         sent = np.bincount(src, weights=slope * elements, minlength=n)
         received = np.bincount(dst, weights=slope * elements, minlength=n)
+        self.kept_bytes += pairs.nbytes + latency.nbytes + sent.nbytes + received.nbytes
         return _Flows(pairs, latency, sent, received)
 
     def _lines(self, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -220,6 +224,7 @@ class PlanPricer:
                 first = np.r_[True, pairs[1:] != pairs[:-1]] if len(pairs) else pairs
                 pairs, latency = pairs[first], latency[first]
             n = self.cost.num_ranks
+            self.kept_bytes += 16 * n
             self._latencies[key] = (
                 np.bincount(pairs // n, weights=latency, minlength=n),
                 np.bincount(pairs % n, weights=latency, minlength=n),
@@ -232,6 +237,7 @@ class PlanPricer:
 
 
 _SHARED: list[PlanPricer] = []  # PlanPricer.of's last pricer
+SHARED_BYTES = 256 << 20  # the arrays a shared pricer keeps before it is replaced
 
 
 def _terms(line: Fit) -> tuple[float, float]:
