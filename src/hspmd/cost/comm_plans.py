@@ -237,7 +237,8 @@ class PlanPricer:
 
 
 _SHARED: list[PlanPricer] = []  # PlanPricer.of's last pricer
-SHARED_BYTES = 256 << 20  # the arrays a shared pricer keeps before it is replaced
+# the arrays a shared pricer keeps before it is replaced (a plan search at 4096 ranks: 842 MB)
+SHARED_BYTES = 1 << 30
 
 
 def _terms(line: Fit) -> tuple[float, float]:
