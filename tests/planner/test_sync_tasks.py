@@ -127,3 +127,28 @@ def test_zero1_reduces_one_by_one_and_gathers_in_a_batch(cost: CostModel) -> Non
     gathers = _direct([i.gather for i in items.values()], cost, 2)
     assert _simulated(TP_DP, cost, options, "sync") == pytest.approx(reduces, rel=1e-12)
     assert _simulated(TP_DP, cost, options, "gather") == pytest.approx(gathers, rel=1e-12)
+
+
+def test_shared_pricer_prices_as_a_fresh_one(cost: CostModel) -> None:
+    """``PlanPricer.of``: one pricer per cost object across calls (a search's predicts),
+    a fresh one past its byte bound; a plan priced after others costs what a fresh pricer
+    says, alone and in a batch."""
+    from hspmd.cost import comm_plans
+    from hspmd.cost.comm_plans import PlanPricer
+
+    items = list(zero1_plan(parse_strategy(HETERO), CONFIG).values())
+    shared = PlanPricer.of(cost)
+    assert PlanPricer.of(cost) is shared
+    assert PlanPricer.of(CostModel.of(load_cluster("hetu-h800-h20"))) is not shared
+    shared = PlanPricer.of(cost)
+    for item in items:  # every plan priced once through the shared pricer
+        shared.plan(item.gather, element_bytes=2)
+    for item in items[::-1]:
+        fresh = PlanPricer(cost)
+        assert shared.plan(item.reduce, element_bytes=4) == fresh.plan(item.reduce, element_bytes=4)
+    reduces = [i.reduce for i in items[:5]]
+    assert shared.batch(reduces, element_bytes=4) == PlanPricer(cost).batch(
+        reduces, element_bytes=4
+    )
+    shared.kept_bytes = comm_plans.SHARED_BYTES + 1
+    assert PlanPricer.of(cost) is not shared
