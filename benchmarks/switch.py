@@ -115,7 +115,7 @@ def _modes_worker(
         for _ in range(repeats):
             for source, target in ((a, b), (b, a)):
                 src, dst = source, target
-                if config.switch_mode == "states":
+                if config.switching.mode == "states":
                     plan = plan_switch(model, src, dst)
                     state = active.post.state() if active.post is not None else {}
                     _, move = _timed(partial(run_switch, plan, state, world))
@@ -126,9 +126,9 @@ def _modes_worker(
                                              dtype=torch.bfloat16))  # fmt: skip
                 (active, _), whole = _timed(partial(switch_to, world, config, active, target,
                                                     steps=1))  # fmt: skip
-                row = {"mode": config.switch_mode, "move": f"{source} -> {target}",
+                row = {"mode": config.switching.mode, "move": f"{source} -> {target}",
                        "move_s": move, "switch_s": whole}  # fmt: skip
-                if config.switch_mode == "weights":
+                if config.switching.mode == "weights":
                     post = active.post
                     # the alternative to the move: B's Pre plan from the home shards
                     _, row["rederive_s"] = _timed(post.refresh if post is not None else list)

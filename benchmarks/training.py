@@ -82,7 +82,7 @@ def ddp_worker(world: World, config: TrainConfig) -> list[float]:
 
     model = DistributedDataParallel(init_weights(Llama(config.model_config()), config.seed))
     optimizer = _adam(model.parameters(), config)
-    rows = config.global_batch // world.world_size
+    rows = config.batch.global_batch // world.world_size
     mine = slice(world.rank * rows, (world.rank + 1) * rows)
     times = []
     for tokens, targets in step_batches(config):
@@ -209,7 +209,7 @@ def ours(config: TrainConfig) -> float:
 
 def row_one_rank(base: TrainConfig) -> Row:
     n = base.model_config().num_layers
-    config = config_for(base, f"1x{base.global_batch}: R0:L0-{n - 1}")
+    config = config_for(base, f"1x{base.batch.global_batch}: R0:L0-{n - 1}")
     mine, plain = best_of(
         lambda: ours(config),
         lambda: median_after_warmup([r.seconds for r in run_reference(base).records]),
@@ -220,7 +220,7 @@ def row_one_rank(base: TrainConfig) -> Row:
 def row_dp(base: TrainConfig) -> list[Row]:
     """Two rows measured in one alternation: overlapped gradient sync (the default) and
     the same strategy with every sync after the last backward (``overlap=False``)."""
-    n, half = base.model_config().num_layers, base.global_batch // 2
+    n, half = base.model_config().num_layers, base.batch.global_batch // 2
     config = config_for(base, f"1x{half}: R0:L0-{n - 1}; 1x{half}: R1:L0-{n - 1}")
     plain = revise(config, overlap=False)
     mine, late, theirs = [], [], []
@@ -237,7 +237,7 @@ def row_dp(base: TrainConfig) -> list[Row]:
 
 def row_tp(base: TrainConfig) -> Row:
     n = base.model_config().num_layers
-    config = config_for(base, f"1x{base.global_batch}: R0-1:L0-{n - 1}")
+    config = config_for(base, f"1x{base.batch.global_batch}: R0-1:L0-{n - 1}")
     mine, theirs = best_of(
         lambda: ours(config),
         lambda: median_after_warmup(launch(dtensor_tp_worker, 2, args=(base,), threads=1)[0]),
@@ -246,7 +246,7 @@ def row_tp(base: TrainConfig) -> Row:
 
 
 def row_pp(base: TrainConfig) -> Row:
-    n, mb = base.model_config().num_layers, base.global_batch // 4
+    n, mb = base.model_config().num_layers, base.batch.global_batch // 4
     bounds = [n * s // 4 for s in range(5)]
     stages = " ".join(f"R{s}:L{bounds[s]}-{bounds[s + 1] - 1}" for s in range(4))
     config = config_for(base, f"4x{mb}: {stages}")
@@ -278,7 +278,9 @@ def main() -> int:
     for build in builders:
         built = build(base)
         rows += built if isinstance(built, list) else [built]
-    table = Table(title=f"{model}, global batch {base.global_batch} x {seq} tokens, median step")
+    table = Table(
+        title=f"{model}, global batch {base.batch.global_batch} x {seq} tokens, median step"
+    )
     for column in ("case", "hspmd ms", "baseline", "baseline ms", "ratio", "note"):
         table.add_column(column)
     for r in rows:

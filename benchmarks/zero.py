@@ -6,10 +6,15 @@ The model is a Llama of 4 layers (hidden 256, FFN 768, vocabulary 2048: 4.46 M p
 pipelines in lock step: ZeRO-3 gathers per layer), each step 2 micro-batches of 1 sequence
 of 128 tokens per rank. One launch trains, per round, every ZeRO stage (3 twice more:
 without overlap, ``--zero-no-overlap``, and with uneven shares 3,1,1,1, whose first rank
-holds half of every shard); a second launch trains the same model, data and batches under
-FSDP2 (every block and the root ``fully_shard``-ed, torch's AdamW, a reduce-scatter in
-every backward as ZeRO-3 here). Rounds rotate the order; step times are the median over the
-steps after the first two, of all rounds.
+holds half of every shard) and, in the same processes, the same model, data and batches
+under FSDP2 (every block and the root ``fully_shard``-ed, torch's AdamW, a reduce-scatter
+in every backward as ZeRO-3 here): FSDP2 last in even rounds, first in odd ones (ABAB),
+the stages' order rotating. Each run's first two steps are warm-up. A step's wall time is
+its slowest rank's; its CPU time (``time.process_time``: the rank's process, gloo's threads
+included; less moved by the other processes of a shared machine) the ranks' mean. Per
+round, each run's median step over FSDP2's median step of that round; the table and the
+JSON line give the median of these ratios over the rounds and their range, in wall and in
+CPU time (``zero3_step_over_fsdp2`` is the wall-time median).
 
 Memory is the state's tracked tensor bytes (``hspmd.train.meter``: parameters as their
 storage holds them now, gradients, fp32 masters, Adam moments, gradient shards; not the
@@ -22,9 +27,9 @@ prefetch (the default) one unit computes while the next one's gather arrives, so
 units are resident at the peak by design (FSDP2's prefetch holds two as well): the goal
 line also gives ZeRO-3 over 1/4 of ZeRO-0's plus two layers.
 
-    .venv/bin/python benchmarks/zero.py            # 2 rounds of 6 steps
+    .venv/bin/python benchmarks/zero.py            # 4 rounds of 6 steps
     .venv/bin/python benchmarks/zero.py --quick    # 1 round of 4 steps
-    .venv/bin/python benchmarks/zero.py --runs ZeRO-3 --rounds 4   # ZeRO-3 and FSDP2 only
+    .venv/bin/python benchmarks/zero.py --runs ZeRO-3 --rounds 6   # ZeRO-3 and FSDP2 only
 
 Prints a table, then one JSON line.
 """
@@ -35,6 +40,8 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -49,6 +56,7 @@ from hspmd.runtime.world import World
 from hspmd.train.api import revise, train_config
 from hspmd.train.batches import step_batches
 from hspmd.train.config import AdamConfig, TrainConfig
+from hspmd.train.loop import run_rank
 from hspmd.train.reference import build_reference_model
 from hspmd.train.trainer import train_many
 
@@ -83,16 +91,45 @@ def predicted(config: TrainConfig, rank: int = RANK) -> float:
             m = rank_memory(
                 model, rank=rank, tp=stage.tp, num_layers=len(stage.layers), first=place.first,
                 last=place.last, in_flight_micro_batches=place.in_flight,
-                micro_batch_size=place.micro_batch_size, seq_len=config.seq_len,
+                micro_batch_size=place.micro_batch_size, seq_len=config.batch.seq_len,
                 replicas=place.replicas, options=options, lock_step=place.lock_step,
-                micro_batches=place.micro_batches, prefetch=config.zero_overlap,
+                micro_batches=place.micro_batches, prefetch=config.runtime.zero_overlap,
                 share=place.share,
             )  # fmt: skip
             return m.weights + m.gradients + m.optimizer
     raise AssertionError(f"rank {rank} is not in {strategy}")
 
 
-def _fsdp_rank(world: World, config: TrainConfig) -> list[float]:
+Times = list[tuple[float, float]]  # per step: wall seconds, CPU seconds of the process
+
+
+class _StepClock:
+    """A ``Spans`` for ``run_rank`` that keeps each step's wall and CPU seconds (the
+    process's, its communication threads included; less moved by the other processes of a
+    shared machine than wall time) and records nothing else."""
+
+    enabled = False
+
+    def __init__(self) -> None:
+        self.times: Times = []
+
+    def span(self, name: str, *, cat: str, **args: Any) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def begin(self, name: str, *, cat: str, **args: Any) -> Callable[[], None]:
+        if cat != "step":
+            return lambda: None
+        wall, cpu = time.perf_counter(), time.process_time()
+        return lambda: self.times.append((time.perf_counter() - wall, time.process_time() - cpu))
+
+
+def _hspmd_rank(world: World, config: TrainConfig) -> Times:
+    clock = _StepClock()
+    run_rank(world, config, rec=clock)
+    return clock.times
+
+
+def _fsdp_rank(world: World, config: TrainConfig) -> Times:
     """FSDP2 on this rank: its rows of each global batch, 2 micro-batches of 1; the step
     times (between barriers, the loss all-reduced as hspmd's loop does)."""
     from torch.distributed.fsdp import fully_shard
@@ -105,11 +142,11 @@ def _fsdp_rank(world: World, config: TrainConfig) -> list[float]:
         fully_shard(block)
     fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.adam.lr, weight_decay=0.0)
-    spec, rows = config.model_config(), config.global_batch // world.world_size
-    seconds = []
+    spec, rows = config.model_config(), config.batch.global_batch // world.world_size
+    times = []
     for tokens, targets in step_batches(config):
         dist.barrier()
-        start = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.process_time()
         optimizer.zero_grad(set_to_none=True)
         loss = torch.zeros(1, dtype=torch.float64)
         for m in range(rows):
@@ -119,28 +156,66 @@ def _fsdp_rank(world: World, config: TrainConfig) -> list[float]:
             loss += float(value.detach())
         optimizer.step()
         dist.all_reduce(loss)
-        seconds.append(time.perf_counter() - start)
-    return seconds
+        times.append((time.perf_counter() - wall, time.process_time() - cpu))
+    return times
+
+
+def _rounds_rank(
+    world: World, configs: dict[str, TrainConfig], fsdp: TrainConfig, rounds: int
+) -> dict[str, list[Times]]:
+    """Every run and FSDP2 in turn, ``rounds`` times, in the same processes: the runs'
+    order rotates each round, FSDP2 goes last in even rounds and first in odd ones (ABAB);
+    this rank's step times by run and round."""
+    names = list(configs)
+    out: dict[str, list[Times]] = {name: [] for name in [*names, "FSDP2"]}
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in [*order, "FSDP2"] if r % 2 == 0 else ["FSDP2", *order]:
+            run = _fsdp_rank(world, fsdp) if name == "FSDP2" else _hspmd_rank(world, configs[name])
+            out[name].append(run)
+    return out
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def timed_rounds(
+    base: TrainConfig, names: list[str], rounds: int
+) -> tuple[dict[str, list[Times]], dict[str, dict[str, dict[str, float]]]]:
+    """One launch of ``_rounds_rank``; per run and round its steps after the first two
+    (wall: the slowest rank's, CPU: the ranks' mean), and per run the spread over rounds of
+    its median step over FSDP2's in the same round, in wall and in CPU time."""
+    configs = {name: revise(base, **RUNS[name]) for name in names}
+    per_rank = launch(_rounds_rank, 4, args=(configs, base, rounds), threads=1, timeout_s=3600)
+    steps: dict[str, list[Times]] = {}
+    for name in [*names, "FSDP2"]:
+        steps[name] = [
+            [
+                (max(w for w, _ in s), statistics.fmean(c for _, c in s))
+                for s in zip(*runs, strict=True)
+            ][2:]
+            for runs in zip(*(rank[name] for rank in per_rank), strict=True)
+        ]
+    ratios = {}
+    for name in names:
+        ratios[name] = {
+            kind: spread([
+                statistics.median(t[i] for t in ours) / statistics.median(t[i] for t in fsdp)
+                for ours, fsdp in zip(steps[name], steps["FSDP2"], strict=True)
+            ])
+            for i, kind in enumerate(("wall", "cpu"))
+        }  # fmt: skip
+    return steps, ratios
 
 
 def measure(*, steps: int, rounds: int, names: list[str]) -> dict[str, dict[str, Any]]:
     base = revise(BASE, steps=steps)
-    times: dict[str, list[float]] = {name: [] for name in [*names, "FSDP2"]}
     # memory once, 3 steps (its sampling costs time: the timed runs go without it)
     metered = [revise(base, steps=3, measure_memory=True, **RUNS[n]) for n in names]
     results = train_many(metered, threads=1, timeout_s=1200)
     peaks = {name: result.state_peak for name, result in zip(names, results, strict=True)}
-    for r in range(rounds):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        configs = [revise(base, **RUNS[name]) for name in order]
-        runs = [("hspmd", configs), ("fsdp", None)]
-        for kind, _ in runs if r % 2 == 0 else runs[::-1]:
-            if kind == "fsdp":
-                per_rank = launch(_fsdp_rank, 4, args=(base,), threads=1, timeout_s=1200)
-                times["FSDP2"] += [max(s) for s in zip(*per_rank, strict=True)][2:]
-                continue
-            for name, result in zip(order, train_many(configs, threads=1, timeout_s=1200), strict=True):  # fmt: skip
-                times[name] += [rec.seconds for rec in result.records[2:]]
+    times, ratios = timed_rounds(base, names, rounds)
     model = base.model_config()
     unit = 4 * largest_unit(model, 1, first=True, last=True)
     out: dict[str, dict[str, Any]] = {}
@@ -151,10 +226,16 @@ def measure(*, steps: int, rounds: int, names: list[str]) -> dict[str, dict[str,
             "state_bytes_by_rank": peaks[name],
             "predicted_bytes": predicted(config),
             "predicted_bytes_by_rank": {r: predicted(config, r) for r in peaks[name]},
-            "step_s": statistics.median(times[name]),
+            "step_s": statistics.median(w for run in times[name] for w, _ in run),
+            "step_over_fsdp2": ratios[name],
         }
-    out["FSDP2"] = {"step_s": statistics.median(times["FSDP2"])}
-    goal: dict[str, float] = {"largest_layer_bytes": unit}
+    out["FSDP2"] = {"step_s": statistics.median(w for run in times["FSDP2"] for w, _ in run)}
+    out["goal"] = _goals(out, unit)
+    return out
+
+
+def _goals(out: dict[str, dict[str, Any]], unit: float) -> dict[str, Any]:
+    goal: dict[str, Any] = {"largest_layer_bytes": unit}
     if "ZeRO-0" in out:
         quarter = out["ZeRO-0"]["state_bytes"] / 4 + unit
         for name, key in (("ZeRO-3", "zero3"), ("ZeRO-3 no overlap", "zero3_no_overlap")):
@@ -164,48 +245,75 @@ def measure(*, steps: int, rounds: int, names: list[str]) -> dict[str, dict[str,
             goal["zero3_over_quarter_plus_two_layers"] = out["ZeRO-3"]["state_bytes"] / (
                 quarter + unit
             )
-    if "ZeRO-3" in out:
-        goal["zero3_step_over_fsdp2"] = out["ZeRO-3"]["step_s"] / out["FSDP2"]["step_s"]
+    if "ZeRO-3" in out:  # the median over rounds of the per-round ratios, and their spread
+        goal["zero3_step_over_fsdp2"] = out["ZeRO-3"]["step_over_fsdp2"]["wall"]["median"]
+        goal["zero3_step_over_fsdp2_rounds"] = out["ZeRO-3"]["step_over_fsdp2"]
         if "ZeRO-3 shares 3,1,1,1" in out:
             uneven = out["ZeRO-3 shares 3,1,1,1"]["step_s"]
             goal["uneven_over_even_step"] = uneven / out["ZeRO-3"]["step_s"]
-    out["goal"] = goal
-    return out
+    return goal
+
+
+def _ranged(s: dict[str, float]) -> str:
+    return f"{s['median']:.2f} [{s['min']:.2f}-{s['max']:.2f}]"
+
+
+def render(out: dict[str, dict[str, Any]], names: list[str]) -> Table:
+    table = Table("run", f"state MiB (rank {RANK})", "predicted MiB", "predicted / measured",
+                  "step s", "step / FSDP2's, wall", "CPU")  # fmt: skip
+    mib = 2**20
+    for name in names:
+        m = out[name]
+        ratio = m["step_over_fsdp2"]
+        table.add_row(name, f"{m['state_bytes'] / mib:.2f}", f"{m['predicted_bytes'] / mib:.2f}",
+                      f"{m['predicted_bytes'] / m['state_bytes']:.3f}", f"{m['step_s']:.3f}",
+                      _ranged(ratio["wall"]), _ranged(ratio["cpu"]))  # fmt: skip
+    if "ZeRO-3 shares 3,1,1,1" in out:
+        uneven = out["ZeRO-3 shares 3,1,1,1"]
+        got, want = uneven["state_bytes_by_rank"][0], uneven["predicted_bytes_by_rank"][0]
+        table.add_row("ZeRO-3 shares 3,1,1,1, rank 0", f"{got / mib:.2f}", f"{want / mib:.2f}",
+                      f"{want / got:.3f}", "", "", "")  # fmt: skip
+    table.add_row("FSDP2 (fully_shard)", "-", "-", "-", f"{out['FSDP2']['step_s']:.3f}", "1", "1")
+    return table
+
+
+def run_names(text: str) -> list[str]:
+    """The names of ``--runs``: comma-separated, a name's own commas kept
+    (``ZeRO-0,ZeRO-3 shares 3,1,1,1`` is two runs).
+
+    >>> run_names("ZeRO-0,ZeRO-3 shares 3,1,1,1,ZeRO-3")
+    ['ZeRO-0', 'ZeRO-3 shares 3,1,1,1', 'ZeRO-3']
+    """
+    names: list[str] = []
+    for piece in (p.strip() for p in text.split(",")):
+        joined = f"{names[-1]},{piece}" if names else piece
+        if names and names[-1] not in RUNS and any(r.startswith(joined) for r in RUNS):
+            names[-1] = joined
+        elif piece:
+            names.append(piece)
+    return names
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="one round of 4 steps")
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--runs", default=",".join(RUNS), help="comma-separated names of RUNS")
     args = parser.parse_args()
     steps, rounds = (4, 1) if args.quick else (args.steps, args.rounds)
-    names = [n.strip() for n in args.runs.split(",") if n.strip()]
+    names = run_names(args.runs)
     unknown = [n for n in names if n not in RUNS]
     if unknown:
         parser.error(f"unknown runs {unknown}: choose among {', '.join(RUNS)}")
+    if steps < 3:
+        parser.error(f"--steps {steps}: give at least 3 (the first two are warm-up)")
     out = measure(steps=steps, rounds=rounds, names=names)
-    table = Table("run", f"state MiB (rank {RANK})", "predicted MiB", "predicted / measured",
-                  "step s", f"step / {names[0]}")  # fmt: skip
+    Console().print(render(out, names))
     mib = 2**20
-    base_s = out[names[0]]["step_s"]
-    for name in names:
-        m = out[name]
-        table.add_row(name, f"{m['state_bytes'] / mib:.2f}", f"{m['predicted_bytes'] / mib:.2f}",
-                      f"{m['predicted_bytes'] / m['state_bytes']:.3f}", f"{m['step_s']:.3f}",
-                      f"{m['step_s'] / base_s:.2f}")  # fmt: skip
-    if "ZeRO-3 shares 3,1,1,1" in out:
-        uneven = out["ZeRO-3 shares 3,1,1,1"]
-        got, want = uneven["state_bytes_by_rank"][0], uneven["predicted_bytes_by_rank"][0]
-        table.add_row("ZeRO-3 shares 3,1,1,1, rank 0", f"{got / mib:.2f}", f"{want / mib:.2f}",
-                      f"{want / got:.3f}", "", "")  # fmt: skip
-    table.add_row("FSDP2 (fully_shard)", "-", "-", "-", f"{out['FSDP2']['step_s']:.3f}",
-                  f"{out['FSDP2']['step_s'] / base_s:.2f}")  # fmt: skip
-    Console().print(table)
-    print(f"step / {names[0]}'s in the last column; goals: " + ", ".join(
+    print("step / FSDP2's: median [min-max] over rounds of the round's median step ratio; goals: " + ", ".join(
         f"{k} {v / mib:.2f} MiB" if k.endswith("bytes") else f"{k} {v:.3f}"
-        for k, v in out["goal"].items()
+        for k, v in out["goal"].items() if not isinstance(v, dict)
     ))  # fmt: skip
     print(json.dumps(out))
 

@@ -35,14 +35,16 @@ def test_run_options_are_train_config_fields_with_their_types() -> None:
         if name in ("lr", "model_kwargs", "zero1"):  # zero1: the synonym of zero=1
             continue
         owner: Any = TrainConfig  # the field's dataclass: TrainConfig, or its section's
+        field = name
         if name in SECTIONS:
-            owner = get_type_hints(TrainConfig)[SECTIONS[name]]
+            section, field = SECTIONS[name]
+            owner = get_type_hints(TrainConfig)[section]
         fields = {f.name for f in dataclasses.fields(owner)}
-        assert name in fields, f"RunOptions.{name} is no field of {owner.__name__}"
+        assert field in fields, f"RunOptions.{name} is no field of {owner.__name__}"
         widened = ("global_batch", "switches", "slowdown", "grow", "zero_shares", "inject",
                    "tp_rules")  # fmt: skip
         if name not in widened:
-            assert kind == get_type_hints(owner)[name], (name, kind)
+            assert kind == get_type_hints(owner)[field], (name, kind)
     documented = DOCS.read_text()
     missing = [n for n in get_type_hints(RunOptions) if f"`{n}`" not in documented]
     assert not missing, f"docs/api.md does not list {missing}"
@@ -53,7 +55,7 @@ def test_fit_takes_lr_and_the_strategys_batch() -> None:
     ``lr`` by keyword."""
     config = hspmd.train_config("llama-tiny", "2x1: R0-1:L0-1; 2x1: R2:L0-1", steps=10,
                                 lr=1e-3, model_kwargs={"num_layers": 2})  # fmt: skip
-    assert config.global_batch == 4 and config.adam.lr == 1e-3
+    assert config.batch.global_batch == 4 and config.adam.lr == 1e-3
     from hspmd.train.trainer import check_config
 
     check_config(config)  # the strategy trains this config (no StrategyError)

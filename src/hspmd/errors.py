@@ -28,7 +28,7 @@ SwitchError         hspmd.switch.cost              HspmdError, ValueError
 ExecuteError        hspmd.runtime.execute          HspmdError, ValueError
 WorldError          hspmd.runtime.world            HspmdError, RuntimeError
 LaunchError         hspmd.runtime.launch           HspmdError, RuntimeError
-TrainError          hspmd.train.config             HspmdError, ValueError
+TrainError          hspmd.train.sections           HspmdError, ValueError
 VocabLossError      hspmd.specialize.loss          HspmdError, ValueError
 FusedInputError     hspmd.runtime.fused            HspmdError, ValueError
 ProfileError        hspmd.cost.profile             HspmdError, ValueError

@@ -119,12 +119,10 @@ def _args(*argv: str):
 def test_global_batch_defaults_to_the_strategy() -> None:
     # Issue 17: it defaulted to 8 whatever the strategy, and the error named a number not typed.
     config = config_from_args(_args("--strategy", "2x1: R0:L0-3; 4x1: R1:L0-3"))
-    assert config.global_batch == 6
-    assert config_from_args(_args("--reference")).global_batch == 8
-    assert (
-        config_from_args(_args("--strategy", "2x1: R0:L0-3", "--global-batch", "2")).global_batch
-        == 2
-    )
+    assert config.batch.global_batch == 6
+    assert config_from_args(_args("--reference")).batch.global_batch == 8
+    given = config_from_args(_args("--strategy", "2x1: R0:L0-3", "--global-batch", "2"))
+    assert given.batch.global_batch == 2
 
 
 def test_help_shows_defaults(capsys) -> None:

@@ -32,6 +32,10 @@ class Doubled:
         return self.inner.sequence_parallel
 
     @property
+    def context_parallel(self) -> bool:
+        return self.inner.context_parallel
+
+    @property
     def vocab_split(self) -> bool:
         return self.inner.vocab_split
 

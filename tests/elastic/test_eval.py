@@ -9,10 +9,9 @@ new strategy too. Both equal the reference's, each reported once.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
+from hspmd.train.api import revise
 from hspmd.train.config import EvalConfig
 from hspmd.train.reference import run_reference
 from tests.elastic.helpers import BASE, kinds, run
@@ -25,7 +24,7 @@ EVALUATION = EvalConfig(every=2, batches=2, split=0.1)
 
 def test_an_evaluation_interrupted_by_a_kill_is_redone_on_the_new_plan() -> None:
     result, events = run(HETERO, "1@2:eval", evaluation=EVALUATION)
-    reference = run_reference(dataclasses.replace(BASE, elastic=False, evaluation=EVALUATION))
+    reference = run_reference(revise(BASE, elastic=False, evaluation=EVALUATION))
     assert kinds(events) == ["failure", "replan", "resumed"]
     assert next(e for e in events if e["event"] == "failure")["phase"] == "eval"
     assert [e.step for e in result.evaluations] == [2, 4]

@@ -5,6 +5,8 @@ workers (the multi-process runs are tests/elastic/test_nodes.py and test_cli_nod
 from __future__ import annotations
 
 import datetime
+import re
+import time
 from typing import Any
 
 import pytest
@@ -72,3 +74,16 @@ def test_node_beat_registers_beats_and_says_done(store) -> None:
     assert not node0.others_done(range(4))
     beat.done()
     assert node0.others_done(range(4)) and beat.lost is None
+
+
+def test_a_time_out_names_each_rank_s_last_heartbeat(store) -> None:
+    """The launcher's time-out message says where each unfinished rank was (a hang that
+    the heartbeat did not catch is diagnosable from the message alone)."""
+    members = Members(store, [0, 1, 2], hang_timeout_s=10.0)
+    store.set(key("hb", 0), "0.000000 setup 0")
+    store.set(key("hb", 1), f"{time.time() - 2.0:.6f} backward 3")
+    assert members.describe(0) == "rank 0: setup of step 0, unwatched"
+    assert re.fullmatch(
+        r"rank 1: backward of step 3, last progress 2\.\d s ago", members.describe(1)
+    )
+    assert members.describe(2) == "rank 2: no heartbeat"

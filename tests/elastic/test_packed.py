@@ -7,14 +7,13 @@ Multi-process (gloo, 3-4 ranks, llama-tiny)."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 
 from hspmd.cli import main
 from hspmd.plan.strategy import parse_strategy
-from hspmd.train.api import train_config
+from hspmd.train.api import revise, train_config
 from hspmd.train.config import AdamConfig
 from hspmd.train.faults import parse_injections
 from hspmd.train.reference import run_reference
@@ -64,7 +63,7 @@ def test_a_hang_of_a_slowed_rank_is_survived_and_a_spare_planned_in(tmp_path: Pa
     )  # fmt: skip
     events: list[dict[str, object]] = []
     result = train_elastic(config, on_event=events.append, timeout_s=120.0, threads=1)
-    ref = run_reference(dataclasses.replace(config, inject=()))
+    ref = run_reference(revise(config, inject=()))
     failure = next(e for e in events if e["event"] == "failure")
     assert (failure["rank"], failure["cause"], failure["phase"]) == (2, "hang", "forward")
     assert [r.step for r in result.records] == [1, 2, 3]

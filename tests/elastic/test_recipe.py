@@ -10,13 +10,13 @@ step's loss, gradient norm and learning rate, and the final weights, equal the r
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any
 
 import pytest
 import torch
 
+from hspmd.train.api import revise
 from hspmd.train.config import AdamConfig
 from hspmd.train.reference import TrainResult, run_reference
 from tests.elastic.helpers import BASE, kinds, run
@@ -33,7 +33,7 @@ RECIPE: dict[str, Any] = dict(
 
 @functools.cache
 def _reference() -> TrainResult:
-    return run_reference(dataclasses.replace(BASE, elastic=False, **RECIPE))
+    return run_reference(revise(BASE, elastic=False, **RECIPE))
 
 
 def _check(result: TrainResult) -> None:

@@ -67,9 +67,9 @@ def test_the_llama_preset_is_captured_like_every_model() -> None:
     Python functions themselves (so executables run their backwards, and no dtype cast
     inside the norm is frozen at capture)."""
     from hspmd.attention import causal_attention
+    from hspmd.fused_ops import rms_norm, swiglu
     from hspmd.models.build import model_graph
     from hspmd.models.config import get_config
-    from hspmd.ops import rms_norm, swiglu
 
     gm = model_graph(get_config("llama-tiny", num_layers=2))
     inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]

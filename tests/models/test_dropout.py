@@ -66,11 +66,13 @@ def test_dropout_trains_equal_to_the_reference(runs: Runs, name: str) -> None:
     result = compare(run, reference, config=config)
     assert result.max_loss_rel <= 1e-5 and result.ok, str(result)
     # the masks matter: without dropout the losses differ by ten times the tolerance or more
-    names = {key for key, _ in config.model_overrides}
+    names = {key for key, _ in config.model.overrides}
     plain = train_config(**{**_fields(config), "model_kwargs": tuple((n, 0.0) for n in names)})
     without = run_reference(plain).losses
     assert max(abs(a - b) / b for a, b in zip(reference.losses, without, strict=True)) > 1e-4
 
 
 def _fields(config: TrainConfig) -> dict[str, object]:
-    return {f: getattr(config, f) for f in ("model", "global_batch", "seq_len", "steps")}
+    batch = config.batch
+    return {"model": config.model.source, "global_batch": batch.global_batch,
+            "seq_len": batch.seq_len, "steps": config.steps}  # fmt: skip

@@ -10,6 +10,7 @@ import pytest
 
 from hspmd.models.module import load_model
 from hspmd.train.api import train_config
+from hspmd.train.compare import compare
 from hspmd.train.config import TrainConfig, TrainError
 from hspmd.train.reference import TrainResult, run_reference
 from hspmd.train.trainer import train_many
@@ -49,17 +50,23 @@ def test_nanogpt_as_written_is_read_from_itself() -> None:
 
 # Every multi-process case of this file trains in one launch (``train_many``): the workers
 # start, import and capture each model once for all of them. (model, strategy, global batch,
-# sequence parallel); configs are made in the fixture: a TrainConfig reads its model, which
-# collection must not.
+# sequence parallel, model kwargs); configs are made in the fixture: a TrainConfig reads its
+# model, which collection must not.
 CASES = {
-    "llama": (f"{HF}:llama", "2x1: R0-1:L0-2 R2:L3; 1x2: R3:L0-3", 4, False),
-    "qwen2": (f"{HF}:qwen2", "1x2: R0:L0-1 R1-2:L2-3", 2, False),
-    "gpt2": (f"{HF}:gpt2", "2x1: R0:L0-3; 1x2: R1:L0-3", 4, False),
-    "nanogpt": (f"{NANOGPT}:make", "2x1: R0-1:L0-2; 1x2: R2:L0-2", 4, False),
-    "nanogpt tied": (f"{NANOGPT}:make", "2x1: R0-1:L0-1 R2:L2; 1x2: R3:L0-2", 4, False),
-    "gpt2 tied": (f"{HF}:gpt2", "2x1: R0:L0 R1:L1-3", 2, False),
-    "llama sp": (f"{HF}:llama", "1x2: R0-1:L0-1 R2-3:L2-3", 2, True),
-    "nanogpt sp": (f"{NANOGPT}:make", "1x2: R0-1:L0-2", 2, True),
+    "llama": (f"{HF}:llama", "2x1: R0-1:L0-2 R2:L3; 1x2: R3:L0-3", 4, False, {}),
+    "qwen2": (f"{HF}:qwen2", "1x2: R0:L0-1 R1-2:L2-3", 2, False, {}),
+    "gpt2": (f"{HF}:gpt2", "2x1: R0:L0-3; 1x2: R1:L0-3", 4, False, {}),
+    "nanogpt": (f"{NANOGPT}:make", "2x1: R0-1:L0-2; 1x2: R2:L0-2", 4, False, {}),
+    "nanogpt tied": (f"{NANOGPT}:make", "2x1: R0-1:L0-1 R2:L2; 1x2: R3:L0-2", 4, False, {}),
+    "gpt2 tied": (f"{HF}:gpt2", "2x1: R0:L0 R1:L1-3", 2, False, {}),
+    "llama sp": (f"{HF}:llama", "1x2: R0-1:L0-1 R2-3:L2-3", 2, True, {}),
+    "nanogpt sp": (f"{NANOGPT}:make", "1x2: R0-1:L0-2", 2, True, {}),
+    # context parallelism (a stage's :C2): a stage without CP then a CP-2 stage, beside a
+    # one-rank pipeline (GQA: 4 heads, 2 KV heads, each split over CP)
+    "llama cp": (f"{HF}:llama", "1x2: R0:L0-1 R1-2:L2-3:C2; 2x1: R3:L0-3", 4, False, {}),
+    # TP 2 x CP 2 on nanoGPT: its fused c_attn is replicate, so the heads split over CP
+    # only (``cp_heads``); no biases (a key bias's gradient is fp32 noise: docs/cli.md)
+    "nanogpt tp cp": (f"{NANOGPT}:make", "1x2: R0-3:L0-2:C2", 2, False, {"bias": False}),
 }
 Runs = dict[str, tuple[TrainConfig, TrainResult]]
 
@@ -68,8 +75,8 @@ Runs = dict[str, tuple[TrainConfig, TrainResult]]
 def runs() -> Runs:
     configs = [
         train_config(model=model, strategy=strategy, global_batch=batch, seq_len=16, steps=2,
-                     sequence_parallel=sp)
-        for model, strategy, batch, sp in CASES.values()
+                     sequence_parallel=sp, model_kwargs=tuple(kwargs.items()))
+        for model, strategy, batch, sp, kwargs in CASES.values()
     ]  # fmt: skip
     return dict(zip(CASES, zip(configs, train_many(configs), strict=True), strict=True))
 
@@ -140,13 +147,91 @@ def test_a_tied_weight_lives_on_both_of_its_stages() -> None:
                     seq_len=16, zero=1).model_config()  # fmt: skip
 
 
-def test_context_parallelism_is_refused_in_one_line_naming_what_the_model_lacks() -> None:
-    """CP trades the sequence split for a heads split at attention-head markers; a captured
-    model has none (docs/models.md), so a CP stage on it is refused before launch."""
-    from hspmd.errors import StrategyError
-    from hspmd.plan.schema import activation_annotations
-    from hspmd.plan.strategy import parse_strategy
+def _equal_params(runs: Runs, name: str) -> None:
+    """Losses within 1e-5 and every parameter within its tolerance (docs/cli.md)."""
+    config, result = runs[name]
+    reference = run_reference(config)
+    got, want = result.losses, reference.losses
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5, (got, want)
+    comparison = compare(result, reference, config=config)
+    assert comparison.ok, f"{name}: {comparison}"
 
-    model = load_model(f"{HF}:llama")
-    with pytest.raises(StrategyError, match="has no attention-head markers .* use :C1 there"):
-        activation_annotations(parse_strategy("1x2: R0-1:L0-3:C2"), model, seq_len=16)
+
+@pytest.mark.multiproc
+def test_hf_llama_trains_context_parallel_in_one_pipeline_of_two(runs: Runs) -> None:
+    """A stage without CP, then a CP-2 stage (q, k, v and the output traded between the
+    sequence and the heads split by all-to-alls; RoPE after them, on global positions; the
+    sizes it reads from the tokens are the global ones), beside a one-rank pipeline."""
+    _equal_params(runs, "llama cp")
+
+
+@pytest.mark.multiproc
+def test_nanogpt_trains_tp_times_cp(runs: Runs) -> None:
+    """nanoGPT as written on TP 2 x CP 2: the MLP split by TP, the replicate attention's
+    heads by CP, learned positions added before the split."""
+    _equal_params(runs, "nanogpt tp cp")
+
+
+def _sites(source: str, strategy: str, **kwargs: object) -> dict[str, object]:
+    from hspmd.plan.strategy import StrategyOptions, parse_strategy
+    from hspmd.specialize.sites import deduced_sites
+
+    model = load_model(source, dict(kwargs))
+    found = deduced_sites(parse_strategy(strategy), model, StrategyOptions(), seq_len=16)
+    assert not found.fallbacks, found.fallbacks  # every op has its rule: nothing gathered
+    return {site.name: site for site in found.sites}
+
+
+def test_captured_attention_gets_head_markers_that_only_cp_resolves() -> None:
+    """Each captured SDPA gets q/k/v markers (at their entry, before RoPE) and a ctx marker
+    (its output): all-to-alls on a CP stage, nothing without CP."""
+    attn = "model.layers.1.self_attn"
+    cp = _sites(f"{HF}:llama", "1x2: R0-1:L0-3:C2")
+    for role in ("q", "k", "v", "ctx"):
+        site = cp[f"{attn}.{role}"]
+        assert site.forward_plan().kinds == site.backward_plan().kinds == ("all-to-all",), role
+    assert str(cp[f"{attn}.k"].dst) == "[0,1]{2:2}"  # (B, T, 2 KV heads, hd): one head each
+    tp = _sites(f"{HF}:llama", "1x2: R0-1:L0-3")  # TP 2: the heads are split already
+    nano = _sites(f"{NANOGPT}:make", "1x2: R0-1:L0-2")  # TP 2 leaves c_attn whole
+    for sites, path in ((tp, attn), (nano, "transformer.h.0.attn")):
+        for role in ("q", "k", "v", "ctx"):
+            site = sites[f"{path}.{role}"]
+            assert not site.forward_plan().steps and not site.backward_plan().steps, site
+
+
+def test_q_and_k_are_marked_before_rotary_embeddings() -> None:
+    """The q marker stands on the head view's transpose (its entry), so RoPE (q * cos +
+    rotate_half(q) * sin) runs after the all-to-all, on whole rows; nanoGPT's replicate
+    c_attn gives heads TP leaves whole (``cp_heads``)."""
+    import torch
+
+    from hspmd.markers import is_reshard_node
+    from hspmd.models.module import model_graph
+
+    aten = torch.ops.aten
+    gm = model_graph(load_model(f"{HF}:llama"))
+    marker = next(n for n in gm.graph.nodes if is_reshard_node(n) and n.args[1].endswith(".q"))
+    there = marker.args[0]  # transpose(1, 2) of the entry: (B, T, heads, hd)
+    assert there.target is aten.transpose.int and there.args[0].target is aten.transpose.int
+    assert there.args[0].args[0].target is aten.view.default  # the entry: the head view's
+    attention = next(
+        n for n in gm.graph.nodes if n.target is aten.scaled_dot_product_attention.default
+    )
+    assert attention.args[0].target is aten.add.Tensor  # RoPE's sum, after the marker
+    placements = {str(m.placement) for m in load_model(f"{NANOGPT}:make").markers()
+                  if m.name.startswith("transformer.h.0.attn.")}  # fmt: skip
+    assert placements == {"cp_heads", "dup"}
+
+
+def test_context_parallelism_refuses_heads_it_cannot_split_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The all-to-all splits the KV heads (2) over TP x CP: CP 4 does not divide them."""
+    from hspmd.cli import main
+
+    code = main(["train", "--model", f"{HF}:llama", "--strategy", "1x1: R0-3:L0-3:C4",
+                 "--seq-len", "16", "--steps", "1"])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "the 2 heads of marker model.layers.0.self_attn.k over CP = 4 ranks" in err, err
+    assert "use CP dividing 2" in err, err

@@ -142,12 +142,15 @@ def short_documents(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # per family: a pipeline of two stages (PP) beside a one-stage pipeline (DP between them):
-# absolute positions and a tied head (GPT-2), RoPE and GQA (Llama), nanoGPT as written
-# (positions not restarted, its loss ignores -1). Mistral and Qwen2 capture as Llama does:
-# their packed step is checked on one rank below (the launch costs a capture per rank).
+# absolute positions and a tied head (GPT-2), nanoGPT as written (positions not restarted,
+# its loss ignores -1); Llama (RoPE on restarting positions, GQA) on a CP-2 stage beside a
+# one-rank pipeline: its documents' rows split on the sequence, attention on whole rows of
+# half the heads. Mistral and Qwen2 capture as Llama does: their packed step is checked on
+# one rank below (the launch costs a capture per rank).
 FAMILIES = {
     f"{HF}:gpt2": "2x1: R0:L0-1 R1:L2-3; 1x2: R2:L0-3",
     f"{NANOGPT}:make": "2x1: R0:L0 R1:L1-2; 1x2: R2:L0-2",
+    f"{HF}:llama": "2x1: R0-1:L0-3:C2; 1x2: R2:L0-3",
 }
 
 

@@ -142,7 +142,7 @@ def test_switch_records_time_and_one_message_per_pair(runs: dict[str, Any], name
     config = CASES[name]
     model = config.model_config()
     switched = [r for r in runs[name].records if r.switch_seconds is not None]
-    assert [r.step for r in switched] == [step for step, _ in config.switches]
+    assert [r.step for r in switched] == [step for step, _ in config.switching.switches]
     for record in switched:
         assert record.switch_seconds > 0
         assert record.strategy == str(config.strategy_at(record.step))

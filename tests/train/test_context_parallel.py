@@ -104,7 +104,7 @@ def test_context_parallel_equals_the_reference(tmp_path: Path) -> None:
         comparison = compare(result, reference)
         assert comparison.ok, f"{name}: {comparison}"
         # one executable per rank and strategy, whatever the lengths
-        assert result.builds == 1 + len(config.switches), name
+        assert result.builds == 1 + len(config.switching.switches), name
     packed = configs[-1]
     assert packed.strategy is not None
     steps = list(islice(packed_steps(packed, packed.strategy), 2))

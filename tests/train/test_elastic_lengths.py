@@ -30,7 +30,7 @@ def _layout(strategy: Strategy) -> tuple[tuple[tuple[int, ...], range], ...]:
 
 def test_documents_are_a_function_of_the_step(tmp_path: Path) -> None:
     config = _config(tmp_path)
-    assert config.min_documents == 4  # a document a rank: any re-planned strategy takes it
+    assert config.batch.min_documents == 4  # a document a rank: any re-planned strategy takes it
     a, b = Lengths(config), Lengths(config)
     later = [a.documents(s).lengths for s in (1, 2, 3, 4)]
     assert b.documents(3).lengths == later[2] and b.documents(1).lengths == later[0]
@@ -61,8 +61,7 @@ def test_choice_per_step_and_a_widened_fallback(tmp_path: Path) -> None:
 
 def test_a_replanned_set_is_taken_and_committed(tmp_path: Path) -> None:
     lengths = Lengths(_config(tmp_path))
-    record = lengths.replan_record(members=(0, 1, 2, 3), joined=(), alive=[0, 2, 3],
-                                   current=parse_strategy(SHORT))  # fmt: skip
+    record = lengths.replan_record(members=(0, 1, 2, 3), joined=(), alive=[0, 2, 3])
     json.dumps(record)  # published through the store
     strategy = lengths.take(record, step=2, renumbered={0: 0, 2: 1, 3: 2})
     assert set(strategy.ranks) <= {0, 2, 3}

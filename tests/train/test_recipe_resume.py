@@ -70,8 +70,10 @@ def test_checkpoint_records_the_recipe_and_a_different_one_warns(
     same = revise(BASE, strategy="4x1: R0:L0-1", resume=folder)
     assert resume_warnings(same) == []
     # the default horizon is --steps, 4 here as the saved one: no change
-    assert resume_warnings(revise(same, adam=dataclasses.replace(RECIPE, decay_steps=None))) == []
-    other = revise(same, adam=dataclasses.replace(RECIPE, lr_schedule="cosine"))
+    assert (
+        resume_warnings(revise(same, adam=dataclasses.replace(same.adam, decay_steps=None))) == []
+    )
+    other = revise(same, adam=dataclasses.replace(same.adam, lr_schedule="cosine"))
     (warning,) = resume_warnings(other)
     assert warning.startswith(
         "resuming with --lr-schedule cosine where the checkpoint was saved with linear"

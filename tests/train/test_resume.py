@@ -60,7 +60,7 @@ def reference() -> Any:
 def test_saving_run_writes_step_2(runs: Any) -> None:
     cases, _ = runs
     for name in ("save PP", "save ZeRO-1"):
-        manifest = read_manifest(latest(cases[name].save))
+        manifest = read_manifest(latest(cases[name].checkpoint.save))
         assert (manifest.step, manifest.adam_step, manifest.data_position) == (2, 2, 2)
         assert manifest.strategy == str(cases[name].strategy)
         assert manifest.identity == model_identity(BASE)  # a resume of another model: refused

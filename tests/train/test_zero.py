@@ -92,7 +92,7 @@ EQUAL = [n for n in _cases(Path(".")) if not n.startswith(("memory", "bf16", "Ze
 def test_zero_equals_the_reference(runs: Any, name: str) -> None:
     config, result = runs[name]
     reference = _reference(config)
-    if config.resume:  # steps 3 on, from the checkpoint of step 2
+    if config.checkpoint.resume:  # steps 3 on, from the checkpoint of step 2
         assert [r.step for r in result.records] == [3]
         assert result.losses[0] == pytest.approx(reference.losses[2], rel=1e-5)
         reference = dataclasses.replace(reference, records=reference.records[2:])
@@ -124,11 +124,11 @@ def test_state_memory_falls_with_each_stage(runs: Any) -> None:
 @pytest.mark.multiproc
 def test_zero3_gathers_per_layer_in_lock_step_and_once_per_step_otherwise(runs: Any) -> None:
     """Rank 0 of DP 2 x 2 micro-batches: units embed, layer 0, layer 1, norm + head; each F
-    gathers 4, each B 3 (the embedding's backward reads no weight); reduces: one bucket per
-    layer per B. The heterogeneous strategy's rank 0 (stage L0 of its pipeline) gathers once
+    gathers 4, each B 2 (the head is still gathered from the F, the embedding's backward
+    reads no weight); reduces: one bucket per unit per B. The heterogeneous strategy's rank 0 (stage L0 of its pipeline) gathers once
     per step and reduces its one bucket in the step's last B."""
     for name, gathers, reduces in (
-        ("ZeRO-3 DP", 2 * (4 + 3), 2 * 4),
+        ("ZeRO-3 DP", 2 * (4 + 2), 2 * 4),
         ("ZeRO-3 heterogeneous, uneven shares, clipping", 1, 1),
     ):
         trace = runs[name][1].trace

@@ -50,8 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def show_plan(config: TrainConfig, console: Console) -> None:
     strategy = check_config(config)
+    batch = config.batch
     console.print(f"[bold]strategy[/] {strategy}  ({strategy.num_ranks} ranks, "
-                  f"global batch {config.global_batch} x {config.seq_len} tokens)")  # fmt: skip
+                  f"global batch {batch.global_batch} x {batch.seq_len} tokens)")  # fmt: skip
     table = Table(*COLUMNS[:-1])
     rows = describe_ranks(config)
     for row in rows:
@@ -70,7 +71,10 @@ def run(args: argparse.Namespace) -> int:
     # the reference on the ranks' device (CPU unless there is a GPU per rank)
     device = run_device(config, num_ranks=num_processes(config))
     with progress(config, title="reference", as_json=args.json) as on_step:
-        reference = run_reference(dataclasses.replace(config, device=device), on_step=on_step)
+        reference = run_reference(
+            dataclasses.replace(config, runtime=dataclasses.replace(config.runtime, device=device)),
+            on_step=on_step,
+        )
     report = compare(result, reference, config=config)
     console.print(str(report))
     return 0 if report.ok else 1

@@ -7,14 +7,15 @@ the strategy options' flags by name (``add_flags``), so the same flag has the sa
 default and choices everywhere. Defaults and choices come from ``TrainConfig`` (its field
 defaults and ``Literal`` types) where the flag sets the field as given; a flag whose
 default means something else (``--global-batch``: the strategy's sum) says so in its help.
-``tests/cli/test_flags.py`` checks that every field of ``TrainConfig`` (and of its
-``AdamConfig``, as ``adam.<field>``) has exactly one flag here (or is named in ``NOT_FLAGS``
+``tests/cli/test_flags.py`` checks that every field of ``TrainConfig`` (and of each of its
+sections, as ``adam.<field>``, ``batch.<field>``, ...) has exactly one flag here (or is
+named in ``NOT_FLAGS``
 with the reason) and that the parsers use these.
 
 >>> FLAGS["--schedule"].choices, FLAGS["--schedule"].default
 (('1f1b', 'gpipe'), '1f1b')
 >>> FLAGS["--no-overlap"].field, FLAGS["--lr"].default
-('overlap', 0.0001)
+('runtime.overlap', 0.0001)
 """
 
 from __future__ import annotations
@@ -102,20 +103,21 @@ _TRAINABLE = [name for name, c in PRESETS.items() if not c.config_only]
 
 # In `hspmd train --help` order.
 TRAIN_FLAGS: tuple[Flag, ...] = (
-    Flag("--model", "model", type=model_argument(_TRAINABLE), default=_default("model"),
+    Flag("--model", "model.source", type=model_argument(_TRAINABLE),
+         default=_default("model.source"),
          help=f"a preset ({', '.join(_TRAINABLE)}), any nn.Module's factory: FILE.py:FUNCTION "
          "or package.module:FUNCTION (docs/models.md), or hf:DIR, a local Hugging Face folder "
          "whose weights training starts from (docs/checkpoints.md)"),
-    Flag("--config", "model_overrides",
+    Flag("--config", "model.overrides",
          help="JSON object (or a .json file): the factory's keyword arguments, or preset "
          """fields to override, e.g. '{"num_layers": 2}'"""),
     Flag("--strategy", "strategy", type=strategy_argument,
          help="pipelines 'COUNTxSIZE: R<ranks>:L<first>-<last> ...' separated by ';', "
          "N*(PIPELINE) for N shifted copies, or @FILE holding the strategy"),
-    Flag("--global-batch", "global_batch", type=int,
+    Flag("--global-batch", "batch.global_batch", type=int,
          help="sequences per step (default: the strategy's sum of COUNT x SIZE; "
          f"{REFERENCE_BATCH} without a strategy)"),
-    Flag("--seq-len", "seq_len", type=int, default=_default("seq_len"),
+    Flag("--seq-len", "batch.seq_len", type=int, default=_default("batch.seq_len"),
          help="tokens per sequence"),
     Flag("--steps", "steps", type=int, default=_default("steps"),
          help="last step (counts from the start)"),
@@ -140,10 +142,11 @@ TRAIN_FLAGS: tuple[Flag, ...] = (
     Flag("--betas", "adam.beta1", metavar="B1,B2",
          help=f"AdamW's betas (default: {AdamConfig().beta1},{AdamConfig().beta2})"),
     Flag("--eps", "adam.eps", type=float, default=AdamConfig().eps, help="AdamW's epsilon"),
-    Flag("--clip-grad-norm", "clip_grad_norm", type=float, metavar="NORM",
+    Flag("--clip-grad-norm", "adam.clip_grad_norm", type=float, metavar="NORM",
          help="clip the gradients to this global norm (the single-device norm under any "
          "strategy); inf: report the norm without clipping"),
-    Flag("--grad-accum", "grad_accum", type=int, default=_default("grad_accum"), metavar="N",
+    Flag("--grad-accum", "batch.grad_accum", type=int, default=_default("batch.grad_accum"),
+         metavar="N",
          help="accumulate the gradients of N global batches per optimizer step"),
     Flag("--eval-every", "evaluation.every", type=int, default=EvalConfig().every, metavar="N",
          help="after every N-th step, a held-out evaluation: mean loss and perplexity over "
@@ -156,23 +159,23 @@ TRAIN_FLAGS: tuple[Flag, ...] = (
     Flag("--eval-split", "evaluation.split", type=float, default=EvalConfig().split, metavar="F",
          help="hold out the last fraction F of --data (of its ids, or bytes): never trained "
          "on, evaluated on"),
-    Flag("--data", "data",
+    Flag("--data", "data.path",
          help="text or JSONL file or a directory, or a token file: flat .bin, Megatron "
          ".bin/.idx, .npy (docs/data.md) (default: stdlib)"),
-    Flag("--dataset", "dataset", metavar="FILE.py:FACTORY",
+    Flag("--dataset", "data.dataset", metavar="FILE.py:FACTORY",
          help="train on the items of a user's dataset instead of tokens: the factory returns "
          "a map-style dataset or an iterable of tensors, tuples or dicts of tensors; the "
          "--model forward takes their fields and returns the loss (docs/data.md)"),
-    Flag("--data-max-bytes", "data_max_bytes", type=int, help="read at most this much text"),
-    Flag("--data-dtype", "data_dtype", choices=TOKEN_DTYPES,
+    Flag("--data-max-bytes", "data.max_bytes", type=int, help="read at most this much text"),
+    Flag("--data-dtype", "data.dtype", choices=TOKEN_DTYPES,
          help="the ids of a flat .bin token file (default: uint16, as nanoGPT writes)"),
-    Flag("--eod-id", "eod_id", type=int, metavar="ID",
+    Flag("--eod-id", "data.eod_id", type=int, metavar="ID",
          help="the end-of-document id of a flat or .npy token file: --tokens-per-step splits "
          "documents there (default: the tokenizer's)"),
-    Flag("--tokenizer", "tokenizer", metavar="PATH",
+    Flag("--tokenizer", "data.tokenizer", metavar="PATH",
          help="tokenizer.json or a local Hugging Face tokenizer folder: --data text is "
          "tokenized once into the cache (docs/data.md)"),
-    Flag("--data-cache", "data_cache", metavar="DIR",
+    Flag("--data-cache", "data.cache", metavar="DIR",
          help="where tokenized text and token-file scans are kept (default: $HSPMD_CACHE or "
          "~/.cache/hspmd)"),
     Flag("--schedule", "options.schedule", default=_default("options.schedule"), choices=_choices("options.schedule"),
@@ -183,7 +186,7 @@ TRAIN_FLAGS: tuple[Flag, ...] = (
          help="ZeRO stage, sharded over the data-parallel replicas (docs/zero.md): 1 fp32 "
          "masters and Adam states, 2 also the gradients, 3 also the parameters between uses"),
     Flag("--zero1", None, action="store_true", help="the same as --zero 1"),
-    Flag("--zero-no-overlap", "zero_overlap", action="store_true",
+    Flag("--zero-no-overlap", "runtime.zero_overlap", action="store_true",
          help="with --zero 2|3: wait for each gradient bucket's reduce at once and gather no "
          "layer ahead (the least memory, the most exposed communication)"),
     Flag("--zero-shares", "options.zero_shares", default="", metavar="W,W,...",
@@ -196,56 +199,59 @@ TRAIN_FLAGS: tuple[Flag, ...] = (
     Flag("--recompute-layers", "options.recompute_layers", type=int,
          default=_default("options.recompute_layers"), metavar="K",
          help="with --recompute: only the first K layers of each stage (0: all)"),
-    Flag("--no-overlap", "overlap", action="store_true",
+    Flag("--no-overlap", "runtime.overlap", action="store_true",
          help="sync gradients after the last backward instead of during it (debugging)"),
-    Flag("--switch", "switches", action="append", default=[], metavar='STEP="STRATEGY"',
+    Flag("--switch", "switching.switches", action="append", default=[], metavar='STEP="STRATEGY"',
          type=switch_argument,
          help="switch to STRATEGY (or STEP=@FILE) in memory before step STEP (repeatable)"),
-    Flag("--switch-mode", "switch_mode", default=_default("switch_mode"),
-         choices=_choices("switch_mode"),
+    Flag("--switch-mode", "switching.mode", default=_default("switching.mode"),
+         choices=_choices("switching.mode"),
          help="what a switch moves: fp32 masters and Adam states (states, for unstable "
          "devices) or only the compute weights, states kept sharded over all ranks (weights, "
          "for mixed-length data)"),
-    Flag("--switch-algo", "switch_algo", default=_default("switch_algo"),
-         choices=_choices("switch_algo"),
+    Flag("--switch-algo", "switching.algo", default=_default("switching.algo"),
+         choices=_choices("switching.algo"),
          help="how a switch moves the states: one fused BSR, or relayed over every NIC of "
          "the nodes (needs --cluster or --ranks-per-node)"),
-    Flag("--cluster", "cluster", metavar="FILE_OR_NAME", help="the nodes switches plan on"),
-    Flag("--ranks-per-node", "ranks_per_node", type=int, metavar="N",
+    Flag("--cluster", "switching.cluster", metavar="FILE_OR_NAME",
+         help="the nodes switches plan on"),
+    Flag("--ranks-per-node", "switching.ranks_per_node", type=int, metavar="N",
          help="fake nodes of N local processes each, for switches (instead of --cluster)"),
-    Flag("--save", "save", metavar="DIR", help="checkpoint directory"),
-    Flag("--save-every", "save_every", type=int, metavar="N",
-         help=f"with --save: save after every N-th step (default: {_default('save_every')})"),
-    Flag("--resume", "resume", metavar="DIR", help="continue from DIR"),
-    Flag("--elastic", "elastic", action="store_true",
+    Flag("--save", "checkpoint.save", metavar="DIR", help="checkpoint directory"),
+    Flag("--save-every", "checkpoint.every", type=int, metavar="N",
+         help=f"with --save: save after every N-th step (default: {_default('checkpoint.every')})"),
+    Flag("--resume", "checkpoint.resume", metavar="DIR", help="continue from DIR"),
+    Flag("--elastic", "elastic.enabled", action="store_true",
          help="survive dead and hung ranks in-process: re-plan over the survivors, move the "
          "states from surviving replicas, redo the interrupted step (docs/elastic.md)"),
-    Flag("--hang-timeout", "hang_timeout", type=float, default=_default("hang_timeout"),
+    Flag("--hang-timeout", "elastic.hang_timeout", type=float,
+         default=_default("elastic.hang_timeout"),
          metavar="S", help="with --elastic: a rank without progress for S seconds counts as hung"),
-    Flag("--inject-failure", "inject", action="append", default=[],
+    Flag("--inject-failure", "faults.inject", action="append", default=[],
          metavar="RANK@STEP[:PHASE[:kill|hang]]",
          help="fault injection for tests: RANK fails in PHASE (forward, backward, sync, "
          "optimizer, switch, save, eval; default forward) of STEP by SIGKILL or a hang (repeatable)"),
-    Flag("--spares", "spares", type=int, default=_default("spares"), metavar="N",
+    Flag("--spares", "elastic.spares", type=int, default=_default("elastic.spares"), metavar="N",
          help="with --elastic: start N more local processes, held back until --grow"),
-    Flag("--grow", "grow", action="append", default=[], metavar="STEP=N",
+    Flag("--grow", "elastic.grow", action="append", default=[], metavar="STEP=N",
          help="with --spares: N spare ranks join before STEP (re-plan, states move to them)"),
-    Flag("--tokens-per-step", "step_tokens", type=int, metavar="N",
+    Flag("--tokens-per-step", "batch.step_tokens", type=int, metavar="N",
          help="variable-length steps: whole documents of at most N tokens per step, packed "
          "into the strategy's micro-batches (docs/mixed-length.md)"),
     # under --tokens-per-step it takes --seq-len's place (one of the two sets seq_len)
     Flag("--max-seq-len", None, type=int, metavar="L",
          help="with --tokens-per-step: the longest packed row (default: --seq-len)"),
-    Flag("--plans", "length_plans", metavar="FILE",
+    Flag("--plans", "switching.length_plans", metavar="FILE",
          help="length plans of `hspmd plan --data`: per step the strategy with the least "
          "predicted time, switching bf16 weights when it changes (docs/mixed-length.md)"),
-    Flag("--long-docs", "long_docs", default=_default("long_docs"), choices=LONG_DOCS,
+    Flag("--long-docs", "batch.long_docs", default=_default("batch.long_docs"), choices=LONG_DOCS,
          help="with --tokens-per-step: a document over --max-seq-len tokens is cut to it, "
          "left out, or refused (counted in the step records)"),
-    Flag("--device", "device", default=_default("device"), choices=_choices("device"),
+    Flag("--device", "runtime.device", default=_default("runtime.device"),
+         choices=_choices("runtime.device"),
          help="where ranks compute: auto (CUDA with nccl when there is a GPU per rank, else "
          "CPU with gloo), cpu, or cuda; the reference: CUDA when there is a GPU"),
-    Flag("--slowdown", "slowdown", default="", metavar="RANK=FACTOR,...",
+    Flag("--slowdown", "faults.slowdown", default="", metavar="RANK=FACTOR,...",
          help="emulate slower devices: each listed rank sleeps (FACTOR-1) x the time of each "
          "forward, backward and optimizer step it runs, e.g. 2=3,5=3; losses are unchanged"),
 )  # fmt: skip
@@ -286,10 +292,10 @@ def shares_of(args: argparse.Namespace) -> tuple[float, ...]:
 
 # TrainConfig fields without a flag of their own, and why.
 NOT_FLAGS = {
-    "tp_rules": "a user module's TP kinds come from a plan file: --plan (hspmd.train.planfile)",
-    "bucket_bytes": "a tuning knob of the library API (TrainConfig.bucket_bytes), no flag",
-    "min_documents": "aligns the steps of runs under different strategies (benchmarks), no flag",
-    "measure_memory": "the state's tracked bytes per rank for benchmarks/zero.py, no flag",
+    "model.tp_rules": "a user module's TP kinds come from a plan file: --plan (planfile)",
+    "runtime.bucket_bytes": "a tuning knob of the library API (RuntimeConfig), no flag",
+    "batch.min_documents": "aligns the steps of runs under different strategies, no flag",
+    "runtime.measure_memory": "the state's tracked bytes per rank for benchmarks/zero.py, no flag",
     "adam.beta2": "set with beta1 by --betas B1,B2",
 }
 

@@ -156,8 +156,9 @@ def read_run(args: argparse.Namespace, options: StrategyOptions) -> Run:
         return Run(model, parse_strategy(args.strategy), options, getattr(args, "seq_len", None))
     if args.strategy is not None:
         raise ModelSpecError("--plan carries the strategy: drop --strategy (or drop --plan)")
+    from hspmd.data.source import DataSpec
     from hspmd.plan.schema import Plan
-    from hspmd.train.config import TrainConfig
+    from hspmd.train.config import BatchConfig, ModelChoice, TrainConfig
     from hspmd.train.planfile import check_plan, config_from_plan, read_plan
 
     plan = read_plan(path)
@@ -166,12 +167,14 @@ def read_run(args: argparse.Namespace, options: StrategyOptions) -> Run:
         seq_len = tokens.shape[1] if tokens is not None else 64
     else:  # a strategy file of hspmd plan --out
         seq_len = plan.seq_len or 64
-    base = TrainConfig(model=args.model, model_overrides=model_kwargs(args.config), seq_len=seq_len,
-                       dataset=getattr(args, "dataset", None))  # fmt: skip
+    base = TrainConfig(
+        model=ModelChoice(source=args.model, overrides=model_kwargs(args.config)),
+        batch=BatchConfig(seq_len=seq_len), data=DataSpec(dataset=getattr(args, "dataset", None)),
+    )  # fmt: skip
     config = config_from_plan(plan, base)
     check_plan(plan, config)
     assert config.strategy is not None
-    return Run(config.model_config(), config.strategy, config.options, config.seq_len)
+    return Run(config.model_config(), config.strategy, config.options, config.batch.seq_len)
 
 
 def seq_len_of(model: ModelSpec, given: int | None) -> int:

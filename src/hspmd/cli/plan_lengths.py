@@ -48,7 +48,7 @@ from hspmd.planner.lengths import (
     switch_matrix,
 )
 from hspmd.planner.local import local_cost
-from hspmd.train.config import LengthPlans, TrainConfig
+from hspmd.train.config import LengthPlans, SwitchMode, TrainConfig
 from hspmd.train.packing import planned_steps
 
 SAMPLE_STEPS = 32  # sample steps the strategies are chosen on (planner.length_candidates)
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     hist = Histogram.of([len(d) for d in docs], max_len=args.max_seq_len,
                         smallest=max(1, args.max_seq_len >> (args.strategies + 2)))  # fmt: skip
     zero1 = {"on": [True], "off": [False], "auto": [False, True]}[args.zero1]
-    # a captured model trains without --sequence-parallel yet (TrainConfig._check_module)
+    # a captured model trains without --sequence-parallel yet (TrainConfig.check_model)
     sp = not isinstance(config, ModuleModel)
     options = [
         o for z in zero1
@@ -174,12 +174,11 @@ def apply_plans(config: TrainConfig, plans: LengthPlans, *, path: str) -> TrainC
     switch (bf16 weights only) before each step whose choice differs from the one before.
     Sequence parallelism is the file's; each strategy recomputes as the file says
     (``train.active.strategy_options``; the run's flags carry the most any asks)."""
-    if config.strategy is not None or config.switches:
+    if config.strategy is not None or config.switching.switches:
         raise LengthPlanError(f"--plans {path} chooses every step's strategy: drop --strategy and --switch")  # fmt: skip
     # an elastic run moves the states (two holders each), not weights around a home layout
-    config = replace(
-        config, length_plans=plans, switch_mode="states" if config.elastic else "weights"
-    )
+    mode: SwitchMode = "states" if config.elastic.enabled else "weights"
+    config = replace(config, switching=replace(config.switching, length_plans=plans, mode=mode))
     options = [p.options for p in plans.plans]
     recompute = [o for o in options if o.recompute]
     given = config.options
@@ -189,7 +188,8 @@ def apply_plans(config: TrainConfig, plans: LengthPlans, *, path: str) -> TrainC
         recompute=given.recompute or bool(recompute),
         recompute_layers=given.recompute_layers if given.recompute else _most(recompute),
     ))  # fmt: skip
-    if config.elastic:  # the elastic chooser (hspmd.train.elastic_lengths): with its fallbacks
+    # the elastic chooser (hspmd.train.elastic_lengths): with its fallbacks
+    if config.elastic.enabled:
         from hspmd.train.elastic_lengths import Lengths
 
         return replace(config, strategy=Lengths(config).choose(1, None).strategy)

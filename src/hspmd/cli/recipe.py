@@ -53,6 +53,7 @@ def adam_from_args(args: argparse.Namespace) -> AdamConfig:
         warmup_steps=getattr(args, "warmup_steps", _DEFAULT.warmup_steps),
         decay_steps=getattr(args, "decay_steps", None),
         min_lr=getattr(args, "min_lr", _DEFAULT.min_lr),
+        clip_grad_norm=getattr(args, "clip_grad_norm", None),
     )
 
 

@@ -119,7 +119,7 @@ def write_outputs(args: argparse.Namespace, config: TrainConfig, result: TrainRe
     from hspmd.viz.timeline import bars_from_result, bars_from_trace, draw_timeline, one_step
 
     bars = bars_from_trace(trace)
-    title = f"{config.model}, {ranks} ranks: {config.strategy_at(config.steps)}"
+    title = f"{config.model.source}, {ranks} ranks: {config.strategy_at(config.steps)}"
     if not args.predict:
         draw_timeline(bars, args.timeline, title=title)
         print(f"timeline of {config.steps} steps -> {args.timeline}", file=sys.stderr)
@@ -148,13 +148,13 @@ def _predict(config: TrainConfig, *, profile: str | None) -> Prediction:
 
     strategy = config.strategy_at(config.steps)
     cost = local_cost(
-        1 + max(strategy.ranks), ranks_per_node=config.ranks_per_node, profile=profile,
+        1 + max(strategy.ranks), ranks_per_node=config.switching.ranks_per_node, profile=profile,
         dtype="bf16" if config.options.dtype == "bf16" else "fp32",
     )  # fmt: skip
     return predict(
         strategy,
         planning_model(config.model_config()),
         cost,
-        seq_len=config.seq_len,
+        seq_len=config.batch.seq_len,
         options=config.options,
     )

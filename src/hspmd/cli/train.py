@@ -60,14 +60,28 @@ from hspmd.cli.recipe import adam_from_args, eval_from_args
 from hspmd.cli.timeline import check_trace_flags, write_outputs
 from hspmd.cli.tokenize import byte_progress
 from hspmd.data import DEFAULT_MAX_BYTES, data_warnings
-from hspmd.data.source import spec_warnings
+from hspmd.data.source import DataSpec, spec_warnings
 from hspmd.errors import StrategyError
 from hspmd.plan.strategy import Strategy, StrategyOptions, parse_strategy
 from hspmd.runtime.launch import NodeSpec
 from hspmd.runtime.members import how_lost
 from hspmd.train.batches import check_data
 from hspmd.train.compare import compare
-from hspmd.train.config import EvalConfig, EvalRecord, LengthPlans, Record, TrainConfig, TrainError
+from hspmd.train.config import (
+    BatchConfig,
+    CheckpointConfig,
+    ElasticConfig,
+    EvalConfig,
+    EvalRecord,
+    FaultConfig,
+    LengthPlans,
+    ModelChoice,
+    Record,
+    RuntimeConfig,
+    SwitchingConfig,
+    TrainConfig,
+    TrainError,
+)
 from hspmd.train.device import gpu_count, reference_device, run_device, where
 from hspmd.train.faults import parse_injections
 from hspmd.train.logs import RECORDS, RunLog
@@ -145,31 +159,25 @@ def _packed_args(args: argparse.Namespace) -> tuple[int | None, int | None, Leng
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The run's config from the parsed flags: every text (strategies, plans, lists)
-    parsed here, once."""
+    """The run's config from the parsed flags, section by section: every text (strategies,
+    plans, lists) parsed here, once."""
     step_tokens, max_seq_len, plans = _packed_args(args)
     strategy = None if args.strategy is None else parse_strategy(args.strategy)  # the edge
     config = TrainConfig(
-        model=args.model,
-        model_overrides=model_kwargs(getattr(args, "config", None)),
+        model=ModelChoice(source=args.model, overrides=model_kwargs(getattr(args, "config", None))),
         strategy=strategy,
-        global_batch=global_batch_of(args, strategy),
-        seq_len=max_seq_len or args.seq_len,
-        step_tokens=step_tokens,
-        long_docs=getattr(args, "long_docs", "truncate"),
         steps=args.steps,
         seed=args.seed,
+        batch=BatchConfig(
+            global_batch=global_batch_of(args, strategy),
+            seq_len=max_seq_len or args.seq_len,
+            grad_accum=getattr(args, "grad_accum", 1),
+            step_tokens=step_tokens,
+            long_docs=getattr(args, "long_docs", "truncate"),
+        ),  # fmt: skip
         adam=adam_from_args(args),
-        clip_grad_norm=getattr(args, "clip_grad_norm", None),
         evaluation=eval_from_args(args),
-        grad_accum=getattr(args, "grad_accum", 1),
-        data=args.data,
-        dataset=getattr(args, "dataset", None),
-        data_max_bytes=args.data_max_bytes,
-        data_dtype=getattr(args, "data_dtype", None),
-        eod_id=getattr(args, "eod_id", None),
-        tokenizer=getattr(args, "tokenizer", None),
-        data_cache=getattr(args, "data_cache", None),
+        data=_data_of(args),
         options=StrategyOptions(
             schedule=args.schedule,
             dtype=args.dtype,
@@ -179,23 +187,24 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             recompute=args.recompute,
             recompute_layers=args.recompute_layers,
         ),  # fmt: skip
-        zero_overlap=not getattr(args, "zero_no_overlap", False),
-        overlap=not getattr(args, "no_overlap", False),
-        switches=parse_switches(args.switch),
-        switch_mode=getattr(args, "switch_mode", "states"),
-        switch_algo=getattr(args, "switch_algo", "fused"),
-        cluster=getattr(args, "cluster", None),
-        ranks_per_node=getattr(args, "ranks_per_node", None),
-        save=args.save,
-        save_every=args.save_every or 1,
-        resume=args.resume,
-        slowdown=parse_slowdown(getattr(args, "slowdown", "")),
-        elastic=getattr(args, "elastic", False),
-        hang_timeout=getattr(args, "hang_timeout", 60.0),
-        inject=parse_injections(getattr(args, "inject_failure", [])),
-        spares=getattr(args, "spares", 0),
-        grow=parse_grow(getattr(args, "grow", [])),
-        device=getattr(args, "device", "auto"),
+        runtime=RuntimeConfig(
+            overlap=not getattr(args, "no_overlap", False),
+            zero_overlap=not getattr(args, "zero_no_overlap", False),
+            device=getattr(args, "device", "auto"),
+        ),
+        switching=SwitchingConfig(
+            switches=parse_switches(args.switch),
+            mode=getattr(args, "switch_mode", "states"),
+            algo=getattr(args, "switch_algo", "fused"),
+            cluster=getattr(args, "cluster", None),
+            ranks_per_node=getattr(args, "ranks_per_node", None),
+        ),  # fmt: skip
+        elastic=_elastic_of(args),
+        faults=FaultConfig(
+            inject=parse_injections(getattr(args, "inject_failure", [])),
+            slowdown=parse_slowdown(getattr(args, "slowdown", "")),
+        ),
+        checkpoint=CheckpointConfig(save=args.save, every=args.save_every or 1, resume=args.resume),
     )
     config.check_model()  # the model loads once here, at the edge
     if plans is None:
@@ -203,6 +212,23 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     from hspmd.cli.plan_lengths import apply_plans
 
     return apply_plans(config, plans, path=args.plans)
+
+
+def _data_of(args: argparse.Namespace) -> DataSpec:
+    """The data flags (those a command lacks keep their defaults)."""
+    return DataSpec(
+        path=args.data, dataset=getattr(args, "dataset", None), max_bytes=args.data_max_bytes,
+        dtype=getattr(args, "data_dtype", None), eod_id=getattr(args, "eod_id", None),
+        tokenizer=getattr(args, "tokenizer", None), cache=getattr(args, "data_cache", None),
+    )  # fmt: skip
+
+
+def _elastic_of(args: argparse.Namespace) -> ElasticConfig:
+    """The elastic flags (those a command lacks keep their defaults)."""
+    return ElasticConfig(
+        enabled=getattr(args, "elastic", False), hang_timeout=getattr(args, "hang_timeout", 60.0),
+        spares=getattr(args, "spares", 0), grow=parse_grow(getattr(args, "grow", [])),
+    )  # fmt: skip
 
 
 def parse_grow(values: list[str]) -> tuple[tuple[int, int], ...]:
@@ -230,23 +256,25 @@ def global_batch_of(args: argparse.Namespace, strategy: Strategy | None) -> int:
 def warnings_of(args: argparse.Namespace, config: TrainConfig) -> list[str]:
     """Options that do nothing as given (the run goes ahead)."""
     out = []
-    if args.save_every is not None and not config.save:
+    if args.save_every is not None and not config.checkpoint.save:
         out.append(f"--save-every {args.save_every} without --save saves nothing: add --save DIR")
-    elif config.save and config.save_every > config.steps:
+    elif config.checkpoint.save and config.checkpoint.every > config.steps:
         out.append(
-            f"--save-every {config.save_every} is past --steps {config.steps}: nothing is saved"
+            f"--save-every {config.checkpoint.every} is past --steps {config.steps}: nothing is "
+            "saved"
         )
-    spec = config.data_spec
+    spec = config.data
     out += spec_warnings(spec, step_tokens=config.tokens_per_step, steps=config.steps)
     if not spec.tokenized:
         out += data_warnings(
-            config.data,
+            config.data.path,
             # a fixed batch reads seq_len + 1 bytes a row; packed steps up to step_tokens
-            step_bytes=config.step_tokens or config.global_batch * (config.seq_len + 1),
+            step_bytes=config.batch.step_tokens
+            or config.batch.global_batch * (config.batch.seq_len + 1),
             steps=config.steps,
-            max_bytes=config.data_max_bytes or DEFAULT_MAX_BYTES,
+            max_bytes=config.data.max_bytes or DEFAULT_MAX_BYTES,
         )
-    if config.packed and args.global_batch is not None:
+    if config.batch.packed and args.global_batch is not None:
         out.append(
             f"--global-batch {args.global_batch} does nothing with --tokens-per-step: a step "
             "is whole documents packed into the strategy's micro-batches"
@@ -254,10 +282,11 @@ def warnings_of(args: argparse.Namespace, config: TrainConfig) -> list[str]:
     if getattr(args, "max_seq_len", None) is not None and args.seq_len != DEFAULT_SEQ_LEN:
         out.append(f"--seq-len {args.seq_len} does nothing with --max-seq-len: drop one")
     out += _eval_warnings(args, config)
-    for step, strategy in config.switches:
+    for step, strategy in config.switching.switches:
         if step > config.steps:
             out.append(
-                f"--switch {step}={str(strategy)!r} never runs: step {step} is past --steps {config.steps}"
+                f"--switch {step}={str(strategy)!r} never runs: step {step} is past --steps "
+                f"{config.steps}"
             )
     return out
 
@@ -427,18 +456,19 @@ def progress(
 
 
 def resumed_step(config: TrainConfig) -> int:
-    """The step the checkpoint in ``config.resume`` was saved at (0 without ``--resume``)."""
-    if not config.resume:
+    """The step the checkpoint in ``config.checkpoint.resume`` was saved at (0 without
+    ``--resume``)."""
+    if not config.checkpoint.resume:
         return 0
-    return read_manifest(latest(config.resume)).step
+    return read_manifest(latest(config.checkpoint.resume)).step
 
 
 def resume_warnings(config: TrainConfig) -> list[str]:
     """Where this run's data and recipe flags differ from those of the run that saved the
     checkpoint."""
-    if not config.resume:
+    if not config.checkpoint.resume:
         return []
-    saved = read_manifest(latest(config.resume)).run
+    saved = read_manifest(latest(config.checkpoint.resume)).run
     now, recipe = config.data_identity(), config.recipe_identity()
     return [
         f"resuming with {flag} {now[flag]} where the checkpoint was saved with {old}: the "
@@ -455,8 +485,8 @@ def resume_warnings(config: TrainConfig) -> list[str]:
 
 def resume_text(config: TrainConfig) -> str:
     """``resuming DIR/step-N at step N+1: strategy A -> B`` (what ``--resume`` loads)."""
-    assert config.resume is not None
-    folder = latest(config.resume)
+    assert config.checkpoint.resume is not None
+    folder = latest(config.checkpoint.resume)
     manifest = read_manifest(folder)
     now = str(config.strategy_at(manifest.step + 1))
     change = f"{manifest.strategy!r} -> {now!r}" if manifest.strategy != now else repr(now)
@@ -513,9 +543,12 @@ def run_config(
     check_config(config)  # before any process starts
     if gpu_count():  # a GPU machine: say where the ranks run (auto may pick CPU)
         local = num_processes(config) // (node.num_nodes if node is not None else 1)
-        device = run_device(config, num_ranks=local + config.spares)
-        print(f"hspmd train: {where(device, num_ranks=local + config.spares)}", file=sys.stderr)
-    if config.elastic:
+        device = run_device(config, num_ranks=local + config.elastic.spares)
+        print(
+            f"hspmd train: {where(device, num_ranks=local + config.elastic.spares)}",
+            file=sys.stderr,
+        )
+    if config.elastic.enabled:
         return run_elastic(config, as_json=as_json, quiet=quiet, trace=trace, node=node, log=log)
     if node is not None and node.node_rank > 0:  # node 0 shows the steps
         # traced on every node: the clock sync and the gathering of the events are
@@ -543,7 +576,7 @@ def run_elastic(
         )
     where, title = None, f"{num_processes(config)} ranks"
     if node is not None:
-        if config.spares:
+        if config.elastic.spares:
             raise TrainError(
                 "--spares holds processes back on one launcher: drop --spares (or --nnodes)"
             )
@@ -633,19 +666,24 @@ def run(args: argparse.Namespace) -> int:
     if not args.reference:
         for line in fallbacks(config):  # deduced before launch: also a model that cannot train
             print(f"hspmd {args.command}: note: computed whole: {line}", file=sys.stderr)
-    if config.data_spec.kind == "text":  # tokenized once, here, into the cache ranks read
+    if config.data.kind == "text":  # tokenized once, here, into the cache ranks read
         with byte_progress("tokenizing --data", quiet=getattr(args, "quiet", False)) as bar:
             check_data(config, on_progress=bar)
     if not args.reference and _nothing_to_do(args, config):
         return 0
     wants_trace = check_trace_flags(args)  # before any work
-    if config.resume and not args.reference:
+    if config.checkpoint.resume and not args.reference:
         print(resume_text(config), file=sys.stderr)
         for warning in resume_warnings(config):
             print(f"hspmd {args.command}: warning: {warning}", file=sys.stderr)
     node = node_of(args)
     folder = args.log_dir
-    if folder is not None and node is not None and node.node_rank > 0 and not config.elastic:
+    if (
+        folder is not None
+        and node is not None
+        and node.node_rank > 0
+        and not config.elastic.enabled
+    ):
         print(f"hspmd {args.command}: note: --log-dir {folder}: node 0 writes the logs (it "
               "receives the records); this node writes none", file=sys.stderr)  # fmt: skip
         folder = None
@@ -669,13 +707,13 @@ def _nothing_to_do(args: argparse.Namespace, config: TrainConfig) -> bool:
     if done < config.steps:
         return False
     print(
-        f"nothing to do: checkpoint is at step {done} (in {config.resume}) and --steps is "
-        f"{config.steps}; pass --steps above {done} to train on",
+        f"nothing to do: checkpoint is at step {done} (in {config.checkpoint.resume}) and "
+        f"--steps is {config.steps}; pass --steps above {done} to train on",
         file=sys.stderr,
     )
     if args.json:
         print(json.dumps({"nothing_to_do": True, "checkpoint_step": done,
-                          "steps": config.steps, "resume": config.resume}))  # fmt: skip
+                          "steps": config.steps, "resume": config.checkpoint.resume}))  # fmt: skip
     return True
 
 
@@ -688,16 +726,19 @@ def _print_summary(args: argparse.Namespace, config: TrainConfig, result: TrainR
             f"rank {r} {b / 2**30:.2f}" for r, b in sorted(result.peak_memory.items())
         )
         print(f"peak GPU memory (torch.cuda.max_memory_allocated, GiB): {peaks}", file=sys.stderr)
-    saved = [r.step for r in result.records if r.step % config.save_every == 0]
-    if config.save and not args.reference and saved:
-        print(f"checkpoint of step {saved[-1]} saved in {latest(config.save)}", file=sys.stderr)
+    saved = [r.step for r in result.records if r.step % config.checkpoint.every == 0]
+    if config.checkpoint.save and not args.reference and saved:
+        print(
+            f"checkpoint of step {saved[-1]} saved in {latest(config.checkpoint.save)}",
+            file=sys.stderr,
+        )
 
 
 def check_compare(args: argparse.Namespace, config: TrainConfig, node: NodeSpec | None) -> None:
     """``--compare`` beside what it cannot compare (one line, before any work)."""
     clashes = [
         ("--reference", args.reference, "--compare runs the reference too"),
-        ("--resume", bool(config.resume), "the reference trains from step 1"),
+        ("--resume", bool(config.checkpoint.resume), "the reference trains from step 1"),
         ("--nnodes", node is not None, "each node holds only its ranks' parameters"),
     ]
     for flag, given, why in clashes:
@@ -710,9 +751,10 @@ def compare_with_reference(
 ) -> int:
     """``--compare``: the reference on the ranks' device, then the comparison (stdout;
     one JSON object with ``--json``); 1 if the run differs from it."""
-    device = run_device(config, num_ranks=num_processes(config) + config.spares)
+    device = run_device(config, num_ranks=num_processes(config) + config.elastic.spares)
+    runtime = dataclasses.replace(config.runtime, device=device)
     reference = run_config(
-        dataclasses.replace(config, device=device), reference=True, as_json=False,
+        dataclasses.replace(config, runtime=runtime), reference=True, as_json=False,
         quiet=args.json or getattr(args, "quiet", False),
     )  # fmt: skip
     report = compare(result, reference, config=config)

@@ -57,6 +57,7 @@ from torch.utils.flop_counter import flop_registry
 
 from hspmd.annotation import DUP, Annotation
 from hspmd.errors import HspmdError
+from hspmd.graph.export import GraphInput
 from hspmd.markers import is_reshard_node
 from hspmd.models.build import model_graph, params_before_first_block
 from hspmd.models.spec import (
@@ -82,7 +83,7 @@ NORMS = (F.layer_norm, F.group_norm, F.batch_norm, F.instance_norm) + (
 )  # fmt: skip
 LOSSES = (F.cross_entropy, aten.cross_entropy_loss.default)
 CAUSAL = ("hspmd.attention", "causal_attention")  # hspmd's own, by name (the layering)
-RMS_NORM = ("hspmd.ops", "rms_norm")
+RMS_NORM = ("hspmd.fused_ops", "rms_norm")
 COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all")
 PRE, POST = -1, -2  # parts that are not blocks
 
@@ -429,79 +430,11 @@ def _measure(
     """(ops: node, line, calls, units; saved: consumer node, producer node, elements) of one
     forward at batch 1, ``seq_len`` tokens, on the meta device."""
     counter = _Counter()
-    producer: dict[int, str] = {}  # storage -> node that made it
-    constant: set[int] = set()
-    saved: dict[int, tuple[str, str, float]] = {}
-    alive: list[torch.Tensor] = []  # storages stay unique while the run records them
-
-    def key(t: torch.Tensor) -> int:
-        return int(t.untyped_storage()._cdata)
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        alive.append(t)
-        k = key(t)
-        if k not in constant and not isinstance(t, torch.nn.Parameter):
-            numel = float(t.untyped_storage().nbytes() / max(t.element_size(), 1))
-            if k not in saved or saved[k][2] < numel:
-                saved[k] = (counter.node, producer.get(k, counter.node), numel)
-        return t
-
-    class Run(torch.fx.Interpreter):
-        def run_node(self, n: torch.fx.Node) -> Any:
-            counter.node = n.name
-            target = n.target
-            if n.op == "call_function" and _attention_kind(target) is not None:
-                return self._attention(n)
-            quiet = n.op == "call_function" and (target in NORMS or _named(target) == RMS_NORM)
-            counter.quiet = quiet
-            try:
-                result = super().run_node(n)
-            finally:
-                counter.quiet = False
-            tensors = [t for t in tree_leaves(result) if isinstance(t, torch.Tensor)]
-            if quiet:
-                counter.ops.append((n.name, "norm", 1.0, float(sum(t.numel() for t in tensors))))
-            alive.extend(tensors)
-            for t in tensors:
-                k = key(t)
-                if n.op == "get_attr":
-                    constant.add(k)
-                elif is_reshard_node(n):
-                    # an identity here, a new tensor on the ranks (a gather under SP):
-                    # what reads it afterwards saves the marker's layout, not its input's
-                    producer[k] = n.name
-                else:
-                    producer.setdefault(k, n.name)
-            return result
-
-        def _attention(self, n: torch.fx.Node) -> Any:
-            args, kwargs = self.fetch_args_kwargs_from_env(n)
-            q, k, v = args[:3]
-            for t in (q, k, v):
-                pack(t)
-            counter.quiet = True
-            with torch.no_grad():  # nothing saved: a fused kernel's saves are counted below
-                out = n.target(*args, **kwargs)  # type: ignore[operator]
-            counter.quiet = False
-            flag = args[5] if len(args) > 5 else kwargs.get("is_causal")  # ATen: positional
-            causal = _attention_kind(n.target) == "causal" or bool(flag)
-            flops = 4 * q.shape[:-2].numel() * q.shape[-2] * k.shape[-2] * q.shape[-1]
-            counter.ops.append((n.name, "attention", 1.0, flops / (2 if causal else 1)))
-            # a fused kernel's output is laid out (B, T, heads, D) under its (B, heads, T, D)
-            # view, so the usual transpose and reshape to (B, T, H) is a view, not a copy
-            if out.dim() == 4:
-                out = out.transpose(1, 2).contiguous().transpose(1, 2)
-            out = out.detach().requires_grad_(q.requires_grad)
-            producer.setdefault(key(out), n.name)
-            saved[key(out)] = (n.name, n.name, float(out.numel()))
-            lse = float(q.shape[:-1].numel())  # one float per query and head
-            saved[-len(saved) - 1] = (n.name, n.name, lse)
-            return out
-
-    tokens = torch.zeros(1, seq_len, dtype=torch.long, device="meta")
+    saves = _Saves(counter)
+    inputs = _meta_inputs(gm, seq_len)
     try:
-        with counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            Run(gm).run(tokens, tokens)
+        with counter, torch.autograd.graph.saved_tensors_hooks(saves.pack, lambda t: t):
+            _CostRun(gm, counter, saves).run(*inputs)
     except HspmdError:
         raise
     except Exception as error:
@@ -510,4 +443,116 @@ def _measure(
             f"length {seq_len}: {error!r}; make forward run on meta tensors (no .item(), no "
             "data-dependent shapes)"
         ) from error
-    return counter.ops, list(saved.values())
+    return counter.ops, list(saves.saved.values())
+
+
+def _meta_inputs(gm: torch.fx.GraphModule, seq_len: int) -> list[torch.Tensor]:
+    """One meta tensor per graph input at batch 1 (``GraphInput.sample``), read from the
+    placeholders: each symbolic dim (the sequence) at ``seq_len``; tokens, targets and
+    packed documents' segments (one document) are int64 zeros."""
+    out = []
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                trailing = tuple(
+                    None if isinstance(d, torch.SymInt) else int(d) for d in val.shape[1:]
+                )
+                spec = GraphInput(node.name, trailing, str(val.dtype).removeprefix("torch."))
+            else:
+                spec = GraphInput(node.name, (None,))
+            out.append(spec.sample(1, seq_len))
+    return out
+
+
+class _Saves:
+    """What autograd saves during the run (by storage): the node that saves it, the
+    node that made it, its elements."""
+
+    def __init__(self, counter: _Counter) -> None:
+        self.counter = counter
+        self.producer: dict[int, str] = {}  # storage -> node that made it
+        self.constant: set[int] = set()
+        self.saved: dict[int, tuple[str, str, float]] = {}
+        self.alive: list[torch.Tensor] = []  # storages stay unique while the run records them
+
+    @staticmethod
+    def key(t: torch.Tensor) -> int:
+        return int(t.untyped_storage()._cdata)
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        """The saved-tensors hook: record ``t`` as saved by the running node."""
+        self.alive.append(t)
+        k = self.key(t)
+        if k not in self.constant and not isinstance(t, torch.nn.Parameter):
+            numel = float(t.untyped_storage().nbytes() / max(t.element_size(), 1))
+            if k not in self.saved or self.saved[k][2] < numel:
+                node = self.counter.node
+                self.saved[k] = (node, self.producer.get(k, node), numel)
+        return t
+
+    def produced(self, n: torch.fx.Node, tensors: list[torch.Tensor]) -> None:
+        """Node ``n`` made ``tensors`` (constants are never counted as saved)."""
+        self.alive.extend(tensors)
+        for t in tensors:
+            k = self.key(t)
+            if n.op == "get_attr":
+                self.constant.add(k)
+            elif is_reshard_node(n):
+                # an identity here, a new tensor on the ranks (a gather under SP):
+                # what reads it afterwards saves the marker's layout, not its input's
+                self.producer[k] = n.name
+            else:
+                self.producer.setdefault(k, n.name)
+
+
+class _CostRun(torch.fx.Interpreter):
+    """Runs the graph node by node, telling the counter and the saves which node runs;
+    attention and norms are counted by formula."""
+
+    def __init__(self, gm: torch.fx.GraphModule, counter: _Counter, saves: _Saves) -> None:
+        super().__init__(gm)
+        self.counter, self.saves = counter, saves
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        counter = self.counter
+        counter.node = n.name
+        target = n.target
+        if n.op == "call_function" and _attention_kind(target) is not None:
+            return self._attention(n)
+        quiet = n.op == "call_function" and (target in NORMS or _named(target) == RMS_NORM)
+        counter.quiet = quiet
+        try:
+            result = super().run_node(n)
+        finally:
+            counter.quiet = False
+        tensors = [t for t in tree_leaves(result) if isinstance(t, torch.Tensor)]
+        if quiet:
+            counter.ops.append((n.name, "norm", 1.0, float(sum(t.numel() for t in tensors))))
+        self.saves.produced(n, tensors)
+        return result
+
+    def _attention(self, n: torch.fx.Node) -> Any:
+        counter, saves = self.counter, self.saves
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        q, k, v = args[:3]
+        for t in (q, k, v):
+            saves.pack(t)
+        counter.quiet = True
+        with torch.no_grad():  # nothing saved: a fused kernel's saves are counted below
+            out = n.target(*args, **kwargs)  # type: ignore[operator]
+        counter.quiet = False
+        flag = args[5] if len(args) > 5 else kwargs.get("is_causal")  # ATen: positional
+        causal = _attention_kind(n.target) == "causal" or bool(flag)
+        flops = 4 * q.shape[:-2].numel() * q.shape[-2] * k.shape[-2] * q.shape[-1]
+        counter.ops.append((n.name, "attention", 1.0, flops / (2 if causal else 1)))
+        # a fused kernel's output is laid out (B, T, heads, D) under its (B, heads, T, D)
+        # view, so the usual transpose and reshape to (B, T, H) is a view, not a copy
+        if out.dim() == 4:
+            out = out.transpose(1, 2).contiguous().transpose(1, 2)
+        out = out.detach().requires_grad_(q.requires_grad)
+        saves.producer.setdefault(saves.key(out), n.name)
+        saves.saved[saves.key(out)] = (n.name, n.name, float(out.numel()))
+        lse = float(q.shape[:-1].numel())  # one float per query and head
+        saves.saved[-len(saves.saved) - 1] = (n.name, n.name, lse)
+        return out

@@ -571,24 +571,9 @@ def _profile(*, quick: bool, nproc: int, dtype: str, threads: int) -> Profile:
             f"per process, but torch sees {torch.cuda.device_count()}: give --nproc 1 "
             "(compute only, no links) or at most that many"
         )
-    torch_dtype = DTYPES[dtype]
-    reps = sizes.reps
-    samples = [
-        *measure_matmul(sizes.matmul, reps, torch_dtype, device=device, skinny=sizes.skinny),
-        *measure_attention(
-            sizes.attention,
-            reps,
-            torch_dtype,
-            device=device,
-            heads=sizes.heads,
-            head_dim=sizes.head_dim,
-        ),  # fmt: skip
-        *measure_norm(sizes.norm, reps, torch_dtype, device=device, hidden=sizes.hidden),
-        *measure_elementwise(sizes.elementwise, reps, torch_dtype, device=device),
-        *measure_optimizer(sizes.optimizer, reps, device=device),
-    ]
+    samples = _compute_samples(sizes, DTYPES[dtype], device=device)
     by_group = (
-        measure_collectives(sizes.collective, reps, nproc=nproc, groups=(2,), backend=backend)
+        measure_collectives(sizes.collective, sizes.reps, nproc=nproc, groups=(2,), backend=backend)
         if nproc > 1
         else {}
     )
@@ -604,26 +589,50 @@ def _profile(*, quick: bool, nproc: int, dtype: str, threads: int) -> Profile:
         dtype={"fp32": "float32", "bf16": "bfloat16"}[dtype],
         threads=threads,
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        host={
-            "platform": platform.platform(),
-            "machine": platform.machine(),
-            "processor": platform.processor(),
-            "cpus": os.cpu_count() or 1,
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "nproc": nproc,
-            "quick": quick,
-            "collectives": (
-                f"{backend} over {nproc} local processes"
-                if by_group
-                else "not measured (nproc 1): the profile has no links"
-            ),
-        },
+        host=_host(nproc=nproc, quick=quick, backend=backend, links=bool(by_group)),
         compute=compute,
         links=links,
         samples=(*samples, *collectives),
         core_sharing=sharing,
     )
+
+
+def _compute_samples(sizes: Sizes, torch_dtype: torch.dtype, *, device: str) -> list[Sample]:
+    """Timed runs of each compute op over ``sizes`` (a ``SIZES`` entry)."""
+    reps = sizes.reps
+    return [
+        *measure_matmul(sizes.matmul, reps, torch_dtype, device=device, skinny=sizes.skinny),
+        *measure_attention(
+            sizes.attention,
+            reps,
+            torch_dtype,
+            device=device,
+            heads=sizes.heads,
+            head_dim=sizes.head_dim,
+        ),  # fmt: skip
+        *measure_norm(sizes.norm, reps, torch_dtype, device=device, hidden=sizes.hidden),
+        *measure_elementwise(sizes.elementwise, reps, torch_dtype, device=device),
+        *measure_optimizer(sizes.optimizer, reps, device=device),
+    ]
+
+
+def _host(*, nproc: int, quick: bool, backend: str, links: bool) -> dict[str, Any]:
+    """The machine and the run the profile was measured on."""
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cpus": os.cpu_count() or 1,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "nproc": nproc,
+        "quick": quick,
+        "collectives": (
+            f"{backend} over {nproc} local processes"
+            if links
+            else "not measured (nproc 1): the profile has no links"
+        ),
+    }
 
 
 def _points(samples: Sequence[Sample], op: str) -> list[tuple[float, float]]:

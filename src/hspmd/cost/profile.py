@@ -249,6 +249,25 @@ def _from_dict(data: Any, source: str) -> Profile:
     fmt = data.get("format")
     if fmt != FORMAT:
         raise ProfileError(f"{source}: field 'format' is {fmt!r}, expected {FORMAT!r}")
+    compute = _compute_fits(data, source)
+    links = _link_fits(data, source)
+    samples = _samples(data, source)
+    sharing = _core_sharing(data, source)
+    return Profile(
+        kind=_field(data, "kind", str, source),
+        device=_field(data, "device", str, source),
+        dtype=_field(data, "dtype", str, source),
+        threads=_field(data, "threads", int, source),
+        created=_field(data, "created", str, source),
+        host=dict(_field(data, "host", dict, source)),
+        compute=compute,
+        links=links,
+        samples=samples,
+        core_sharing=sharing,
+    )
+
+
+def _compute_fits(data: dict[str, Any], source: str) -> dict[str, Fit]:
     compute: dict[str, Fit] = {}
     for op, entry in _field(data, "compute", dict, source).items():
         where = f"{source}: compute.{op}"
@@ -259,6 +278,10 @@ def _from_dict(data: Any, source: str) -> Profile:
             _number(entry, "overhead_s", where),
             _number(entry, "r2", where),
         )
+    return compute
+
+
+def _link_fits(data: dict[str, Any], source: str) -> dict[str, dict[str, LinkFit]]:
     links: dict[str, dict[str, LinkFit]] = {}
     for name, ops in _field(data, "links", dict, source).items():
         if not isinstance(ops, dict):
@@ -270,22 +293,27 @@ def _from_dict(data: Any, source: str) -> Profile:
                 raise ProfileError(
                     f"{where}: unknown collective; expected one of {', '.join(COLLECTIVE_OPS)}"
                 )
-            fit = Fit(
-                _number(entry, "per_byte_s", where),
-                _number(entry, "overhead_s", where),
-                _number(entry, "r2", where),
-            )
-            groups = []
-            for j, g in enumerate(entry.get("groups", [])):
-                gw = f"{where}.groups[{j}]"
-                groups.append((
-                    int(_field(g, "group_size", int, gw)),
-                    Fit(_number(g, "per_byte_s", gw), _number(g, "overhead_s", gw),
-                        _number(g, "r2", gw)),
-                ))  # fmt: skip
-            links[name][op] = LinkFit(
-                fit, int(_field(entry, "group_size", int, where)), tuple(groups)
-            )
+            links[name][op] = _link_fit(entry, where)
+    return links
+
+
+def _link_fit(entry: Any, where: str) -> LinkFit:
+    fit = Fit(
+        _number(entry, "per_byte_s", where),
+        _number(entry, "overhead_s", where),
+        _number(entry, "r2", where),
+    )
+    groups = []
+    for j, g in enumerate(entry.get("groups", [])):
+        gw = f"{where}.groups[{j}]"
+        groups.append((
+            int(_field(g, "group_size", int, gw)),
+            Fit(_number(g, "per_byte_s", gw), _number(g, "overhead_s", gw), _number(g, "r2", gw)),
+        ))  # fmt: skip
+    return LinkFit(fit, int(_field(entry, "group_size", int, where)), tuple(groups))
+
+
+def _samples(data: dict[str, Any], source: str) -> tuple[Sample, ...]:
     samples = []
     for i, entry in enumerate(data.get("samples", [])):
         where = f"{source}: samples[{i}]"
@@ -296,6 +324,10 @@ def _from_dict(data: Any, source: str) -> Profile:
                 _number(entry, "seconds", where),
             )
         )
+    return tuple(samples)
+
+
+def _core_sharing(data: dict[str, Any], source: str) -> tuple[float, ...]:
     sharing = data.get("core_sharing", [])
     if not isinstance(sharing, list) or not all(
         isinstance(f, int | float) and not isinstance(f, bool) and math.isfinite(f) and f >= 1
@@ -305,18 +337,7 @@ def _from_dict(data: Any, source: str) -> Profile:
             f"{source}: core_sharing {sharing!r} must be a list of factors >= 1 "
             "(k = 1, 2, ... processes computing at once); run `hspmd profile` again"
         )
-    return Profile(
-        kind=_field(data, "kind", str, source),
-        device=_field(data, "device", str, source),
-        dtype=_field(data, "dtype", str, source),
-        threads=_field(data, "threads", int, source),
-        created=_field(data, "created", str, source),
-        host=dict(_field(data, "host", dict, source)),
-        compute=compute,
-        links=links,
-        samples=tuple(samples),
-        core_sharing=tuple(float(f) for f in sharing),
-    )
+    return tuple(float(f) for f in sharing)
 
 
 def load_profile(path: str | Path) -> Profile:

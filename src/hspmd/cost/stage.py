@@ -28,6 +28,7 @@ __all__ = [
     "layer_params",
     "stage_params",
     "stage_work",
+    "trains_context_parallel",
     "trains_sequence_parallel",
 ]
 
@@ -51,6 +52,13 @@ def trains_sequence_parallel(model: ModelSpec) -> bool:
     """Whether the planner may choose sequence parallelism for ``model`` (a captured model's
     run refuses it: the markers hspmd inserts keep the stream whole)."""
     return cost_of(model).sequence_parallel
+
+
+def trains_context_parallel(model: ModelSpec) -> bool:
+    """Whether the planner may choose context parallelism for ``model``: its cost function
+    prices it (a captured model trains under CP, but its measured cost covers TP only)."""
+    cost = model.cost
+    return cost is not None and cost.context_parallel
 
 
 def embed_params(model: ModelSpec) -> int:

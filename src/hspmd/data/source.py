@@ -33,6 +33,7 @@ from hspmd.data.errors import DataError
 from hspmd.data.prepare import Progress, cache_root, cached_tokens
 from hspmd.data.tokenizer import fingerprint, load_tokenizer
 from hspmd.data.tokens import (
+    TOKEN_DTYPES,
     TokenDocuments,
     TokenFile,
     check_ids,
@@ -50,18 +51,35 @@ __all__ = [
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DataSpec:
     """A run's data flags: ``--data``, ``--data-dtype``, ``--eod-id``, ``--tokenizer``,
-    ``--data-cache``, ``--data-max-bytes`` (None: each reader's default). Loads nothing."""
+    ``--data-cache``, ``--data-max-bytes`` (None: each reader's default), and ``--dataset``:
+    a user's dataset of any items instead of token data, ``"FILE.py:FACTORY"``
+    (``hspmd.data.items``: a map-style dataset or an iterable of tensors, tuples or dicts of
+    them; docs/data.md). Loads nothing."""
 
     path: str | None = None
-    dtype: str | None = None
-    eod_id: int | None = None
-    tokenizer: str | None = None
-    cache: str | None = None
-    max_bytes: int | None = None
+    dtype: str | None = None  # a flat token file's ids: uint16 (None) or uint32
+    eod_id: int | None = None  # a token file's end-of-document id (packed steps split there)
+    tokenizer: str | None = None  # tokenizer.json or a local HF folder: text is tokenized
+    cache: str | None = None  # tokenizations' cache (None: $HSPMD_CACHE, ~/.cache/hspmd)
+    max_bytes: int | None = None  # read at most this much text
+    dataset: str | None = None
 
     def __post_init__(self) -> None:
         if self.eod_id is not None and self.eod_id < 0:
             raise DataError(f"--eod-id {self.eod_id}: give a token id (>= 0)")
+        if self.dtype is not None and self.dtype not in TOKEN_DTYPES:
+            raise DataError(f"--data-dtype {self.dtype}: choose one of {', '.join(TOKEN_DTYPES)}")
+        if self.max_bytes is not None and self.max_bytes < 1:
+            raise DataError(
+                f"--data-max-bytes {self.max_bytes}: give a positive size in bytes (leave "
+                "it out for the default)"
+            )
+        if self.dataset is not None and (self.path is not None or self.tokenizer is not None):
+            given = "--data" if self.path is not None else "--tokenizer"
+            raise DataError(
+                f"--dataset {self.dataset} does not combine with {given} (token data and "
+                f"sequences only): drop {given}"
+            )
 
     @property
     def kind(self) -> Literal["bytes", "tokens", "text"]:

@@ -25,7 +25,13 @@ from torch import nn
 from hspmd.annotation import Annotation
 from hspmd.deduce import aten, contract, layers, misc, pointwise, reduce, views  # noqa: F401  (rules)
 from hspmd.deduce.align import insert_alignments
-from hspmd.deduce.backward import AlignNeed, AlignSite, ReshardSite, backward_annotations
+from hspmd.deduce.backward import (
+    AlignNeed,
+    AlignSite,
+    BackwardResult,
+    ReshardSite,
+    backward_annotations,
+)
 from hspmd.deduce.fallback import insert_gathers
 from hspmd.deduce.forward import Fallback, ForwardResult, forward_annotations
 from hspmd.deduce.result import AnnotatedGraph
@@ -72,12 +78,7 @@ def deduce(
     """
     gm = module_or_graph if isinstance(module_or_graph, torch.fx.GraphModule) else None
     gm = gm or capture(module_or_graph)
-    dtypes = input_dtypes or {}
-    specs = {
-        name: TensorSpec(tuple(shape), dtypes.get(name, torch.int64))
-        for name, shape in input_shapes.items()
-    }
-    info = propagate_shapes(gm, specs)
+    info = _global_shapes(gm, input_shapes, input_dtypes or {})
     markers = dict(marker_annotations)
 
     def forward(gm: torch.fx.GraphModule, info: ShapeInfo) -> ForwardResult:
@@ -100,6 +101,30 @@ def deduce(
         fwd = forward(gm, info)
         bwd = backward_annotations(gm, info, fwd)
         assert not bwd.needs, f"alignment left consumers disagreeing: {bwd.needs}"
+    return _annotated(gm, info, fwd, bwd, fallbacks)
+
+
+def _global_shapes(
+    gm: torch.fx.GraphModule,
+    input_shapes: Mapping[str, Sequence[int]],
+    dtypes: Mapping[str, torch.dtype],
+) -> ShapeInfo:
+    """Every node's global shape from the inputs' (dtype int64 unless given)."""
+    specs = {
+        name: TensorSpec(tuple(shape), dtypes.get(name, torch.int64))
+        for name, shape in input_shapes.items()
+    }
+    return propagate_shapes(gm, specs)
+
+
+def _annotated(
+    gm: torch.fx.GraphModule,
+    info: ShapeInfo,
+    fwd: ForwardResult,
+    bwd: BackwardResult,
+    fallbacks: tuple[Fallback, ...],
+) -> AnnotatedGraph:
+    """The deduction's result as a frozen value (read-only mappings)."""
     param_grads = {fwd.params[n]: bwd.grads[n] for n in fwd.params if n in bwd.grads}
     return AnnotatedGraph(
         module=gm,

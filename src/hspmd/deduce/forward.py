@@ -272,13 +272,7 @@ def forward_annotations(
             ann = known[node.args[0].name]
             inputs[node.name] = (node.args[0].name,)
         else:
-            if seeded_random(node):  # no layout, nor the fallback, draws one device's numbers
-                raise DeductionError(
-                    f"{_node_text(node)}: {target_text(node.target)} draws from torch's random "
-                    "generator, so each rank would draw other numbers than one device does. "
-                    "Fix: use nn.Dropout or F.dropout, whose masks hspmd draws by position "
-                    '(docs/decisions.md, "Dropout equal under any strategy"), or drop the op'
-                )
+            _refuse_seeded_random(node)
             entry = lookup(node.target)
             if entry is None and _constant_inputs(node, info, known):
                 known[node.name] = None  # made from sizes and buffers only: a constant
@@ -297,12 +291,27 @@ def forward_annotations(
                 ann = _fallback(node, data, known, error, fallbacks)
             inputs[node.name] = tuple(n.name for n in data)
         if ann is not None:
-            try:
-                ann.check_shape(info.specs[node.name].shape)
-            except AnnotationError as error:
-                raise DeductionError(f"{_node_text(node)}: {error}") from None
+            _check_shape(node, ann, info)
         known[node.name] = ann
     return ForwardResult(known, params, inputs, tuple(fallbacks))
+
+
+def _refuse_seeded_random(node: torch.fx.Node) -> None:
+    """No layout, nor the fallback, draws one device's numbers from torch's generator."""
+    if seeded_random(node):
+        raise DeductionError(
+            f"{_node_text(node)}: {target_text(node.target)} draws from torch's random "
+            "generator, so each rank would draw other numbers than one device does. "
+            "Fix: use nn.Dropout or F.dropout, whose masks hspmd draws by position "
+            '(docs/decisions.md, "Dropout equal under any strategy"), or drop the op'
+        )
+
+
+def _check_shape(node: torch.fx.Node, ann: Annotation, info: ShapeInfo) -> None:
+    try:
+        ann.check_shape(info.specs[node.name].shape)
+    except AnnotationError as error:
+        raise DeductionError(f"{_node_text(node)}: {error}") from None
 
 
 _EVERY_TENSOR = RuleEntry(lambda call, placements: DUP)  # data inputs of an op with no rule

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from hspmd.deduce.pointwise import broadcast_split
 from hspmd.deduce.rules import DUP, PARTIAL, OpCall, RuleError, placements_text, register
-from hspmd.ops import rms_norm
+from hspmd.fused_ops import rms_norm
 
 
 def _pointwise_split(call: OpCall, placements: tuple[int, ...]) -> int:

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from hspmd.deduce.rules import DUP, PARTIAL, OpCall, RuleError, placements_text, register
-from hspmd.ops import swiglu
+from hspmd.fused_ops import swiglu
 
 LINEAR_UNARY = (
     operator.neg, torch.neg, "neg", "float", "half", "bfloat16", "double", "contiguous",

@@ -11,23 +11,25 @@ tensor([1., 1.])
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.fx
 from torch import nn
 
 from hspmd.graph.export import SEGMENTS_INPUT, TOKEN_INPUTS, capture_step
+from hspmd.graph.portable import Sent, captured_cache, receive, sending
 from hspmd.models.config import LlamaConfig
 from hspmd.models.module import params_before_first_block
 from hspmd.models.spec import ModelSpec, ModelSpecError, ModuleModel
 
 __all__ = [
-    "check_weights", "constant", "initial_parameter", "initial_piece", "model_graph", "params_before_first_block",
-    "plain_model", "step_loss",
+    "Sent", "check_weights", "constant", "initial_parameter", "initial_piece", "model_graph", "params_before_first_block",
+    "plain_model", "receive_graphs", "sent_graphs", "step_loss",
 ]  # fmt: skip
 
 
-@functools.cache
+@captured_cache(maxsize=None)  # a launcher sends its workers these (hspmd.graph.portable)
 def _llama_graph(config: LlamaConfig) -> torch.fx.GraphModule:
     from hspmd.models.llama import Llama
 
@@ -51,6 +53,21 @@ def model_graph(model: ModelSpec) -> torch.fx.GraphModule:
     from hspmd.models.module import model_graph as module_graph
 
     return module_graph(_module(model))
+
+
+def sent_graphs(models: Callable[[], Iterable[ModelSpec]]) -> Sent:
+    """The captures that ``models()`` (which reads a run's models) and their graphs need,
+    as data that a launcher sends its workers: ``receive_graphs`` there, and no rank
+    captures the model again (``hspmd.graph.portable``)."""
+    with sending() as reading:
+        for model in models():
+            model_graph(model)
+    return reading.sent()
+
+
+def receive_graphs(sent: Sent) -> None:
+    """In a worker, before it reads the run's models: take the launcher's captures."""
+    receive(sent)
 
 
 def initial_parameter(model: ModelSpec, name: str, *, seed: int) -> torch.Tensor:

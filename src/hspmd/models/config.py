@@ -92,6 +92,10 @@ class LlamaConfig:
     def markers_complete(self) -> bool:
         return True  # hspmd.models.llama places every marker of Megatron's layout
 
+    @property
+    def tied(self) -> tuple[tuple[str, int], ...]:
+        return ()  # a tied preset is refused across stages (plan.strategy): never summed
+
     def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
         return parameter_shapes(self)
 

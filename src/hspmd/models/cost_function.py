@@ -96,11 +96,14 @@ class StageWork:
 
 class CostFunction(Protocol):
     """A model's own cost (module docstring). ``sequence_parallel``: whether the planner may
-    choose sequence parallelism for it; ``vocab_split``: whether its loss reads logits split
-    over the vocabulary (the memory of the last stage's logits)."""
+    choose sequence parallelism for it; ``context_parallel``: whether ``stage_work`` prices
+    a CP degree (the planner offers CP only then); ``vocab_split``: whether its loss reads
+    logits split over the vocabulary (the memory of the last stage's logits)."""
 
     @property
     def sequence_parallel(self) -> bool: ...
+    @property
+    def context_parallel(self) -> bool: ...
     @property
     def vocab_split(self) -> bool: ...
 
@@ -235,6 +238,10 @@ class ModelCost:
     @property
     def sequence_parallel(self) -> bool:
         return False
+
+    @property
+    def context_parallel(self) -> bool:
+        return False  # the figures cover TP only
 
     def part_params(self) -> tuple[int, int, int]:
         parts = (self.pre, self.layer, self.post)

@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hspmd.attention import causal_attention
+from hspmd.fused_ops import rms_norm, swiglu
 from hspmd.markers import reshard
 from hspmd.models.config import (
     PRESETS,
@@ -55,10 +56,9 @@ from hspmd.models.config import (
     get_config,
     parameter_shapes,
 )
-from hspmd.ops import rms_norm, swiglu
 
 # one call node each in the traced graph (packed documents are data: hspmd.attention;
-# the norm is F.rms_norm to deduction, swiglu a pointwise op: hspmd.ops)
+# the norm is F.rms_norm to deduction, swiglu a pointwise op: hspmd.fused_ops)
 torch.fx.wrap("causal_attention")
 torch.fx.wrap("rms_norm")
 torch.fx.wrap("swiglu")
@@ -82,7 +82,7 @@ Segments = torch.Tensor | None  # (B, T) document id per position; None: one per
 
 class RMSNorm(nn.Module):
     """Hugging Face's Llama norm (fp32 inside, cast back before the weight), keeping only
-    its input and one fp32 reciprocal per row for backward (``hspmd.ops``)."""
+    its input and one fp32 reciprocal per row for backward (``hspmd.fused_ops``)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -157,7 +157,7 @@ class MLP(nn.Module):
         self.w_down = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # silu(gate) * up, keeping gate and up only (hspmd.ops); (B, T, F) -> (B, T, H)
+        # silu(gate) * up, keeping gate and up only (hspmd.fused_ops); (B, T, F) -> (B, T, H)
         return self.w_down(swiglu(self.w_gate(x), self.w_up(x)))
 
 

@@ -72,6 +72,10 @@ class LlamaCost:
         return True
 
     @property
+    def context_parallel(self) -> bool:
+        return True
+
+    @property
     def vocab_split(self) -> bool:
         return True
 
@@ -171,7 +175,9 @@ class LlamaCost:
         bwd += device.seconds("attention", 2 * attention)
         bwd += 2 * device.seconds("norm", 2 * norm_bytes)
         bwd += sum(device.seconds("elementwise", 2 * e) for e in elementwise)
-        bwd += device.seconds("elementwise", elementwise[1])  # SwiGLU's silu again (hspmd.ops)
+        bwd += device.seconds(
+            "elementwise", elementwise[1]
+        )  # SwiGLU's silu again (hspmd.fused_ops)
         act = n * H * elt
         if sp:
             rs, ag = link.seconds("reduce-scatter", act, tp), link.seconds("all-gather", act, tp)

@@ -25,14 +25,16 @@ can rebuild the module from. What hspmd reads from the module (docs/models.md):
   folder: ``hspmd.models.hf``) starts from its safetensors weights;
 - packed documents (``load_model(..., packed=True)``): the graph takes ``segments`` too and
   every causal SDPA runs per document (``hspmd.graph.documents``); a model whose attention
-  takes a mask, or that calls no SDPA, must take ``segments`` itself, else it is refused.
+  takes a mask, or that calls no SDPA, must take ``segments`` itself, else it is refused;
+- attention heads: every SDPA on ``(B, heads, T, hd)`` gets the markers where context
+  parallelism trades the sequence split for a heads split (``hspmd.models.heads``).
 
 >>> import torch
 >>> model = load_model("hspmd.models.examples:gpt2", {"num_layers": 2})
 >>> model.num_layers, model.hidden_size, model.param_kind("layers.0.attn.q.weight")
 (2, 32, 'column')
->>> [m.name for m in model.markers()][:4]
-['wte.tp_out', 'layers.0.input', 'layers.0.attn.q.tp_in', 'layers.0.attn.o.tp_out']
+>>> [str(m) for m in model.markers()][2:5]
+['layers.0.attn.q.tp_in L0 dup (B,T,32)', 'layers.0.attn.q L0 heads (B,T,4,8)', 'layers.0.attn.k L0 heads (B,T,4,8)']
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from hspmd.graph.export import (
     capture_step,
     user_frame,
 )
+from hspmd.graph.portable import captured_cache
 from hspmd.markers import is_reshard_node, reshard
 from hspmd.models.calling import (
     check_fields,
@@ -71,6 +74,7 @@ from hspmd.models.calling import (
     fields_call,
     step_call,
 )
+from hspmd.models.heads import PLACEMENT, insert_head_markers
 from hspmd.models.hf import build_hf, hf_config, hf_directory, training_masks
 from hspmd.models.spec import (
     NO_LIMIT,
@@ -321,6 +325,8 @@ def capture_model(
     if packed:
         _keep_documents_apart(gm, module, source)
     _insert_tp_markers(gm, kinds, source)
+    if items is None:  # the heads of every attention, for context parallelism
+        insert_head_markers(gm, kinds)
     _split_tied(gm)
     return gm, own
 
@@ -599,6 +605,8 @@ def _load(
             "give every block the same"
         )
     stream = next(iter(block_inputs))
+    layers_of, placements = _marker_layers(gm), _placements(gm)
+    post = _post([name for name, _ in markers], path, num_layers)
     layers = _param_layers(gm, names, num_layers, path)
     shared = len(list(module.named_parameters(remove_duplicate=False))) > len(names)
     params = tuple(
@@ -614,7 +622,8 @@ def _load(
         max_seq_len=max_len,
         params=params,
         marker_specs=tuple(
-            _marker_spec(name, trailing, _marker_layers(gm)) for name, trailing in markers
+            _marker_spec(name, trailing, layers_of, placements, post=name in post)
+            for name, trailing in markers
         ),
         tp_rules=rules,
         tie_embeddings=shared,
@@ -748,15 +757,38 @@ def _marker_layers(gm: torch.fx.GraphModule) -> dict[str, int]:
     return out
 
 
-def _marker_spec(name: str, trailing: tuple[int, ...], layers: Mapping[str, int]) -> MarkerSpec:
+def _placements(gm: torch.fx.GraphModule) -> dict[str, Placement]:
+    """The placements hspmd gave the markers it inserted (``hspmd.models.heads``)."""
+    return {
+        str(n.args[1]): n.meta[PLACEMENT]
+        for n in gm.graph.nodes
+        if is_reshard_node(n) and PLACEMENT in n.meta
+    }
+
+
+def _marker_spec(
+    name: str, trailing: tuple[int, ...], layers: Mapping[str, int],
+    placements: Mapping[str, Placement], *, post: bool = False,
+) -> MarkerSpec:  # fmt: skip
     """A block input is the stream (``residual``); so is the reduced output of a row layer
     or a vocab-parallel embedding (``*.tp_out``): under sequence parallelism the all-reduce
     there becomes a reduce-scatter of the sequence, and the column layers' inputs
-    (``*.tp_in``, ``dup``) all-gather it (Megatron's sequence parallelism)."""
+    (``*.tp_in``, ``dup``) all-gather it (Megatron's sequence parallelism). An attention's
+    heads markers carry their own (``hspmd.models.heads``)."""
     if name.startswith("layers.") and name.endswith(".input"):
         return MarkerSpec(name, int(name.split(".")[1]), "residual", trailing)
     placement: Placement = "residual" if name.endswith(".tp_out") else "dup"
-    return MarkerSpec(name, layers[name], placement, trailing)
+    return MarkerSpec(name, layers[name], placements.get(name, placement), trailing, post)
+
+
+def _post(names: list[str], blocks: str, num_layers: int) -> set[str]:
+    """The markers after the last block (a vocab-parallel head's ``tp_in``), of ``names``
+    in graph order: after the last block input and in no block (``{blocks}.{i}.*``).
+    Under context parallelism their tensors are whole on the sequence (the Llama's
+    ``head_in``): the loss runs on whole rows."""
+    last = f"layers.{num_layers - 1}.input"
+    after = names[names.index(last) + 1 :] if last in names else []
+    return {n for n in after if not n.startswith((f"{blocks}.", "layers."))}
 
 
 def _vocab_size(module: nn.Module, gm: torch.fx.GraphModule) -> int:
@@ -774,7 +806,7 @@ def _vocab_size(module: nn.Module, gm: torch.fx.GraphModule) -> int:
     return 256
 
 
-@functools.lru_cache(maxsize=16)
+@captured_cache(maxsize=16)  # a launcher sends its workers these (hspmd.graph.portable)
 def _capture(
     source: str,
     kwargs: tuple[tuple[str, Any], ...],

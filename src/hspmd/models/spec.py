@@ -71,6 +71,7 @@ __all__ = [
     "ModelSpecError",
     "ModuleModel",
     "ParamInfo",
+    "HEADS",
     "Placement",
     "TPKind",
     "TP_KINDS",
@@ -92,7 +93,10 @@ NOT_ARCHITECTURE = frozenset({
 })  # fmt: skip
 TPKind = Literal["column", "row", "vocab", "replicate"]
 TP_KINDS: tuple[str, ...] = get_args(TPKind)
-Placement = Literal["residual", "dup", "heads"] | int
+Placement = Literal["residual", "dup", "heads", "cp_heads"] | int
+HEADS: tuple[str, ...] = ("heads", "cp_heads")
+"""Placements of attention-head markers: heads split over TP x CP (``heads``), or over CP
+only where TP leaves the attention whole (``cp_heads``: a fused replicate qkv)."""
 
 
 class ModelSpecError(HspmdError, ValueError):
@@ -151,6 +155,12 @@ class ModelSpec(Protocol):
         """Whether the markers stand where Megatron's layout puts them and nothing between
         them reshards, so that every reshard site follows from their placements with no
         graph (``hspmd.specialize.sites.marker_sites``; tests check it against deduction)."""
+        ...
+
+    @property
+    def tied(self) -> tuple[tuple[str, int], ...]:
+        """Parameters used on two stages' layers (a head tied to the embedding): each
+        name and its second layer; its gradient is summed between the two stages."""
         ...
 
     def parameter_shapes(self) -> Mapping[str, tuple[int, ...]]:

@@ -98,12 +98,7 @@ def capture_training_step(
 ) -> OpGraph:
     """Create the optimizer states, then record one step op by op (see the module docstring)."""
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    if not params:
-        raise PartitionError(f"model {type(model).__name__} has no trainable parameters")
-    if measure and any(p.is_meta for _, p in params):
-        raise PartitionError("measure=True needs real tensors; build the model off the meta device")
-    if measure and repeats < 1:
-        raise PartitionError(f"{repeats=} must be >= 1 (timed runs of the step)")
+    _check_capturable(model, params, measure=measure, repeats=repeats)
     opt = _optimizer(optimizer, [p for _, p in params])
     batch = tuple(batch)
 
@@ -117,6 +112,44 @@ def capture_training_step(
     opt.zero_grad(set_to_none=True)
     recorder = _Recorder(device=device, measure=measure)
     recorder.sync = measure and any(p.is_cuda for _, p in params)
+    _record_leaves(recorder, params, opt, batch)
+    saved = [p.detach().clone() for _, p in params] if measure else []
+    with recorder:
+        step()
+    opt.zero_grad(set_to_none=True)
+    if not measure:
+        return recorder.graph(name, meta={"times": "roofline", "device": str(device)})
+    _time_ops(recorder, step, opt, repeats=repeats)
+    with torch.no_grad():
+        for (_, p), value in zip(params, saved, strict=True):
+            p.copy_(value)
+    on = "cuda" if recorder.sync else "cpu"
+    meta = {"times": "measured", "repeats": repeats, "statistic": "median", "on": on}
+    return recorder.graph(name, meta=meta)
+
+
+def _check_capturable(
+    model: torch.nn.Module,
+    params: list[tuple[str, torch.nn.Parameter]],
+    *,
+    measure: bool,
+    repeats: int,
+) -> None:
+    if not params:
+        raise PartitionError(f"model {type(model).__name__} has no trainable parameters")
+    if measure and any(p.is_meta for _, p in params):
+        raise PartitionError("measure=True needs real tensors; build the model off the meta device")
+    if measure and repeats < 1:
+        raise PartitionError(f"{repeats=} must be >= 1 (timed runs of the step)")
+
+
+def _record_leaves(
+    recorder: _Recorder,
+    params: list[tuple[str, torch.nn.Parameter]],
+    opt: torch.optim.Optimizer,
+    batch: tuple[torch.Tensor, ...],
+) -> None:
+    """The graph's leaves: parameters and optimizer states (residual), then the batch."""
     for pname, p in params:
         recorder.leaf(f"param:{pname}", p, residual=True)
         for key, state in opt.state[p].items():
@@ -124,13 +157,13 @@ def capture_training_step(
                 recorder.leaf(f"state:{pname}.{key}", state, residual=True)
     for i, tensor in enumerate(batch):
         recorder.leaf(f"input:{i}", tensor, residual=False)
-    saved = [p.detach().clone() for _, p in params] if measure else []
-    with recorder:
-        step()
-    opt.zero_grad(set_to_none=True)
-    if not measure:
-        return recorder.graph(name, meta={"times": "roofline", "device": str(device)})
-    # timed runs under the same mode, so that autograd dispatches the same ops
+
+
+def _time_ops(
+    recorder: _Recorder, step: Callable[[], None], opt: torch.optim.Optimizer, *, repeats: int
+) -> None:
+    """Run ``step`` ``repeats`` more times under the same mode (so that autograd
+    dispatches the same ops) and give each recorded op its median time."""
     recorder.samples = []
     for _ in range(repeats):
         recorder.samples.append([])
@@ -143,16 +176,9 @@ def capture_training_step(
                 f"a timed step ran {len(recorder.samples[-1])} ops, the recorded one "
                 f"{len(recorder.op_nodes)}: the step is not deterministic; use measure=False"
             )
-    samples = recorder.samples
-    with torch.no_grad():
-        for (_, p), value in zip(params, saved, strict=True):
-            p.copy_(value)
-    median = np.median(np.asarray(samples), axis=0)
+    median = np.median(np.asarray(recorder.samples), axis=0)
     for node, t in zip(recorder.op_nodes, median.tolist(), strict=True):
         recorder.time_us[node] = t
-    on = "cuda" if recorder.sync else "cpu"
-    meta = {"times": "measured", "repeats": repeats, "statistic": "median", "on": on}
-    return recorder.graph(name, meta=meta)
 
 
 def _optimizer(kind: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:

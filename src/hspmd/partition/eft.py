@@ -24,6 +24,7 @@ A fork of two 100 µs ops behind a 1 µs op, two devices, tiny transfers:
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable
 from math import inf
 
 import numpy as np
@@ -60,22 +61,32 @@ def eft_placement(
             graph.time_us, comm.cost_us(graph.out_bytes).astype(np.float64),
             np.ascontiguousarray(rank_a, dtype=np.float64), graph.in_degree,
         )  # fmt: skip
+    memory = _MemoryEstimate(graph, num_devices, caps) if caps is not None else None
+    return _eft_python(
+        graph, num_devices=num_devices, comm=comm, pinned=pinned, rank=rank_a, memory=memory
+    )
+
+
+def _eft_python(
+    graph: OpGraph,
+    *,
+    num_devices: int,
+    comm: CommModel,
+    pinned: np.ndarray | None,
+    rank: np.ndarray,
+    memory: _MemoryEstimate | None,
+) -> np.ndarray:
+    """:func:`eft_placement`'s loop in Python (the reference for ``native.eft_kernel``)."""
     num = graph.num_nodes
     pin = [-1] * num if pinned is None else pinned.tolist()
-    group = graph.group_of.tolist()
-    group_dev = [-1] * num
-    out_ptr, dst = graph.out_ptr.tolist(), graph.dst.tolist()
+    group, dur, ranks = graph.group_of.tolist(), graph.time_us.tolist(), rank.tolist()
+    out_ptr, dst, remaining = graph.out_ptr.tolist(), graph.dst.tolist(), graph.in_degree.tolist()
     in_ptr, preds = graph.in_ptr.tolist(), graph.preds.tolist()
-    dur = graph.time_us.tolist()
     delay = comm.cost_us(graph.out_bytes).tolist()
-    rank = (graph.topo_rank if priority is None else priority).tolist()
-    remaining = graph.in_degree.tolist()
-    memory = _MemoryEstimate(graph, num_devices, caps) if caps is not None else None
-    place = [0] * num
-    finish = [0.0] * num
+    group_dev, place, finish = [-1] * num, [0] * num, [0.0] * num
     data_ready = [0.0] * num  # latest finish among the inputs placed so far
     free = [0.0] * num_devices
-    heap = [(0.0, rank[v], v) for v in range(num) if remaining[v] == 0]
+    heap = [(0.0, ranks[v], v) for v in range(num) if remaining[v] == 0]
     heapq.heapify(heap)
     push, pop = heapq.heappush, heapq.heappop
     devices = range(num_devices)
@@ -99,19 +110,12 @@ def eft_placement(
             t = second if d == top_d else top_t
             if t > arrive[d]:
                 arrive[d] = t
-        forced = group_dev[group[v]] if group_dev[group[v]] >= 0 else pin[v]
-        if forced >= 0:
-            best = forced
-        else:
-            best, begin = -1, inf  # earliest start, lowest device id on a tie
-            for d in memory.allowed(v) if memory is not None else devices:
-                t = arrive[d] if arrive[d] > free[d] else free[d]
-                if t < begin:
-                    best, begin = d, t
-        group_dev[group[v]] = best
-        place[v] = best
-        finish[v] = max(arrive[best], free[best]) + dur[v]
-        free[best] = finish[v]
+        best = group_dev[group[v]] if group_dev[group[v]] >= 0 else pin[v]
+        if best < 0:
+            allowed = memory.allowed(v) if memory is not None else devices
+            best = _earliest_start(arrive, free, allowed)
+        group_dev[group[v]] = place[v] = best
+        finish[v] = free[best] = max(arrive[best], free[best]) + dur[v]
         if memory is not None:
             memory.place(v, best, place)
         done = finish[v]
@@ -120,8 +124,18 @@ def eft_placement(
                 data_ready[u] = done
             remaining[u] -= 1
             if remaining[u] == 0:
-                push(heap, (data_ready[u], rank[u], u))
+                push(heap, (data_ready[u], ranks[u], u))
     return np.asarray(place, dtype=np.int64)
+
+
+def _earliest_start(arrive: list[float], free: list[float], devices: Iterable[int]) -> int:
+    """The device of ``devices`` where an op could start first, lowest id on a tie."""
+    best, begin = -1, inf
+    for d in devices:
+        t = arrive[d] if arrive[d] > free[d] else free[d]
+        if t < begin:
+            best, begin = d, t
+    return best
 
 
 def arrivals(

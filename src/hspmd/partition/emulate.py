@@ -140,32 +140,35 @@ def schedule(
             comm.cost_us(graph.out_bytes).astype(np.float64), graph.topo_rank,
             graph.out_ptr, graph.dst, graph.in_degree, k,
         )  # fmt: skip
+    return _schedule_python(graph, place, comm=comm)
+
+
+def _schedule_python(
+    graph: OpGraph, place: np.ndarray, *, comm: CommModel
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`schedule`'s event loop in Python (the reference for the compiled kernel).
+
+    Events are (time, kind, payload): kind 0 = op ``payload`` finished, 1 = device
+    ``payload`` may pick its next ready op. One function, locals only: it is the
+    emulator's hot loop without numba.
+    """
     num = graph.num_nodes
-    dev = place.tolist()
-    dur = graph.time_us.tolist()
+    dev, dur, rank = place.tolist(), graph.time_us.tolist(), graph.topo_rank.tolist()
     delay = comm.cost_us(graph.out_bytes).tolist()
-    rank = graph.topo_rank.tolist()
-    out_ptr = graph.out_ptr.tolist()
-    dst = graph.dst.tolist()
-    remaining = graph.in_degree.tolist()
-    ready = [0.0] * num
-    start = [0.0] * num
-    finish = [0.0] * num
+    out_ptr, dst, remaining = graph.out_ptr.tolist(), graph.dst.tolist(), graph.in_degree.tolist()
+    ready, start, finish = [0.0] * num, [0.0] * num, [0.0] * num
     num_devices = max(dev, default=0) + 1
     queues: list[list[tuple[float, int, int]]] = [[] for _ in range(num_devices)]
     busy = [False] * num_devices
-    # events: (time, kind, payload); kind 0 = op payload finished, 1 = device payload may pick
-    events: list[tuple[float, int, int]] = []
     for v in range(num):
         if remaining[v] == 0:
             heapq.heappush(queues[dev[v]], (0.0, rank[v], v))
-    for d in range(num_devices):
-        events.append((0.0, 1, d))
+    events = [(0.0, 1, d) for d in range(num_devices)]
     heapq.heapify(events)
     push, pop = heapq.heappush, heapq.heappop
     while events:
         now, kind, item = pop(events)
-        if kind == 0:
+        if kind == 0:  # op ``item`` finished: free its device, send its output
             d = dev[item]
             busy[d] = False
             push(events, (now, 1, d))

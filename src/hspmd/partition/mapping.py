@@ -15,6 +15,7 @@ the expected start of the first child of its last op (expected = top levels).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from operator import neg
 
 import numpy as np
@@ -148,44 +149,89 @@ def map_clusters(
 ) -> np.ndarray:
     """Device of every node after initial merging and LALB (``boundary``: the result of
     :func:`boundary_lists`, if the caller has it)."""
-    w = graph.time_us
     place = np.full(graph.num_nodes, -1, dtype=np.int64)
     for c in range(slicing.num_primary):
         place[slicing.cluster(c)] = c
-    start, end = cluster_spans(graph, slicing, top=top)
-    order_by_time = np.argsort(top, kind="stable")
-    sorted_top = top[order_by_time]
-    pos = np.empty(graph.num_nodes, dtype=np.int64)
-    pos[order_by_time] = np.arange(graph.num_nodes)
-    lo = np.searchsorted(sorted_top, start, side="left")
-    hi = np.searchsorted(sorted_top, end, side="left")
-    cluster_work = np.bincount(slicing.cluster_of, weights=w, minlength=slicing.num_clusters)
-    cum_work = np.concatenate(([0.0], np.cumsum(w[order_by_time])))
-    potential = cum_work[hi] - cum_work[lo] - cluster_work
-    bptr, bother, bcost = boundary or boundary_lists(graph, slicing, edge_us=edge_us)
-    comm_total = np.add.reduceat(np.asarray(bcost + [0.0]), np.asarray(bptr[:-1]))
-    comm_total[np.diff(bptr) == 0] = 0.0
+    boundary = boundary or boundary_lists(graph, slicing, edge_us=edge_us)
+    spans = _Spans.of(graph, slicing, top=top, boundary=boundary)
     if native.ENABLED:  # the same two loops, compiled
-        b_ptr, b_other, b_cost = np.asarray(bptr), np.asarray(bother), np.asarray(bcost)
-        members = slicing.members.astype(np.int64)
-        cptr = slicing.ptr.astype(np.int64)
-        merged = native.initial_merge_kernel(
-            slicing.num_primary, members, cptr, place, b_ptr, b_other, b_cost,
-            comm_total > potential, num_devices,
-        )  # fmt: skip
-        merged = merged[np.argsort(-cluster_work[merged], kind="stable")]
-        trees = native.fenwick_trees(w[order_by_time], place[order_by_time], num_devices)
-        native.lalb_kernel(
-            merged, members, cptr, place, trees, b_ptr, b_other, b_cost, lo, hi, pos, w
-        )
-        return place
-    place_l = place.tolist()
-    deferred = _initial_merge(
-        slicing, place_l, bptr, bother, bcost, hide=(comm_total > potential).tolist(), k=num_devices
+        return _map_compiled(graph, slicing, place, spans, boundary, k=num_devices)
+    return _map_python(graph, slicing, place, spans, boundary, k=num_devices)
+
+
+@dataclass(frozen=True, eq=False)
+class _Spans:
+    """Nodes in order of top level, and each cluster's span as a range of that order."""
+
+    by_time: np.ndarray  # node ids by top level (stable)
+    pos: np.ndarray  # each node's position in ``by_time``
+    lo: np.ndarray  # per cluster, its span is by_time[lo:hi]
+    hi: np.ndarray
+    cluster_work: np.ndarray
+    hide: np.ndarray  # per cluster: its communication exceeds the other work in its span
+
+    @staticmethod
+    def of(graph: OpGraph, slicing: Slicing, *, top: np.ndarray, boundary: Boundary) -> _Spans:
+        w = graph.time_us
+        start, end = cluster_spans(graph, slicing, top=top)
+        by_time = np.argsort(top, kind="stable")
+        sorted_top = top[by_time]
+        pos = np.empty(graph.num_nodes, dtype=np.int64)
+        pos[by_time] = np.arange(graph.num_nodes)
+        lo = np.searchsorted(sorted_top, start, side="left")
+        hi = np.searchsorted(sorted_top, end, side="left")
+        cluster_work = np.bincount(slicing.cluster_of, weights=w, minlength=slicing.num_clusters)
+        cum_work = np.concatenate(([0.0], np.cumsum(w[by_time])))
+        potential = cum_work[hi] - cum_work[lo] - cluster_work
+        bptr, _, bcost = boundary
+        comm_total = np.add.reduceat(np.asarray(bcost + [0.0]), np.asarray(bptr[:-1]))
+        comm_total[np.diff(bptr) == 0] = 0.0
+        return _Spans(by_time, pos, lo, hi, cluster_work, comm_total > potential)
+
+
+def _map_compiled(
+    graph: OpGraph,
+    slicing: Slicing,
+    place: np.ndarray,
+    spans: _Spans,
+    boundary: Boundary,
+    *,
+    k: int,
+) -> np.ndarray:
+    """:func:`map_clusters`' initial merge and LALB by the kernels (``place`` updated)."""
+    w = graph.time_us
+    b_ptr, b_other, b_cost = (np.asarray(b) for b in boundary)
+    members = slicing.members.astype(np.int64)
+    cptr = slicing.ptr.astype(np.int64)
+    merged = native.initial_merge_kernel(
+        slicing.num_primary, members, cptr, place, b_ptr, b_other, b_cost, spans.hide, k
     )
+    merged = merged[np.argsort(-spans.cluster_work[merged], kind="stable")]
+    trees = native.fenwick_trees(w[spans.by_time], place[spans.by_time], k)
+    native.lalb_kernel(
+        merged, members, cptr, place, trees, b_ptr, b_other, b_cost, spans.lo, spans.hi,
+        spans.pos, w,
+    )  # fmt: skip
+    return place
+
+
+def _map_python(
+    graph: OpGraph,
+    slicing: Slicing,
+    place: np.ndarray,
+    spans: _Spans,
+    boundary: Boundary,
+    *,
+    k: int,
+) -> np.ndarray:
+    """:func:`map_clusters`' initial merge and LALB in Python (the kernels' reference)."""
+    w = graph.time_us
+    bptr, bother, bcost = boundary
+    place_l = place.tolist()
+    deferred = _initial_merge(slicing, place_l, bptr, bother, bcost, hide=spans.hide.tolist(), k=k)
     place = np.asarray(place_l, dtype=np.int64)
-    work = DeviceWork(w[order_by_time], place[order_by_time], k=num_devices)
-    deferred.sort(key=lambda c: -cluster_work[c])
+    work = DeviceWork(w[spans.by_time], place[spans.by_time], k=k)
+    deferred.sort(key=lambda c: -spans.cluster_work[c])
     _lalb(
         slicing,
         deferred,
@@ -194,11 +240,11 @@ def map_clusters(
         bptr,
         bother,
         bcost,
-        lo=lo.tolist(),
-        hi=hi.tolist(),
-        pos=pos.tolist(),
+        lo=spans.lo.tolist(),
+        hi=spans.hi.tolist(),
+        pos=spans.pos.tolist(),
         w=w.tolist(),
-        k=num_devices,
+        k=k,
     )
     return np.asarray(place_l, dtype=np.int64)
 

@@ -31,6 +31,11 @@ def _jit(fn: Any) -> Any:
     return _njit(cache=True, nogil=True)(fn) if ENABLED else fn
 
 
+def _jit_inline(fn: Any) -> Any:
+    """For a kernel's steps: inlined into the caller by numba, no call left."""
+    return _njit(cache=True, nogil=True, inline="always")(fn) if ENABLED else fn
+
+
 # --- a binary min-heap over (float key, float key, int id), in three arrays ----------
 
 
@@ -127,11 +132,7 @@ def schedule_kernel(
     start = np.zeros(num)
     finish = np.zeros(num)
     busy = np.zeros(num_devices, dtype=np.bool_)
-    # per-device ready heaps share one buffer: device d owns slots [base[d], base[d+1])
-    count = np.zeros(num_devices + 1, dtype=np.int64)
-    for v in range(num):
-        count[dev[v] + 1] += 1
-    base = np.cumsum(count)
+    base = _slot_bases(dev, num_devices)
     qa, qb, qi = np.empty(num), np.empty(num), np.empty(num, dtype=np.int64)
     qn = np.zeros(num_devices, dtype=np.int64)
     cap = 3 * num + num_devices + 1  # every push: K device starts, <= 3 per op
@@ -139,9 +140,7 @@ def schedule_kernel(
     en = 0
     for v in range(num):
         if remaining[v] == 0:
-            d = dev[v]
-            lo = base[d]
-            qn[d] = _push(qa[lo:], qb[lo:], qi[lo:], qn[d], 0.0, float(rank[v]), v)
+            _push_ready(qa, qb, qi, qn, base[dev[v]], dev[v], 0.0, float(rank[v]), v)
     for d in range(num_devices):
         en = _push(ea, eb, ei, en, 0.0, 1.0, d)
     while en > 0:
@@ -176,6 +175,31 @@ def schedule_kernel(
     return start, finish
 
 
+@_jit_inline
+def _slot_bases(dev: np.ndarray, num_devices: int) -> np.ndarray:
+    """Per-device ready heaps share one buffer: device d owns slots [base[d], base[d+1])."""
+    count = np.zeros(num_devices + 1, dtype=np.int64)
+    for v in range(len(dev)):
+        count[dev[v] + 1] += 1
+    return np.cumsum(count)
+
+
+@_jit_inline
+def _push_ready(
+    qa: np.ndarray,
+    qb: np.ndarray,
+    qi: np.ndarray,
+    qn: np.ndarray,
+    lo: int,
+    d: int,
+    a: float,
+    b: float,
+    x: int,
+) -> None:
+    """Push (a, b, x) on device ``d``'s ready heap, the one starting at slot ``lo``."""
+    qn[d] = _push(qa[lo:], qb[lo:], qi[lo:], qn[d], a, b, x)
+
+
 @_jit
 def eft_kernel(
     num_devices: int,
@@ -207,33 +231,9 @@ def eft_kernel(
     while n > 0:
         n = _pop(ha, hb, hi, n)
         v = hi[n]
-        arrive[:] = 0.0
-        top_t, top_d, second = 0.0, -1, 0.0
-        for e in range(in_ptr[v], in_ptr[v + 1]):
-            u = preds[e]
-            pu, fu = place[u], finish[u]
-            if fu > arrive[pu]:
-                arrive[pu] = fu
-            t = fu + delay[u]
-            if t > top_t:
-                if pu != top_d:
-                    second = top_t
-                top_t, top_d = t, pu
-            elif pu != top_d and t > second:
-                second = t
-        for d in range(num_devices):
-            t = second if d == top_d else top_t
-            if t > arrive[d]:
-                arrive[d] = t
+        _arrivals(v, in_ptr, preds, place, finish, delay, arrive)
         forced = group_dev[group[v]] if group_dev[group[v]] >= 0 else pin[v]
-        if forced >= 0:
-            best = forced
-        else:
-            best, begin = -1, np.inf
-            for d in range(num_devices):
-                t = arrive[d] if arrive[d] > free[d] else free[d]
-                if t < begin:
-                    best, begin = d, t
+        best = forced if forced >= 0 else _earliest_start(arrive, free)
         group_dev[group[v]] = best
         place[v] = best
         finish[v] = max(arrive[best], free[best]) + dur[v]
@@ -247,6 +247,48 @@ def eft_kernel(
             if remaining[u] == 0:
                 n = _push(ha, hb, hi, n, data_ready[u], float(rank[u]), u)
     return place
+
+
+@_jit_inline
+def _arrivals(
+    v: int,
+    in_ptr: np.ndarray,
+    preds: np.ndarray,
+    place: np.ndarray,
+    finish: np.ndarray,
+    delay: np.ndarray,
+    arrive: np.ndarray,
+) -> None:
+    """``eft.arrivals`` into ``arrive``: when ``v``'s inputs are there, per device."""
+    arrive[:] = 0.0
+    top_t, top_d, second = 0.0, -1, 0.0
+    for e in range(in_ptr[v], in_ptr[v + 1]):
+        u = preds[e]
+        pu, fu = place[u], finish[u]
+        if fu > arrive[pu]:
+            arrive[pu] = fu
+        t = fu + delay[u]
+        if t > top_t:
+            if pu != top_d:
+                second = top_t
+            top_t, top_d = t, pu
+        elif pu != top_d and t > second:
+            second = t
+    for d in range(len(arrive)):
+        t = second if d == top_d else top_t
+        if t > arrive[d]:
+            arrive[d] = t
+
+
+@_jit_inline
+def _earliest_start(arrive: np.ndarray, free: np.ndarray) -> int:
+    """``eft._earliest_start`` over all devices: the first to start, lowest on a tie."""
+    best, begin = -1, np.inf
+    for d in range(len(arrive)):
+        t = arrive[d] if arrive[d] > free[d] else free[d]
+        if t < begin:
+            best, begin = d, t
+    return best
 
 
 # --- LALB and cluster remapping (mapping.py, refine.py) over Fenwick trees ----------
@@ -465,6 +507,63 @@ def walk_kernel(
     return members[:m], sizes[:p]
 
 
+@_jit_inline
+def _whole_and_free(
+    members: np.ndarray, lo: int, hi: int, place: np.ndarray, group_free: np.ndarray, h: int
+) -> bool:
+    """Whether every member ``members[lo:hi]`` is on ``h`` and leads its own group."""
+    for j in range(lo, hi):
+        v = members[j]
+        if place[v] != h or not group_free[v]:
+            return False
+    return True
+
+
+@_jit_inline
+def _others_by_load(load: np.ndarray, h: int, targets: np.ndarray) -> int:
+    """The devices but ``h`` into ``targets`` by load, ties by index (a stable insertion
+    sort); returns their number."""
+    nt = 0
+    for d in range(len(load)):
+        if d == h:
+            continue
+        i = nt
+        while i > 0 and load[targets[i - 1]] > load[d]:
+            targets[i] = targets[i - 1]
+            i -= 1
+        targets[i] = d
+        nt += 1
+    return nt
+
+
+@_jit_inline
+def _entry_and_exit(
+    other: np.ndarray,
+    cost_of: np.ndarray,
+    in_side: np.ndarray,
+    place: np.ndarray,
+    t: int,
+    top: np.ndarray,
+    bottom: np.ndarray,
+    w: np.ndarray,
+) -> tuple[float, float]:
+    """A cluster's longest path in and out were it on ``t``, over its boundary
+    (``other``, ``cost_of``, ``in_side``: one entry per crossing edge)."""
+    enter, leave = 0.0, 0.0
+    for i in range(len(other)):
+        u = other[i]
+        cost = cost_of[i] if place[u] != t else 0.0
+        if in_side[i]:
+            x = top[u] + w[u] + cost
+            if x > enter:
+                enter = x
+        else:
+            x = cost + bottom[u]
+            if x > leave:
+                leave = x
+    return enter, leave
+
+
 @_jit
 def relieve_round_kernel(
     order: np.ndarray,
@@ -494,41 +593,18 @@ def relieve_round_kernel(
         h = place[members[ptr[c]]]
         if frozen[c]:
             continue
-        skip = False
-        for j in range(ptr[c], ptr[c + 1]):
-            v = members[j]
-            if place[v] != h or not group_free[v]:
-                skip = True
-                break
-        if skip:
+        if not _whole_and_free(members, ptr[c], ptr[c + 1], place, group_free, h):
             continue
-        nt = 0  # the other devices by load, ties by index (a stable insertion sort)
-        for d in range(k):
-            if d == h:
-                continue
-            i = nt
-            while i > 0 and load[targets[i - 1]] > load[d]:
-                targets[i] = targets[i - 1]
-                i -= 1
-            targets[i] = d
-            nt += 1
+        nt = _others_by_load(load, h, targets)
         wc = work[c]
         for j in range(nt):
             t = targets[j]
             if max(load[h] - wc, load[t] + wc) >= max(load[h], load[t]):
                 break
-            enter, leave = 0.0, 0.0
-            for i in range(bptr[c], bptr[c + 1]):
-                u = bother[i]
-                cost = bcost[i] if place[u] != t else 0.0
-                if in_side[i]:
-                    x = top[u] + w[u] + cost
-                    if x > enter:
-                        enter = x
-                else:
-                    x = cost + bottom[u]
-                    if x > leave:
-                        leave = x
+            enter, leave = _entry_and_exit(
+                bother[bptr[c] : bptr[c + 1]], bcost[bptr[c] : bptr[c + 1]],
+                in_side[bptr[c] : bptr[c + 1]], place, t, top, bottom, w,
+            )  # fmt: skip
             if enter + wc + leave > max(limit, max(load[h] - wc, load[t] + wc)):
                 continue
             for i in range(ptr[c], ptr[c + 1]):

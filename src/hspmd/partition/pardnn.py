@@ -22,8 +22,8 @@ from hspmd.errors import PartitionError
 from hspmd.partition.eft import eft_placement
 from hspmd.partition.emulate import CommModel, Emulation, emulation_of, schedule
 from hspmd.partition.graph import OpGraph, longest_paths
-from hspmd.partition.mapping import boundary_lists, map_clusters
-from hspmd.partition.memory import gib
+from hspmd.partition.mapping import Boundary, boundary_lists, map_clusters
+from hspmd.partition.memory import check_residual_fits, gib
 from hspmd.partition.refine import (
     improve_by_emulation,
     relieve_busiest,
@@ -31,7 +31,7 @@ from hspmd.partition.refine import (
     switch_critical_nodes,
 )
 from hspmd.partition.repair import repair_memory
-from hspmd.partition.slicing import slice_graph
+from hspmd.partition.slicing import Slicing, slice_graph
 
 # Work budget of the emulator-guided refinement, in (nodes + edges) x emulations.
 _SEARCH_WORK = 1_000_000
@@ -71,8 +71,6 @@ def partition(
     clock = _Clock()
     edge_us = comm.cost_us(graph.out_bytes[graph.src])
     if caps is not None:
-        from hspmd.partition.memory import check_residual_fits
-
         check_residual_fits(graph, caps)
     slicing = slice_graph(graph, num_devices=num_devices, edge_us=edge_us)
     top = slicing.top_level
@@ -83,38 +81,21 @@ def partition(
     )
     place = colocate(graph, place)
     clock.lap("mapping")
-    if search_trials is None:
-        trials = _SEARCH_WORK // max(graph.num_nodes + graph.num_edges, 1)
-        search_trials = int(min(400, trials)) if trials >= 8 else 0
+    search_trials = _search_trials(graph, search_trials)
     # emulate each stage's result and keep the best (large graphs: only the last stage)
     best = _Best(graph, comm, every_stage=search_trials > 0, prune=caps is None, edge_us=edge_us)
     best.offer(place)
-    place = remap_clusters(
-        graph, slicing, place, num_devices=num_devices, edge_us=edge_us, top=top, boundary=boundary
-    )
-    best.offer(colocate(graph, place))
     # large graphs: one round each of node switching and load relief (one level pass each)
     rounds = num_devices if search_trials > 0 else 1
-    place = switch_critical_nodes(graph, place, edge_us=edge_us, rounds=rounds)
-    best.offer(colocate(graph, place))
-    place = relieve_busiest(
-        graph,
-        slicing,
-        best.place,
-        num_devices=num_devices,
-        edge_us=edge_us,
-        rounds=min(3, rounds),
+    _paper_refinement(
+        graph, slicing, best, place, num_devices=num_devices, edge_us=edge_us, rounds=rounds,
         boundary=boundary,
-    )
-    best.offer(colocate(graph, place))
+    )  # fmt: skip
     clock.lap("refinement")
-    # beyond the paper: earliest-finish placements in the runtime's own order, ties among
-    # ops ready at once by upward rank, and on graphs small enough for the search also by
-    # topological rank (eft.py, docs/decisions.md)
     up = slicing.bottom_level  # = upward_rank(graph, comm=comm), up to float rounding
-    best.offer(eft_placement(graph, num_devices=num_devices, comm=comm, priority=-up), always=True)
-    if search_trials > 0:
-        best.offer(eft_placement(graph, num_devices=num_devices, comm=comm))
+    _offer_eft(
+        graph, best, num_devices=num_devices, comm=comm, up=up, also_by_topo_rank=search_trials > 0
+    )
     clock.lap("eft")
     if search_trials > 0:
         place = improve_by_emulation(
@@ -129,6 +110,64 @@ def partition(
     result = best.emulation(place, num_devices=num_devices)
     clock.lap("emulation")
     return PartitionResult(place, result, clock.total(), dict(clock.laps))
+
+
+def _search_trials(graph: OpGraph, search_trials: int | None) -> int:
+    """Trials of the emulator-guided refinement: as given, else by the work budget
+    (none on graphs too large for eight)."""
+    if search_trials is not None:
+        return search_trials
+    trials = _SEARCH_WORK // max(graph.num_nodes + graph.num_edges, 1)
+    return int(min(400, trials)) if trials >= 8 else 0
+
+
+def _paper_refinement(
+    graph: OpGraph,
+    slicing: Slicing,
+    best: _Best,
+    place: np.ndarray,
+    *,
+    num_devices: int,
+    edge_us: np.ndarray,
+    rounds: int,
+    boundary: Boundary,
+) -> None:
+    """The paper's refinement stages in turn (cluster remapping, node switching, load
+    relief of the best so far), each result offered to ``best``."""
+    top = slicing.top_level
+    place = remap_clusters(
+        graph, slicing, place, num_devices=num_devices, edge_us=edge_us, top=top, boundary=boundary
+    )
+    best.offer(colocate(graph, place))
+    place = switch_critical_nodes(graph, place, edge_us=edge_us, rounds=rounds)
+    best.offer(colocate(graph, place))
+    place = relieve_busiest(
+        graph,
+        slicing,
+        best.place,
+        num_devices=num_devices,
+        edge_us=edge_us,
+        rounds=min(3, rounds),
+        boundary=boundary,
+    )
+    best.offer(colocate(graph, place))
+
+
+def _offer_eft(
+    graph: OpGraph,
+    best: _Best,
+    *,
+    num_devices: int,
+    comm: CommModel,
+    up: np.ndarray,
+    also_by_topo_rank: bool,
+) -> None:
+    """Beyond the paper: earliest-finish placements in the runtime's own order, ties
+    among ops ready at once by upward rank (``up``), and on graphs small enough for the
+    search also by topological rank (eft.py, docs/decisions.md)."""
+    best.offer(eft_placement(graph, num_devices=num_devices, comm=comm, priority=-up), always=True)
+    if also_by_topo_rank:
+        best.offer(eft_placement(graph, num_devices=num_devices, comm=comm))
 
 
 def _repair_best(

@@ -278,73 +278,127 @@ def relieve_busiest(
     result of :func:`boundary_lists`, if the caller has it.
     """
     place = place.copy()
-    w = graph.time_us
-    bptr, bother, bcost = boundary or boundary_lists(graph, slicing, edge_us=edge_us)
-    in_side = _entry_sides(graph, slicing, edge_us=edge_us)
-    members, ptr = slicing.members.tolist(), slicing.ptr.tolist()
-    work = np.bincount(slicing.cluster_of, weights=w, minlength=slicing.num_clusters).tolist()
-    group_free = (graph.group_of == np.arange(graph.num_nodes)).tolist()
-    # clusters 1.. by decreasing work, ties by index (a stable sort, as sorted() was)
-    order = (np.argsort(-np.asarray(work[1:]), kind="stable") + 1).tolist()
-    arrays: tuple[np.ndarray, ...] | None = None
+    relief = _Relief(graph, slicing, edge_us=edge_us, boundary=boundary)
     for _ in range(rounds):
         crossing = np.where(place[graph.src] != place[graph.dst], edge_us, 0.0)
-        top, bottom = longest_paths(graph, node_w=w, edge_w=crossing)
+        top, bottom = longest_paths(graph, node_w=graph.time_us, edge_w=crossing)
         limit = float((top + bottom).max(initial=0.0)) + 1e-9
         if native.ENABLED:  # the same round, compiled
-            load_a = np.bincount(place, weights=w, minlength=num_devices)
-            if arrays is None:
-                arrays = (
-                    np.asarray(order, dtype=np.int64), slicing.members.astype(np.int64),
-                    slicing.ptr.astype(np.int64), np.asarray(group_free, dtype=bool),
-                    np.asarray(work), slicing.cluster_of.astype(np.int64), np.asarray(bptr),
-                    np.asarray(bother), np.asarray(bcost), np.asarray(in_side, dtype=bool),
-                )  # fmt: skip
-            o, m, p, g, wk, cl_a, b_ptr, b_other, b_cost, side = arrays
-            moved = native.relieve_round_kernel(
-                o, m, p, place, g, wk, load_a, cl_a, b_ptr, b_other, b_cost, side,
-                top, bottom, w, limit,
-            )  # fmt: skip
-            if not moved:
-                break
-            continue
-        load = np.bincount(place, weights=w, minlength=num_devices).tolist()
-        place_l, top_l, bot_l = place.tolist(), top.tolist(), bottom.tolist()
-        frozen = [False] * slicing.num_clusters
-        cl = slicing.cluster_of.tolist()
-        moved = 0
-        for c in order:
-            nodes = members[ptr[c] : ptr[c + 1]]
-            h = place_l[nodes[0]]
-            if frozen[c] or any(place_l[v] != h or not group_free[v] for v in nodes):
-                continue
-            targets = sorted((d for d in range(num_devices) if d != h), key=load.__getitem__)
-            for t in targets:
-                if max(load[h] - work[c], load[t] + work[c]) >= max(load[h], load[t]):
-                    break
-                enter, leave = 0.0, 0.0
-                for i in range(bptr[c], bptr[c + 1]):
-                    u = bother[i]
-                    cost = bcost[i] if place_l[u] != t else 0.0
-                    if in_side[i]:
-                        enter = max(enter, top_l[u] + w[u] + cost)
-                    else:
-                        leave = max(leave, cost + bot_l[u])
-                # a path no longer than the busiest device's new work is hidden by it
-                if enter + work[c] + leave > max(limit, load[h] - work[c], load[t] + work[c]):
-                    continue
-                for v in nodes:
-                    place_l[v] = t
-                load[h] -= work[c]
-                load[t] += work[c]
-                for i in range(bptr[c], bptr[c + 1]):
-                    frozen[cl[bother[i]]] = True
-                moved += 1
-                break
-        place = np.asarray(place_l, dtype=np.int64)
+            moved = relief.round_compiled(place, top, bottom, limit, num_devices)
+        else:
+            place, moved = relief.round_python(place, top, bottom, limit, num_devices)
         if not moved:
             break
     return place
+
+
+class _Relief:
+    """What every round of :func:`relieve_busiest` reads: the secondary clusters by
+    decreasing work, their members and boundaries, and which ops lead their group."""
+
+    def __init__(
+        self, graph: OpGraph, slicing: Slicing, *, edge_us: np.ndarray, boundary: Boundary | None
+    ) -> None:
+        self.w = graph.time_us
+        self.slicing = slicing
+        self.bptr, self.bother, self.bcost = boundary or boundary_lists(
+            graph, slicing, edge_us=edge_us
+        )
+        self.in_side = _entry_sides(graph, slicing, edge_us=edge_us)
+        self.members, self.ptr = slicing.members.tolist(), slicing.ptr.tolist()
+        work = np.bincount(slicing.cluster_of, weights=self.w, minlength=slicing.num_clusters)
+        self.work = work.tolist()
+        self.group_free = (graph.group_of == np.arange(graph.num_nodes)).tolist()
+        # clusters 1.. by decreasing work, ties by index (a stable sort, as sorted() was)
+        self.order = (np.argsort(-np.asarray(self.work[1:]), kind="stable") + 1).tolist()
+        self._arrays: tuple[np.ndarray, ...] | None = None
+
+    def round_compiled(
+        self, place: np.ndarray, top: np.ndarray, bottom: np.ndarray, limit: float, k: int
+    ) -> int:
+        """One round by the kernel (``place`` updated in place); the clusters moved."""
+        load = np.bincount(place, weights=self.w, minlength=k)
+        o, m, p, g, wk, cl, b_ptr, b_other, b_cost, side = self._kernel_arrays()
+        return int(
+            native.relieve_round_kernel(
+                o, m, p, place, g, wk, load, cl, b_ptr, b_other, b_cost, side,
+                top, bottom, self.w, limit,
+            )
+        )  # fmt: skip
+
+    def _kernel_arrays(self) -> tuple[np.ndarray, ...]:
+        if self._arrays is None:
+            s = self.slicing
+            self._arrays = (
+                np.asarray(self.order, dtype=np.int64), s.members.astype(np.int64),
+                s.ptr.astype(np.int64), np.asarray(self.group_free, dtype=bool),
+                np.asarray(self.work), s.cluster_of.astype(np.int64), np.asarray(self.bptr),
+                np.asarray(self.bother), np.asarray(self.bcost),
+                np.asarray(self.in_side, dtype=bool),
+            )  # fmt: skip
+        return self._arrays
+
+    def round_python(
+        self, place: np.ndarray, top: np.ndarray, bottom: np.ndarray, limit: float, k: int
+    ) -> tuple[np.ndarray, int]:
+        """One round in Python: the new placement and the number of clusters moved."""
+        load = np.bincount(place, weights=self.w, minlength=k).tolist()
+        place_l, top_l, bot_l = place.tolist(), top.tolist(), bottom.tolist()
+        frozen = [False] * self.slicing.num_clusters
+        cl = self.slicing.cluster_of.tolist()
+        moved = 0
+        for c in self.order:
+            nodes = self.members[self.ptr[c] : self.ptr[c + 1]]
+            h = place_l[nodes[0]]
+            if frozen[c] or any(place_l[v] != h or not self.group_free[v] for v in nodes):
+                continue
+            t = self._target(c, h, load, place_l, top_l, bot_l, limit)
+            if t is None:
+                continue
+            for v in nodes:
+                place_l[v] = t
+            load[h] -= self.work[c]
+            load[t] += self.work[c]
+            for i in range(self.bptr[c], self.bptr[c + 1]):
+                frozen[cl[self.bother[i]]] = True
+            moved += 1
+        return np.asarray(place_l, dtype=np.int64), moved
+
+    def _target(
+        self,
+        c: int,
+        h: int,
+        load: list[float],
+        place_l: list[int],
+        top_l: list[float],
+        bot_l: list[float],
+        limit: float,
+    ) -> int | None:
+        """The least loaded device that takes cluster ``c`` off ``h`` with its new
+        crossings hidden, or None (the loads are tried in order until one stops helping)."""
+        work, w, bother, bcost, in_side = (
+            self.work[c],
+            self.w,
+            self.bother,
+            self.bcost,
+            self.in_side,
+        )
+        targets = sorted((d for d in range(len(load)) if d != h), key=load.__getitem__)
+        for t in targets:
+            if max(load[h] - work, load[t] + work) >= max(load[h], load[t]):
+                return None
+            enter, leave = 0.0, 0.0
+            for i in range(self.bptr[c], self.bptr[c + 1]):
+                u = bother[i]
+                cost = bcost[i] if place_l[u] != t else 0.0
+                if in_side[i]:
+                    enter = max(enter, top_l[u] + w[u] + cost)
+                else:
+                    leave = max(leave, cost + bot_l[u])
+            # a path no longer than the busiest device's new work is hidden by it
+            if enter + work + leave <= max(limit, load[h] - work, load[t] + work):
+                return t
+        return None
 
 
 def _entry_sides(graph: OpGraph, slicing: Slicing, *, edge_us: np.ndarray) -> list[bool]:

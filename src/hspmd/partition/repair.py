@@ -387,69 +387,87 @@ def _choose(
     device: int,
 ) -> tuple[list[int], list[int]]:
     """Greedy min-knapsack over the candidates (two heaps, re-priced neighbours)."""
-    k = len(room)
     place = trial.tolist()
-    pot_l = pot.tolist()
-    best: dict[int, tuple[float, int]] = {}
-
-    table = np.bincount(
-        np.tile(graph.group_of, k) + np.repeat(np.arange(k) * graph.num_nodes, graph.num_nodes),
-        weights=pricer.table(trial, k).ravel(),
-        minlength=k * graph.num_nodes,
-    ).reshape(k, graph.num_nodes)  # a group's cost: the sum of its members'
-    table[device] = np.inf
-
-    def price(v: int) -> tuple[float, int]:
-        options = [(table[t, v], t) for t in range(k) if room[t] >= pot_l[v]]
-        return min(options) if options else (np.inf, -1)
-
-    ratio_heap: list[tuple[float, int, int]] = []
-    big_heap: list[tuple[float, int, int]] = []
-
-    def push(v: int) -> None:
-        cost, t = price(v)
-        if t < 0:
-            return
-        best[v] = (cost, t)
-        heapq.heappush(ratio_heap, (cost / pot_l[v], v, t))
-        if pot_l[v] >= need:
-            heapq.heappush(big_heap, (cost, v, t))
-
+    sack = _Knapsack(
+        _group_costs(graph, trial, pricer, device=device, k=len(room)), pot, room, need
+    )
     for v in cands.tolist():
-        push(v)
+        sack.push(v)
     is_cand = np.zeros(graph.num_nodes, dtype=bool)
     is_cand[cands] = True
     ops: list[int] = []
     targets: list[int] = []
     freed = 0.0
-    while freed < need and (ratio_heap or big_heap):
-        entry = _pop_cheaper(ratio_heap, big_heap, best, taken)
+    while freed < need and (sack.ratio_heap or sack.big_heap):
+        entry = _pop_cheaper(sack.ratio_heap, sack.big_heap, sack.best, taken)
         if entry is None:
             break
         v, t = entry
-        if room[t] < pot_l[v]:  # the room was used meanwhile: price it again
-            push(v)
+        if room[t] < sack.pot[v]:  # the room was used meanwhile: price it again
+            sack.push(v)
             continue
         taken[v] = True
         group = members.get(v, (v,))
         for m in group:
             place[m] = t
             taken[m] = True
-        room[t] -= pot_l[v]
-        freed += pot_l[v]
+        room[t] -= sack.pot[v]
+        freed += sack.pot[v]
         ops.append(v)
         targets.append(t)
         if len(group) == 1:  # neighbours on the device now save the crossing to v
             for u in pricer.neighbours(v):
                 if is_cand[u] and not taken[u] and place[u] == device:
-                    cost, _ = best.get(u, (np.inf, -1))
-                    new = pricer.cost(u, t, place)
-                    if new < cost - 1e-12 and room[t] >= pot_l[u]:
-                        best[u] = (new, t)
-                        heapq.heappush(ratio_heap, (new / pot_l[u], u, t))
-                        if pot_l[u] >= need:
-                            heapq.heappush(big_heap, (new, u, t))
+                    sack.reprice(u, t, pricer.cost(u, t, place))
     return ops, targets
+
+
+def _group_costs(
+    graph: OpGraph, trial: np.ndarray, pricer: _Pricer, *, device: int, k: int
+) -> np.ndarray:
+    """[K, V] cost of moving each group (indexed by its leader: the sum of its members')
+    to each device; infinite back onto ``device``."""
+    table = np.bincount(
+        np.tile(graph.group_of, k) + np.repeat(np.arange(k) * graph.num_nodes, graph.num_nodes),
+        weights=pricer.table(trial, k).ravel(),
+        minlength=k * graph.num_nodes,
+    ).reshape(k, graph.num_nodes)
+    table[device] = np.inf
+    return table
+
+
+class _Knapsack:
+    """The candidates' cheapest moves in two heaps: by cost per byte freed, and (for
+    those that alone free ``need``) by cost. ``best[v]``: v's current (cost, device);
+    heap entries that disagree with it are stale."""
+
+    def __init__(self, table: np.ndarray, pot: np.ndarray, room: np.ndarray, need: float) -> None:
+        self.table, self.room, self.need = table, room, need
+        self.pot = pot.tolist()
+        self.best: dict[int, tuple[float, int]] = {}
+        self.ratio_heap: list[tuple[float, int, int]] = []
+        self.big_heap: list[tuple[float, int, int]] = []
+
+    def push(self, v: int) -> None:
+        """Price ``v`` on the devices with room for it and offer the cheapest."""
+        options = [
+            (self.table[t, v], t) for t in range(len(self.room)) if self.room[t] >= self.pot[v]
+        ]
+        if options:
+            cost, t = min(options)
+            self._offer(v, cost, t)
+
+    def reprice(self, u: int, t: int, new: float) -> None:
+        """Offer ``u`` on ``t`` at ``new`` if that is cheaper than its best and fits."""
+        cost, _ = self.best.get(u, (np.inf, -1))
+        if new < cost - 1e-12 and self.room[t] >= self.pot[u]:
+            self._offer(u, new, t)
+
+    def _offer(self, v: int, cost: float, t: int) -> None:
+        self.best[v] = (cost, t)
+        heapq.heappush(self.ratio_heap, (cost / self.pot[v], v, t))
+        if self.pot[v] >= self.need:
+            heapq.heappush(self.big_heap, (cost, v, t))
 
 
 def _pop_cheaper(

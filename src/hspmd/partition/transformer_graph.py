@@ -70,8 +70,13 @@ def num_layers_for(num_nodes: int, shape: TransformerShape | None = None) -> int
 _END_OPS = 22  # 2 inputs, embed, head, loss, 5 gradients, 2 weights x 6
 
 
+# a forward op: (node, inputs, weight node or -1, flops, needs own output in backward)
+_Forward = tuple[int, list[int], int, float, bool]
+
+
 class _Builder:
-    """Appends nodes (name, time, bytes, residual, colocate) and edges."""
+    """Appends nodes (name, time, bytes, residual, colocate) and edges, and keeps the
+    forward ops in order for the backward pass."""
 
     def __init__(self) -> None:
         self.names: list[str] = []
@@ -81,6 +86,7 @@ class _Builder:
         self.coloc: list[int] = []
         self.src: list[int] = []
         self.dst: list[int] = []
+        self.fwd: list[_Forward] = []
 
     def node(
         self, name: str, time_us: float, out: int, *, residual: int = 0, coloc: int = -1
@@ -95,6 +101,29 @@ class _Builder:
     def edge(self, a: int, b: int) -> None:
         self.src.append(a)
         self.dst.append(b)
+
+    def weight(self, label: str, num_bytes: int) -> int:
+        return self.node(f"{label}.weight", 0.0, num_bytes, residual=num_bytes)
+
+    def op(
+        self,
+        label: str,
+        inputs: list[int],
+        out: int,
+        flops: float,
+        *,
+        w: int = -1,
+        keep: bool = False,
+    ) -> int:
+        """A forward op reading ``inputs`` (and weight ``w``), timed by the roofline."""
+        moved = out + sum(self.out[i] for i in inputs) + (self.out[w] if w >= 0 else 0)
+        v = self.node(label, _roofline(flops, moved), out)
+        for i in inputs:
+            self.edge(i, v)
+        if w >= 0:
+            self.edge(w, v)
+        self.fwd.append((v, inputs, w, flops, keep))
+        return v
 
 
 def _roofline(flops: float, num_bytes: float) -> float:
@@ -115,74 +144,17 @@ def transformer_graph(
     b = _Builder()
     tokens = s.batch * s.seq
     act = tokens * s.dim * _FLOAT
-    head_dim = s.dim // s.heads
-    scores = s.batch * s.seq * s.seq * _FLOAT
-    # forward ops: (node, inputs, weight node or -1, flops, needs own output in backward)
-    fwd: list[tuple[int, list[int], int, float, bool]] = []
-
-    def weight(label: str, num_bytes: int) -> int:
-        p = b.node(f"{label}.weight", 0.0, num_bytes, residual=num_bytes)
-        return p
-
-    def op(
-        label: str, inputs: list[int], out: int, flops: float, *, w: int = -1, keep: bool = False
-    ) -> int:
-        moved = out + sum(b.out[i] for i in inputs) + (b.out[w] if w >= 0 else 0)
-        v = b.node(label, _roofline(flops, moved), out)
-        for i in inputs:
-            b.edge(i, v)
-        if w >= 0:
-            b.edge(w, v)
-        fwd.append((v, inputs, w, flops, keep))
-        return v
-
     ids = b.node("input:ids", 0.0, tokens * 8)
-    w_emb = weight("embed", s.vocab * s.dim * _FLOAT)
-    x = op("embed", [ids], act, float(tokens * s.dim), w=w_emb)
+    w_emb = b.weight("embed", s.vocab * s.dim * _FLOAT)
+    x = b.op("embed", [ids], act, float(tokens * s.dim), w=w_emb)
     for layer in range(num_layers):
-        p = f"layer{layer}."
-        sq = s.dim * s.dim * _FLOAT
-        ws = {
-            n: weight(p + n, sz)
-            for n, sz in (
-                ("ln1", 2 * s.dim * _FLOAT),
-                ("q", sq),
-                ("k", sq),
-                ("v", sq),
-                ("out", sq),
-                ("ln2", 2 * s.dim * _FLOAT),
-                ("ff1", 4 * sq),
-                ("ff2", 4 * sq),
-            )
-        }
-        mm = 2.0 * tokens * s.dim * s.dim
-        ln1 = op(p + "ln1", [x], act, 8.0 * tokens * s.dim, w=ws["ln1"], keep=True)
-        q, k, v = (op(p + n, [ln1], act, mm, w=ws[n]) for n in ("q", "k", "v"))
-        contexts = []
-        for h in range(s.heads):
-            score = op(f"{p}score{h}", [q, k], scores, 2.0 * s.batch * s.seq * s.seq * head_dim)
-            soft = op(f"{p}softmax{h}", [score], scores, 5.0 * scores / _FLOAT, keep=True)
-            contexts.append(
-                op(
-                    f"{p}context{h}",
-                    [soft, v],
-                    act // s.heads,
-                    2.0 * s.batch * s.seq * s.seq * head_dim,
-                )
-            )
-        out = op(p + "out", contexts, act, mm, w=ws["out"])
-        add1 = op(p + "add1", [x, out], act, float(tokens * s.dim))
-        ln2 = op(p + "ln2", [add1], act, 8.0 * tokens * s.dim, w=ws["ln2"], keep=True)
-        ff1 = op(p + "ff1", [ln2], 4 * act, 4 * mm, w=ws["ff1"])
-        gelu = op(p + "act", [ff1], 4 * act, 8.0 * 4 * tokens * s.dim, keep=True)
-        ff2 = op(p + "ff2", [gelu], act, 4 * mm, w=ws["ff2"])
-        x = op(p + "add2", [add1, ff2], act, float(tokens * s.dim))
-    w_head = weight("head", s.vocab * s.dim * _FLOAT)
+        x = _layer(b, s, x, prefix=f"layer{layer}.")
+    w_head = b.weight("head", s.vocab * s.dim * _FLOAT)
     logits = tokens * s.vocab * _FLOAT
-    head = op("head", [x], logits, 2.0 * tokens * s.dim * s.vocab, w=w_head)
+    head = b.op("head", [x], logits, 2.0 * tokens * s.dim * s.vocab, w=w_head)
     target = b.node("input:target", 0.0, tokens * 8)
-    loss = op("loss", [head, target], _FLOAT, 4.0 * tokens * s.vocab, keep=True)
-    _backward(b, fwd, loss)
+    loss = b.op("loss", [head, target], _FLOAT, 4.0 * tokens * s.vocab, keep=True)
+    _backward(b, b.fwd, loss)
     rng = np.random.default_rng(seed)
     times = np.asarray(b.time) * rng.lognormal(0.0, 0.15, size=len(b.time))
     edges = np.stack((np.asarray(b.src), np.asarray(b.dst)), axis=1)
@@ -197,7 +169,53 @@ def transformer_graph(
     )
 
 
-def _backward(b: _Builder, fwd: list[tuple[int, list[int], int, float, bool]], loss: int) -> None:
+def _layer(b: _Builder, s: TransformerShape, x: int, *, prefix: str) -> int:
+    """One decoder layer's weights and forward ops on input ``x``; returns its output."""
+    p = prefix
+    tokens = s.batch * s.seq
+    act = tokens * s.dim * _FLOAT
+    sq = s.dim * s.dim * _FLOAT
+    ws = {
+        n: b.weight(p + n, sz)
+        for n, sz in (
+            ("ln1", 2 * s.dim * _FLOAT),
+            ("q", sq),
+            ("k", sq),
+            ("v", sq),
+            ("out", sq),
+            ("ln2", 2 * s.dim * _FLOAT),
+            ("ff1", 4 * sq),
+            ("ff2", 4 * sq),
+        )
+    }
+    mm = 2.0 * tokens * s.dim * s.dim
+    ln1 = b.op(p + "ln1", [x], act, 8.0 * tokens * s.dim, w=ws["ln1"], keep=True)
+    q, k, v = (b.op(p + n, [ln1], act, mm, w=ws[n]) for n in ("q", "k", "v"))
+    contexts = [_head(b, s, (q, k, v), prefix=p, h=h) for h in range(s.heads)]
+    out = b.op(p + "out", contexts, act, mm, w=ws["out"])
+    add1 = b.op(p + "add1", [x, out], act, float(tokens * s.dim))
+    ln2 = b.op(p + "ln2", [add1], act, 8.0 * tokens * s.dim, w=ws["ln2"], keep=True)
+    ff1 = b.op(p + "ff1", [ln2], 4 * act, 4 * mm, w=ws["ff1"])
+    gelu = b.op(p + "act", [ff1], 4 * act, 8.0 * 4 * tokens * s.dim, keep=True)
+    ff2 = b.op(p + "ff2", [gelu], act, 4 * mm, w=ws["ff2"])
+    return b.op(p + "add2", [add1, ff2], act, float(tokens * s.dim))
+
+
+def _head(
+    b: _Builder, s: TransformerShape, qkv: tuple[int, int, int], *, prefix: str, h: int
+) -> int:
+    """Attention head ``h`` of a layer: score, softmax, context; returns the context."""
+    q, k, v = qkv
+    head_dim = s.dim // s.heads
+    scores = s.batch * s.seq * s.seq * _FLOAT
+    act = s.batch * s.seq * s.dim * _FLOAT
+    flops = 2.0 * s.batch * s.seq * s.seq * head_dim
+    score = b.op(f"{prefix}score{h}", [q, k], scores, flops)
+    soft = b.op(f"{prefix}softmax{h}", [score], scores, 5.0 * scores / _FLOAT, keep=True)
+    return b.op(f"{prefix}context{h}", [soft, v], act // s.heads, flops)
+
+
+def _backward(b: _Builder, fwd: list[_Forward], loss: int) -> None:
     """Gradient ops in reverse forward order, weight gradients, Adam updates."""
     consumers: dict[int, list[int]] = {}
     for v, inputs, _, _, _ in fwd:

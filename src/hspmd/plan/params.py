@@ -123,13 +123,21 @@ def _tied_holders(strategy: Strategy, layers: tuple[int, ...]) -> tuple[Stage, .
     return tuple(found)
 
 
-def _annotation(stages: tuple[Stage, ...], kind: str) -> Annotation:
+def _annotation(
+    stages: tuple[Stage, ...],
+    kind: str,
+    parts: dict[tuple[Stage, int], tuple[DeviceGroup, DistributedStates]],
+) -> Annotation:
+    """The annotation over ``stages``; ``parts`` holds each (stage, dim)'s group and DS, built
+    once per strategy (65,536 ranks: 8,191 stages in each of some 250 annotations)."""
     dim = _STAGE_DIM[kind]
-    return Annotation(
-        tuple(DeviceGroup(s.ranks) for s in stages),
-        tuple(stage_states(s, dim) for s in stages),
-        hdim=DUP,
-    )
+    pairs = []
+    for s in stages:
+        pair = parts.get((s, dim))
+        if pair is None:
+            pair = parts[(s, dim)] = (DeviceGroup(s.ranks), stage_states(s, dim))
+        pairs.append(pair)
+    return Annotation(tuple(g for g, _ in pairs), tuple(d for _, d in pairs), hdim=DUP)
 
 
 def parameter_annotations(strategy: Strategy, config: ModelSpec) -> dict[str, ParamSpec]:
@@ -145,10 +153,11 @@ def parameter_annotations(strategy: Strategy, config: ModelSpec) -> dict[str, Pa
     'layers.0.attn.wo.weight [64, 64] [0,1]{1:2}'
     """
     check_strategy(strategy, config)
-    # the layers of one stage in every pipeline share their holders, so their annotations:
-    # built once per (holders, kind) (64 pipelines x 80 layers: 8 stages, not 80 layers)
-    holders: dict[tuple[int, ...], tuple[tuple[Stage, ...], tuple[int, ...]]] = {}
+    # one annotation per (holding stages, kind): the layers of one stage share it (65,536
+    # ranks: 8,191 stages per annotation, 4 built for the 80 layers of one-stage pipelines)
+    holders: dict[tuple[int, ...], tuple[Stage, ...]] = {}
     cache: dict[tuple[tuple[int, ...], str], Annotation] = {}
+    parts: dict[tuple[Stage, int], tuple[DeviceGroup, DistributedStates]] = {}
     checked: set[tuple[tuple[tuple[int, ...], str], tuple[int, ...]]] = set()
     specs = {}
     for name, shape in config.parameter_shapes().items():
@@ -160,12 +169,10 @@ def parameter_annotations(strategy: Strategy, config: ModelSpec) -> dict[str, Pa
             )
         layers = _layers_of(config, name, layer)
         if layers not in holders:
-            found = _tied_holders(strategy, layers)
-            holders[layers] = (found, tuple(id(stage) for stage in found))
-        stages, ids = holders[layers]
-        key = (ids, kind)
+            holders[layers] = _tied_holders(strategy, layers)
+        key = (tuple(map(id, holders[layers])), kind)  # the stages live as long as strategy
         if key not in cache:
-            cache[key] = _annotation(stages, kind)
+            cache[key] = _annotation(holders[layers], kind, parts)
         if (key, shape) in checked:  # every layer of a stage: one check per shape
             specs[name] = ParamSpec(name, shape, cache[key])
         else:

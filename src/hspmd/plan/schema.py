@@ -37,7 +37,7 @@ from typing import Any
 
 from hspmd.annotation import DUP, Annotation, DeviceGroup
 from hspmd.errors import AnnotationError, StrategyError
-from hspmd.models.spec import ModelSpec, row_dims
+from hspmd.models.spec import HEADS, ModelSpec, row_dims
 from hspmd.plan.identity import ModelIdentity
 from hspmd.plan.params import ParamSpec, parameter_annotations, stage_states, state_annotations
 from hspmd.plan.strategy import Stage, Strategy, StrategyOptions, check_strategy
@@ -208,9 +208,11 @@ def activation_annotations(
     On a stage of context-parallel degree c (TP x CP ranks, CP varying fastest) every DS
     gains the CP axis ``1:c`` (the sequence split), e.g. the residual ``{D:t,1:c}``,
     except: the heads markers ``q/k/v`` split the heads over both, ``{2:tc}`` (deduction
-    finds ``{2:t,1:c}`` before them: the Ulysses all-to-all; ``ctx`` is its way back), and
+    finds ``{2:t,1:c}`` before them: the Ulysses all-to-all; ``ctx`` is its way back;
+    ``cp_heads`` markers, of an attention TP leaves whole, are ``{D:t}`` and ``{D:t,2:c}``), and
     the post markers (``head_in``, ``logits``) are duplicate on it (the sequence is
-    gathered before the head, so the loss runs on whole rows). Sequence parallelism applies
+    gathered before the head, so the loss runs on whole rows), as are a captured model's
+    markers before its first block (``_whole_rows``). Sequence parallelism applies
     to the stages without CP only (``residual_dim``): a CP stage's residual is ``{D:t,1:c}``
     with or without it.
 
@@ -223,11 +225,12 @@ def activation_annotations(
     check_strategy(strategy, config, options=options, seq_len=seq_len)
     B = sum(p.micro_batch_size for p in strategy.pipelines)
     specs = {}
+    whole = _whole_rows(config)
     for marker in config.markers():
         placement = marker.placement
-        named = {"residual": DUP, "dup": DUP, "heads": 2}
+        named = {"residual": DUP, "dup": DUP, "heads": 2, "cp_heads": DUP}
         dim = placement if isinstance(placement, int) else named[placement]
-        cp_dim = 2 if placement == "heads" else DUP if marker.post else 1
+        cp_dim = 2 if placement in HEADS else DUP if marker.name in whole else 1
         shape = (*row_dims(config, B, seq_len), *marker.trailing)
         split = options.sequence_parallel and placement == "residual"
         specs[marker.name] = ParamSpec(
@@ -235,6 +238,18 @@ def activation_annotations(
             _batch_annotation(strategy, marker.layer, dim, cp_dim, sequence_parallel=split),
         )  # fmt: skip
     return specs
+
+
+def _whole_rows(config: ModelSpec) -> set[str]:
+    """The markers whose tensors are whole on a CP stage's sequence: the post ones (the
+    loss runs on whole rows) and, in a captured model, those before the first block: its
+    stream is split at ``layers.0.input``, after what the model adds before its blocks
+    (learned positions). The Llama's ``embed`` is its split point itself."""
+    markers = config.markers()
+    names = [m.name for m in markers]
+    first = names.index("layers.0.input") if "layers.0.input" in names else 0
+    pre = set() if config.markers_complete else set(names[:first])
+    return pre | {m.name for m in markers if m.post}
 
 
 def input_annotations(

@@ -564,29 +564,7 @@ def check_strategy(
         raise StrategyError(f"strategy has no pipelines: {_EXAMPLE}")
     _check_ranks(strategy, world_size)
     for p, pipeline in enumerate(strategy.pipelines):
-        if pipeline.num_micro_batches < 1 or pipeline.micro_batch_size < 1:
-            raise StrategyError(
-                f"pipeline {p} ({pipeline}) has {pipeline.num_micro_batches}x"
-                f"{pipeline.micro_batch_size} micro-batches: both numbers must be at least 1"
-            )
-        _check_layers(p, pipeline, config)
-        for s, stage in enumerate(pipeline.stages):
-            _check_tp(p, s, stage, config)
-            sp = options.sequence_parallel and stage.cp == 1  # CP stages: no SP
-            if sp and seq_len is not None and seq_len % stage.tp:
-                raise StrategyError(
-                    f"sequence parallel splits seq_len={seq_len} over the {stage.tp} ranks of "
-                    f"stage {stage} (pipeline {p}), which does not divide: change seq_len or TP"
-                )
-            if stage.cp > 1:
-                _check_cp(p, stage, config, seq_len)
-        if config.tie_embeddings and len(pipeline.stages) > 1 and not getattr(config, "tied", ()):
-            raise StrategyError(
-                f"tied embeddings need layer 0 and layer {config.num_layers - 1} on one stage, "
-                f"but pipeline {p} ({pipeline}) has {len(pipeline.stages)} stages: "
-                "put each pipeline on one stage, or untie the weights in the model "
-                "(a preset: --config '{\"tie_embeddings\": false}')"
-            )
+        _check_pipeline(p, pipeline, config, options=options, seq_len=seq_len)
     shares = options.zero_shares
     if shares and len(shares) != len(strategy.pipelines):
         raise StrategyError(
@@ -599,6 +577,35 @@ def check_strategy(
         raise StrategyError(
             f"the pipelines process {sums} = {strategy.global_batch} samples per step, but the "
             f"global batch is {global_batch}: change the micro-batch counts or the global batch"
+        )
+
+
+def _check_pipeline(
+    p: int, pipeline: Pipeline, config: ModelSpec, *, options: StrategyOptions, seq_len: int | None
+) -> None:
+    """Pipeline ``p``'s micro-batches, layers, and each stage's TP, SP and CP."""
+    if pipeline.num_micro_batches < 1 or pipeline.micro_batch_size < 1:
+        raise StrategyError(
+            f"pipeline {p} ({pipeline}) has {pipeline.num_micro_batches}x"
+            f"{pipeline.micro_batch_size} micro-batches: both numbers must be at least 1"
+        )
+    _check_layers(p, pipeline, config)
+    for s, stage in enumerate(pipeline.stages):
+        _check_tp(p, s, stage, config)
+        sp = options.sequence_parallel and stage.cp == 1  # CP stages: no SP
+        if sp and seq_len is not None and seq_len % stage.tp:
+            raise StrategyError(
+                f"sequence parallel splits seq_len={seq_len} over the {stage.tp} ranks of "
+                f"stage {stage} (pipeline {p}), which does not divide: change seq_len or TP"
+            )
+        if stage.cp > 1:
+            _check_cp(p, stage, config, seq_len)
+    if config.tie_embeddings and len(pipeline.stages) > 1 and not config.tied:
+        raise StrategyError(
+            f"tied embeddings need layer 0 and layer {config.num_layers - 1} on one stage, "
+            f"but pipeline {p} ({pipeline}) has {len(pipeline.stages)} stages: "
+            "put each pipeline on one stage, or untie the weights in the model "
+            "(a preset: --config '{\"tie_embeddings\": false}')"
         )
 
 
@@ -686,6 +693,9 @@ def _check_tp(p: int, s: int, stage: Stage, config: ModelSpec) -> None:
             )
 
 
+_HEADS = ("heads", "cp_heads")  # hspmd.models.spec.HEADS (plan imports no model at run time)
+
+
 def _check_cp(p: int, stage: Stage, config: ModelSpec, seq_len: int | None) -> None:
     """A context-parallel stage (``check_strategy``)."""
     where = f"stage {stage} (pipeline {p}) has CP degree {stage.cp}"
@@ -694,18 +704,20 @@ def _check_cp(p: int, stage: Stage, config: ModelSpec, seq_len: int | None) -> N
             f"{where}, which does not divide seq_len={seq_len}: use a length that is a "
             f"multiple of {stage.cp}"
         )
-    heads = [m for m in config.markers() if m.placement == "heads" and m.layer in stage.layers]
+    heads = [m for m in config.markers() if m.placement in _HEADS and m.layer in stage.layers]
     if not heads:
         raise StrategyError(
-            f"{where}, but {config.name} has no attention-head markers (placement 'heads', "
-            "docs/models.md) on those layers to split the heads over: use :C1 there"
+            f"{where}, but {config.name} has no attention-head markers on those layers to "
+            "split the heads over (hspmd marks F.scaled_dot_product_attention on q, k, v of "
+            "shape (B, heads, T, head_dim); docs/models.md): use :C1 there"
         )
-    degree = stage.tp * stage.cp
     for marker in heads:
         count = marker.trailing[0]
-        if count % degree:
+        tp = stage.tp if marker.placement == "heads" else 1  # cp_heads: TP keeps them whole
+        if count % (tp * stage.cp):
+            over = f"TP x CP = {tp}x{stage.cp}" if tp > 1 else "CP"
             raise StrategyError(
                 f"{where}: the all-to-all splits the {count} heads of marker {marker.name} "
-                f"over TP x CP = {stage.tp}x{stage.cp} = {degree} ranks, which does not "
-                f"divide: use TP x CP dividing {count}"
+                f"over {over} = {tp * stage.cp} ranks, which does not divide: use {over[:7]} "
+                f"dividing {count}"
             )

@@ -134,7 +134,8 @@ def replan(
             cost.cluster.check_ranks(current.ranks, what="the current strategy")
         except ClusterError as error:
             raise ElasticPlanError(str(error)) from None
-    dead = () if current is None else tuple(r for r in current.ranks if r not in set(ranks))
+    alive_set = set(ranks)  # once: a set per rank of current was 65,536 sets of 65,528
+    dead = () if current is None else tuple(r for r in current.ranks if r not in alive_set)
     if len(ranks) < min_replicas:
         raise ElasticPlanError(_too_few(config, cost, ranks, dead, min_replicas, dtype))
     if global_batch < min_replicas:

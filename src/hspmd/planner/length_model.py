@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hspmd.cost.lines import CostModel
-from hspmd.cost.stage import stage_params, stage_work
+from hspmd.cost.stage import stage_params, stage_work, trains_context_parallel
 from hspmd.errors import HspmdError
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
@@ -255,9 +255,11 @@ def _tp_cp(config: ModelSpec, node: int, *, context_parallel: bool) -> list[tupl
     """``(tp, cp)`` pairs of powers of two: ``tp`` dividing every size the model's TP must
     divide (``tp_sizes``), ``tp * cp`` within ``node`` and, for ``cp > 1``, dividing the
     heads of every attention tensor (the ``heads`` markers: split TP x CP ways there); a
-    model that states no heads (a captured module) takes no CP."""
+    model that states no heads takes no CP, nor one whose cost does not price it (a
+    captured module trains under CP, but its measured cost covers TP only)."""
     sizes = list(config.tp_sizes(0, config.num_layers - 1).values())
-    heads = [m.trailing[0] for m in config.markers() if m.placement == "heads"]
+    priced = trains_context_parallel(config)
+    heads = [m.trailing[0] for m in config.markers() if m.placement == "heads" and priced]
     out = []
     tp = 1
     while tp <= node and all(n % tp == 0 for n in sizes):

@@ -35,7 +35,7 @@ For the Llama, what autograd saves in one block as the runtime runs it
 (``hspmd.models.llama_cost.LlamaCost.token_bytes``; counted tensor by tensor on a real block
 in ``tests/planner/test_memory.py``), per token, ``e`` the compute dtype's bytes:
 
-- each RMS norm keeps its input (``eH``) and one fp32 reciprocal per token (``hspmd.ops``),
+- each RMS norm keeps its input (``eH``) and one fp32 reciprocal per token (``hspmd.fused_ops``),
   divided by ``t`` under sequence parallelism (the norm runs on the sequence shard);
 - each of the two matmul groups (q/k/v, gate/up) keeps its input (``eH`` each), under
   sequence parallelism as its sequence shard, divided by ``t``: the runtime gathers it
@@ -43,7 +43,7 @@ in ``tests/planner/test_memory.py``), per token, ``e`` the compute dtype's bytes
 - attention keeps q and k after RoPE, v, its output and an fp32 log-sum-exp per head
   (``e(2q + 2kv) + 4 heads``, divided by ``t``; a fused kernel: no ``s*s`` scores);
 - the MLP keeps gate, up and silu(gate) * up (``3eF``, divided by ``t``; silu is computed
-  again in backward, ``hspmd.ops.swiglu``).
+  again in backward, ``hspmd.fused_ops.swiglu``).
 
 With sequence parallelism that is 0.95-0.99x Korthikanti et al.'s ``34*s*b*H/t`` for a GELU
 MLP (SwiGLU's three F-wide tensors against a GELU MLP's two 4H-wide ones). With
@@ -86,7 +86,7 @@ __all__ = [
 ]
 
 OVERHEAD_BYTES = 3 * 2**30  # assumed: CUDA context ~0.5 GiB, NCCL, fragmentation
-ZERO_BUCKET_BYTES = 4 << 20  # ZeRO-2's gradient buckets (TrainConfig.bucket_bytes' default)
+ZERO_BUCKET_BYTES = 4 << 20  # ZeRO-2's gradient buckets (TrainConfig.runtime.bucket_bytes' default)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ Durations come from ``hspmd.cost.lines`` via ``hspmd.cost.stage``; memory from
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +53,7 @@ from hspmd.planner.sync_tasks import (
     sync_tasks,
 )
 from hspmd.sim.engine import Result, Task, simulate
+from hspmd.sim.restrict import restricted
 from hspmd.specialize.schedule import make_schedule
 
 __all__ = ["Prediction", "Segment", "predict", "segments", "step_tasks"]
@@ -67,7 +68,7 @@ class Prediction:
     options: StrategyOptions
     step_time_s: float
     result: Result
-    memory: dict[int, RankMemory]
+    memory: Mapping[int, RankMemory]
     over: dict[int, tuple[float, float]] = field(default_factory=dict)
     work: dict[tuple[int, int], StageWork] = field(default_factory=dict)
 
@@ -199,11 +200,13 @@ def _pipeline_tasks(
 
 def stage_works(
     strategy: Strategy, config: ModelSpec, cost: CostModel, *, seq_len: int,
-    options: StrategyOptions,
+    options: StrategyOptions, pipelines: Collection[int] | None = None,
 ) -> dict[tuple[int, int], StageWork]:  # fmt: skip
-    """The per-micro-batch work of every ``(pipeline, stage)``."""
+    """The per-micro-batch work of every ``(pipeline, stage)`` (of ``pipelines`` only)."""
     works = {}
     for p, s, stage in strategy.stages():
+        if pipelines is not None and p not in pipelines:
+            continue
         pipe = strategy.pipelines[p]
         redo = stage.recomputed(options)
         works[(p, s)] = stage_work(
@@ -254,10 +257,16 @@ def zero_gathers(
 
 def step_tasks(
     strategy: Strategy, config: ModelSpec, cost: CostModel, *, seq_len: int,
-    options: StrategyOptions,
+    options: StrategyOptions, pipelines: Sequence[int] | None = None,
 ) -> tuple[list[Task], dict[tuple[int, int], StageWork]]:  # fmt: skip
-    """The simulator tasks of one step, and the stage works they were built from."""
-    works = stage_works(strategy, config, cost, seq_len=seq_len, options=options)
+    """The simulator tasks of one step, and the stage works they were built from.
+    ``pipelines``: those pipelines' tasks only, the gradient sync's collectives restricted
+    to their ranks (``hspmd.sim.restrict``: for pipelines the others mirror,
+    ``hspmd.planner.pipeline_classes``)."""
+    chosen = range(len(strategy.pipelines)) if pipelines is None else pipelines
+    works = stage_works(
+        strategy, config, cost, seq_len=seq_len, options=options, pipelines=pipelines
+    )  # fmt: skip
     tasks: list[Task] = []
     # Post's plans, and the segments their tasks group by (none without a sync), cut where
     # the sync overlaps backward
@@ -265,7 +274,8 @@ def step_tasks(
     overlap = _overlapped(cost, strategy)
     cut = OVERLAP_PIECES if overlap else 1
     segs = segments(strategy, config, pieces=cut) if plans.reduces else []
-    for p, pipeline in enumerate(strategy.pipelines):
+    for p in chosen:
+        pipeline = strategy.pipelines[p]
         per_stage = [works[(p, s)] for s in range(len(pipeline.stages))]
         pieces = {
             s: last_b_pieces(p, s, pipeline, segs)
@@ -274,6 +284,8 @@ def step_tasks(
         }
         tasks += _pipeline_tasks(p, pipeline, per_stage, cost, options.schedule, pieces)
     tasks += sync_tasks(strategy, config, cost, options, plans=plans, segs=segs, overlap=overlap)
+    if pipelines is not None:
+        tasks = restricted(tasks, {r for p in pipelines for r in strategy.pipelines[p].ranks})
     return tasks, works
 
 

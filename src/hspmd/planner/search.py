@@ -40,10 +40,10 @@ from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from hspmd.comm.gcpause import paused_gc
 from hspmd.cost.lines import CostModel
 from hspmd.cost.stage import trains_sequence_parallel
 from hspmd.errors import HspmdError
+from hspmd.gcpause import paused_gc
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
 from hspmd.planner.closed_form import (
@@ -413,7 +413,7 @@ class _Search:
         return None if found is None else list(found)
 
 
-@paused_gc()  # millions of objects that live on: hspmd.comm.gcpause
+@paused_gc()  # millions of objects that live on: hspmd.gcpause
 def plan(
     config: ModelSpec, cost: CostModel, *, global_batch: int, seq_len: int,
     zero1: Zero1 = "auto", dtype: Literal["bf16", "fp32"] = "bf16",

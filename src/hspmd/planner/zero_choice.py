@@ -45,7 +45,8 @@ from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Strategy, StrategyOptions
 from hspmd.planner.closed_form import PLAN_HEADROOM, within_headroom
 from hspmd.planner.memory import stage_memory, stage_places, strategy_memory
-from hspmd.planner.predict import Prediction, predict
+from hspmd.planner.pipeline_classes import predict_by_class
+from hspmd.planner.predict import Prediction
 from hspmd.planner.trim import trim_recompute
 
 __all__ = [
@@ -131,7 +132,8 @@ def zero_predictions(
             or not _fits(trimmed, config, cost, seq_len=seq_len, options=opts)
         ):
             continue  # recomputes no less anywhere than a cheaper one, or does not fit
-        found = predict(trimmed, config, cost, seq_len=seq_len, options=opts)
+        # one pipeline simulated per class of identical ones: predict()'s step and memory
+        found = predict_by_class(trimmed, config, cost, seq_len=seq_len, options=opts)
         out.append(found)
         if len(out) == 1 and found.step_time_s - most_saved(found) >= bound:
             break  # no variant can beat the fastest plan found

@@ -79,7 +79,9 @@ def send(plan: CommPlan, x: torch.Tensor, world: World) -> list[Pending]:
                 buffer = torch.cat([t.reshape(-1) for t in parts])
             nbytes = buffer.numel() * buffer.element_size()
             world.record("send", group=(rank, peer), nbytes=nbytes)
-            pending.append(Pending(dist.isend(buffer, peer), buffer, world))
+            # through post: gloo raises at once on a dead peer (the waiter's path then)
+            (work,) = world.post(partial(_isend, buffer, peer))
+            pending.append(Pending(work, buffer, world))
     return pending
 
 
@@ -117,6 +119,10 @@ def _recv_into(
             for view in views:
                 view.copy_(buffer[offset : offset + view.numel()].view(view.shape))
                 offset += view.numel()
+
+
+def _isend(buffer: torch.Tensor, peer: int) -> list[Any]:
+    return [dist.isend(buffer, peer)]
 
 
 def _irecv(buffer: torch.Tensor, peer: int) -> list[Any]:

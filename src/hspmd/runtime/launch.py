@@ -406,7 +406,8 @@ def _collect(
         left = deadline - time.monotonic()
         if left <= 0:
             missing = sorted(first + r for r in set(range(len(procs))) - set(results))
-            raise LaunchError(f"timed out: ranks {missing} did not finish; raise timeout_s")
+            beats = "" if members is None else f" ({'; '.join(map(members.describe, missing))})"
+            raise LaunchError(f"timed out: ranks {missing} did not finish{beats}; raise timeout_s")
         poll = left if members is None else min(left, _HANG_POLL_S)
         ready = wait([c for c in conns if id(c) in waiting] + list(sentinels), timeout=poll)
         # Exits first: a rank that died is the cause of its peers' errors, not their victim.

@@ -266,6 +266,20 @@ class Members:
         self.own.update(joining)
         self._advance(lambda members: sorted(members + joining))
 
+    def describe(self, member: int) -> str:
+        """``member``'s last heartbeat in words (for a launcher's time-out message)."""
+        try:
+            beat = _heartbeat(self.store, member)
+        except RuntimeError as error:  # the store is gone: say so, keep the time-out's message
+            return f"rank {member}: heartbeat unreadable ({error})"
+        if beat is None:
+            return f"rank {member}: no heartbeat"
+        progress, phase, step = beat
+        if progress <= 0:
+            return f"rank {member}: {phase} of step {step}, unwatched"
+        ago = time.time() - progress
+        return f"rank {member}: {phase} of step {step}, last progress {ago:.1f} s ago"
+
     def stale(self) -> list[int]:
         """Members watched (a heartbeat with a progress time) and without progress for
         the hang timeout."""

@@ -7,7 +7,8 @@ same order. Both sides queue a pair's tensors in the same (plan) order, so the l
     exchange = Exchange(world)
     exchange.send(1, [x[0:2], x[4:6]])    # packed: 2 regions, 1 buffer to rank 1
     exchange.recv(1, [out[0:2]])          # received from rank 1 straight into a view
-    exchange.run()
+    new = exchange.recv_new(1, (2, 3), {"dtype": torch.float32, "device": "cpu"})
+    exchange.run()                        # new.value: a view of rank 1's receive buffer
 
 A single contiguous tensor is sent or received in place (no copy). ``tag`` keeps streams of
 exchanges that may be in flight at once between the same two ranks apart (ZeRO's gradient
@@ -17,6 +18,7 @@ tag, in issue order.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +26,21 @@ import torch
 import torch.distributed as dist
 
 from hspmd.runtime.world import World
+
+
+class Received:
+    """A tensor ``Exchange.recv_new`` receives: ``value`` is set when the batch is issued
+    (a view of the peer's receive buffer, no unpacking copy) and holds the data once it
+    is done."""
+
+    __slots__ = ("shape", "like", "value")
+
+    def __init__(self, shape: tuple[int, ...], like: dict[str, Any]) -> None:
+        self.shape, self.like = shape, like
+        self.value: torch.Tensor | None = None
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
 
 
 class Exchange:
@@ -34,7 +51,7 @@ class Exchange:
     def __init__(self, world: World, *, tag: int = 0) -> None:
         self.world, self.tag = world, tag
         self.sends: dict[int, list[torch.Tensor]] = {}
-        self.recvs: dict[int, list[torch.Tensor]] = {}
+        self.recvs: dict[int, list[torch.Tensor | Received]] = {}
 
     def send(self, peer: int, tensors: list[torch.Tensor]) -> None:
         self.sends.setdefault(peer, []).extend(tensors)
@@ -42,6 +59,13 @@ class Exchange:
     def recv(self, peer: int, tensors: list[torch.Tensor]) -> None:
         """``tensors`` (views allowed) are overwritten with what ``peer`` sends, in order."""
         self.recvs.setdefault(peer, []).extend(tensors)
+
+    def recv_new(self, peer: int, shape: tuple[int, ...], like: dict[str, Any]) -> Received:
+        """A new tensor of ``shape`` (``like``: dtype and device) that ``peer`` sends, in
+        the same order as ``recv``'s."""
+        received = Received(shape, like)
+        self.recvs.setdefault(peer, []).append(received)
+        return received
 
     def run(self) -> None:
         """Issue every queued transfer as one batch and wait for it."""
@@ -53,7 +77,7 @@ class Exchange:
         """Issue the batch; returns the operations in flight and the unpacking to run once
         they are done (``run`` without the wait)."""
         ops = []
-        unpack: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
+        unpack: list[tuple[torch.Tensor, list[torch.Tensor | Received]]] = []
         packed: dict[tuple[object, ...], torch.Tensor] = {}  # peers sent the same views
         for peer in sorted(self.sends):
             key = tuple((t.data_ptr(), t.shape, t.stride()) for t in self.sends[peer])
@@ -64,10 +88,12 @@ class Exchange:
             ops.append(dist.P2POp(dist.isend, buffer, peer, tag=self.tag))
         for peer in sorted(self.recvs):
             targets = self.recvs[peer]
-            if len(targets) == 1 and targets[0].is_contiguous():
-                buffer = targets[0]
+            first = targets[0]
+            if len(targets) == 1 and isinstance(first, torch.Tensor) and first.is_contiguous():
+                buffer = first
             else:
                 buffer = _empty_flat(targets)
+                _bind(buffer, targets)
                 unpack.append((buffer, targets))
             self.world.record("recv", group=(peer, self.world.rank), nbytes=_nbytes(buffer))
             ops.append(dist.P2POp(dist.irecv, buffer, peer, tag=self.tag))
@@ -81,7 +107,8 @@ class Exchange:
                 offset = 0
                 for target in targets:
                     size = target.numel()
-                    target.copy_(buffer[offset : offset + size].view(target.shape))
+                    if isinstance(target, torch.Tensor):
+                        target.copy_(buffer[offset : offset + size].view(target.shape))
                     offset += size
 
         return works, then
@@ -103,7 +130,21 @@ def _pack(tensors: list[torch.Tensor]) -> torch.Tensor:
     return buffer
 
 
-def _empty_flat(tensors: list[torch.Tensor]) -> torch.Tensor:
+def _empty_flat(tensors: list[torch.Tensor] | list[torch.Tensor | Received]) -> torch.Tensor:
     first = tensors[0]
-    size = sum(t.numel() for t in tensors)
-    return torch.empty(size, dtype=first.dtype, device=first.device)
+    like = (
+        first.like
+        if isinstance(first, Received)
+        else {"dtype": first.dtype, "device": first.device}
+    )
+    return torch.empty(sum(t.numel() for t in tensors), **like)
+
+
+def _bind(buffer: torch.Tensor, targets: list[torch.Tensor | Received]) -> None:
+    """Each ``Received`` of ``targets`` becomes its view of ``buffer``."""
+    offset = 0
+    for target in targets:
+        size = target.numel()
+        if isinstance(target, Received):
+            target.value = buffer[offset : offset + size].view(target.shape)
+        offset += size

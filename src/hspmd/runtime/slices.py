@@ -15,12 +15,15 @@ point, or are reduced per rank set with equal sizes on every member.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from hspmd.annotation import Annotation
 from hspmd.comm.plan import (
     BatchedSendRecv,
     SendRecv,
@@ -32,7 +35,7 @@ from hspmd.comm.plan import (
     volume,
 )
 from hspmd.runtime.context import Issued, StepContext, finish, held, nbytes, region_shape
-from hspmd.runtime.p2p import Exchange
+from hspmd.runtime.p2p import Exchange, Received
 
 
 def send_recv(step: SendRecv, x: torch.Tensor | None, ctx: StepContext) -> torch.Tensor | None:
@@ -174,44 +177,73 @@ def issue_split_reduce_scatter(
     return works, done
 
 
+Box = tuple[slice, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _ReduceMoves:
+    """One rank's part in a split-reduce-scatter: the regions it sends (peer, box of its
+    piece), and per slice it roots, the box in its result, the region's shape and the
+    contributors in rank order (their own part: the box of this rank's piece, else None:
+    received)."""
+
+    sends: tuple[tuple[int, Box], ...]
+    roots: tuple[tuple[Box, tuple[int, ...], tuple[tuple[int, Box | None], ...]], ...]
+
+
+@functools.cache
+def _reduce_moves(
+    step: SplitReduceScatter, before: Annotation, after: Annotation, shape: tuple[int, ...],
+    rank: int,
+) -> _ReduceMoves:  # fmt: skip
+    """``queue_split_reduce_scatter``'s moves on ``rank``: pure metadata, made once per
+    plan (a ZeRO bucket issues the same ones every backward)."""
+    old = before.piece(rank, shape)
+    new = after.piece(rank, shape) if rank in after else None
+    sends = tuple(
+        (s.root, local_box(old, s.region))
+        for s in step.slices
+        if s.root != rank and rank in s.ranks and rank not in s.zero
+    )
+    roots = []
+    for s in (s for s in step.slices if s.root == rank):
+        parts = tuple(
+            (r, local_box(old, s.region) if r == rank else None) for r in s.ranks if r not in s.zero
+        )
+        box = local_box(new, s.region) if new is not None else ()
+        roots.append((box, region_shape(s.region), parts))
+    return _ReduceMoves(sends, tuple(roots))
+
+
 def queue_split_reduce_scatter(
     step: SplitReduceScatter, x: torch.Tensor | None, ctx: StepContext, exchange: Exchange
 ) -> Callable[[], torch.Tensor | None]:
     """``issue_split_reduce_scatter``'s sends and receives queued on ``exchange`` (one batch
     for many steps); the returned function gives the result once the batch is done."""
-    rank = ctx.rank
-    x, old = held(x, ctx), ctx.old()
-    roots = [s for s in step.slices if s.root == rank]
-    received: list[dict[int, torch.Tensor]] = []
-    for s in step.slices:
-        if s.root != rank and rank in s.ranks and rank not in s.zero:
-            exchange.send(s.root, [x[local_box(old, s.region)]])
-    for s in roots:
-        parts = {}
-        for r in s.ranks:
-            if r in s.zero:
-                continue
-            if r == rank:
-                parts[r] = x[local_box(old, s.region)]
-            else:
-                parts[r] = torch.empty(region_shape(s.region), **ctx.like)
-                exchange.recv(r, [parts[r]])
-        received.append(parts)
+    rank, x = ctx.rank, held(x, ctx)
+    moves = _reduce_moves(step, ctx.before, ctx.after, ctx.shape, rank)
+    for root, box in moves.sends:
+        exchange.send(root, [x[box]])
+    received: list[list[torch.Tensor | Received]] = []
+    for _, shape, parts in moves.roots:  # others' parts: views of each peer's one buffer
+        received.append([x[mine] if mine is not None else exchange.recv_new(r, shape, ctx.like)
+                         for r, mine in parts])  # fmt: skip
 
     def then() -> torch.Tensor | None:
         if rank not in ctx.after:
             return None
-        new = ctx.new()
-        out = torch.empty(new.shape, **ctx.like)
-        for s, parts in zip(roots, received, strict=True):
-            box = local_box(new, s.region)
-            values = [parts[r] for r in s.ranks if r in parts]
+        out = torch.empty(ctx.new().shape, **ctx.like)
+        for (box, _, _), parts in zip(moves.roots, received, strict=True):
+            values = [p if isinstance(p, torch.Tensor) else _value(p) for p in parts]
+            view = out[box]  # summed in the slice's rank order, as on every root
             if not values:
-                out[box] = 0
-                continue
-            out[box] = values[0]
-            for value in values[1:]:
-                out[box] += value
+                view.zero_()
+            elif len(values) == 1:
+                view.copy_(values[0])
+            else:
+                torch.add(values[0], values[1], out=view)
+                for value in values[2:]:
+                    view.add_(value)
         return out
 
     return then
@@ -227,6 +259,43 @@ def split_all_gather(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _GatherMoves:
+    """One rank's part in a split-all-gather: its own regions (box in the result, box of
+    its piece), the regions it sends (peer, box of its piece) and receives (peer, box in
+    the result), each in plan order."""
+
+    own: tuple[tuple[Box, Box], ...]
+    sends: tuple[tuple[int, Box], ...]
+    recvs: tuple[tuple[int, Box], ...]
+
+
+@functools.cache
+def _gather_moves(
+    step: SplitAllGather, before: Annotation, after: Annotation, shape: tuple[int, ...],
+    rank: int,
+) -> _GatherMoves:  # fmt: skip
+    """``queue_split_all_gather``'s moves on ``rank`` (pure metadata, made once per plan)."""
+    new = after.piece(rank, shape) if rank in after else None
+    old = before.piece(rank, shape) if rank in before else None
+    own, sends, recvs = [], [], []
+    for s in step.slices:
+        if rank not in s.ranks and all(owner != rank for owner, _ in s.owners):
+            continue
+        for owner, region in s.owners:
+            for r in s.ranks:
+                if owner == rank and r == rank:
+                    assert new is not None and old is not None
+                    own.append((local_box(new, region), local_box(old, region)))
+                elif owner == rank:
+                    assert old is not None
+                    sends.append((r, local_box(old, region)))
+                elif r == rank:
+                    assert new is not None
+                    recvs.append((owner, local_box(new, region)))
+    return _GatherMoves(tuple(own), tuple(sends), tuple(recvs))
+
+
 def queue_split_all_gather(
     step: SplitAllGather, x: torch.Tensor | None, ctx: StepContext, exchange: Exchange,
     *, out: torch.Tensor | None = None,
@@ -234,23 +303,20 @@ def queue_split_all_gather(
     """``split_all_gather``'s sends and receives queued on ``exchange``; the result (filled
     once the batch is done) is ``out`` where given (ZeRO-3 gathers into a parameter's
     storage), else a new tensor."""
-    rank = ctx.rank
-    new = ctx.new() if rank in ctx.after else None
-    old = ctx.old() if rank in ctx.before else None
-    if out is None and new is not None:
-        out = torch.empty(new.shape, **ctx.like)
-    for s in step.slices:
-        if rank not in s.ranks and all(owner != rank for owner, _ in s.owners):
-            continue
-        for owner, region in s.owners:
-            for r in s.ranks:
-                if owner == rank and r == rank:
-                    assert out is not None and new is not None and old is not None
-                    out[local_box(new, region)] = held(x, ctx)[local_box(old, region)]
-                elif owner == rank:
-                    assert old is not None
-                    exchange.send(r, [held(x, ctx)[local_box(old, region)]])
-                elif r == rank:
-                    assert out is not None and new is not None
-                    exchange.recv(owner, [out[local_box(new, region)]])
+    moves = _gather_moves(step, ctx.before, ctx.after, ctx.shape, ctx.rank)
+    if out is None and ctx.rank in ctx.after:
+        out = torch.empty(ctx.new().shape, **ctx.like)
+    for out_box, box in moves.own:
+        assert out is not None
+        out[out_box] = held(x, ctx)[box]
+    for peer, box in moves.sends:
+        exchange.send(peer, [held(x, ctx)[box]])
+    for peer, out_box in moves.recvs:
+        assert out is not None
+        exchange.recv(peer, [out[out_box]])
     return out
+
+
+def _value(received: Received) -> torch.Tensor:
+    assert received.value is not None, "read before its batch was issued"
+    return received.value

@@ -117,7 +117,7 @@ def tied_annotations(
     """By ``get_attr`` node name, a tied weight's annotation on the one stage that reads it
     there: the embedding's node on layer 0's stage, the head's (``TIED_LAYER``) on the last
     layer's. The weight's own annotation spans both stages (``parameter_annotations``)."""
-    tied = dict(getattr(config, "tied", ()))
+    tied = dict(config.tied)
     out = {}
     for node in gm.graph.nodes:
         name = str(node.target)

@@ -58,11 +58,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from hspmd.annotation import Piece
-from hspmd.comm.gcpause import paused_gc
 from hspmd.comm.plan import CommPlan
 from hspmd.comm.resolve import resolve
 from hspmd.comm.sizing import length_multiple
 from hspmd.deduce import AnnotatedGraph
+from hspmd.gcpause import paused_gc
 from hspmd.markers import is_align_node, is_reshard_node
 from hspmd.models.build import constant, initial_piece
 from hspmd.models.spec import ModelSpec
@@ -420,7 +420,9 @@ class _Builder:
             source, dim = size.args[0], size.args[1]
         if not isinstance(source, torch.fx.Node) or not isinstance(dim, int):
             return False
-        shape = self.ag.shape(source.name)
+        shape, ann = self.ag.shape(source.name), self.ag.annotations.get(source.name)
+        if ann is not None and self.rank not in ann:  # an earlier stage's: its shape there
+            return self._elsewhere_shape(source)[dim] == shape[dim]
         return self.local_shape(source)[dim] == shape[dim]
 
     def embedding(self, node: torch.fx.Node, *, weight_first: bool = False) -> None:
@@ -473,7 +475,7 @@ def _loss_options(node: torch.fx.Node) -> tuple[int, str]:
     return int(kwargs.get("ignore_index", -100)), str(kwargs.get("reduction", "mean"))  # type: ignore[arg-type]
 
 
-@paused_gc()  # millions of objects that live on: hspmd.comm.gcpause
+@paused_gc()  # millions of objects that live on: hspmd.gcpause
 def build_executable(
     config: ModelSpec,
     strategy: Strategy,

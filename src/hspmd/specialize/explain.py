@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hspmd.comm.gcpause import paused_gc
 from hspmd.comm.plan import (
     AllGather,
     BatchedSendRecv,
@@ -39,6 +38,7 @@ from hspmd.comm.plan import (
     volume,
 )
 from hspmd.comm.resolve import resolve
+from hspmd.gcpause import paused_gc
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import lock_step, state_annotations
 from hspmd.plan.strategy import Strategy, StrategyOptions
@@ -271,7 +271,7 @@ def _ops_per_part(config: ModelSpec) -> tuple[int, int, int]:
     return embed_ops, per_layer, totals[0] - per_layer - embed_ops
 
 
-@paused_gc()  # millions of objects that live on: hspmd.comm.gcpause
+@paused_gc()  # millions of objects that live on: hspmd.gcpause
 def explain(
     config: ModelSpec,
     strategy: Strategy,

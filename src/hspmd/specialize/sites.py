@@ -151,8 +151,9 @@ def _marker_site(
     if placement == "dup":
         dup, partial = b.act(layer, "D", whole), b.act(layer, "P", whole)
         return Site(name, shape, here, dup, partial, here)
-    if placement == "heads":
-        seq, heads = b.act(layer, 2), b.act(layer, 2, 2)
+    if placement == "heads" or placement == "cp_heads":  # cp_heads: TP leaves them whole
+        tp = 2 if placement == "heads" else "D"
+        seq, heads = b.act(layer, tp), b.act(layer, tp, 2)
         return Site(name, shape, seq, heads, heads, seq)
     if marker.post:
         split = b.act(layer, placement, DUP)

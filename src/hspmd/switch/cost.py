@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hspmd.comm.bsr import BsrEntry, BsrTable, schedule
-from hspmd.comm.gcpause import paused_gc
 from hspmd.comm.plan import Transfer
 from hspmd.comm.relay import plan_relay
 from hspmd.comm.slices import holders_table
@@ -43,6 +42,7 @@ from hspmd.cost.bsr_volume import fused_estimate
 from hspmd.cost.cluster import Cluster
 from hspmd.cost.traffic import Estimate, estimate
 from hspmd.errors import HspmdError
+from hspmd.gcpause import paused_gc
 from hspmd.models import get_model
 from hspmd.plan.params import ParamSpec, parameter_annotations, state_annotations
 from hspmd.plan.strategy import Strategy, parse_strategy
@@ -186,7 +186,7 @@ class SwitchCost:
         }
 
 
-@paused_gc()  # millions of objects that live on: hspmd.comm.gcpause
+@paused_gc()  # millions of objects that live on: hspmd.gcpause
 def switch_cost(
     *,
     model: str,

@@ -2,15 +2,22 @@
 
 >>> from hspmd.plan.strategy import parse_strategy
 >>> from hspmd.train import TrainConfig
->>> TrainConfig(strategy=parse_strategy("4x2: R0:L0-3"), global_batch=8).tokens_per_step
+>>> TrainConfig(strategy=parse_strategy("4x2: R0:L0-3")).tokens_per_step
 512
 """
 
 from hspmd.train.config import (
     AdamConfig,
+    BatchConfig,
+    CheckpointConfig,
+    ElasticConfig,
     EvalConfig,
     EvalRecord,
+    FaultConfig,
+    ModelChoice,
+    RuntimeConfig,
     StepRecord,
+    SwitchingConfig,
     TrainConfig,
     TrainError,
 )
@@ -19,9 +26,16 @@ from hspmd.train.trainer import check_config, train, train_many
 
 __all__ = [
     "AdamConfig",
+    "BatchConfig",
+    "CheckpointConfig",
+    "ElasticConfig",
     "EvalConfig",
     "EvalRecord",
+    "FaultConfig",
+    "ModelChoice",
+    "RuntimeConfig",
     "StepRecord",
+    "SwitchingConfig",
     "TrainConfig",
     "TrainError",
     "TrainResult",

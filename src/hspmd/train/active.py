@@ -109,9 +109,9 @@ def strategy_options(config: TrainConfig, strategy: Strategy) -> StrategyOptions
     recompute is the plans file's for that strategy (a long-row strategy may recompute
     while the others do not; the executable is built per strategy anyway)."""
     options = config.options
-    if config.length_plans is None:
+    if config.switching.length_plans is None:
         return options
-    found = {p.strategy: p.options for p in config.length_plans.plans}.get(strategy)
+    found = {p.strategy: p.options for p in config.switching.length_plans.plans}.get(strategy)
     if found is None:
         return options
     return dataclasses.replace(
@@ -134,14 +134,14 @@ def _post(
     zero = zero1_plan(strategy, model, shares=config.options.zero_shares) if config.zero1 else {}
     if zero and config.zero >= 2:
         buckets = unit_buckets(zero, units) if units else shard_buckets(
-            zero, bucket_bytes=config.bucket_bytes,
+            zero, bucket_bytes=config.runtime.bucket_bytes,
             layer_of=model.param_layer if config.zero == 3 else None,
         )  # fmt: skip
         post = ShardedPost(
             zero, params, config=model, seed=config.seed, adam=adam, world=world,
             zero=config.zero, buckets=buckets,
-            every_backward=config.overlap and _lock_step(config, strategy),
-            stage_sync=stage_sync, in_flight=1 if config.zero_overlap else 0,
+            every_backward=config.runtime.overlap and _lock_step(config, strategy),
+            stage_sync=stage_sync, in_flight=1 if config.runtime.zero_overlap else 0,
         )  # fmt: skip
         if config.zero == 3:
             _attach_store(config, exe, post, zero, units, world, per_layer=per_layer)
@@ -149,7 +149,7 @@ def _post(
     if zero:
         return ZeroOne(zero, params, config=model, seed=config.seed, adam=adam,
                        world=world, stage_sync=stage_sync)  # fmt: skip
-    sync = grad_sync_plan(strategy, model, bucket_bytes=config.bucket_bytes)
+    sync = grad_sync_plan(strategy, model, bucket_bytes=config.runtime.bucket_bytes)
     # the pieces of the parameters this rank counts in the global gradient norm
     owned = owned_names(parameter_annotations(strategy, model), world.rank)
     kind = MixedPost if config.options.dtype == "bf16" else PlainPost
@@ -163,7 +163,7 @@ def _attach_store(
     """ZeRO-3: the executable's parameters stored as shards, gathered at its points."""
     store = ParamStore(
         exe.params, {n: zero[n].gather for n in exe.params}, post.shard, units, world,
-        per_layer=per_layer, prefetch=config.zero_overlap, on_change=lambda: post.meter(),
+        per_layer=per_layer, prefetch=config.runtime.zero_overlap, on_change=lambda: post.meter(),
     )  # fmt: skip
     store.bind(exe.graph_module)
     exe.around = StoreAround(store, exe.around if isinstance(exe.around, Regather) else None)
@@ -180,10 +180,10 @@ def activate(
     model = config.model_config()
     layout = Layout(strategy, model.num_layers)
     role = layout.role(world.rank)
-    if config.switch_mode == "weights" and built is None:
+    if config.switching.mode == "weights" and built is None:
         built = Built()
     if role is None:
-        if config.switch_mode == "weights":  # an idle rank keeps its home shards
+        if config.switching.mode == "weights":  # an idle rank keeps its home shards
             idle = home_post(world, config, layout.strategy, {}, home=home)
             return Active(layout=layout, post=idle, built=built)
         return Active(layout=layout)
@@ -191,7 +191,7 @@ def activate(
     if built is not None and key in built.by_layout:
         return _reused(world, config, layout, role, built, key=key, home=home)
     exe, units, per_layer = _executable(world, config, strategy)
-    shape = stream_shape(model, role.micro_batch_size, config.seq_len)
+    shape = stream_shape(model, role.micro_batch_size, config.batch.seq_len)
     plans = boundary_plans(
         strategy, model, world.rank, shape, options=_exe_options(config, strategy)
     )
@@ -200,14 +200,14 @@ def activate(
     post: Post | None
     if built is not None:
         built.by_layout[key] = (exe, plans)
-    if config.switch_mode == "weights":
+    if config.switching.mode == "weights":
         post = home_post(world, config, strategy, exe.params, home=home, stage_sync=exe.grad_sync)
         if built is not None and post is not None:
             built.posts[key] = post
     else:  # Post also sums the gradients still partial inside the stage (SP norm weights)
         post = _post(config, exe, world, strategy=strategy, units=units, per_layer=per_layer)
     meter = None
-    if config.measure_memory:
+    if config.runtime.measure_memory:
         meter = StateMeter(lambda: state_tensors(exe.params, post))
         if isinstance(post, ShardedPost):
             post.meter = meter.sample
@@ -252,7 +252,7 @@ def _executable(
     exe = bind_executable(build_executable(
         model, _unrecomputed(strategy) if per_layer else strategy,
         dataclasses.replace(options, recompute=False) if per_layer else options,
-        world.rank, seq_len=config.seq_len, seed=config.seed,
+        world.rank, seq_len=config.batch.seq_len, seed=config.seed,
     ), world)  # fmt: skip
     names = {n: n for n in model.parameter_shapes() if n in exe.params}  # model order
     units = insert_points(exe.graph_module, names) if per_layer else ()
@@ -264,7 +264,7 @@ def _executable(
 def _lock_step(config: TrainConfig, strategy: Strategy) -> bool:
     """Whether the replicas meet every parameter's uses in one order (``lock_step``; packed
     steps drop empty micro-batches per pipeline, so they never do)."""
-    return lock_step(strategy) and not config.packed
+    return lock_step(strategy) and not config.batch.packed
 
 
 def _unrecomputed(strategy: Strategy) -> Strategy:

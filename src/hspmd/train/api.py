@@ -5,9 +5,10 @@
 ``"package.module:make"``), a Hugging Face folder (``"hf:path/to/dir"``: its config and
 weights, docs/checkpoints.md) or the factory itself (a module-level function: processes
 rebuild the model from its module, or from the file of ``__main__``). The keywords are
-``RunOptions``: ``TrainConfig``'s fields by name, typed, plus ``lr`` (the learning rate of
-``adam``) and ``model_kwargs`` (the factory's keyword arguments); ``global_batch``
-defaults to the strategy's (its sum of COUNT x SIZE)::
+``RunOptions``: flat names, typed, each a field of ``TrainConfig`` or of one of its sections
+(``hspmd.train.sections.SECTIONS``: ``seq_len`` is ``batch.seq_len``, ``lr`` ``adam.lr``),
+plus ``model_kwargs`` (the factory's keyword arguments); ``global_batch`` defaults to the
+strategy's (its sum of COUNT x SIZE)::
 
     import hspmd
 
@@ -22,17 +23,16 @@ defaults to the strategy's (its sum of COUNT x SIZE)::
 
 >>> config = train_config("llama-tiny", "2x1: R0:L0-3; 1x2: R1:L0-3", lr=1e-3,
 ...                       model_kwargs={"num_layers": 2})
->>> config.global_batch, config.adam.lr, config.model_overrides
+>>> config.batch.global_batch, config.adam.lr, config.model.overrides
 (4, 0.001, (('num_layers', 2),))
 >>> train_config("llama-tiny", learning_rate=1e-3)
 Traceback (most recent call last):
 ...
-hspmd.train.config.TrainError: unknown option 'learning_rate': give one of strategy, ...
+hspmd.train.sections.TrainError: unknown option 'learning_rate': give one of strategy, ...
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -41,7 +41,6 @@ from typing import Any, TypedDict, Unpack, get_type_hints
 from hspmd.models.hf import HF_PREFIX, hf_source
 from hspmd.plan.strategy import Dtype, Schedule, Strategy, parse_strategy
 from hspmd.train.config import (
-    SECTIONS,
     AdamConfig,
     Device,
     EvalConfig,
@@ -51,6 +50,7 @@ from hspmd.train.config import (
     SwitchMode,
     TrainConfig,
     TrainError,
+    routed,
 )
 from hspmd.train.faults import Injection
 from hspmd.train.reference import TrainResult, run_reference
@@ -62,8 +62,9 @@ REFERENCE_BATCH = 8  # sequences a step without a strategy (a reference run), as
 
 
 class RunOptions(TypedDict, total=False):
-    """The typed keywords of ``fit``, ``build`` and ``train_config``: ``TrainConfig``'s
-    fields (docs/api.md lists them with their meaning), ``lr`` and ``model_kwargs``."""
+    """The typed keywords of ``fit``, ``build`` and ``train_config``: the flat names of
+    ``TrainConfig``'s fields and its sections' (``SECTIONS``; docs/api.md lists them with
+    their meaning and field), and ``model_kwargs``."""
 
     model_kwargs: Mapping[str, Any] | Sequence[tuple[str, Any]]
     tp_rules: Sequence[tuple[str, str]] | None
@@ -156,10 +157,10 @@ def train_config(
     """The ``TrainConfig`` of ``fit(model, strategy, **options)`` (module docstring)."""
     _check_names(options, RunOptions, extra=("strategy",))
     start = _strategy(strategy)
-    fields = _fields(options, base=TrainConfig())
+    fields = _fields(options)
     if fields.get("global_batch") is None:
         fields["global_batch"] = REFERENCE_BATCH if start is None else start.global_batch
-    config = TrainConfig(model=model_source(model), strategy=start, **fields)
+    config = routed(TrainConfig(), {"model": model_source(model), "strategy": start, **fields})
     config.check_model()  # the model loads here, at the edge, not in the config
     return config
 
@@ -176,12 +177,12 @@ def revise(config: TrainConfig, **changes: Unpack[Changes]) -> TrainConfig:
     here, ``lr`` into ``adam``, ``model_kwargs`` as the overrides), each routed to its field.
 
     >>> config = revise(train_config(), strategy="2x1: R0:L0-3", lr=1e-3)
-    >>> str(config.strategy), config.adam.lr, config.global_batch
+    >>> str(config.strategy), config.adam.lr, config.batch.global_batch
     ('2x1: R0:L0-3', 0.001, 8)
     """
     _check_names(changes, Changes)
     options = {k: v for k, v in changes.items() if k not in ("model", "strategy")}
-    fields = _fields(options, base=config)
+    fields = _fields(options)
     if "model" in changes:
         fields["model"] = model_source(changes["model"])
     if "strategy" in changes:
@@ -189,7 +190,7 @@ def revise(config: TrainConfig, **changes: Unpack[Changes]) -> TrainConfig:
     if "global_batch" in fields and fields["global_batch"] is None:
         chosen = fields.get("strategy", config.strategy)
         fields["global_batch"] = REFERENCE_BATCH if chosen is None else chosen.global_batch
-    revised = dataclasses.replace(config, **fields)
+    revised = routed(config, fields)
     revised.check_model()
     return revised
 
@@ -201,17 +202,15 @@ def _check_names(options: Mapping[str, Any], kind: Any, *, extra: Sequence[str] 
         raise TrainError(f"unknown option {unknown[0]!r}: give one of {allowed}")
 
 
-def _fields(options: Mapping[str, Any], *, base: TrainConfig) -> dict[str, Any]:
-    """``TrainConfig``'s fields of ``options`` (``RunOptions``): ``lr`` into ``adam`` (the
-    given one, else ``base``'s), ``model_kwargs`` as ``model_overrides``, ``zero1`` as
-    ``zero=1``, names of a section into it (``SECTIONS``: on ``base``'s section), strategies
-    parsed, sequences as tuples."""
+def _fields(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` (``RunOptions``) by flat name, as ``routed`` takes them: ``model_kwargs``
+    as ``model_overrides``, ``zero1`` as ``zero=1``, a ``None`` ``lr`` left out (``adam``'s
+    stays), strategies parsed, sequences as tuples."""
     fields: dict[str, Any] = dict(options)
     if "model_kwargs" in fields:
         fields["model_overrides"] = _frozen(dict(fields.pop("model_kwargs") or {}))
-    lr = fields.pop("lr", None)
-    if lr is not None:
-        fields["adam"] = dataclasses.replace(fields.get("adam") or base.adam, lr=lr)
+    if fields.get("lr", 0) is None:
+        del fields["lr"]
     if "switches" in fields:
         fields["switches"] = tuple((int(step), _strategy(s)) for step, s in fields["switches"])
     if fields.pop("zero1", False):
@@ -221,10 +220,6 @@ def _fields(options: Mapping[str, Any], *, base: TrainConfig) -> dict[str, Any]:
     for name in ("slowdown", "grow", "zero_shares", "inject", "tp_rules"):
         if name in fields:
             fields[name] = _frozen(fields[name])
-    for section in dict.fromkeys(SECTIONS.values()):
-        changes = {n: fields.pop(n) for n in list(fields) if SECTIONS.get(n) == section}
-        if changes:
-            fields[section] = dataclasses.replace(getattr(base, section), **changes)
     return fields
 
 

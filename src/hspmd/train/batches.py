@@ -3,7 +3,7 @@
 user's dataset (``--dataset``: ``hspmd.data.items``), one stacked tensor per field.
 
 Every rank and the reference draw the same steps from the run's corpus
-(``TrainConfig.data_spec``: the stdlib sources by default, ``--data`` text, a token file, or
+(``TrainConfig.data``: the stdlib sources by default, ``--data`` text, a token file, or
 text with ``--tokenizer``), then take their rows; so data never depends on the plan. Step
 ``k``'s batch is a function of the seed, the data flags and ``k`` alone: token files compute
 it directly (``hspmd.data.windows``), the byte corpus replays its stream from step 1. With gradient
@@ -13,8 +13,10 @@ With ``--eval-split F`` the last fraction F of the corpus is held out (``hspmd.d
 no step reads it, and ``eval_batches`` draws the evaluations' batches from it (or from
 ``--eval-data``).
 
->>> from hspmd.train.config import TrainConfig
->>> config = TrainConfig(global_batch=2, seq_len=4, steps=2, data_max_bytes=1 << 16)
+>>> from hspmd.data.source import DataSpec
+>>> from hspmd.train.config import BatchConfig, TrainConfig
+>>> config = TrainConfig(batch=BatchConfig(global_batch=2, seq_len=4), steps=2,
+...                      data=DataSpec(max_bytes=1 << 16))
 >>> [tokens.shape for tokens, _ in step_batches(config)]
 [torch.Size([2, 4]), torch.Size([2, 4])]
 """
@@ -49,17 +51,17 @@ __all__ = ["accumulation_passes", "check_data", "eval_batches", "step_batches", 
 def step_batches(config: TrainConfig, *, first: int = 1) -> Iterator[tuple[torch.Tensor, ...]]:
     """The batches of steps ``first`` .. ``config.steps``, in order (``grad_accum`` global
     batches each, stacked)."""
-    n = config.grad_accum
-    if config.dataset is not None:
+    n = config.batch.grad_accum
+    if config.data.dataset is not None:
         return _item_batches(config, first)
-    spec = config.data_spec
+    spec = config.data
     stream: Iterator[tuple[torch.Tensor, torch.Tensor]]
     if spec.tokenized:
         stream = _windows(config).stream((first - 1) * n + 1)
     else:
         texts = _byte_texts(config)
         stream = islice(
-            byte_batches(texts, config.global_batch, config.seq_len, config.seed),
+            byte_batches(texts, config.batch.global_batch, config.batch.seq_len, config.seed),
             (first - 1) * n,
             None,
         )
@@ -72,10 +74,10 @@ def step_batches(config: TrainConfig, *, first: int = 1) -> Iterator[tuple[torch
 def _item_batches(config: TrainConfig, first: int) -> Iterator[tuple[torch.Tensor, ...]]:
     """Steps of a user's dataset (``hspmd.data.items``): global batch ``(k - 1) * n + j``
     for pass ``j`` of step ``k``, each field stacked, in the model's input order."""
-    data = open_dataset(config.dataset or "")
+    data = open_dataset(config.data.dataset or "")
     names = [f.name for f in data.layout.fields]
     order = [names.index(f.name) for f in config.model_config().batch]  # type: ignore[attr-defined]
-    n, size = config.grad_accum, config.global_batch
+    n, size = config.batch.grad_accum, config.batch.global_batch
     for step in range(first, config.steps + 1):
         parts = [data.batch((step - 1) * n + j, size=size, seed=config.seed) for j in range(n)]
         yield tuple(torch.cat([part[i] for part in parts]) for i in order)
@@ -83,16 +85,16 @@ def _item_batches(config: TrainConfig, first: int) -> Iterator[tuple[torch.Tenso
 
 def _windows(config: TrainConfig) -> TokenWindows:
     """The fixed windows of a token file's training part (``hspmd.data.held_out``)."""
-    spec = config.data_spec
+    spec = config.data
     file = open_tokens(spec)
     ids, _ = split_ids(file.ids, config.evaluation.split)
-    return TokenWindows(ids, config.global_batch, config.seq_len, config.seed,
+    return TokenWindows(ids, config.batch.global_batch, config.batch.seq_len, config.seed,
                         where=_where(config, str(spec.path or file.path)))  # fmt: skip
 
 
 def _byte_texts(config: TrainConfig) -> list[bytes]:
     """The byte corpus's documents the run trains on (its training part)."""
-    docs = load_documents(config.data, max_bytes=config.data_max_bytes or DEFAULT_MAX_BYTES)
+    docs = load_documents(config.data.path, max_bytes=config.data.max_bytes or DEFAULT_MAX_BYTES)
     return split_bytes(docs, config.evaluation.split)[0]
 
 
@@ -107,7 +109,7 @@ def eval_batches(config: TrainConfig) -> list[tuple[torch.Tensor, torch.Tensor]]
     (``hspmd.data.held_out``); the same at every evaluation."""
     ev = config.evaluation
     spec = _eval_spec(config)
-    size, seq_len = config.global_batch, config.seq_len
+    size, seq_len = config.batch.global_batch, config.batch.seq_len
     if spec.tokenized:
         file = open_tokens(spec)
         ids = file.ids if ev.data is not None else split_ids(file.ids, ev.split)[1]
@@ -125,7 +127,7 @@ def eval_batches(config: TrainConfig) -> list[tuple[torch.Tensor, torch.Tensor]]
 def _eval_spec(config: TrainConfig) -> DataSpec:
     """The corpus evaluations read: ``--eval-data`` with the run's data flags, else the
     run's own (its held-out part)."""
-    spec = config.data_spec
+    spec = config.data
     data = config.evaluation.data
     if data is None:
         return spec
@@ -156,25 +158,27 @@ def accumulation_passes(
 ) -> list[tuple[torch.Tensor, ...]]:
     """A step's batch (tokens and targets, or a dataset's fields) cut into its
     ``grad_accum`` global batches (module docstring)."""
-    size = config.global_batch
-    return [tuple(t[k * size : (k + 1) * size] for t in batch) for k in range(config.grad_accum)]
+    size = config.batch.global_batch
+    return [
+        tuple(t[k * size : (k + 1) * size] for t in batch) for k in range(config.batch.grad_accum)
+    ]
 
 
 def step_documents(config: TrainConfig, *, min_documents: int) -> Iterator[DocumentStep]:
-    """Endless variable-length steps of whole documents (``config.step_tokens`` tokens at
-    most, ``config.seq_len`` a document) from the run's corpus."""
-    assert config.step_tokens is not None
-    spec = config.data_spec
+    """Endless variable-length steps of whole documents (``config.batch.step_tokens`` tokens at
+    most, ``config.batch.seq_len`` a document) from the run's corpus."""
+    spec, batch = config.data, config.batch
+    assert batch.step_tokens is not None
     if spec.tokenized:
         file = open_tokens(spec)
         trained, _ = split_ids(file.ids, config.evaluation.split)  # documents end there
         return document_steps_of(
-            clip_documents(token_documents(spec, file), len(trained)), config.step_tokens,
-            config.seed, max_len=config.seq_len, long_docs=config.long_docs,
+            clip_documents(token_documents(spec, file), len(trained)), batch.step_tokens,
+            config.seed, max_len=batch.seq_len, long_docs=batch.long_docs,
             min_documents=min_documents,
         )  # fmt: skip
     return document_steps(
-        config.step_tokens, config.seed, max_len=config.seq_len, long_docs=config.long_docs,
+        batch.step_tokens, config.seed, max_len=batch.seq_len, long_docs=batch.long_docs,
         min_documents=min_documents, texts=_byte_texts(config),
     )  # fmt: skip
 
@@ -184,20 +188,22 @@ def check_data(config: TrainConfig, *, on_progress: Progress | None = None) -> N
     holds one step, its ids are below the model's vocabulary (a tokenizer's vocabulary too);
     text with a tokenizer is tokenized into the cache here (``on_progress``: its bytes).
     With evaluations, the same of their data, which must hold ``--eval-batches`` batches."""
-    if config.dataset is not None:  # one step's items, collated (hspmd.data.items)
-        rows = config.global_batch * config.grad_accum
-        open_dataset(config.dataset).check_step(rows, seed=config.seed)
+    if config.data.dataset is not None:  # one step's items, collated (hspmd.data.items)
+        rows = config.batch.global_batch * config.batch.grad_accum
+        open_dataset(config.data.dataset).check_step(rows, seed=config.seed)
         return
-    spec = config.data_spec
+    spec = config.data
     vocab = config.model_config().vocab_size
     if spec.tokenized:
         check_tokens(spec, vocab_size=vocab, on_progress=on_progress)
-        if not config.packed:
+        if not config.batch.packed:
             _windows(config)  # raises: fewer tokens than one step
-    elif not config.packed:  # packed: the caller draws the first step (trainer.check_config)
-        _check_bytes(config.data, vocab=vocab, max_bytes=config.data_max_bytes)
+    elif not config.batch.packed:  # packed: the caller draws the first step (trainer.check_config)
+        _check_bytes(config.data.path, vocab=vocab, max_bytes=config.data.max_bytes)
         # raises before the first batch: an empty corpus, fewer bytes than one step
-        byte_batches(_byte_texts(config), config.global_batch, config.seq_len, config.seed)
+        byte_batches(
+            _byte_texts(config), config.batch.global_batch, config.batch.seq_len, config.seed
+        )
     if not config.evaluation.every:
         return
     held = _eval_spec(config)

@@ -34,7 +34,7 @@ def describe_ranks(config: TrainConfig) -> list[tuple[str, ...]]:
         schedule = make_schedule(
             config.options.schedule, role.num_stages, role.stage, role.micro_batches
         )
-        shape = stream_shape(model, role.micro_batch_size, config.seq_len)
+        shape = stream_shape(model, role.micro_batch_size, config.batch.seq_len)
         plans = boundary_plans(strategy, model, rank, shape)
         edges = [
             f"{side}: {'+'.join(b.forward.kinds)}"

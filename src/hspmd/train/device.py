@@ -1,4 +1,4 @@
-"""Where a run computes: ``TrainConfig.device`` (``--device auto|cpu|cuda``) on this machine.
+"""Where a run computes: ``TrainConfig.runtime.device`` (``--device auto|cpu|cuda``) here.
 
 One process per rank, one GPU per rank (DESIGN decision 8): nccl on CUDA, gloo on CPU::
 
@@ -12,8 +12,8 @@ Elastic runs (``--elastic``) are gloo only: ``auto`` is CPU there and ``cuda`` i
 (their in-process regroup re-creates gloo groups, and an nccl communicator whose peer died
 needs an abort that is not written).
 
->>> from hspmd.train.config import TrainConfig
->>> run_device(TrainConfig(device="cpu"), num_ranks=4), backend_of("cpu")
+>>> from hspmd.train.config import RuntimeConfig, TrainConfig
+>>> run_device(TrainConfig(runtime=RuntimeConfig(device="cpu")), num_ranks=4), backend_of("cpu")
 ('cpu', 'gloo')
 """
 
@@ -41,17 +41,17 @@ def gpu_count() -> int:
 def run_device(config: TrainConfig, *, num_ranks: int) -> Placement:
     """Where ``num_ranks`` local ranks of ``config`` compute (the module docstring's table)."""
     gpus = gpu_count()
-    if config.device == "cpu":
+    if config.runtime.device == "cpu":
         return "cpu"
-    if config.elastic:
-        if config.device == "cuda":
+    if config.elastic.enabled:
+        if config.runtime.device == "cuda":
             raise TrainError(
                 "--elastic runs on CPU processes (gloo) only: its in-process regroup "
                 "re-creates gloo groups, and nccl needs an abort of a dead peer's "
                 "communicator that hspmd does not do yet; use --device cpu or auto"
             )
         return "cpu"
-    if config.device == "cuda" and gpus < num_ranks:
+    if config.runtime.device == "cuda" and gpus < num_ranks:
         raise TrainError(
             f"--device cuda puts one rank on each GPU (nccl): {num_ranks} ranks here but "
             f"torch sees {gpus} GPUs; use --device cpu (gloo) or a strategy of at most "
@@ -62,11 +62,11 @@ def run_device(config: TrainConfig, *, num_ranks: int) -> Placement:
 
 def reference_device(config: TrainConfig) -> torch.device:
     """The device of the reference run (one process; the module docstring's table)."""
-    if config.device == "cpu":
+    if config.runtime.device == "cpu":
         return torch.device("cpu")
     if gpu_count():
         return torch.device("cuda", torch.cuda.current_device())
-    if config.device == "cuda":
+    if config.runtime.device == "cuda":
         raise TrainError("--device cuda: torch sees no CUDA device here; use --device cpu")
     return torch.device("cpu")
 

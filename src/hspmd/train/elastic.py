@@ -151,11 +151,13 @@ def run_rank_elastic(world: World, config: TrainConfig) -> dict[str, Any]:
     else:
         active = _build(world, config, config.strategy, watch)
         run = _Run(config, world, watch, active, tuple(range(world.world_size)), gen=0, builds=1)
-        run.lengths = Lengths(config) if config.packed else None
-        if config.resume:
-            _resume(run, config.resume)
+        run.lengths = Lengths(config) if config.batch.packed else None
+        if config.checkpoint.resume:
+            _resume(run, config.checkpoint.resume)
         # packed steps are drawn by step number (``_packed``), fixed batches in order
-        data = itertools.repeat(None) if config.packed else step_batches(config, first=run.step)
+        data = (
+            itertools.repeat(None) if config.batch.packed else step_batches(config, first=run.step)
+        )
         batch = next(data, None)  # None: a checkpoint at --steps leaves nothing to do
     try:
         while run.step <= config.steps:
@@ -202,14 +204,14 @@ def _grow(run: _Run) -> None:
     """Before a ``--grow`` step: rank 0 asks the launcher for spares (``grow/I``, with the
     run's position for the spares), then every rank waits for the new generation
     (``PeerFailure``: the recovery takes the spares in)."""
-    steps = [step for step, _ in run.config.grow]
+    steps = [step for step, _ in run.config.elastic.grow]
     if run.step not in steps or run.step in run.grown:
         return
     run.grown.append(run.step)
     index = steps.index(run.step)
     if run.world.rank == 0:
         request = {
-            "count": dict(run.config.grow)[run.step], "step": run.step, "gen": run.gen,
+            "count": dict(run.config.elastic.grow)[run.step], "step": run.step, "gen": run.gen,
             "members": list(run.members), "strategy": _encode(run.active.strategy),
             "adam_steps": run.adam_steps, "grown": run.grown,
         }  # fmt: skip
@@ -234,9 +236,9 @@ def _spare(world: World, config: TrainConfig, watch: Watch) -> tuple[_Run, Any, 
     run = _Run(
         config, world, watch, Active(layout=layout), tuple(request["members"]),
         gen=request["gen"], step=request["step"], adam_steps=request["adam_steps"],
-        grown=list(request["grown"]), lengths=Lengths(config) if config.packed else None,
+        grown=list(request["grown"]), lengths=Lengths(config) if config.batch.packed else None,
     )  # fmt: skip
-    data = itertools.repeat(None) if config.packed else step_batches(config, first=run.step)
+    data = itertools.repeat(None) if config.batch.packed else step_batches(config, first=run.step)
     return run, data, next(data)
 
 
@@ -247,7 +249,7 @@ def _step(run: _Run, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
 
     def phase(name: str) -> None:
         watch.enter(name, step)
-        inject(config.inject, member=member, step=step, phase=name, watch=watch)
+        inject(config.faults.inject, member=member, step=step, phase=name, watch=watch)
 
     phase("forward")
     role, exe, plans, post = active.role, active.exe, active.plans, active.post
@@ -255,7 +257,7 @@ def _step(run: _Run, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
         post.zero_grad()
         value = run_step(
             exe, role, plans, config, world, batch, step=step, post=post,
-            slow=slowdown_of(config.slowdown, member), on_action=phase,
+            slow=slowdown_of(config.faults.slowdown, member), on_action=phase,
         )  # fmt: skip
         phase("sync")
         post.finish_sync()
@@ -263,8 +265,8 @@ def _step(run: _Run, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
             run.store(lambda s: s.set(key("loss", run.gen, step, world.rank), repr(value)))
     else:
         phase("sync")
-    if config.clip_grad_norm is not None:  # every rank, before the commit: watched
-        run.grad_norm = float(clip_gradients(post, world, max_norm=config.clip_grad_norm))
+    if config.adam.clip_grad_norm is not None:  # every rank, before the commit: watched
+        run.grad_norm = float(clip_gradients(post, world, max_norm=config.adam.clip_grad_norm))
     _commit(run)
     phase("optimizer")
     if post is not None:
@@ -304,17 +306,27 @@ def _record(run: _Run, *, seconds: float) -> None:
 
 def _save(run: _Run) -> None:
     run.watch.enter("save", run.step)
-    inject(run.config.inject, member=run.world.member, step=run.step, phase="save", watch=run.watch)
+    inject(
+        run.config.faults.inject,
+        member=run.world.member,
+        step=run.step,
+        phase="save",
+        watch=run.watch,
+    )
     save_checkpoint(
-        run.world, run.config, run.active, directory=run.config.save or "", step=run.step,
-        steps=run.adam_steps,
+        run.world, run.config, run.active, directory=run.config.checkpoint.save or "",
+        step=run.step, steps=run.adam_steps,
     )  # fmt: skip
     run.saved = run.step
 
 
 def _save_due(run: _Run) -> bool:
     config = run.config
-    return bool(config.save) and run.step % config.save_every == 0 and run.saved != run.step
+    return (
+        bool(config.checkpoint.save)
+        and run.step % config.checkpoint.every == 0
+        and run.saved != run.step
+    )
 
 
 def _eval_due(run: _Run) -> bool:
@@ -326,7 +338,9 @@ def _evaluate(run: _Run, *, step: int) -> None:
     rank that finishes it (its all-reduce had every rank's part) leaves the record in the
     store: a recovery redoes it only where no rank did (``_settle``)."""
     run.watch.enter("eval", step)
-    inject(run.config.inject, member=run.world.member, step=step, phase="eval", watch=run.watch)
+    inject(
+        run.config.faults.inject, member=run.world.member, step=step, phase="eval", watch=run.watch
+    )
     run.held = run.held or eval_batches(run.config)
     record = evaluate_rank(run.world, run.config, run.active, run.held, step=step)
     value = json.dumps([record.loss, record.batches, record.tokens, record.seconds])
@@ -397,7 +411,7 @@ def _recover(run: _Run, failure: PeerFailure, data: Any, batch: Any) -> tuple[An
         except PeerFailure as again:  # a member failed during recovery: again, from settled states
             detected = again.detected_at
     used = set(pending.strategy.ranks)
-    if pending.moved_bytes is None and not config.packed:  # the checkpoint's steps again
+    if pending.moved_bytes is None and not config.batch.packed:  # the checkpoint's steps again
         data = step_batches(config, first=run.step)
         batch = next(data)
     event = {
@@ -510,7 +524,7 @@ def _replan_and_move(run: _Run, members: tuple[int, ...]) -> _Moved:
     if lost:
         return _fallback(run, members, target, lost, plan_seconds)
     watch.enter("switch", run.step)
-    inject(config.inject, member=world.member, step=run.step, phase="switch", watch=watch)
+    inject(config.faults.inject, member=world.member, step=run.step, phase="switch", watch=watch)
     switch = plan_survivor_switch(model, source, target, renumbered=renumbered)
     state = run.active.post.state() if run.active.post is not None else {}
     moved, _ = run_switch(switch, state, world)
@@ -534,16 +548,16 @@ def _plan_record(
     if run.lengths is not None:
         joined = tuple(m for m in members if m not in run.members)
         return run.lengths.replan_record(members=run.members, joined=joined,
-                                         alive=sorted(renumbered), current=run.active.strategy)  # fmt: skip
+                                         alive=sorted(renumbered))  # fmt: skip
     plan = replan(
         planning_model(config.model_config()), local_cost(max(len(run.members), max(renumbered) + 1)),
         alive=sorted(renumbered),
-        current=source, global_batch=config.global_batch, seq_len=config.seq_len,
+        current=source, global_batch=config.batch.global_batch, seq_len=config.batch.seq_len,
         dtype=config.options.dtype,
     )  # fmt: skip
     check_strategy(
-        plan.strategy, config.model_config(), global_batch=config.global_batch,
-        options=config.options, seq_len=config.seq_len,
+        plan.strategy, config.model_config(), global_batch=config.batch.global_batch,
+        options=config.options, seq_len=config.batch.seq_len,
     )  # fmt: skip
     return {"strategy": plan.strategy, "plan_seconds": plan.plan_seconds}
 
@@ -589,7 +603,10 @@ def _fallback(
     config, world = run.config, run.world
     layers = sorted({n.split(".")[1] for n in lost if n.startswith("layers.")}, key=int)
     what = f"layers {', '.join(layers)}" if layers else ", ".join(lost[:3])
-    directory = next((d for d in (config.save, config.resume) if d and _has_checkpoint(d)), None)
+    directory = next(
+        (d for d in (config.checkpoint.save, config.checkpoint.resume) if d and _has_checkpoint(d)),
+        None,
+    )
     if directory is None:
         raise TrainError(
             f"every replica of {what} died and there is no checkpoint to fall back to: "
@@ -645,7 +662,7 @@ def _switch(run: _Run, target: Strategy) -> None:
     (every rank decides alike, nothing moves)."""
     config, world, watch = run.config, run.world, run.watch
     watch.enter("switch", run.step)
-    inject(config.inject, member=world.member, step=run.step, phase="switch", watch=watch)
+    inject(config.faults.inject, member=world.member, step=run.step, phase="switch", watch=watch)
     layout = Layout(target, config.model_config().num_layers)
     if _only_counts(run.active.layout.strategy, layout.strategy):  # same executables, states
         role = layout.role(world.rank)

@@ -29,11 +29,9 @@ from typing import Any
 
 from hspmd.cost.captured import planning_model
 from hspmd.data import DocumentStep
-from hspmd.models.config import LlamaConfig
 from hspmd.plan.dispatch import Assignment, DispatchError, balanced
 from hspmd.plan.strategy import Strategy, check_strategy
 from hspmd.planner.combined import LengthPlanner, LengthSet, StatesSwitch
-from hspmd.planner.elastic import replan
 from hspmd.planner.length_model import Histogram, LengthStrategy
 from hspmd.planner.lengths import assignment_seconds, fixed_dispatcher, load_plans, plans_json
 from hspmd.planner.local import local_cost
@@ -52,14 +50,14 @@ MAXIMA = 4  # maximum lengths a re-planned set has at most
 def documents_floor(config: TrainConfig) -> int:
     """The least documents a step holds: what the reference's packing asks
     (``train.packing``: the plans' fewest pipelines, or the strategy's micro-batches) and
-    ``config.min_documents`` (an elastic run of packed documents: a document a rank at
+    ``config.batch.min_documents`` (an elastic run of packed documents: a document a rank at
     least, ``TrainConfig``), so the run and its reference read the same documents."""
-    if config.length_plans is not None:
+    if config.switching.length_plans is not None:
         plans, _ = length_plans(config)
         least = min(len(p.strategy.pipelines) for p in plans)
     else:
         least = sum(p.num_micro_batches for p in config.require_strategy().pipelines)
-    return max(config.min_documents, least)
+    return max(config.batch.min_documents, least)
 
 
 def document_rows(config: TrainConfig) -> Iterator[PackedStep]:
@@ -99,13 +97,13 @@ class Lengths:
     """One rank's view of an elastic run's packed steps (module docstring)."""
 
     def __init__(self, config: TrainConfig) -> None:
-        assert config.step_tokens is not None
+        assert config.batch.step_tokens is not None
         self.config = config
         self.floor = documents_floor(config)
         self._docs: dict[int, DocumentStep] = {}
         self._stream: Any = None
         self._next = 1  # the step the stream gives next
-        if config.length_plans is not None:
+        if config.switching.length_plans is not None:
             plans, switch = length_plans(config)
             self.set = StrategySet(tuple(plans), tuple(p.strategy for p in plans),
                                    tuple(map(tuple, switch)))  # fmt: skip
@@ -182,7 +180,7 @@ class Lengths:
             strategy, sequence_parallel=self.config.options.sequence_parallel
         )
         run = balanced if plan is None else fixed_dispatcher(plan)
-        return run(lengths, slots=slots, max_len=self.config.seq_len, multiple=multiple)
+        return run(lengths, slots=slots, max_len=self.config.batch.seq_len, multiple=multiple)
 
     def samples(self) -> list[list[int]]:
         """The document lengths of the run's first ``SAMPLE_STEPS`` steps (the planner's
@@ -193,39 +191,35 @@ class Lengths:
         return self._samples
 
     def replan_record(self, *, members: tuple[int, ...], joined: tuple[int, ...],
-                      alive: list[int], current: Strategy) -> dict[str, Any]:  # fmt: skip
+                      alive: list[int]) -> dict[str, Any]:  # fmt: skip
         """Rank 0: the set for ``alive`` (the old generation's numbers, ``joined`` spares
-        after them), warm-started from the set running now, as a plans file. A model the
-        length planner cannot cost (its row model has the Llama's formulas only) gets the
-        elastic planner's strategy for rows of ``--max-seq-len``, dispatched by
-        ``balanced``, warm-started from ``current`` (a strategy in the record is a value:
-        ``hspmd.train.elastic`` encodes it for the store)."""
+        after them), warm-started from the set running now, as a plans file; any model with
+        a cost function (a preset's formulas, a captured model's measured figures:
+        ``planning_model``). A strategy in the record is a value: ``hspmd.train.elastic``
+        encodes it for the store."""
         config = self.config
-        slow = {r: slowdown_of(config.slowdown, m).factor for r, m in enumerate(members + joined)}
+        slow = {
+            r: slowdown_of(config.faults.slowdown, m).factor for r, m in enumerate(members + joined)
+        }
         cost = local_cost(len(members) + len(joined), slowdown=slow, dtype=config.options.dtype)
         model = planning_model(config.model_config())
-        if not isinstance(model, LlamaConfig):
-            rows = max(2, -(-(config.step_tokens or 0) // config.seq_len))
-            fixed = replan(model, cost, alive=alive, current=current, global_batch=rows,
-                           seq_len=config.seq_len, dtype=config.options.dtype)  # fmt: skip
-            return {"strategy": fixed.strategy, "plan_seconds": fixed.plan_seconds}
         planner = LengthPlanner(model, cost, sequence_parallel=config.options.sequence_parallel)
         samples = self.samples()
-        hist = Histogram.of([n for s in samples for n in s], max_len=config.seq_len,
-                            smallest=max(1, config.seq_len >> (MAXIMA + 2)))  # fmt: skip
+        hist = Histogram.of([n for s in samples for n in s], max_len=config.batch.seq_len,
+                            smallest=max(1, config.batch.seq_len >> (MAXIMA + 2)))  # fmt: skip
         known = [p for p in self.set.plans if p is not None]
         previous = LengthSet(tuple(known), tuple(alive), 0.0, 0) if known else None
         # steps may go over --tokens-per-step (a document a rank at least): plan the largest
-        tokens = max([config.step_tokens or 0, *(sum(x) for x in samples)])
+        tokens = max([config.batch.step_tokens or 0, *(sum(x) for x in samples)])
         found = planner.plan(hist, alive=alive, step_tokens=tokens,
                              count=MAXIMA, samples=samples, previous=previous)  # fmt: skip
         plans = [dataclasses.replace(p, strategy=_explicit(p)) for p in found.plans]
         for p in plans:
             check_strategy(p.strategy, config.model_config(), options=config.options,
-                           seq_len=config.seq_len)  # fmt: skip
+                           seq_len=config.batch.seq_len)  # fmt: skip
         switch = StatesSwitch(plans, model, cost).matrix()
-        data = plans_json(plans, hist, model=config.model, cluster=cost.cluster.name,
-                          step_tokens=config.step_tokens or 0, switch=switch)  # fmt: skip
+        data = plans_json(plans, hist, model=config.model.source, cluster=cost.cluster.name,
+                          step_tokens=config.batch.step_tokens or 0, switch=switch)  # fmt: skip
         return {"plans": data, "plan_seconds": found.plan_seconds}
 
     def take(self, record: dict[str, Any], *, step: int, renumbered: dict[int, int]) -> Strategy:

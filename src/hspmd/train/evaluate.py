@@ -57,7 +57,7 @@ def evaluate_rank(
     count = len(batches)
     return EvalRecord(
         step=step, loss=float(total) / count, batches=count,
-        tokens=count * config.global_batch * config.seq_len,
+        tokens=count * config.batch.global_batch * config.batch.seq_len,
         seconds=time.perf_counter() - begin,
     )  # fmt: skip
 
@@ -85,7 +85,7 @@ def _pass(
             x = recv(sized.incoming.forward, world, dtype=dtype)
         out = exe.forward(x, y, None)
         if sized.outgoing is None:
-            loss += float(out * (size / config.global_batch))
+            loss += float(out * (size / config.batch.global_batch))
         else:
             sends += send(sized.outgoing.forward, out, world)
     for pending in sends:
@@ -114,6 +114,6 @@ def evaluate_reference(
         torch.cuda.synchronize(device)
     return EvalRecord(
         step=step, loss=sum(losses) / len(losses), batches=len(batches),
-        tokens=len(batches) * config.global_batch * config.seq_len,
+        tokens=len(batches) * config.batch.global_batch * config.batch.seq_len,
         seconds=time.perf_counter() - begin,
     )  # fmt: skip

@@ -1,7 +1,8 @@
 """The identity of a run's model (``hspmd.plan.identity``), and the checks of files that
 carry one against it: plan files (``hspmd.train.planfile``) and checkpoints (``--resume``).
 
->>> config = TrainConfig(model_overrides=(("num_layers", 2),))
+>>> from hspmd.train.config import ModelChoice
+>>> config = TrainConfig(model=ModelChoice(overrides=(("num_layers", 2),)))
 >>> str(model_identity(config))
 "llama-tiny {'num_layers': 2} (21 parameters, fingerprint a21a568118c16226)"
 """
@@ -19,20 +20,20 @@ __all__ = ["check_resume_identity", "model_identity"]
 def model_identity(config: TrainConfig) -> ModelIdentity:
     """``config``'s model: its source, keyword arguments and structural fingerprint."""
     return ModelIdentity.of(
-        config.model_config(), source=config.model, kwargs=dict(config.model_overrides)
+        config.model_config(), source=config.model.source, kwargs=dict(config.model.overrides)
     )
 
 
 def check_resume_identity(config: TrainConfig) -> None:
-    """With ``config.resume``: the newest checkpoint there must be whole (every shard's
+    """With ``config.checkpoint.resume``: the newest checkpoint there must be whole (every shard's
     header read: ``hspmd.checkpoint.verify``) and hold this run's model by structure (one
     line naming both, before any process starts); checkpoints saved before identities were
     recorded, and folders a run earlier in the same launch has yet to fill, are not
     checked here (their tensors still are, on load)."""
-    if not config.resume:
+    if not config.checkpoint.resume:
         return
     try:
-        folder = latest(config.resume)
+        folder = latest(config.checkpoint.resume)
     except CheckpointError:  # none yet: a run earlier in the same launch saves it
         return  # (train_many); loading names a folder that stays empty
     saved = check_checkpoint(folder).identity

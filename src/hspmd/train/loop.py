@@ -16,18 +16,18 @@ the rank's schedule (``hspmd.specialize.schedule``)::
           all-reduce / split-all-reduce), clipped to the global norm (hspmd.train.clip;
           with ``clip_grad_norm``), then AdamW on the local parameters at the step's
           learning rate (hspmd.train.lr); the plans start during the rank's last B, as
-          gradients become final (hspmd.train.overlap; ``TrainConfig.overlap=False``: all
+          gradients become final (hspmd.train.overlap; ``TrainConfig.runtime.overlap=False``: all
           after it)
 
-With ``TrainConfig.grad_accum`` N the schedule runs N times per step, once per global
+With ``TrainConfig.batch.grad_accum`` N the schedule runs N times per step, once per global
 batch, the gradients adding up (each micro-batch's loss weighted by 1/N more); Post runs
 once, after the last.
 
-With ``TrainConfig.step_tokens`` each step is packed documents of varying length
+With ``TrainConfig.batch.step_tokens`` each step is packed documents of varying length
 (``hspmd.train.packing``): the executable and boundary plans are built once, at the maximum
 length ``seq_len``, and sized to each micro-batch (``hspmd.comm.sizing``); no rebuild.
 
-With ``TrainConfig.slowdown`` a listed rank sleeps ``(factor - 1)`` times the wall time of
+With ``TrainConfig.faults.slowdown`` a listed rank sleeps ``(factor - 1)`` times the wall time of
 each F and B compute and of Post's step after it (``hspmd.train.slowdown``).
 
 With ``TrainConfig.evaluation``, every N-th step is followed by a held-out evaluation: the
@@ -139,7 +139,7 @@ def _micro_batch(
         return mb.tokens, mb.targets, mb.segments, batch.scale(role.pipeline, m), None
     size = role.micro_batch_size  # batch: one global batch (an accumulation pass)
     rows = range(role.row_offset + m * size, role.row_offset + (m + 1) * size)
-    weight = size / (config.global_batch * config.grad_accum)
+    weight = size / (config.batch.global_batch * config.batch.grad_accum)
     place = range(first_row + rows.start, first_row + rows.stop)
     first, *rest = (t[rows.start : rows.stop] for t in batch)
     return first, rest[0] if len(rest) == 1 else tuple(rest), None, weight, place
@@ -208,16 +208,16 @@ def run_step(
     on_action: Callable[[str], None] | None = None,
 ) -> float:  # fmt: skip
     """Every F and B of the rank's schedule on one step's batch, once per accumulation
-    pass (``config.grad_accum``: the gradients add up); the scaled loss sum. ``step`` (1,
+    pass (``config.batch.grad_accum``: the gradients add up); the scaled loss sum. ``step`` (1,
     2, ...) keys dropout masks with the rows (``hspmd.randomness``): a redone step draws
     the same ones.
 
-    With ``post`` (and ``config.overlap``), ``post.arm()`` runs before the last B of the
+    With ``post`` (and ``config.runtime.overlap``), ``post.arm()`` runs before the last B of the
     last pass. With ``slow``, each F and B compute is followed by its sleep
     (``hspmd.train.slowdown``). ``rec`` records a span per F and B
     (``hspmd.runtime.trace``). ``on_action("forward" | "backward")`` runs before each
     action (elastic runs: phase tracking and fault injection)."""
-    if isinstance(batch, PackedStep) or config.grad_accum == 1:
+    if isinstance(batch, PackedStep) or config.batch.grad_accum == 1:
         passes: list[Batch] = [batch]
     else:
         passes = list(accumulation_passes(batch, config))
@@ -226,7 +226,7 @@ def run_step(
         last = k == len(passes) - 1
         total += _run_pass(program, role, plans, config, world, part, post=post if last else None,
                            slow=slow, rec=rec, on_action=on_action, step=step,
-                           first_row=k * config.global_batch)  # fmt: skip
+                           first_row=k * config.batch.global_batch)  # fmt: skip
     return total
 
 
@@ -254,7 +254,7 @@ def _run_pass(
                 _forward(program, plans, world, live, m=action.micro_batch, micro=micro,
                          model=model, dtype=dtype, step=step)  # fmt: skip
         elif action.kind == "B":
-            if index == last_b and post is not None and config.overlap:
+            if index == last_b and post is not None and config.runtime.overlap:
                 post.arm()
             with rec.span("B", cat="backward", micro_batch=action.micro_batch, stage=role.stage):
                 _backward(world, live, m=action.micro_batch)
@@ -291,7 +291,9 @@ def prepare_strategies(world: World, config: TrainConfig, strategies: Sequence[S
         else:
             plans += [
                 item.plan
-                for item in grad_sync_plan(strategy, model, bucket_bytes=config.bucket_bytes)
+                for item in grad_sync_plan(
+                    strategy, model, bucket_bytes=config.runtime.bucket_bytes
+                )
             ]
         groups += executable_groups(strategy)
     world.prepare_groups([*plan_groups(plans), *groups])
@@ -304,16 +306,18 @@ def switch_to(
     BSR, ``hspmd.switch.live``) and continue under it; ``steps``: Adam's step count.
     Returns the new part and the messages this rank sent. Under ``switch_mode="weights"``
     only the compute weights move (``hspmd.train.home.switch_weights``)."""
-    if config.switch_mode == "weights":
+    if config.switching.mode == "weights":
         return switch_weights(world, config, active, target)
     model = config.model_config()
     nodes = switch_topology(
-        cluster=config.cluster, ranks_per_node=config.ranks_per_node, num_ranks=world.world_size
+        cluster=config.switching.cluster,
+        ranks_per_node=config.switching.ranks_per_node,
+        num_ranks=world.world_size,
     )
     plan = plan_switch(
         model, active.strategy, target, zero1=config.zero1,
         shares=config.options.zero_shares, compute=config.zero < 3, topology=nodes,
-        algo=config.switch_algo, num_ranks=world.world_size,
+        algo=config.switching.algo, num_ranks=world.world_size,
     )  # fmt: skip
     state = active.post.state() if active.post is not None else {}
     with count_comm(world) as log:
@@ -330,7 +334,7 @@ def post_step(
     meter: StateMeter | None = None,
 ) -> torch.Tensor | None:  # fmt: skip
     """Post of one step on every rank of the world (``post`` None: idle under the
-    strategy): the gradient sync, clipping to ``config.clip_grad_norm`` (one all-reduce
+    strategy): the gradient sync, clipping to ``config.adam.clip_grad_norm`` (one all-reduce
     over the world, ``hspmd.train.clip``, which sums ``loss`` over the world too), the
     optimizer. Returns the global gradient norm before clipping (None without clipping:
     then ``loss`` is still this rank's). ``meter`` samples the state after the sync."""
@@ -339,8 +343,8 @@ def post_step(
     if meter is not None:
         meter.sample()
     norm = None
-    if config.clip_grad_norm is not None:
-        norm = clip_gradients(post, world, max_norm=config.clip_grad_norm, carry=loss)
+    if config.adam.clip_grad_norm is not None:
+        norm = clip_gradients(post, world, max_norm=config.adam.clip_grad_norm, carry=loss)
     if post is not None:
         post.apply()
     return norm
@@ -364,7 +368,7 @@ def _state_specs(config: TrainConfig, active: Active) -> dict[str, ParamSpec]:
     under ``switch_mode="weights"`` the run's home layout (it depends on the run's number
     of ranks, not on the strategy), e.g. ``[0,1,2,3]{0:4}`` for a [64, 64] weight."""
     model = config.model_config()
-    if config.switch_mode == "weights":
+    if config.switching.mode == "weights":
         return dict(home_annotations(model, num_ranks=run_ranks(config)))
     return state_annotations(
         active.layout.strategy, model, zero1=config.zero1, shares=config.options.zero_shares
@@ -389,7 +393,7 @@ def save_checkpoint(
     world.wait([dist.barrier(async_op=True)])  # through the waiter: elastic runs go on
     if world.rank == 0:
         commit_rank_states(
-            directory, step=step, model=config.model, strategy=str(active.strategy),
+            directory, step=step, model=config.model.source, strategy=str(active.strategy),
             param_specs=specs, adam_step=steps, data_position=step,
             run={**config.data_identity(), **config.recipe_identity()},
             identity=model_identity(config), model_config=_hf_config(config),
@@ -411,7 +415,9 @@ def load_checkpoint(
     ``switch_mode="weights"`` the states load into this run's home layout and the compute
     weights of ``active``'s strategy are derived from them (``HomePost.load_state``)."""
     specs = _state_specs(config, active)
-    state = load_rank_state(directory, rank=world.rank, param_specs=specs, model=config.model)
+    state = load_rank_state(
+        directory, rank=world.rank, param_specs=specs, model=config.model.source
+    )
     if active.post is not None:
         moved = {n: (m, state.exp_avg[n], state.exp_avg_sq[n]) for n, m in state.params.items()}
         active.post.load_state(moved, steps=state.adam_step)
@@ -419,14 +425,15 @@ def load_checkpoint(
 
 
 def _resume(world: World, config: TrainConfig) -> tuple[Active, int, int]:
-    """The active strategy loaded from ``config.resume``, the first step and Adam's steps."""
-    assert config.resume is not None
-    first = read_manifest(latest(config.resume)).step + 1
+    """The active strategy loaded from ``config.checkpoint.resume``, the first step and
+    Adam's steps."""
+    assert config.checkpoint.resume is not None
+    first = read_manifest(latest(config.checkpoint.resume)).step + 1
     active = activate(world, config, config.strategy_at(first))
-    state = load_checkpoint(world, config, active, directory=config.resume)
+    state = load_checkpoint(world, config, active, directory=config.checkpoint.resume)
     if state.data_position != state.step or state.step + 1 != first:
         raise TrainError(
-            f"checkpoint in {config.resume} changed while loading or has data position "
+            f"checkpoint in {config.checkpoint.resume} changed while loading or has data position "
             f"{state.data_position} at step {state.step}: resume from a checkpoint of hspmd train"
         )
     return active, first, state.adam_step
@@ -464,12 +471,12 @@ class _Data:
 
     @staticmethod
     def open(config: TrainConfig, strategy: Strategy, first: int) -> _Data:
-        if config.length_plans is not None:
+        if config.switching.length_plans is not None:
             worker: PlanAhead[Batch] = PlanAhead(planned_steps(config))
             return _Data(islice(worker, first - 1, None), worker, ahead=True)
         worker = PlanAhead(
             islice(packed_steps(config, strategy), first - 1, None)
-            if config.packed
+            if config.batch.packed
             else step_batches(config, first=first)  # drawn by step: nothing replayed
         )
         return _Data(worker, worker, ahead=False)
@@ -485,8 +492,8 @@ def run_rank(
     """Train ``config`` on this rank; ranks outside the strategy only join the loss sum.
 
     ``report(record)`` is called on rank 0 after each step, and after each evaluation
-    (``config.evaluation``: every N-th step, ``hspmd.train.evaluate``). Switches (``config.switches``)
-    run before their step on every rank. Returns the step records and this rank's
+    (``config.evaluation``: every N-th step, ``hspmd.train.evaluate``). Switches
+    (``config.switching.switches``) run before their step on every rank. Returns the step records and this rank's
     parameter pieces: name -> (global region, numpy array). ``rec``: a trace
     ``Recorder`` (``hspmd.runtime.trace``) records steps, F, B, Post, switches, saves and
     every communication step.
@@ -496,17 +503,17 @@ def run_rank(
     world.tracer = rec if isinstance(rec, Recorder) else None
     end_setup = rec.begin("setup", cat="setup")  # groups, executables (and a resume)
     prepare_all(world, config)  # every rank, idle ones too, in the same order
-    if config.resume:
+    if config.checkpoint.resume:
         active, first, adam_steps = _resume(world, config)
     else:
         active, first, adam_steps = activate(world, config, config.require_strategy()), 1, 0
     run = _RankRun(
         active=active, adam_steps=adam_steps, planned=_planned_strategies(config),
-        slow=slowdown_of(config.slowdown, world.rank, device=world.device),
+        slow=slowdown_of(config.faults.slowdown, world.rank, device=world.device),
     )  # fmt: skip
     data = _Data.open(config, active.strategy, first)
     end_setup()
-    switches = dict(config.switches)
+    switches = dict(config.switching.switches)
     for step in range(first, config.steps + 1):
         batch = next(data.stream) if data.ahead else None
         target = (
@@ -521,7 +528,7 @@ def run_rank(
                 )
         end_step = rec.begin(f"step {step}", cat="step", step=step)
         batch = next(data.stream) if batch is None else batch
-        inject(config.inject, member=world.rank, step=step, phase="forward")  # ends the run
+        inject(config.faults.inject, member=world.rank, step=step, phase="forward")  # ends the run
         start = time.perf_counter()
         total, grad_norm = _train_step(world, config, run, batch, step=step, rec=rec)
         end_step()
@@ -561,7 +568,7 @@ def _train_step(
         end_post()
     else:  # an idle rank: its home shards (switch_mode="weights"), the clipping norm
         grad_norm = None
-        if post is not None or config.clip_grad_norm is not None:
+        if post is not None or config.adam.clip_grad_norm is not None:
             with rec.span("Post", cat="post"), slow:
                 grad_norm = post_step(post, world, config, loss=loss)
     run.adam_steps += 1
@@ -579,10 +586,11 @@ def _after_step(
     """Report the step's record, then its checkpoint and its evaluation, if due."""
     if report is not None and world.rank == 0:
         report(run.records[-1])
-    if config.save and step % config.save_every == 0:
+    if config.checkpoint.save and step % config.checkpoint.every == 0:
         with rec.span("save", cat="checkpoint", step=step):
             save_checkpoint(
-                world, config, run.active, directory=config.save, step=step, steps=run.adam_steps
+                world, config, run.active, directory=config.checkpoint.save, step=step,
+                steps=run.adam_steps,
             )  # fmt: skip
     if config.evaluation.due(step):
         run.held = run.held or eval_batches(config)
@@ -612,9 +620,9 @@ def _outcome(world: World, run: _RankRun) -> dict[str, Any]:
 
 def _planned_strategies(config: TrainConfig) -> list[Strategy]:
     """The strategies of a length-plans run, by plan index (empty otherwise)."""
-    if config.length_plans is None:
+    if config.switching.length_plans is None:
         return []
-    return [plan.strategy for plan in config.length_plans.plans]
+    return [plan.strategy for plan in config.switching.length_plans.plans]
 
 
 def _record_fields(batch: Batch) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Variable-length steps: documents packed into each pipeline's micro-batches.
 
-With ``TrainConfig.step_tokens`` a step is whole documents of about that many tokens
+With ``TrainConfig.batch.step_tokens`` a step is whole documents of about that many tokens
 (``hspmd.train.batches.step_documents``: the byte corpus's or a token file's), dispatched
 to the strategy's pipelines, micro-batches and rows (``hspmd.plan.dispatch``; ``balanced``
 unless another dispatcher is given) and packed: each row holds its documents back to back,
@@ -149,14 +149,17 @@ def _dispatched(
     config: TrainConfig, strategy: Strategy, *, dispatch: Dispatcher = balanced
 ) -> Iterator[tuple[DocumentStep, Assignment]]:
     """Each step's documents and where ``dispatch`` puts them (``packed_steps``, unpacked)."""
-    assert config.step_tokens is not None
+    assert config.batch.step_tokens is not None
     slots = [(p.num_micro_batches, p.micro_batch_size) for p in strategy.pipelines]
     multiple = length_multiple(strategy, sequence_parallel=config.options.sequence_parallel)
     stream = step_documents(
-        config, min_documents=max(config.min_documents, sum(m for m, _ in slots))
+        config, min_documents=max(config.batch.min_documents, sum(m for m, _ in slots))
     )
     for step in islice(stream, config.steps):
-        yield step, dispatch(step.lengths, slots=slots, max_len=config.seq_len, multiple=multiple)
+        yield (
+            step,
+            dispatch(step.lengths, slots=slots, max_len=config.batch.seq_len, multiple=multiple),
+        )
 
 
 def safe_step_tokens(strategy: Strategy, max_len: int) -> int:
@@ -181,7 +184,7 @@ def safe_step_tokens(strategy: Strategy, max_len: int) -> int:
 def check_packed_dropout(config: TrainConfig) -> None:
     """Refuse packed documents with a model that drops: its masks are keyed by the row of
     the step's batch (DESIGN decision 17), and packed rows are laid out per strategy."""
-    if not config.packed:
+    if not config.batch.packed:
         return
     model = config.model_config()
     drops = list(mask_ops(model_graph(model).graph))
@@ -204,21 +207,21 @@ def check_packing(config: TrainConfig, strategy: Strategy) -> None:
         for _ in _dispatched(config, strategy):
             done += 1
     except DispatchError as error:
-        bound = safe_step_tokens(strategy, config.seq_len)
+        bound = safe_step_tokens(strategy, config.batch.seq_len)
         rows = sum(p.batch_size for p in strategy.pipelines)
         raise TrainError(
-            f"--tokens-per-step {config.step_tokens}: the documents of step {done + 1} "
-            f"do not pack into the strategy's {rows} rows of --max-seq-len {config.seq_len} "
+            f"--tokens-per-step {config.batch.step_tokens}: the documents of step {done + 1} "
+            f"do not pack into the strategy's {rows} rows of --max-seq-len {config.batch.seq_len} "
             f"({error}); whole documents leave gaps in rows: at most {bound} tokens a step "
-            f"({rows} rows x {(config.seq_len + 2) // 2}) always pack, or raise "
+            f"({rows} rows x {(config.batch.seq_len + 2) // 2}) always pack, or raise "
             "--max-seq-len or the pipelines' micro-batches"
         ) from None
 
 
 def length_plans(config: TrainConfig) -> tuple[list[LengthStrategy], list[list[float]]]:
-    """The strategies and switch times of ``config.length_plans``."""
-    assert config.length_plans is not None
-    plans = config.length_plans
+    """The strategies and switch times of ``config.switching.length_plans``."""
+    assert config.switching.length_plans is not None
+    plans = config.switching.length_plans
     return list(plans.plans), [list(row) for row in plans.switch_s]
 
 
@@ -240,14 +243,15 @@ def planned_steps(config: TrainConfig) -> Iterator[PackedStep]:
 
 
 def _planned(config: TrainConfig) -> Iterator[tuple[PackedStep, float]]:
-    assert config.step_tokens is not None
+    assert config.batch.step_tokens is not None
     plans, switch = length_plans(config)
     strategies = [p.strategy for p in plans]
     multiples = [
         length_multiple(s, sequence_parallel=config.options.sequence_parallel) for s in strategies
     ]
     stream = step_documents(
-        config, min_documents=max(config.min_documents, min(len(s.pipelines) for s in strategies))
+        config,
+        min_documents=max(config.batch.min_documents, min(len(s.pipelines) for s in strategies)),
     )
     current: int | None = None
     ignore = ignore_index(config)
@@ -256,7 +260,7 @@ def _planned(config: TrainConfig) -> Iterator[tuple[PackedStep, float]]:
         for k, (plan, strategy) in enumerate(zip(plans, strategies, strict=True)):
             slots = [(p.num_micro_batches, p.micro_batch_size) for p in strategy.pipelines]
             try:
-                a = fixed_dispatcher(plan)(step.lengths, slots=slots, max_len=config.seq_len,
+                a = fixed_dispatcher(plan)(step.lengths, slots=slots, max_len=config.batch.seq_len,
                                            multiple=multiples[k])  # fmt: skip
             except DispatchError:
                 continue

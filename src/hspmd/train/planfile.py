@@ -107,18 +107,22 @@ def config_from_plan(plan: PlanFile, config: TrainConfig) -> TrainConfig:
             '(hspmd train --save-plan); add its "strategy"'
         )
     tokens = next((s for s in plan.inputs if s.name == "tokens"), None)
-    if config.dataset is None and (tokens is None or len(tokens.shape) != 2):
+    if config.data.dataset is None and (tokens is None or len(tokens.shape) != 2):
         raise TrainError('the plan\'s inputs lack "tokens" (B, T): add it (docs/plan-schema.md)')
     kinds = {spec.name: kind_of(spec) for spec in plan.parameters}
     rules = tuple((name, kind) for name, kind in kinds.items() if kind is not None)
     options = plan.options
     strategy = parse_strategy(plan.strategy)  # the file's text, read here (an edge)
+    seq_len = tokens.shape[1] if tokens is not None else config.batch.seq_len  # none: --dataset
     return dataclasses.replace(
         config,
         strategy=strategy,
-        global_batch=strategy.global_batch,
-        seq_len=tokens.shape[1] if tokens is not None else config.seq_len,  # none: --dataset
-        tp_rules=rules if config.module_model else None,
+        batch=dataclasses.replace(
+            config.batch, global_batch=strategy.global_batch, seq_len=seq_len
+        ),
+        model=dataclasses.replace(
+            config.model, tp_rules=rules if config.model.user_module else None
+        ),
         options=options,
     )
 
@@ -129,8 +133,11 @@ def _config_from_choice(choice: StrategyChoice, config: TrainConfig) -> TrainCon
     return dataclasses.replace(
         config,
         strategy=strategy,
-        global_batch=strategy.global_batch,
-        seq_len=choice.seq_len or config.seq_len,
+        batch=dataclasses.replace(
+            config.batch,
+            global_batch=strategy.global_batch,
+            seq_len=choice.seq_len or config.batch.seq_len,
+        ),
         options=options,
     )
 
@@ -139,7 +146,8 @@ def derived_plan(config: TrainConfig) -> Plan:
     """The plan hspmd derives for ``config``'s starting strategy, naming its model."""
     plan = build_plan(
         config.require_strategy(), config.model_config(),
-        seq_len=config.seq_len, options=config.options, global_batch=config.global_batch,
+        seq_len=config.batch.seq_len, options=config.options,
+        global_batch=config.batch.global_batch,
     )  # fmt: skip
     return dataclasses.replace(plan, model=model_identity(config))
 
@@ -160,7 +168,7 @@ def check_plan(plan: PlanFile, config: TrainConfig) -> None:
                 raise StrategyError(f"the plan lacks {section}[{name!r}]: add {json.dumps(mine)}")
             if mine is None:
                 raise StrategyError(
-                    f"the plan's {section}[{name!r}] is not in {config.model}: drop it"
+                    f"the plan's {section}[{name!r}] is not in {config.model.source}: drop it"
                 )
             raise StrategyError(
                 f"the plan's {section}[{name!r}] is {json.dumps(theirs)}, but its strategy and "

@@ -56,12 +56,12 @@ __all__ = ["RankProgram", "build"]
 
 # what fit runs and a RankProgram does not: (field, is it set?)
 _NOT_HERE: tuple[tuple[str, Callable[[TrainConfig], bool]], ...] = (
-    ("switches", lambda c: bool(c.switches)),
-    ("elastic", lambda c: c.elastic),
-    ("save", lambda c: c.save is not None),
-    ("resume", lambda c: c.resume is not None),
-    ("slowdown", lambda c: bool(c.slowdown)),
-    ("switch_mode", lambda c: c.switch_mode != "states"),
+    ("switches", lambda c: bool(c.switching.switches)),
+    ("elastic", lambda c: c.elastic.enabled),
+    ("save", lambda c: c.checkpoint.save is not None),
+    ("resume", lambda c: c.checkpoint.resume is not None),
+    ("slowdown", lambda c: bool(c.faults.slowdown)),
+    ("switch_mode", lambda c: c.switching.mode != "states"),
 )
 
 
@@ -99,7 +99,7 @@ class RankProgram:
     def batches(self) -> Iterator[Batch]:
         """The global batches of ``config.steps`` steps: the data ``fit`` and the reference
         train on (packed steps with ``step_tokens``)."""
-        if self.config.packed:
+        if self.config.batch.packed:
             return packed_steps(self.config, self.active.layout.strategy)
         return step_batches(self.config)
 
@@ -108,7 +108,7 @@ class RankProgram:
             self.active.post.zero_grad()
 
     def forward_backward(self, batch: Batch, *, step: int | None = None) -> float:
-        """F and B of this rank's micro-batches of ``batch`` (with ``config.overlap``, the
+        """F and B of this rank's micro-batches of ``batch`` (with ``config.runtime.overlap``, the
         gradient sync starts during the last B); returns this rank's part of the loss.
         ``step`` (1, 2, ...) keys dropout masks (``hspmd.randomness``; default: one more
         than the ``step()`` calls so far, as ``fit`` counts)."""
@@ -186,6 +186,6 @@ def build(
     prepare_all(world, config)  # every rank, the same groups in the same order
     active = activate(world, config, config.require_strategy())
     sync = () if config.zero1 else grad_sync_plan(
-        strategy_value, config.model_config(), bucket_bytes=config.bucket_bytes
+        strategy_value, config.model_config(), bucket_bytes=config.runtime.bucket_bytes
     )  # fmt: skip
     return RankProgram(config=config, world=world, active=active, grad_sync=sync)

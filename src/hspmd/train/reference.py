@@ -1,6 +1,6 @@
 """The reference run: the plain model on one process, no hspmd, same data and batch.
 
-Variable-length steps (``TrainConfig.step_tokens``) run every micro-batch of the
+Variable-length steps (``TrainConfig.batch.step_tokens``) run every micro-batch of the
 strategy's packing here, one after another, weighted as the distributed run weighs them.
 
 Dropout and attention dropout draw their masks by position (``hspmd.randomness``): the
@@ -16,8 +16,9 @@ step; gradient accumulation is ``grad_accum`` backward passes of loss / grad_acc
 is an independent oracle for the optimizer, the clipping norm and accumulation (the
 schedule is checked against torch's schedulers in tests/train/test_recipe.py).
 
->>> config = TrainConfig(global_batch=2, seq_len=8, steps=1,
-...                      model_overrides=(("num_layers", 1),))
+>>> from hspmd.train.config import BatchConfig, ModelChoice
+>>> config = TrainConfig(batch=BatchConfig(global_batch=2, seq_len=8), steps=1,
+...                      model=ModelChoice(overrides=(("num_layers", 1),)))
 >>> result = run_reference(config)
 >>> len(result.records), 5.0 < result.records[0].loss < 6.0
 (1, True)
@@ -110,9 +111,9 @@ def run_reference(
             loss, fields = _packed_step(spec, model, batch, device), record_fields(batch)
         else:
             loss = _fixed_step(config, spec, model, batch, step=step, device=device)
-        if config.clip_grad_norm is not None:
+        if config.adam.clip_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(
-                model.parameters(), config.clip_grad_norm, foreach=False
+                model.parameters(), config.adam.clip_grad_norm, foreach=False
             )
             fields["grad_norm"] = float(norm)
         fields["lr"] = learning_rate(a, step)
@@ -154,7 +155,7 @@ def param_groups(model: nn.Module, adam: AdamConfig) -> list[dict[str, Any]]:
 
 
 def _batches(config: TrainConfig) -> Iterator[tuple[torch.Tensor, ...] | PackedStep]:
-    if not config.packed:
+    if not config.batch.packed:
         return step_batches(config)
     check_packed_dropout(config)
     if config.strategy is None:
@@ -162,11 +163,11 @@ def _batches(config: TrainConfig) -> Iterator[tuple[torch.Tensor, ...] | PackedS
             "--tokens-per-step packs documents as a strategy's pipelines and micro-batches "
             "take them: give --strategy, also with --reference"
         )
-    if config.elastic:  # the run re-plans its packing: here every document is a row
+    if config.elastic.enabled:  # the run re-plans its packing: here every document is a row
         from hspmd.train.elastic_lengths import document_rows
 
         return document_rows(config)
-    if config.length_plans is not None:
+    if config.switching.length_plans is not None:
         return planned_steps(config)
     return packed_steps(config, config.strategy)
 
@@ -181,10 +182,10 @@ def _fixed_step(
     for k, part in enumerate(accumulation_passes(batch, config)):
         inputs = tuple(t.to(device) for t in part)  # tokens, targets; or fields
         # dropout by position: the pass's rows of the step (DESIGN decision 17)
-        rows = range(k * config.global_batch, (k + 1) * config.global_batch)
+        rows = range(k * config.batch.global_batch, (k + 1) * config.batch.global_batch)
         with positional_dropout(seed=config.seed, step=step, rows=rows):
             # mean over every token (item) of the global batch, over the passes
-            value = step_loss(spec, model, *inputs) / config.grad_accum
+            value = step_loss(spec, model, *inputs) / config.batch.grad_accum
         value.backward()
         loss += float(value.detach())
     return loss

@@ -1,6 +1,6 @@
 """Emulated slow devices: a rank sleeps ``(factor - 1)`` times each compute it ran.
 
-``TrainConfig.slowdown = ((2, 3.0),)`` makes rank 2 behave like a device three times
+``TrainConfig.faults.slowdown = ((2, 3.0),)`` makes rank 2 behave like a device three times
 slower than its peers without using the shared cores: after each timed compute region it
 sleeps twice the region's wall time. The numbers it computes do not change::
 
@@ -67,7 +67,7 @@ class Slowdown:
 def slowdown_of(
     slowdown: tuple[tuple[int, float], ...], rank: int, *, device: torch.device | None = None
 ) -> Slowdown:
-    """This rank's ``Slowdown`` from ``TrainConfig.slowdown`` (factor 1: none); on a CUDA
+    """This rank's ``Slowdown`` from ``TrainConfig.faults.slowdown`` (factor 1: none); on a CUDA
     ``device`` it times the device's work, not only the host's."""
     sync = None
     if device is not None and device.type == "cuda":

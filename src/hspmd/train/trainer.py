@@ -2,7 +2,7 @@
 
 >>> from hspmd.plan.strategy import parse_strategy
 >>> strategy = parse_strategy("2x2: R0:L0-3; 2x2: R1:L0-3")
->>> config = TrainConfig(strategy=strategy, global_batch=8, steps=1)
+>>> config = TrainConfig(strategy=strategy, steps=1)
 >>> check_config(config).ranks
 (0, 1)
 
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from hspmd.errors import StrategyError
-from hspmd.models.build import check_weights
+from hspmd.models.build import Sent, check_weights, receive_graphs, sent_graphs
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.strategy import Strategy, StrategyOptions, check_strategy
 from hspmd.runtime.launch import ElasticLaunch, NodeSpec, launch
@@ -57,23 +57,7 @@ def check_config(config: TrainConfig) -> Strategy:
     if config.strategy is None:
         raise TrainError("no strategy: give --strategy '...' or use --reference")
     config.check_model()
-    labels = ["--strategy", *(f"--switch {step}" for step, _ in config.switches)]
-    if config.length_plans is not None:
-        labels = [f"--plans strategy {str(s)!r}" for s in config.strategies]
-    for label, strategy in zip(labels, config.strategies, strict=True):
-        try:  # name the flag when a run has several strategies (issue 17)
-            check_strategy(
-                strategy,
-                config.model_config(),
-                # packed steps: rows are documents, not a global batch of samples
-                global_batch=strategy.global_batch if config.packed else config.global_batch,
-                options=config.options,
-                seq_len=config.seq_len,
-            )
-        except StrategyError as error:
-            if len(labels) == 1:
-                raise
-            raise StrategyError(f"{label}: {error}") from None
+    _check_strategies(config)
     strategies = config.strategies
     fallbacks(config)  # a model that cannot specialize: one line now, not from a rank later
     strategy = strategies[0]
@@ -83,34 +67,64 @@ def check_config(config: TrainConfig) -> Strategy:
             f"the run's strategies use ranks {used}: number them 0..{len(used) - 1} "
             "without gaps (one local process per rank)"
         )
-    slow = [rank for rank, _ in config.slowdown if rank not in used]
+    slow = [rank for rank, _ in config.faults.slowdown if rank not in used]
     if slow:
         raise TrainError(
             f"slowdown names ranks {slow} that the run's strategies do not use (ranks "
             f"0..{len(used) - 1}): drop them or pick ranks of the strategy"
         )
-    for each in strategies if config.elastic else strategies[:1]:  # every one needs replicas
+    for each in strategies if config.elastic.enabled else strategies[:1]:  # each needs replicas
         _check_elastic(config, each, used)
     check_resume_identity(config)  # the checkpoint is whole and holds this model
     check_weights(config.model_config())  # hf:DIR: its weights fit the config, files whole
-    if config.save:
-        _check_writable(config.save)
+    if config.checkpoint.save:
+        _check_writable(config.checkpoint.save)
     check_data(config)  # one line before launch: empty, too short, ids past the vocabulary
     check_packed_dropout(config)  # packed rows have no batch rows to key dropout by
-    if config.packed and config.elastic:  # the first step's choice (a later step that does
-        Lengths(config).choose(1, None)  # not pack is widened: hspmd.train.elastic_lengths)
-    elif config.length_plans is not None:  # the data and the first step's choice, up front
+    _check_first_steps(config, strategy)
+    return strategy
+
+
+def _check_strategies(config: TrainConfig) -> None:
+    """Each strategy of the run against the model and the batch, named by its flag when
+    the run has several (issue 17)."""
+    labels = ["--strategy", *(f"--switch {step}" for step, _ in config.switching.switches)]
+    if config.switching.length_plans is not None:
+        labels = [f"--plans strategy {str(s)!r}" for s in config.strategies]
+    batch = config.batch
+    for label, strategy in zip(labels, config.strategies, strict=True):
+        try:
+            check_strategy(
+                strategy,
+                config.model_config(),
+                # packed steps: rows are documents, not a global batch of samples
+                global_batch=strategy.global_batch if batch.packed else batch.global_batch,
+                options=config.options,
+                seq_len=batch.seq_len,
+            )
+        except StrategyError as error:
+            if len(labels) == 1:
+                raise
+            raise StrategyError(f"{label}: {error}") from None
+
+
+def _check_first_steps(config: TrainConfig, strategy: Strategy) -> None:
+    """Packed steps: the data and the first step's choice (elastic, length plans), or every
+    step's dispatch, before any process starts."""
+    batch = config.batch
+    if batch.packed and config.elastic.enabled:  # the first step's choice (a later step
+        Lengths(config).choose(1, None)  # that does not pack is widened: elastic_lengths)
+    elif config.switching.length_plans is not None:  # the data and the first choice
         next(planned_steps(dataclasses.replace(config, steps=1)), None)
-    elif config.packed:  # the data and every step's dispatch, before any process starts
+    elif batch.packed:
         rows = sum(p.batch_size for p in strategy.pipelines)
-        if (config.step_tokens or 0) > rows * config.seq_len:
+        if (batch.step_tokens or 0) > rows * batch.seq_len:
             raise TrainError(
-                f"--tokens-per-step {config.step_tokens} is more than the strategy's {rows} "
-                f"rows of --max-seq-len {config.seq_len} hold ({rows * config.seq_len}): "
+                f"--tokens-per-step {batch.step_tokens} is more than the strategy's {rows} "
+                f"rows of --max-seq-len {batch.seq_len} hold ({rows * batch.seq_len}): "
                 "lower it, raise --max-seq-len, or give the pipelines more micro-batches"
             )
         check_packing(config, strategy)  # every step's documents fit the rows
-    return strategy
 
 
 def fallbacks(config: TrainConfig) -> tuple[str, ...]:
@@ -120,7 +134,7 @@ def fallbacks(config: TrainConfig) -> tuple[str, ...]:
     options = config.options
     lines: list[str] = []
     for strategy in dict.fromkeys(config.strategies):
-        lines += _deduced(strategy, model, options, config.seq_len)
+        lines += _deduced(strategy, model, options, config.batch.seq_len)
     return tuple(dict.fromkeys(lines))
 
 
@@ -146,14 +160,14 @@ def _check_writable(folder: str) -> None:
 
 
 def _check_elastic(config: TrainConfig, strategy: Strategy, used: list[int]) -> None:
-    ranks = len(used) + config.spares  # spares are the launch ranks after the strategy's
-    outside = [str(i) for i in config.inject if i.rank >= ranks]
+    ranks = len(used) + config.elastic.spares  # spares are the launch ranks after the strategy's
+    outside = [str(i) for i in config.faults.inject if i.rank >= ranks]
     if outside:
         raise TrainError(
             f"--inject-failure {outside[0]} names a rank the run does not have (ranks "
             f"0..{ranks - 1})"
         )
-    if config.elastic and len(strategy.pipelines) < 2:
+    if config.elastic.enabled and len(strategy.pipelines) < 2:
         raise TrainError(
             f"--elastic needs data-parallel redundancy: {strategy} has one pipeline, so a "
             "lost rank loses its layers' only states; give two pipelines or more (e.g. "
@@ -168,8 +182,10 @@ def num_processes(config: TrainConfig) -> int:
 
 
 def _rank_work(
-    world: World, configs: Sequence[TrainConfig], events: Any, trace: bool
+    world: World, configs: Sequence[TrainConfig], events: Any, trace: bool, graphs: Sent
 ) -> list[dict[str, Any]]:
+    receive_graphs(graphs)  # the launcher's captures: no rank captures the model again
+
     def report_for(index: int) -> Callable[[Record], None]:
         return lambda record: events.put((index, record))
 
@@ -219,7 +235,7 @@ def train_many(
             box["results"] = launch(
                 _rank_work,
                 nproc,
-                args=(list(configs), events, trace),
+                args=(list(configs), events, trace, _graphs(configs)),
                 backend=backend_of(devices.pop()),
                 timeout_s=timeout_s,
                 threads=threads,
@@ -262,7 +278,11 @@ def _assemble(
         records = tuple(per_rank[0][index]["records"])
         evals = tuple(per_rank[0][index].get("evals", ()))
         parts = next((o[index]["trace"] for o in per_rank if o[index].get("trace")), None)
-        meta = {"model": config.model, "strategy": str(config.strategy), "steps": config.steps}
+        meta = {
+            "model": config.model.source,
+            "strategy": str(config.strategy),
+            "steps": config.steps,
+        }
         trace = chrome_trace(parts, meta=meta) if parts else None
         builds = max(outcome[index]["builds"] for outcome in per_rank)
         peaks = {o[index]["rank"]: o[index]["peak_memory"] for o in per_rank
@@ -351,7 +371,7 @@ def train_elastic(
     ``serve``: this launcher hosts that store (node 0 of ``hspmd train --nnodes``); it
     returns once every other launcher finished or went silent. A launcher whose workers
     all died returns no records and NaN parameters."""
-    nproc = num_processes(config) + config.spares
+    nproc = num_processes(config) + config.elastic.spares
     run_device(config, num_ranks=nproc)  # CPU: elastic runs are gloo only (refuses cuda)
     store, first, total = None, 0, None
     if node is not None:
@@ -364,12 +384,13 @@ def train_elastic(
             on_event({"event": "started", "pids": pids})
 
     elastic = ElasticLaunch(
-        hang_timeout_s=config.hang_timeout, on_message=on_message, on_start=on_start,
-        spares=config.spares, store=store, first_member=first, num_members=total, serve=serve,
+        hang_timeout_s=config.elastic.hang_timeout, on_message=on_message, on_start=on_start,
+        spares=config.elastic.spares, store=store, first_member=first, num_members=total,
+        serve=serve,
     )  # fmt: skip
     results = launch(
-        run_rank_elastic, nproc, args=(config,), timeout_s=timeout_s, threads=threads,
-        elastic=elastic,
+        _elastic_rank, nproc, args=(config, _graphs([config])), timeout_s=timeout_s,
+        threads=threads, elastic=elastic,
     )  # fmt: skip
     alive = [[r] for r in results if r is not None]
     if not alive:  # this node's ranks all died; the others trained on
@@ -377,6 +398,16 @@ def train_elastic(
         nan = {name: torch.full(shape, float("nan")) for name, shape in shapes.items()}
         return TrainResult(records=(), params=nan)
     return _assemble(alive, [config])[0]
+
+
+def _graphs(configs: Sequence[TrainConfig]) -> Sent:
+    """The runs' captured graphs, for the workers (the checks before launch captured them)."""
+    return sent_graphs(lambda: [config.model_config() for config in configs])
+
+
+def _elastic_rank(world: World, config: TrainConfig, graphs: Sent) -> dict[str, Any]:
+    receive_graphs(graphs)
+    return run_rank_elastic(world, config)
 
 
 def _elastic_messages(

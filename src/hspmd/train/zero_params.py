@@ -14,8 +14,10 @@ per layer  the pipelines run in lock step (``hspmd.plan.params.lock_step``): eac
            next one prefetched, and freed at its ``leave``; in B it is gathered again when
            autograd first unpacks a weight it saved (saved-tensor hooks) or when a
            recomputed layer reruns its ``enter``, the one before it prefetched, and each
-           parameter is freed as soon as its gradient is accumulated. Peak: the shards plus
-           about two units.
+           parameter is freed as soon as its gradient is accumulated. The forward's last
+           unit (the final norm and head) stays gathered for the backward, which starts
+           with it (FSDP2 keeps its root so too), unless another F comes first. Peak: the
+           shards plus about two units.
 per step   the schedules differ (micro-batch counts, stage cuts), so per-layer gathers would
            make pipelines wait on each other's schedule: every parameter of the stage is
            gathered at the first F of the step (one batch) and freed as its gradient is
@@ -80,6 +82,9 @@ class ParamStore:
         self.pending: dict[int, tuple[tuple[str, ...], StartedPlans]] = {}
         self.issued: list[int] = []  # units issued in this F or B, in order
         self.phase, self.current, self.armed, self.gathered = "idle", 0, False, False
+        # the unit the forward ends with, kept gathered for the backward that starts with it
+        self.last = len(units) - 1 if per_layer and units and units[-1].backward else None
+        self.kept: int | None = None
         self.pointers: dict[int, str] = {}  # data_ptr of a gathered parameter -> its name
         for name in params:
             self._free(name)
@@ -95,6 +100,9 @@ class ParamStore:
         elif kind == "enter":  # a recomputed layer, in backward
             self._backward_need(unit)
         elif self.phase == "forward" and self.per_layer:  # leave
+            if unit == self.last and torch.is_grad_enabled():  # its backward comes first
+                self.kept = unit
+                return
             for name in self.units[unit].names:
                 if self.last_use[name] == unit:
                     self._free(name)
@@ -131,14 +139,18 @@ class ParamStore:
 
     def forward_begins(self) -> None:
         self.phase, self.issued = "forward", []
+        if self.kept is not None:  # another F came before the B (GPipe): not kept longer
+            self._free_all()
         if not self.per_layer and not self.gathered:  # the step's first F: all, one batch
             self.gather_all()
 
     def forward_ends(self) -> None:
         if self.per_layer:
             self._drain(range(len(self.units)))
+            kept = set(self.units[self.kept].names) if self.kept is not None else set()
             for name in self.params:
-                self._free(name)
+                if name not in kept:
+                    self._free(name)
         self.phase = "idle"
 
     def arm(self) -> None:
@@ -148,8 +160,7 @@ class ParamStore:
     def step_ends(self) -> None:
         """After the step's Post: nothing stays gathered."""
         self.armed = self.gathered = False
-        for name in self.params:
-            self._free(name)
+        self._free_all()
 
     def _begin_backward(self) -> None:
         if self.phase != "backward":
@@ -158,9 +169,13 @@ class ParamStore:
 
     def _backward_ends(self) -> None:
         self._drain(self.bwd_order)
+        self._free_all()
+        self.phase = "idle"
+
+    def _free_all(self) -> None:
+        self.kept = None
         for name in self.params:
             self._free(name)
-        self.phase = "idle"
 
     # -- gathering ------------------------------------------------------------------------
 
@@ -193,6 +208,9 @@ class ParamStore:
 
     def _issue(self, unit: int) -> None:
         self.issued.append(unit)
+        if unit == self.kept and self.phase == "backward":  # still gathered from the F
+            self.kept = None
+            return
         names = self.units[unit].names
         self.pending[unit] = (names, self._start(names))
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hspmd.plan.strategy import Strategy
+from hspmd.plan.strategy import Stage, Strategy
 from hspmd.specialize.explain import Explanation
 from hspmd.viz.common import PALETTE, check_picture_path, new_figure, save
 
@@ -55,7 +55,7 @@ def draw_plan(
 ) -> Path:
     """Draw ``explanation``'s strategy to ``path`` (``.png`` or ``.svg``); return the path."""
     check_picture_path(path)
-    from matplotlib.patches import Patch, Rectangle
+    from matplotlib.patches import Patch
 
     strategy = explanation.strategy
     rows = plan_rows(strategy)
@@ -67,19 +67,7 @@ def draw_plan(
     for p, pipeline in enumerate(strategy.pipelines):
         colour = PALETTE[p % len(PALETTE)]
         for stage in pipeline.stages:
-            top, height = row_of[stage.ranks[0]], len(stage.ranks)  # TP x CP ranks
-            width = stage.last_layer - stage.first_layer + 1
-            ax.add_patch(
-                Rectangle((stage.first_layer, top), width, height, facecolor=colour,
-                          edgecolor="black", linewidth=1.0, alpha=0.85)
-            )  # fmt: skip
-            for i in range(1, height):  # faint lines between the ranks of one TP group
-                ax.plot([stage.first_layer, stage.first_layer + width], [top + i] * 2,
-                        color="white", linewidth=0.4, alpha=0.6)  # fmt: skip
-            if width * _POINTS_ACROSS / num_layers >= 20:  # "TP4" fits
-                label = f"TP{stage.tp}" + (f"xCP{stage.cp}" if stage.cp > 1 else "")
-                ax.text(stage.first_layer + width / 2, top + height / 2, label,
-                        ha="center", va="center", fontsize=8, color="white", weight="bold")  # fmt: skip
+            _draw_stage(ax, stage, top=row_of[stage.ranks[0]], colour=colour, num_layers=num_layers)
         last = row_of[pipeline.stages[-1].ranks[-1]] + 1
         if p < len(strategy.pipelines) - 1:
             ax.axhline(last, color="black", linewidth=1.5)
@@ -92,9 +80,38 @@ def draw_plan(
         handles += _kind_column(ax, rows, kinds, strip=strip)
     handles += _sync_band(ax, explanation.layer_sync, num_layers=num_layers)
     labels = [f"R{r}" + (f" {kinds[r]}" if kinds and r in kinds else "") for r in rows]
-    ax.set_yticks([-0.9] + [i + 0.5 for i in range(len(rows))], ["gradient sync", *labels],
+    _dress_axes(ax, labels, kinds=bool(kinds), strip=strip, num_layers=num_layers)
+    ax.set_title(title or f"{strategy}", fontsize=8, wrap=True)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7,
+              frameon=False)  # fmt: skip
+    fig.tight_layout()
+    return save(fig, path)
+
+
+def _draw_stage(ax: Any, stage: Stage, *, top: int, colour: str, num_layers: int) -> None:
+    """One stage as a box over its layers and ranks (rows from ``top``), labelled if it fits."""
+    from matplotlib.patches import Rectangle
+
+    height = len(stage.ranks)  # TP x CP ranks
+    width = stage.last_layer - stage.first_layer + 1
+    ax.add_patch(
+        Rectangle((stage.first_layer, top), width, height, facecolor=colour,
+                  edgecolor="black", linewidth=1.0, alpha=0.85)
+    )  # fmt: skip
+    for i in range(1, height):  # faint lines between the ranks of one TP group
+        ax.plot([stage.first_layer, stage.first_layer + width], [top + i] * 2,
+                color="white", linewidth=0.4, alpha=0.6)  # fmt: skip
+    if width * _POINTS_ACROSS / num_layers >= 20:  # "TP4" fits
+        label = f"TP{stage.tp}" + (f"xCP{stage.cp}" if stage.cp > 1 else "")
+        ax.text(stage.first_layer + width / 2, top + height / 2, label,
+                ha="center", va="center", fontsize=8, color="white", weight="bold")  # fmt: skip
+
+
+def _dress_axes(ax: Any, labels: list[str], *, kinds: bool, strip: float, num_layers: int) -> None:
+    """Ticks (ranks down, layers across), limits and spines."""
+    ax.set_yticks([-0.9] + [i + 0.5 for i in range(len(labels))], ["gradient sync", *labels],
                   fontsize=7)  # fmt: skip
-    ax.set_ylim(len(rows), -1.6)
+    ax.set_ylim(len(labels), -1.6)
     ax.set_xlim(-(strip + 0.3) if kinds else 0, num_layers)
     step = max(1, round(num_layers / 20))
     ax.set_xticks([x + 0.5 for x in range(0, num_layers, step)],
@@ -103,11 +120,6 @@ def draw_plan(
     ax.tick_params(length=0)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
-    ax.set_title(title or f"{strategy}", fontsize=8, wrap=True)
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7,
-              frameon=False)  # fmt: skip
-    fig.tight_layout()
-    return save(fig, path)
 
 
 def _kind_column(

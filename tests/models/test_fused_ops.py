@@ -1,11 +1,11 @@
-"""hspmd.ops: the Llama norm's and SwiGLU's values and gradients, keeping less."""
+"""hspmd.fused_ops: the Llama norm's and SwiGLU's values and gradients, keeping less."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from hspmd.ops import rms_norm, swiglu
+from hspmd.fused_ops import rms_norm, swiglu
 
 
 def _plain(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""The Llama's compute ops that keep less for backward than autograd's composition of them.
+"""Fused compute ops (RMS norm, SwiGLU) that keep less for backward than autograd's
+composition of them; the Llama preset uses both.
 
 ``rms_norm``: written with autograd's ops, ``weight * (x.float() * rsqrt(mean(x^2) +
 eps)).type_as(x)`` keeps the input upcast to fp32 (``4H`` bytes a token, twice a bf16
