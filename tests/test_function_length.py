@@ -11,12 +11,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "hspmd"
 MAX_LINES = 60
 
 # "path/under/src/hspmd.py:function" -> why it may be longer. Keep it short and explained.
-ALLOWED: dict[str, str] = {
-    # being split in wave5-simsync
-    "planner/lengths.py:plan_lengths": "being split in wave5-simsync",
-    "planner/predict.py:_sync_tasks": "being split in wave5-simsync",
-    "planner/search.py:plan": "being split in wave5-simsync",
-}
+ALLOWED: dict[str, str] = {}
 
 
 @functools.cache

@@ -69,17 +69,43 @@ class _Representatives:
     def __init__(self, layout: Annotation) -> None:
         self.layout = layout
         self.chosen: dict[tuple[int, ...], dict[int, int]] = {}
+        self._sums: dict[tuple[tuple[int, ...], int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        self._plain: dict[tuple[int, ...], tuple[int, ...]] = {}
 
-    def __call__(self, holders: tuple[int, ...], prefer: int = -1) -> set[int]:
+    def _default(self, holders: tuple[int, ...]) -> dict[int, int]:
         chosen = self.chosen.get(holders)
         if chosen is None:
             chosen = {}
             for rank in sorted(holders):
                 chosen.setdefault(self.layout.subgroup_of(rank)[0], rank)
             self.chosen[holders] = chosen
+        return chosen
+
+    def __call__(self, holders: tuple[int, ...], prefer: int = -1) -> set[int]:
+        chosen = self._default(holders)
         if prefer in holders:
             chosen = {**chosen, self.layout.subgroup_of(prefer)[0]: prefer}
         return set(chosen.values())
+
+    def summed_into(
+        self, holders: tuple[int, ...], root: int
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """``(ranks, zero)`` of a slice of ``holders`` summed into ``root``: the
+        representatives with ``root`` for its own subgroup, and ``root`` itself where it
+        holds nothing. Where ``root`` is its subgroup's usual representative (every root of
+        a TP-split weight), every root shares one ``ranks`` tuple: a split collective over
+        1024 replicas keeps 8 tuples of 1024 ranks, not 8192."""
+        chosen = self._default(holders)
+        if holders not in self._plain:
+            self._plain[holders] = tuple(sorted(chosen.values()))
+        if root in holders and chosen[self.layout.subgroup_of(root)[0]] == root:
+            return self._plain[holders], ()
+        key = (holders, root)
+        if key not in self._sums:
+            summed = self(holders, prefer=root)
+            zero = () if root in summed else (root,)
+            self._sums[key] = (tuple(sorted(summed | {root})), zero)
+        return self._sums[key]
 
 
 def _slices(keyed: dict[tuple, list[Region]]) -> list[tuple[Region, tuple]]:
@@ -134,9 +160,8 @@ def _split_reduce_scatter(
     representatives = _Representatives(before)
     for box, owners, needers in holders_table(old, new, shape):
         for root in needers:
-            summed = representatives(owners, prefer=root)
-            ranks = tuple(sorted(summed | {root}))
-            keyed[(ranks, () if root in summed else (root,), root)].append(box)
+            ranks, zero = representatives.summed_into(owners, root)
+            keyed[(ranks, zero, root)].append(box)
     return SplitReduceScatter(
         tuple(
             SliceReduce(box, ranks, zero, root=root) for box, (ranks, zero, root) in _slices(keyed)

@@ -59,7 +59,6 @@ from hspmd.comm.plan import (
     GroupCollective,
     Local,
     SendRecv,
-    SliceReduce,
     SplitAllGather,
     SplitAllReduce,
     SplitReduceScatter,
@@ -84,13 +83,42 @@ def batch_seconds(plans: Sequence[CommPlan], cost: CostModel, *, element_bytes: 
 
 
 @dataclass(frozen=True, slots=True, eq=False)
+class Fan:
+    """Messages from every rank of ``senders`` to every rank of ``receivers`` but itself,
+    each of ``elements[receiver]`` elements (``to``: a split reduce-scatter's contributors
+    into their roots) or ``elements[sender]`` (a split all-gather's owners out to the
+    holders). Both rank arrays sorted and unique. A split collective over 1024 replicas
+    is 8 fans, not 8 million messages: a fan is priced in closed form per rank."""
+
+    senders: np.ndarray
+    receivers: np.ndarray
+    elements: np.ndarray
+    to: bool
+
+    @property
+    def key(self) -> tuple[bytes, bytes]:
+        """Its pairs, as a key: fans of one batch with the same pairs post one message."""
+        return self.senders.tobytes(), self.receivers.tobytes()
+
+    def pairs(self, ranks: int) -> np.ndarray:
+        """Its pair codes ``sender * ranks + receiver``, listed (for overlaps)."""
+        codes = (self.senders[:, None] * ranks + self.receivers[None, :]).ravel()
+        return codes[
+            np.repeat(self.senders, len(self.receivers))
+            != np.tile(self.receivers, len(self.senders))
+        ]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class _Flows:
-    """A point-to-point plan's messages summed per (sender, receiver) pair: ``pairs`` (codes
-    ``sender * ranks + receiver``, sorted), and per rank the seconds per element it sends
-    and receives (the lines' slopes; linear, so a batch adds them up)."""
+    """A point-to-point plan's messages: ``pairs`` listed (codes ``sender * ranks +
+    receiver``, sorted, unique; send-recv and BSR) with their lines' per-message cost, and
+    ``fans`` (split collectives); per rank the seconds per element it sends and receives
+    (the lines' slopes; linear, so a batch adds them up)."""
 
     pairs: np.ndarray
-    latency: np.ndarray  # per pair: its line's per-message cost
+    latency: np.ndarray  # per listed pair: its line's per-message cost
+    fans: tuple[Fan, ...]
     sent: np.ndarray
     received: np.ndarray
 
@@ -163,7 +191,9 @@ class PlanPricer:
 
     def _flows_of(self, step: Step, before: Annotation, shape: tuple[int, ...]) -> _Flows:
         n = self.cost.num_ranks
-        table = messages(step, before, shape)
+        split = isinstance(step, SplitReduceScatter | SplitAllGather)
+        fans = fans_of(step) if split else ()
+        table = np.zeros((0, 3), dtype=np.int64) if split else messages(step, before, shape)
         codes = table[:, 0] * n + table[:, 1]
         order = np.argsort(codes)  # integer sums below: any order of equal codes is exact
         codes = codes[order]
@@ -171,11 +201,21 @@ class PlanPricer:
         pairs = codes[starts]
         elements = np.add.reduceat(table[order, 2], starts) if len(codes) else np.zeros(0)
         latency, slope = self._lines(pairs)
-        src, dst = pairs // n, pairs % n
-        sent = np.bincount(src, weights=slope * elements, minlength=n)
-        received = np.bincount(dst, weights=slope * elements, minlength=n)
+        sent = np.bincount(pairs // n, weights=slope * elements, minlength=n).astype(float)
+        received = np.bincount(pairs % n, weights=slope * elements, minlength=n).astype(float)
+        per_byte = self._rows(1)
+        for fan in fans:
+            _add_fan(fan, self._nodes, per_byte, sent, received)
+            self.kept_bytes += fan.senders.nbytes + fan.receivers.nbytes + fan.elements.nbytes
         self.kept_bytes += pairs.nbytes + latency.nbytes + sent.nbytes + received.nbytes
-        return _Flows(pairs, latency, sent, received)
+        return _Flows(pairs, latency, fans, sent, received)
+
+    def _rows(self, row: int) -> tuple[np.ndarray, np.ndarray]:
+        """The send-recv lines' ``row`` (0: latency, 1: seconds per byte): within each
+        rank's node (by rank), and from each node to another (by node)."""
+        if self._by_node is None:
+            self._by_node = self._node_lines()
+        return self._by_node[0][row], self._by_node[1][row]
 
     def _lines(self, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per pair code, the send-recv line of its link: (latency, seconds per byte). The
@@ -216,24 +256,39 @@ class PlanPricer:
         slowest rank."""
         key = frozenset(batch)
         if key not in self._latencies:
-            pairs = np.concatenate([flows.pairs for flows, _ in batch.values()])
-            latency = np.concatenate([flows.latency for flows, _ in batch.values()])
-            if len(batch) > 1:  # a pair of several plans posts one message
-                order = np.argsort(pairs, kind="stable")
-                pairs, latency = pairs[order], latency[order]
-                first = np.r_[True, pairs[1:] != pairs[:-1]] if len(pairs) else pairs
-                pairs, latency = pairs[first], latency[first]
-            n = self.cost.num_ranks
-            self.kept_bytes += 16 * n
-            self._latencies[key] = (
-                np.bincount(pairs // n, weights=latency, minlength=n),
-                np.bincount(pairs % n, weights=latency, minlength=n),
-            )
+            self._latencies[key] = self._batch_latency([flows for flows, _ in batch.values()])
+            self.kept_bytes += 16 * self.cost.num_ranks
         sent, received = (a.copy() for a in self._latencies[key])
         for flows, count in batch.values():
             sent += flows.sent * (count * element_bytes)
             received += flows.received * (count * element_bytes)
         return float(np.maximum(sent, received).max())
+
+    def _batch_latency(self, batch: Sequence[_Flows]) -> tuple[np.ndarray, np.ndarray]:
+        """Per rank the per-message costs it sends and receives in one batch of ``flows``:
+        a pair posts one message however many plans or fans it carries. Fans with the same
+        pairs count once; a fan whose pairs meet another's or a listed pair is listed."""
+        n = self.cost.num_ranks
+        fans = list({fan.key: fan for flows in batch for fan in flows.fans}.values())
+        pairs = np.concatenate([flows.pairs for flows in batch])
+        latency = np.concatenate([flows.latency for flows in batch])
+        meeting = _meeting(fans, pairs, n)
+        if meeting:
+            listed = np.concatenate([fans[i].pairs(n) for i in sorted(meeting)])
+            pairs = np.concatenate([pairs, listed])
+            latency = np.concatenate([latency, self._lines(listed)[0]])
+        if len(batch) > 1 or meeting:  # a pair of several plans posts one message
+            order = np.argsort(pairs, kind="stable")
+            pairs, latency = pairs[order], latency[order]
+            first = np.r_[True, pairs[1:] != pairs[:-1]] if len(pairs) else pairs
+            pairs, latency = pairs[first], latency[first]
+        sent = np.bincount(pairs // n, weights=latency, minlength=n).astype(float)
+        received = np.bincount(pairs % n, weights=latency, minlength=n).astype(float)
+        for index, fan in enumerate(fans):
+            if index not in meeting:
+                ones = Fan(fan.senders, fan.receivers, np.ones(len(fan.senders)), to=False)
+                _add_fan(ones, self._nodes, self._rows(0), sent, received)
+        return sent, received
 
 
 _SHARED: list[PlanPricer] = []  # PlanPricer.of's last pricer
@@ -283,44 +338,114 @@ def _split_all_reduce_seconds(step: SplitAllReduce, cost: CostModel, element_byt
 
 
 def messages(step: Step, before: Annotation, shape: tuple[int, ...]) -> np.ndarray:
-    """Rows ``(sender, receiver, elements)`` of a point-to-point step, one per message the
-    runtime queues (``hspmd.runtime.slices``); local copies left out. Built from flat rank
-    lists (a split collective over 64 replicas queues 32,000 messages)."""
-    rows: list[np.ndarray] = []
+    """Rows ``(sender, receiver, elements)`` of a send-recv or BSR step, one per message
+    the runtime queues (``hspmd.runtime.slices``); local copies left out."""
     if isinstance(step, SendRecv):
         pairs = [(s, d, volume(before.piece(s, shape).region)) for s, d in step.pairs if s != d]
-        rows.append(np.array(pairs, dtype=np.int64).reshape(-1, 3))
     elif isinstance(step, BatchedSendRecv):
-        moved = [(t.src, t.dst, volume(t.region)) for t in step.transfers if t.src != t.dst]
-        rows.append(np.array(moved, dtype=np.int64).reshape(-1, 3))
-    elif isinstance(step, SplitReduceScatter):  # every contributor sends its slice to the root
-        plain = [s for s in step.slices if not s.zero]
-        rows.append(_fan(plain, [s.root for s in plain], [volume(s.region) for s in plain], 1))
-        for s in step.slices:
-            if s.zero:
-                senders = [r for r in s.ranks if r != s.root and r not in s.zero]
-                rows.append(_fan_one(senders, s.root, volume(s.region)))
-    elif isinstance(step, SplitAllGather):  # every owner sends its region to every rank
-        owned = [(s, owner, volume(region)) for s in step.slices for owner, region in s.owners]
-        rows.append(_fan([s for s, _, _ in owned], [o for _, o, _ in owned],
-                         [n for _, _, n in owned], -1))  # fmt: skip
+        pairs = [(t.src, t.dst, volume(t.region)) for t in step.transfers if t.src != t.dst]
     else:
-        raise TypeError(f"{step.kind} is not a point-to-point step")
-    table = np.concatenate(rows) if rows else np.zeros((0, 3), dtype=np.int64)
-    return table[table[:, 0] != table[:, 1]]
+        raise TypeError(f"{step.kind} is not a listed point-to-point step")
+    return np.array(pairs, dtype=np.int64).reshape(-1, 3)
 
 
-def _fan(slices: Sequence[SliceReduce], hubs: Sequence[int], sizes: Sequence[int], way: int) -> np.ndarray:  # fmt: skip
-    """Each slice's ranks to its hub (``way`` 1) or the hub to them (-1), its size each."""
-    counts = [len(s.ranks) for s in slices]
-    ranks = np.fromiter(itertools.chain.from_iterable(s.ranks for s in slices), dtype=np.int64)
-    hub = np.repeat(np.asarray(hubs, dtype=np.int64), counts)
-    size = np.repeat(np.asarray(sizes, dtype=np.int64), counts)
-    pair = (ranks, hub) if way == 1 else (hub, ranks)
-    return np.stack([*pair, size], axis=1)
+def fans_of(step: SplitReduceScatter | SplitAllGather) -> tuple[Fan, ...]:
+    """A split collective's messages as fans (``Fan``): a split reduce-scatter's slices
+    with one contributor tuple (resolution shares it between the roots of a TP position)
+    are one fan into their roots, a split all-gather's slice one fan out of its owners."""
+    if isinstance(step, SplitAllGather):
+        out = []
+        for s in step.slices:
+            owned: dict[int, int] = defaultdict(int)
+            for owner, region in s.owners:
+                owned[owner] += volume(region)
+            senders = np.fromiter(sorted(owned), dtype=np.int64, count=len(owned))
+            sizes = np.array([owned[o] for o in sorted(owned)], dtype=np.float64)
+            out.append(Fan(senders, np.asarray(s.ranks, dtype=np.int64), sizes, to=False))
+        return tuple(out)
+    groups: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, ...], dict[int, int]]] = {}
+    for s in step.slices:
+        ranks, roots = groups.setdefault((id(s.ranks), s.zero), (s.ranks, defaultdict(int)))
+        roots[s.root] += volume(s.region)
+    out = []
+    for (_, zero), (ranks, roots) in groups.items():
+        senders = np.asarray(ranks, dtype=np.int64)
+        if zero:
+            senders = senders[~np.isin(senders, zero)]
+        receivers = np.fromiter(sorted(roots), dtype=np.int64, count=len(roots))
+        sizes = np.array([roots[r] for r in sorted(roots)], dtype=np.float64)
+        out.append(Fan(senders, receivers, sizes, to=True))
+    return tuple(out)
 
 
-def _fan_one(senders: Sequence[int], root: int, size: int) -> np.ndarray:
-    """``senders`` each send ``size`` elements to ``root``."""
-    ranks = np.asarray(senders, dtype=np.int64)
-    return np.stack([ranks, np.full(len(ranks), root), np.full(len(ranks), size)], axis=1)
+def _member(ranks: np.ndarray, among: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Which of sorted ``ranks`` are in sorted ``among``, and where (valid where found)."""
+    if not len(among):
+        return np.zeros(len(ranks), dtype=bool), np.zeros(len(ranks), dtype=np.int64)
+    at = np.minimum(np.searchsorted(among, ranks), len(among) - 1)
+    return among[at] == ranks, at
+
+
+def _add_fan(
+    fan: Fan, nodes: np.ndarray, line: tuple[np.ndarray, np.ndarray], sent: np.ndarray,
+    received: np.ndarray,
+) -> None:  # fmt: skip
+    """Add ``fan``'s cost per rank on ``line`` (within a node by sender, across nodes by
+    the sender's node) to ``sent`` and ``received``, in closed form: per rank its own pair
+    is left out and the rest summed per node, so a fan of S senders and R receivers costs
+    O(S + R + nodes), not O(S x R)."""
+    within, across = line
+    S, R, e = fan.senders, fan.receivers, fan.elements
+    node_s, node_r = nodes[S], nodes[R]
+    count = len(across)
+    a, b = within[S], across[node_s]  # each sender's slope within its node and out of it
+    s_in_r, s_at = _member(S, R)
+    r_in_s, r_at = _member(R, S)
+    if fan.to:  # pair (s, r) carries e[r]
+        e_node = np.bincount(node_r, weights=e, minlength=count)
+        e_self = np.where(s_in_r, e[s_at], 0.0)
+        sent[S] += a * (e_node[node_s] - e_self) + b * (e.sum() - e_node[node_s])
+        a_node = np.bincount(node_s, weights=a, minlength=count)
+        b_node = np.bincount(node_s, weights=b, minlength=count)
+        a_self = np.where(r_in_s, a[r_at], 0.0)
+        received[R] += e * (a_node[node_r] - a_self + b.sum() - b_node[node_r])
+    else:  # pair (s, r) carries e[s]
+        r_node = np.bincount(node_r, minlength=count)
+        sent[S] += e * (a * (r_node[node_s] - s_in_r) + b * (len(R) - r_node[node_s]))
+        ae_node = np.bincount(node_s, weights=a * e, minlength=count)
+        be_node = np.bincount(node_s, weights=b * e, minlength=count)
+        ae_self = np.where(r_in_s, (a * e)[r_at], 0.0)
+        received[R] += ae_node[node_r] - ae_self + (b * e).sum() - be_node[node_r]
+
+
+def _meeting(fans: Sequence[Fan], pairs: np.ndarray, ranks: int) -> set[int]:
+    """The fans (indices) with a pair that another fan or ``pairs`` also has: those that
+    share a receiver and a sender other than that receiver."""
+    out: set[int] = set()
+    if not fans:
+        return out
+    if len(pairs):
+        src, dst = pairs // ranks, pairs % ranks
+        out |= {
+            i
+            for i, f in enumerate(fans)
+            if np.any(np.isin(src, f.senders) & np.isin(dst, f.receivers))
+        }
+    if len(fans) < 2:
+        return out
+    owner = np.repeat(np.arange(len(fans)), [len(f.receivers) for f in fans])
+    receiver = np.concatenate([f.receivers for f in fans])
+    order = np.argsort(receiver, kind="stable")
+    receiver, owner = receiver[order], owner[order]
+    bounds = np.flatnonzero(np.r_[True, receiver[1:] != receiver[:-1], True])
+    candidates: set[tuple[int, int]] = set()
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        if end - start > 1:  # a receiver of several fans
+            candidates |= set(itertools.combinations(sorted(set(owner[start:end].tolist())), 2))
+    for i, j in candidates:
+        both_s = np.intersect1d(fans[i].senders, fans[j].senders, assume_unique=True)
+        both_r = np.intersect1d(fans[i].receivers, fans[j].receivers, assume_unique=True)
+        lone = len(both_s) == 1 and len(both_r) == 1 and both_s[0] == both_r[0]
+        if len(both_s) and len(both_r) and not lone:
+            out |= {i, j}
+    return out
