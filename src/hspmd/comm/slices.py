@@ -103,6 +103,10 @@ def holders_table(
     intervals = _intervals(itertools.chain(src_regions, dst_regions), shape)
     src_masks, dst_masks = _masks(intervals, src_regions), _masks(intervals, dst_regions)
     rows: list[SliceRow] = []
+    # one tuple per distinct holder set, shared by its rows: a split collective over 1024
+    # replicas has 8192 rows but 8 owner sets of 1024 ranks (callers key on the objects)
+    owned: dict[int, tuple[int, ...]] = {}
+    needed: dict[int, tuple[int, ...]] = {}
     for index in itertools.product(*(range(len(spans)) for spans in intervals)):
         need = -1
         own = -1
@@ -112,7 +116,12 @@ def holders_table(
         if need <= 0:
             continue
         box = tuple(intervals[dim][i] for dim, i in enumerate(index))
-        rows.append((box, _ranks_of(max(own, 0), src_ranks), _ranks_of(need, dst_ranks)))
+        own = max(own, 0)
+        if own not in owned:
+            owned[own] = _ranks_of(own, src_ranks)
+        if need not in needed:
+            needed[need] = _ranks_of(need, dst_ranks)
+        rows.append((box, owned[own], needed[need]))
     return rows
 
 

@@ -62,27 +62,28 @@ def top_step(before: Annotation, after: Annotation, shape: Sequence[int]) -> Ste
 
 class _Representatives:
     """One holder per subgroup of ``layout``: ``prefer`` where it is a holder, else the
-    lowest rank. The choice per holders tuple is kept: the finest slices of one tensor have
-    few distinct holder sets (one per TP position), so a split collective over 64 replicas
-    asks 512 times for 8 sets."""
+    lowest rank. The choice per holders tuple is kept, by the tuple's identity
+    (``holders_table`` shares one tuple per holder set): the finest slices of one tensor
+    have few distinct holder sets (one per TP position), so a split collective over 1024
+    replicas asks 8192 times for 8 sets of 1024 ranks."""
 
     def __init__(self, layout: Annotation) -> None:
         self.layout = layout
-        self.chosen: dict[tuple[int, ...], dict[int, int]] = {}
-        self._sums: dict[tuple[tuple[int, ...], int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
-        self._plain: dict[tuple[int, ...], tuple[int, ...]] = {}
+        # by id(holders): (holders, subgroup -> representative, representatives sorted)
+        self._chosen: dict[int, tuple[tuple[int, ...], dict[int, int], tuple[int, ...]]] = {}
+        self._into: dict[tuple[int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
 
-    def _default(self, holders: tuple[int, ...]) -> dict[int, int]:
-        chosen = self.chosen.get(holders)
-        if chosen is None:
-            chosen = {}
+    def _default(self, holders: tuple[int, ...]) -> tuple[dict[int, int], tuple[int, ...]]:
+        found = self._chosen.get(id(holders))
+        if found is None:
+            chosen: dict[int, int] = {}
             for rank in sorted(holders):
                 chosen.setdefault(self.layout.subgroup_of(rank)[0], rank)
-            self.chosen[holders] = chosen
-        return chosen
+            found = self._chosen[id(holders)] = (holders, chosen, tuple(sorted(chosen.values())))
+        return found[1], found[2]
 
     def __call__(self, holders: tuple[int, ...], prefer: int = -1) -> set[int]:
-        chosen = self._default(holders)
+        chosen, _ = self._default(holders)
         if prefer in holders:
             chosen = {**chosen, self.layout.subgroup_of(prefer)[0]: prefer}
         return set(chosen.values())
@@ -95,17 +96,15 @@ class _Representatives:
         holds nothing. Where ``root`` is its subgroup's usual representative (every root of
         a TP-split weight), every root shares one ``ranks`` tuple: a split collective over
         1024 replicas keeps 8 tuples of 1024 ranks, not 8192."""
-        chosen = self._default(holders)
-        if holders not in self._plain:
-            self._plain[holders] = tuple(sorted(chosen.values()))
-        if root in holders and chosen[self.layout.subgroup_of(root)[0]] == root:
-            return self._plain[holders], ()
-        key = (holders, root)
-        if key not in self._sums:
+        chosen, plain = self._default(holders)
+        if chosen.get(self.layout.subgroup_of(root)[0]) == root:  # so root holds it
+            return plain, ()
+        key = (id(holders), root)
+        if key not in self._into:
             summed = self(holders, prefer=root)
             zero = () if root in summed else (root,)
-            self._sums[key] = (tuple(sorted(summed | {root})), zero)
-        return self._sums[key]
+            self._into[key] = (tuple(sorted(summed | {root})), zero)
+        return self._into[key]
 
 
 def _slices(keyed: dict[tuple, list[Region]]) -> list[tuple[Region, tuple]]:
@@ -176,14 +175,17 @@ def _split_all_gather(
     keyed: dict[tuple, list[Region]] = defaultdict(list)
     owner_of: dict[Region, int] = {}
     for box, owners, needers in rows:
-        inside = [o for o in owners if o in needers]
-        owner_of[box] = min(inside or owners)
+        if len(owners) > 1:
+            inside = set(needers).intersection(owners)
+            owner_of[box] = min(inside or owners)
+        else:
+            owner_of[box] = owners[0]
         keyed[(needers,)].append(box)
     slices = []
     for box, (needers,) in _slices(keyed):
         by_owner: dict[int, list[Region]] = defaultdict(list)
-        for row_box, _, row_needers in rows:
-            if row_needers == needers and contains(box, row_box):
+        for row_box in keyed[(needers,)]:
+            if contains(box, row_box):
                 by_owner[owner_of[row_box]].append(row_box)
         sources = tuple(
             (owner, part) for owner in sorted(by_owner) for part in merge_boxes(by_owner[owner])
