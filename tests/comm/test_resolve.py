@@ -199,15 +199,35 @@ def test_split_all_gather_owners() -> None:
     assert first.owners == ((0, ((0, 4), (0, 6))), (2, ((4, 8), (0, 6))))
 
 
+@pytest.mark.parametrize(
+    ("src", "dst", "groups"),
+    [
+        ("hP: [0,1]{1:2} [2,3]{1:2}", "h0: [0,1]{1:2} [2,3]{1:2}", ((0, 2), (1, 3))),
+        # subgroup order, not rank order: rank 2 gets the first rows
+        ("hP: [2,3]{1:2} [0,1]{1:2}", "h0: [2,3]{1:2} [0,1]{1:2}", ((2, 0), (3, 1))),
+        ("hP: [0,1]{D:2} [2,3]{D:2} [4,5]{D:2}", "h1: [0,1]{D:2} [2,3]{D:2} [4,5]{D:2}",
+         ((0, 2, 4), (1, 3, 5))),
+    ],
+)  # fmt: skip
+def test_reduce_scatter_where_pieces_line_up(
+    src: str, dst: str, groups: tuple[tuple[int, ...], ...]
+) -> None:
+    """ZeRO's reduce over identical replicas: one reduce-scatter per TP position."""
+    plan = check(src, dst, (8, 12))
+    (step,) = plan.steps
+    assert isinstance(step, ReduceScatter) and step.groups == groups
+
+
 def test_split_reduce_scatter_roots() -> None:
-    plan = resolve(A("hP: [0,1]{1:2} [2,3]{1:2}"), A("h0: [0,1]{1:2} [2,3]{1:2}"), SHAPE)
+    """Replicas of different TP: the pieces do not line up, point to point."""
+    plan = resolve(A("hP: [0,1]{1:2} [2]{}"), A("h0: [0,1]{1:2} [2]{}"), SHAPE)
     (step,) = plan.steps
     assert isinstance(step, SplitReduceScatter)
     assert {(s.ranks, s.root) for s in step.slices} == {
         ((0, 2), 0),
-        ((1, 3), 1),
+        ((1, 2), 1),
         ((0, 2), 2),
-        ((1, 3), 3),
+        ((1, 2), 2),
     }
 
 

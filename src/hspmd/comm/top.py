@@ -26,6 +26,7 @@ from hspmd.annotation import DUP, PARTIAL, Annotation, Region
 from hspmd.comm.plan import (
     AllReduce,
     Local,
+    ReduceScatter,
     SliceReduce,
     SplitAllGather,
     SplitAllReduce,
@@ -46,7 +47,9 @@ def top_step(before: Annotation, after: Annotation, shape: Sequence[int]) -> Ste
     if h1 == PARTIAL and h2 == DUP:
         return _as_all_reduce(before, old) or _split_all_reduce(before, old, shape)
     if h1 == PARTIAL and h2 >= 0:
-        return _split_reduce_scatter(before, old, new, shape)
+        return _as_reduce_scatter(before, h2, old, new) or _split_reduce_scatter(
+            before, old, new, shape
+        )
     if h1 >= 0 and h2 == DUP:
         return _split_all_gather(old, new, shape)
     if h1 == DUP and h2 == PARTIAL:
@@ -150,6 +153,46 @@ def _as_all_reduce(before: Annotation, regions: dict[int, Region]) -> AllReduce 
             return None
         groups.extend(tuple(sorted(group)) for group in zip(*holders, strict=True))
     return AllReduce(tuple(sorted(groups)))
+
+
+def _as_reduce_scatter(
+    before: Annotation, dim: int, old: dict[int, Region], new: dict[int, Region]
+) -> ReduceScatter | None:
+    """Plain reduce-scatters over disjoint groups, where the pieces line up.
+
+    As in ``_as_all_reduce``, ranks of one summand region are paired position by position
+    across the subgroups; where every group's new pieces are its region cut evenly along
+    ``dim`` in subgroup order, each group reduce-scatters its region (the chunk of group
+    member ``i`` is part ``i``). ZeRO's gradient reduce over identical replicas is this:
+    one collective per TP position, not a message per replica pair (a split collective
+    over 1024 replicas would list 8192 slices of 1024 ranks)::
+
+        hP: [0,1]{1:2} [2,3]{1:2} -> h0: ...       reduce-scatter over [0,2] and [1,3]
+        hP: [0,1]{1:2} [2,3,4,5]{1:4}               None (split-reduce-scatter)
+    """
+    parts = len(before.groups)
+    by_region: dict[Region, list[list[int]]] = {}
+    for index, group in enumerate(before.groups):
+        for rank in sorted(group.ranks):
+            holders = by_region.get(old[rank])
+            if holders is None:
+                holders = by_region[old[rank]] = [[] for _ in before.groups]
+            holders[index].append(rank)
+    groups: list[tuple[int, ...]] = []
+    for region, holders in by_region.items():
+        lo, hi = region[dim]
+        if len({len(ranks) for ranks in holders}) != 1 or (hi - lo) % parts:
+            return None
+        size = (hi - lo) // parts
+        for group in zip(*holders, strict=True):
+            for i, rank in enumerate(group):
+                cut = (lo + i * size, lo + (i + 1) * size)
+                if new.get(rank) != (*region[:dim], cut, *region[dim + 1 :]):
+                    return None
+            groups.append(group)
+    if sum(len(g) for g in groups) != len(new):
+        return None
+    return ReduceScatter(tuple(sorted(groups)), dim=dim)
 
 
 def _split_reduce_scatter(
