@@ -1,10 +1,10 @@
-"""The GPU check: hspmd on one CUDA device, in one run of a few minutes.
+"""The GPU check: hspmd on one CUDA device, in one run of at most 8 minutes.
 
     PYTHONPATH=src python3 benchmarks/gpu_check.py --out DIR       # on a machine with a GPU
     .venv/bin/python benchmarks/gpu_check.py --out DIR --cpu-dry-run  # the same, tiny, on CPU
 
-Three parts, each in its own process with its own time limit, all within ``--budget-s``
-(360 s; one that fails or runs out of time is recorded with its error and the last lines
+Eight parts, each in its own process with its own time limit, all within ``--budget-s``
+(460 s; one that fails or runs out of time is recorded with its error and the last lines
 it printed, and the next one runs):
 
 a. ``profile``: ``hspmd profile --dtype bf16 --nproc 1`` on the GPU (Llama-shaped matmuls,
@@ -16,20 +16,54 @@ b. ``equal``: a 1-rank ``hspmd train`` of llama-tiny in fp32 on the GPU (nccl, w
    one on CPU; then one launch on the GPU of bf16 + ZeRO-1, a switch under the
    mixed-length mode's home layout, and a checkpoint saved and resumed, traced (each
    against the CPU reference).
-d. ``activations``: what one Llama block keeps for its backward on the device (bf16),
-   per token, against the memory model's ``LlamaCost.token_bytes``: each tensor autograd saves
-   (listed; views of one storage once), and ``torch.cuda.memory_allocated``'s growth over
-   a second block chained to the first (the first call also allocates one-time workspace);
-   Llama-2-7B's block and Llama-3-70B's (grouped-query attention), 4096 tokens.
 c. ``shapes``: 2 layers of Llama-2-7B's shapes (hidden 4096, 32 heads, intermediate 11008,
    vocabulary 32000) in bf16 with fp32 masters and Adam, sequence 4096, 4 micro-batches of
    1, on one rank: the median step time of the last steps and the rank's
    ``torch.cuda.max_memory_allocated`` against ``hspmd simulate`` with the profile of (a)
    on a one-H200 cluster file (``DIR/cluster-h200.json``) and the planner's memory model.
+d. ``activations``: what one Llama block keeps for its backward on the device (bf16),
+   per token, against the memory model's ``LlamaCost.token_bytes``: each tensor autograd saves
+   (listed; views of one storage once), and ``torch.cuda.memory_allocated``'s growth over
+   a second block chained to the first (the first call also allocates one-time workspace);
+   Llama-2-7B's block and Llama-3-70B's (grouped-query attention), 4096 tokens.
+e. ``zero3``: ZeRO-3 (prefetch on and off, with recompute), ZeRO-2 and bf16 ZeRO-3 on one
+   nccl rank against the CPU reference, fp32, TF32 off (``gpu_check_zero``; it says why one
+   rank: one GPU holds one nccl rank).
+f. ``zero_memory``: ZeRO 0 and 3 on one rank, 0.54 B parameters in fp32 at 1024 tokens: the
+   rank's ``max_memory_allocated`` and its training state's tracked bytes against the memory
+   model (the figures ``benchmarks/zero.py`` reports on CPU).
+g. ``hf_llama``: transformers' ``LlamaForCausalLM`` from a ``LlamaConfig`` (4 layers of
+   hidden 2048, GQA 32/4 heads, vocabulary 32000; bf16, SDPA) captured and trained by hspmd
+   on one rank against the same module in plain eager PyTorch (same weights, fp32 masters
+   and AdamW, same batch of 4 x 2048 tokens), ABAB rounds: hspmd's step over eager's
+   (``gpu_check_hf``).
+h. ``zero_cpu``: ``benchmarks/zero.py --rounds 2`` on the machine's CPU cores (4 gloo ranks of
+   one torch thread: no oversubscription on 16 cores; CUDA hidden from it): its table and
+   JSON line, with the load average around it.
+
+The budget, in seconds (a part's limit; what it is expected to take on one H100 or H200
+with 16 cores, estimated, not yet measured for (e)-(h) nor since (a)-(d) last ran)::
+
+    a profile      55   the profile took 11-16 s on an H200, plus imports
+    b equal        70   a CPU reference, 2 launches, the GPU reference: ~40
+    c shapes       70   0.67 B parameters set up, 6 steps of ~0.14 s, simulate: ~35
+    d activations  30   two blocks: ~10
+    e zero3        45   a CPU reference, one launch of 5 tiny runs: ~20
+    f zero_memory  55   2 launches, 4 steps each of ~0.2 s, 0.54 B parameters each: ~30
+    g hf_llama     55   a launch, capture, 44 steps of ~50 ms: ~30
+    h zero_cpu     80   2 launches of 4 ranks, 18 metered + 84 timed steps: ~45
+                  ---
+                  460   the set-up before (a) counts in it; a part that runs out of time
+                        takes at most 11 s more to stop (a part after it may get as much
+                        less): at most 471 s, under 8 minutes
+
+A part may use what the parts before it left unused, never the limits of the parts after
+it (``part_limit``). ``--budget-s`` below 460 cuts the last parts first.
 
 Writes ``DIR/gpu_check.json`` (every part's figures or error, the environment, the wall
 time). ``--cpu-dry-run`` runs every part on CPU processes (gloo) at toy sizes: it checks
-the plumbing here, not the GPU. Needs no PuLP or HiGHS (nothing here solves an ILP).
+the plumbing here, not the GPU (tests/test_gpu_check.py runs (a), (c) and (g) so). Needs no
+PuLP or HiGHS (nothing here solves an ILP). Parts (e)-(h) have not run on a GPU yet.
 """
 
 from __future__ import annotations
@@ -57,10 +91,27 @@ SRC = ROOT / "src"
 if str(SRC) not in sys.path:  # a checkout without `pip install`: hspmd from src/
     sys.path.insert(0, str(SRC))
 
-PARTS = ("profile", "equal", "shapes", "activations")
-DATA = str(ROOT / "docs")  # the training text: this checkout's docs, whatever the Python
-LIMIT_S = {"profile": 120, "equal": 100, "shapes": 130, "activations": 60}  # per part (GPU)
-BUDGET_S = 360  # the whole check: a part gets at most what is left of it
+PARTS = ("profile", "equal", "shapes", "activations", "zero3", "zero_memory", "hf_llama",
+         "zero_cpu")  # fmt: skip
+
+
+def _docs_text() -> str:
+    """The training text: this checkout's docs (``docs/*.md``, about 600 KB), whatever the
+    Python, in one file (``docs/`` also holds pictures, which a ``--data`` folder refuses)."""
+    path = Path(tempfile.gettempdir()) / f"hspmd-gpu-check-docs-{os.getuid()}.md"
+    text = "\n\n".join(p.read_text() for p in sorted((ROOT / "docs").glob("*.md")))
+    if not path.exists() or path.read_text() != text:  # parts run in processes side by side
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(text)
+        os.replace(partial, path)
+    return str(path)
+
+
+DATA = _docs_text()
+LIMIT_S = {"profile": 55, "equal": 70, "shapes": 70, "activations": 30, "zero3": 45,
+           "zero_memory": 55, "hf_llama": 55, "zero_cpu": 80}  # per part (GPU): sum 460  # fmt: skip
+BUDGET_S = 460  # the whole check (the module docstring's arithmetic)
+NO_TF32 = ("equal", "zero3")  # parts whose processes run fp32 matmuls without TF32
 GIB = 2**30
 
 # (c): 2 layers of Llama-2-7B (no grouped-query attention, so SDPA's flash kernel runs)
@@ -103,9 +154,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu check: {report['error']}", flush=True)
     else:
         scale = 3 if args.cpu_dry_run else 1  # a loaded 2-core machine is slow
-        for name in [p for p in args.parts.split(",") if p]:
+        names = [p for p in args.parts.split(",") if p]
+        unknown = [n for n in names if n not in LIMIT_S]
+        if unknown:
+            parser.error(f"--parts: unknown {', '.join(unknown)}; choose among {', '.join(PARTS)}")
+        for i, name in enumerate(names):
             left = args.budget_s * scale - (time.perf_counter() - begin)
-            limit = min(LIMIT_S[name] * scale, left)
+            limit = part_limit(name, names[i + 1 :], left=left, scale=scale)
             if limit < 10:
                 report["parts"][name] = {"error": f"skipped: {left:.0f} s of the budget left"}
                 print(f"== part {name}: skipped, the budget is spent", flush=True)
@@ -121,6 +176,18 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     return 1 if failed or "error" in report else 0
+
+
+def part_limit(name: str, later: list[str], *, left: float, scale: float = 1) -> float:
+    """Seconds for part ``name`` with ``left`` of the budget: its own limit plus what the
+    parts before it left unused, never the limits of the ``later`` parts (first come,
+    first served where the budget is below the limits' sum).
+
+    >>> part_limit("zero3", ["zero_cpu"], left=200), part_limit("zero3", [], left=30)
+    (120, 30)
+    """
+    own = LIMIT_S[name] * scale
+    return min(left, max(own, left - sum(LIMIT_S[n] * scale for n in later)))
 
 
 def _environment() -> dict[str, Any]:
@@ -151,7 +218,7 @@ def _run_part(name: str, out: Path, *, dry: bool, limit: float) -> dict[str, Any
                "--part", name, "--result", result, *(["--cpu-dry-run"] if dry else [])]  # fmt: skip
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH")) if p)
-    if name == "equal":
+    if name in NO_TF32:
         env["NVIDIA_TF32_OVERRIDE"] = "0"  # no TF32 in cuBLAS / cuDNN, in every process
     begin = time.perf_counter()
     proc = subprocess.Popen(
@@ -217,15 +284,26 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 
 def _child(name: str, out: Path, result: Path, *, dry: bool) -> int:
     data: dict[str, Any] = {}
-    part: Callable[..., None] = {"profile": part_profile, "equal": part_equal,
-                                 "shapes": part_shapes, "activations": part_activations}[name]  # fmt: skip
     try:
-        part(data, out, dry=dry)
+        _part(name)(data, out, dry=dry)
     except Exception as error:  # noqa: BLE001 - recorded; the parent goes on
         data["error"] = f"{type(error).__name__}: {error}"
         traceback.print_exc()
     result.write_text(json.dumps(data, default=str))
     return 1 if data.get("error") else 0
+
+
+def _part(name: str) -> Callable[..., None]:
+    """The function of part ``name``: (a)-(d) here, (e)-(h) in gpu_check_zero and
+    gpu_check_hf beside this file."""
+    import gpu_check_hf
+    import gpu_check_zero
+
+    here = {"profile": part_profile, "equal": part_equal, "shapes": part_shapes,
+            "activations": part_activations}  # fmt: skip
+    beside = {"zero3": gpu_check_zero.part_zero3, "zero_memory": gpu_check_zero.part_zero_memory,
+              "hf_llama": gpu_check_hf.part_hf_llama, "zero_cpu": gpu_check_zero.part_zero_cpu}  # fmt: skip
+    return {**here, **beside}[name]
 
 
 def _step(data: dict[str, Any], key: str, fn: Callable[[], Any]) -> Any:

@@ -30,6 +30,7 @@ line also gives ZeRO-3 over 1/4 of ZeRO-0's plus two layers.
     .venv/bin/python benchmarks/zero.py            # 4 rounds of 6 steps
     .venv/bin/python benchmarks/zero.py --quick    # 1 round of 4 steps
     .venv/bin/python benchmarks/zero.py --runs ZeRO-3 --rounds 6   # ZeRO-3 and FSDP2 only
+    .venv/bin/python benchmarks/zero.py --tiny --quick   # toy sizes (the GPU check's dry run)
 
 Prints a table, then one JSON line.
 """
@@ -75,6 +76,8 @@ RUNS: dict[str, dict[str, Any]] = {
     "ZeRO-3 no overlap": dict(zero=3, zero_overlap=False),
     "ZeRO-3 shares 3,1,1,1": dict(zero=3, zero_shares=(3.0, 1.0, 1.0, 1.0)),
 }
+TINY = (("num_layers", 4), ("hidden_size", 32), ("intermediate_size", 64), ("num_heads", 2),
+        ("num_kv_heads", 2), ("vocab_size", 256))  # fmt: skip
 RANK = 1  # the rank whose memory is shown (rank 0 of the uneven run holds more)
 
 
@@ -132,15 +135,17 @@ def _hspmd_rank(world: World, config: TrainConfig) -> Times:
 def _fsdp_rank(world: World, config: TrainConfig) -> Times:
     """FSDP2 on this rank: its rows of each global batch, 2 micro-batches of 1; the step
     times (between barriers, the loss all-reduced as hspmd's loop does)."""
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     from hspmd.models.build import step_loss
 
     torch.manual_seed(config.seed)
     model = build_reference_model(config)
+    mesh = init_device_mesh("cpu", (world.world_size,))  # its default takes a GPU where seen
     for block in model.layers:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.adam.lr, weight_decay=0.0)
     spec, rows = config.model_config(), config.batch.global_batch // world.world_size
     times = []
@@ -209,8 +214,10 @@ def timed_rounds(
     return steps, ratios
 
 
-def measure(*, steps: int, rounds: int, names: list[str]) -> dict[str, dict[str, Any]]:
-    base = revise(BASE, steps=steps)
+def measure(
+    *, steps: int, rounds: int, names: list[str], start: TrainConfig = BASE
+) -> dict[str, dict[str, Any]]:
+    base = revise(start, steps=steps)
     # memory once, 3 steps (its sampling costs time: the timed runs go without it)
     metered = [revise(base, steps=3, measure_memory=True, **RUNS[n]) for n in names]
     results = train_many(metered, threads=1, timeout_s=1200)
@@ -300,6 +307,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--runs", default=",".join(RUNS), help="comma-separated names of RUNS")
+    parser.add_argument("--tiny", action="store_true", help="toy sizes: checks the plumbing")
     args = parser.parse_args()
     steps, rounds = (4, 1) if args.quick else (args.steps, args.rounds)
     names = run_names(args.runs)
@@ -308,7 +316,8 @@ def main() -> None:
         parser.error(f"unknown runs {unknown}: choose among {', '.join(RUNS)}")
     if steps < 3:
         parser.error(f"--steps {steps}: give at least 3 (the first two are warm-up)")
-    out = measure(steps=steps, rounds=rounds, names=names)
+    start = revise(BASE, model_kwargs=TINY, seq_len=32) if args.tiny else BASE
+    out = measure(steps=steps, rounds=rounds, names=names, start=start)
     Console().print(render(out, names))
     mib = 2**20
     print("step / FSDP2's: median [min-max] over rounds of the round's median step ratio; goals: " + ", ".join(

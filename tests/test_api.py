@@ -42,7 +42,7 @@ def test_run_options_are_train_config_fields_with_their_types() -> None:
         fields = {f.name for f in dataclasses.fields(owner)}
         assert field in fields, f"RunOptions.{name} is no field of {owner.__name__}"
         widened = ("global_batch", "switches", "slowdown", "grow", "zero_shares", "inject",
-                   "tp_rules")  # fmt: skip
+                   "tp_rules", "no_decay")  # fmt: skip
         if name not in widened:
             assert kind == get_type_hints(owner)[field], (name, kind)
     documented = DOCS.read_text()
@@ -70,3 +70,19 @@ def test_build_refuses_what_only_fit_runs() -> None:
     options: dict[str, Any] = {"switches": ((2, "1x1: R0-1:L0-3"),)}
     with pytest.raises(TrainError, match="build does not take switches"):
         hspmd.build("llama-tiny", "2x1: R0:L0-3", world=NoWorld(), **options)  # type: ignore[arg-type]
+
+
+def test_the_recipe_by_flat_names_as_the_cli_flags() -> None:
+    """``fit(weight_decay=0.1, ...)`` as ``hspmd train --weight-decay 0.1`` (the recipe's
+    flat names win over ``adam``'s fields); a misspelt keyword names the closest one."""
+    flat = hspmd.train_config("llama-tiny", weight_decay=0.1, lr_schedule="cosine",
+                              warmup_steps=2, min_lr=1e-5, no_decay=["*.bias"], beta2=0.95,
+                              adam=hspmd.AdamConfig(weight_decay=0.5, eps=1e-6))  # fmt: skip
+    assert flat.adam == hspmd.AdamConfig(
+        weight_decay=0.1, lr_schedule="cosine", warmup_steps=2, min_lr=1e-5,
+        no_decay=("*.bias",), beta2=0.95, eps=1e-6,
+    )  # fmt: skip
+    with pytest.raises(TrainError, match="unknown option 'weight_decy': did you mean 'weight_decay'"):  # fmt: skip
+        hspmd.train_config("llama-tiny", weight_decy=0.1)  # type: ignore[call-arg]
+    with pytest.raises(TrainError, match="--lr-schedule 'cos': choose one of constant, cosine"):
+        hspmd.train_config("llama-tiny", lr_schedule="cos")  # type: ignore[arg-type]

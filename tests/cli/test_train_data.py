@@ -76,6 +76,10 @@ def test_fewer_bytes_than_one_step_is_one_line_before_launch(
     (tmp_path / "short.txt").write_text("abc")
     err = _one_line(["train", "--strategy", STRATEGY, "--data", str(tmp_path / "short.txt"), *SMALL], capsys)  # fmt: skip
     assert "fewer than one batch needs" in err
+    (tmp_path / "words.txt").write_text("plain words " * 20)  # --tokenizer forgotten
+    vocab = ["--config", '{"vocab_size": 64}']
+    err = _one_line(["train", "--strategy", STRATEGY, "--data", str(tmp_path / "words.txt"), *vocab, *SMALL], capsys)  # fmt: skip
+    assert "words.txt is read as raw bytes (no --tokenizer) and holds byte 119" in err
 
 
 def test_tokenizer_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -92,6 +96,16 @@ def test_tokenizer_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert "fewer than one step of 2 x 16" in err
     err = _one_line(["train", "--tokenizer", str(tmp_path / "nope.json"), "--reference"], capsys)
     assert "--tokenizer" in err and "does not exist" in err
+    (tmp_path / "latin1.txt").write_bytes(b"w1 w2 caf\xe9\n" * 40)
+    (tmp_path / "content.jsonl").write_text('{"content": "w1 w2"}\n')
+    err = _one_line([*base, *vocab, "--data", str(tmp_path / "latin1.txt")], capsys)
+    assert "latin1.txt: byte 0xe9 at offset 9 is not UTF-8" in err
+    no_tokenizer = [*base[:3], *base[5:]]  # the byte corpus reads JSONL too
+    err = _one_line([*no_tokenizer, "--data", str(tmp_path / "content.jsonl")], capsys)
+    assert 'content.jsonl:1: no "text" field (its fields: content)' in err
+    assert main(["tokenize", str(tmp_path / "latin1.txt"), "--tokenizer", str(tokenizer),
+                 "--out", str(tmp_path / "l.bin")]) == 2  # fmt: skip
+    assert "not UTF-8" in capsys.readouterr().err and not list(tmp_path.glob("*l.bin*"))
 
 
 def test_tokenize_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

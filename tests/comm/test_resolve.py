@@ -67,7 +67,8 @@ KINDS = [
     ("[0,1,2,3]{0:4}", "[4,5,6,7]{P:2,D:2}", ("bsr", "local")),
     ("[0,1,2,3]{0:2,1:2}", "[0,1,2,3]{1:2,0:2}", ("bsr",)),
     # top tier: only hdim changes
-    ("h0: [0,1]{1:2} [2,3]{1:2}", "hD: [0,1]{1:2} [2,3]{1:2}", ("split-all-gather",)),
+    ("h0: [0,1]{1:2} [2,3]{1:2}", "hD: [0,1]{1:2} [2,3]{1:2}", ("all-gather",)),
+    ("h0(2,6): [0,1]{1:2} [2,3]{1:2}", "hD: [0,1]{1:2} [2,3]{1:2}", ("split-all-gather",)),
     ("hP: [0,1]{1:2} [2,3,4,5]{1:4}", "hD: [0,1]{1:2} [2,3,4,5]{1:4}", ("split-all-reduce",)),
     ("hP: [0,1]{1:2} [2,3]{1:2}", "hD: [0,1]{1:2} [2,3]{1:2}", ("all-reduce",)),
     ("hP: [0,1]{0:2} [2,3]{1:2}", "h0: [0,1]{0:2} [2,3]{1:2}", ("split-reduce-scatter",)),
@@ -80,7 +81,7 @@ KINDS = [
     (
         "h0: [0,1]{P:2} [2,3]{1:2}",
         "hD: [0,1]{1:2} [2,3]{1:2}",
-        ("reduce-scatter", "split-all-gather"),
+        ("reduce-scatter", "all-gather"),
     ),
     (
         "hP: [0,1]{0:2} [2,3]{D:2}",
@@ -191,12 +192,13 @@ def test_equal_piece_all_reduces_match_the_split_all_reduce_bitwise(
 
 
 def test_split_all_gather_owners() -> None:
-    plan = resolve(A("h0: [0,1]{1:2} [2,3]{1:2}"), A("hD: [0,1]{1:2} [2,3]{1:2}"), SHAPE)
+    """Uneven shares (ZeRO's ``--zero-shares``): the pieces do not line up, point to point."""
+    plan = resolve(A("h0(2,6): [0,1]{1:2} [2,3]{1:2}"), A("hD: [0,1]{1:2} [2,3]{1:2}"), SHAPE)
     (step,) = plan.steps
     assert isinstance(step, SplitAllGather)
     first = step.slices[0]
     assert first.region == ((0, 8), (0, 6)) and first.ranks == (0, 2)
-    assert first.owners == ((0, ((0, 4), (0, 6))), (2, ((4, 8), (0, 6))))
+    assert first.owners == ((0, ((0, 2), (0, 6))), (2, ((2, 8), (0, 6))))
 
 
 @pytest.mark.parametrize(
@@ -216,6 +218,24 @@ def test_reduce_scatter_where_pieces_line_up(
     plan = check(src, dst, (8, 12))
     (step,) = plan.steps
     assert isinstance(step, ReduceScatter) and step.groups == groups
+
+
+@pytest.mark.parametrize(
+    ("src", "dst", "groups"),
+    [
+        ("h0: [0,1]{1:2} [2,3]{1:2}", "hD: [0,1]{1:2} [2,3]{1:2}", ((0, 2), (1, 3))),
+        ("h0: [2,3]{1:2} [0,1]{1:2}", "hD: [2,3]{1:2} [0,1]{1:2}", ((2, 0), (3, 1))),
+        ("h1: [0,1]{D:2} [2,3]{D:2} [4,5]{D:2}", "hD: [0,1]{D:2} [2,3]{D:2} [4,5]{D:2}",
+         ((0, 2, 4), (1, 3, 5))),
+    ],
+)  # fmt: skip
+def test_all_gather_where_pieces_line_up(
+    src: str, dst: str, groups: tuple[tuple[int, ...], ...]
+) -> None:
+    """ZeRO's gather from even shards: one all-gather per TP position."""
+    plan = check(src, dst, (8, 12))
+    (step,) = plan.steps
+    assert isinstance(step, AllGather) and step.groups == groups
 
 
 def test_split_reduce_scatter_roots() -> None:

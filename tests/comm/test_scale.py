@@ -37,5 +37,5 @@ def test_llama_32b_on_48_ranks_resolves_fast() -> None:
         )
         kinds.add(resolve(states[name].annotation, after[name].annotation, spec.shape).kinds)
     elapsed = time.perf_counter() - start
-    assert kinds == {("bsr",), ("split-all-gather",)}
+    assert kinds == {("bsr",), ("all-gather",)}  # the two pipelines line up
     assert elapsed < 25.0, f"resolving {len(before)} parameters twice took {elapsed:.2f} s"

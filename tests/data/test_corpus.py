@@ -6,6 +6,7 @@ import json
 from itertools import islice
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -69,6 +70,12 @@ def test_errors(tmp_path: Path) -> None:
         batches(2, 8, path=short)
     with pytest.raises(DataError, match="seq_len=0"):
         batches(2, 0)
+    folder = tmp_path / "shards"  # token ids of small values are valid UTF-8 text
+    folder.mkdir()
+    (folder / "a.txt").write_text("text")
+    np.arange(40, dtype=np.uint16).tofile(folder / "train.bin")
+    with pytest.raises(DataError, match=r"holds token files \(train.bin\): give one token file as --data"):  # fmt: skip
+        load_documents(folder)
 
 
 def test_jsonl_named_json_is_warned(tmp_path: Path) -> None:

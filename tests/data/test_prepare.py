@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import hspmd.data.prepare as prepare
+from hspmd.data.corpus import load_documents
 from hspmd.data.errors import DataError
 from hspmd.data.prepare import cached_tokens, write_tokens
 from hspmd.data.tokenizer import load_tokenizer
@@ -120,3 +121,50 @@ def test_hugging_face_folder_through_transformers(
     assert (
         tokenizer.encode(texts) == plain.encode(texts) and tokenizer.vocab_size == plain.vocab_size
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "words"),
+    [
+        ("latin1.txt", b"caf\xe9 au lait\n", r"latin1.txt: byte 0xe9 at offset 3 is not UTF-8"),
+        ("l.jsonl", b'{"text": "ok"}\n{"text": "caf\xe9"}\n', r"l.jsonl:2: byte 0xe9 at offset 13 of the line"),
+        ("f.jsonl", b'{"id": 1, "body": "x"}\n', r"f.jsonl:1: no \"text\" field \(its fields: id, body\).*jq -c '\{text: \.body\}'"),
+        ("a.jsonl", b"[1, 2]\n", r"a.jsonl:1: expected a JSON object .* write each line as"),
+        ("j.jsonl", b"{oops\n", r"j.jsonl:1: not JSON .*column 2"),
+        ("n.jsonl", b'{"text": 3}\n', r"\"text\" must be a string, not int: give"),
+    ],
+)  # fmt: skip
+def test_bad_text_is_one_line_and_leaves_no_partial_files(
+    name: str, raw: bytes, words: str, tokenizer_json: Path, tmp_path: Path
+) -> None:
+    """Text that is not UTF-8 or JSONL without a string "text" is refused naming the file,
+    line and fix (never decoded with replacement characters), the tokenizer's cache and the
+    byte corpus alike, and a tokenization that fails half-way leaves no partial files."""
+    source = tmp_path / name
+    source.write_bytes(raw)
+    with pytest.raises(DataError, match=words):
+        cached_tokens(source, tokenizer_json, cache=tmp_path / "cache")
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    with pytest.raises(DataError, match=words):
+        load_documents(source)
+
+
+def test_a_byte_order_mark_is_not_text(jsonl: Path, tokenizer_json: Path, tmp_path: Path) -> None:
+    """A UTF-8 file that starts with a byte-order mark (as some editors write) reads as the
+    same documents without it: JSONL (whose first line would not parse) and plain text."""
+    marked = tmp_path / "marked.jsonl"
+    marked.write_bytes(b"\xef\xbb\xbf" + jsonl.read_bytes())
+    plain, _ = cached_tokens(jsonl, tokenizer_json, cache=tmp_path / "cache")
+    with_bom, _ = cached_tokens(marked, tokenizer_json, cache=tmp_path / "cache")
+    assert np.array_equal(open_token_file(plain).ids, open_token_file(with_bom).ids)
+    assert load_documents(marked) == load_documents(jsonl)
+    (tmp_path / "t.txt").write_bytes(b"\xef\xbb\xbfsome text")
+    assert load_documents(tmp_path / "t.txt") == [b"some text"]
+
+
+def test_a_model_folder_without_a_vocabulary_is_refused(tmp_path: Path) -> None:
+    """transformers builds an empty tokenizer from a model folder's config.json alone (every
+    text encoded as nothing); hspmd refuses the folder in one line instead."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "vocab_size": 64}))
+    with pytest.raises(DataError, match=r"holds no tokenizer vocabulary \(none of tokenizer.json"):
+        load_tokenizer(tmp_path)

@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("transformers")
 
 import transformers  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
 
 from hspmd.cli import main  # noqa: E402
 from hspmd.models.build import check_weights, initial_piece  # noqa: E402
@@ -113,6 +113,10 @@ def test_bad_folders_are_one_line_before_launch(
     err = _refused(folder, capsys, "--config", '{"intermediate_size": 48}')
     assert "holds model.layers.0.mlp.gate_proj.weight as [64, 32]" in err
     path = folder / "model.safetensors"
+    weights = load_file(path)
+    save_file({**weights, "model.norm.weight": torch.ones(32, dtype=torch.int32)}, path)
+    assert "holds model.norm.weight as I32, not a floating-point dtype" in _refused(folder, capsys)
+    save_file(weights, path)
     with open(path, "r+b") as f:
         f.truncate(path.stat().st_size - 100)
     assert "is truncated" in _refused(folder, capsys)

@@ -14,6 +14,7 @@ from hspmd.comm.plan import (
     CommPlan,
     GroupCollective,
     Local,
+    ReduceScatter,
     SplitAllGather,
     SplitAllReduce,
     SplitReduceScatter,
@@ -42,10 +43,20 @@ def cost() -> CostModel:
 
 def _direct(plans: Sequence[CommPlan], cost: CostModel, element_bytes: int) -> float:
     """Plans started together, priced by hand: each collective by ``cost.collective`` as the
-    runtime issues it, the point-to-point messages summed per pair and sent by ``cost.send``
-    (per rank max(sent, received)); steps one after another."""
+    runtime issues it (one-step reduce-scatters and all-gathers over the same groups packed
+    into one, as ``start_plans`` does), the point-to-point messages summed per pair and sent
+    by ``cost.send`` (per rank max(sent, received)); steps one after another."""
     total, pairs = 0.0, defaultdict(float)
+    packed: dict[tuple, dict[tuple[int, ...], int]] = defaultdict(lambda: defaultdict(int))
     for plan in plans:
+        step = plan.steps[0]
+        if len(plan.steps) == 1 and isinstance(step, ReduceScatter | AllGather):
+            for g in step.groups:
+                n = volume(plan.src.piece(g[0], plan.shape).region) * element_bytes
+                packed[(step.kind, step.groups)][g] += n * (
+                    len(g) if step.kind == "all-gather" else 1
+                )
+            continue
         for step, before in zip(plan.steps, plan.layouts, strict=False):
             if isinstance(step, Local):
                 continue
@@ -68,6 +79,8 @@ def _direct(plans: Sequence[CommPlan], cost: CostModel, element_bytes: int) -> f
                         for r in s.ranks:
                             if r != owner:
                                 pairs[(owner, r)] += volume(region) * element_bytes
+    for (kind, groups), sizes in packed.items():
+        total += max(cost.collective(kind, sizes[g], g, len(groups)) for g in groups)
     sent, received = defaultdict(float), defaultdict(float)
     for (src, dst), nbytes in pairs.items():
         seconds = cost.send(nbytes, src, dst)

@@ -71,17 +71,22 @@ def test_packed_steps_do_not_depend_on_the_strategy(token_file: Path) -> None:
         assert all(int(d[-1]) == 1 or len(d) == 33 for d in step.documents)  # whole, or cut
 
 
-def test_tokenized_text_equals_the_written_token_file(tmp_path: Path) -> None:
+def _word_tokenizer(lines: list[str], path: Path) -> None:
+    """A WordLevel tokenizer of ``lines`` with ``</s>`` (its end of document), at ``path``."""
     tokenizers = pytest.importorskip("tokenizers")
     from tokenizers import models, pre_tokenizers, trainers
 
-    lines = [f"w{i % 13} w{(i * 7) % 11} w{i % 5} end" for i in range(300)]
     tokenizer = tokenizers.Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.train_from_iterator(
         lines, trainers.WordLevelTrainer(special_tokens=["[UNK]", "</s>"])
     )
-    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    tokenizer.save(str(path))
+
+
+def test_tokenized_text_equals_the_written_token_file(tmp_path: Path) -> None:
+    lines = [f"w{i % 13} w{(i * 7) % 11} w{i % 5} end" for i in range(300)]
+    _word_tokenizer(lines, tmp_path / "tokenizer.json")
     (tmp_path / "c.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in lines))
     from hspmd.cli import main
 
@@ -92,6 +97,21 @@ def test_tokenized_text_equals_the_written_token_file(tmp_path: Path) -> None:
     check_data(text)  # tokenizes into the cache
     assert list((tmp_path / "cache" / "tokens").glob("*.json"))
     assert _same(list(step_batches(text)), list(step_batches(_config(tmp_path / "c.bin"))))
+
+
+def test_too_little_tokenized_text_names_the_text_not_the_cache(tmp_path: Path) -> None:
+    """A text file is one document with a tokenizer: too few documents for a packed step,
+    or too few tokens for a fixed one, name the user's --data and its tokenizer."""
+    lines = [f"w{i % 13} w{i % 5} end" for i in range(50)]
+    _word_tokenizer(lines, tmp_path / "tokenizer.json")
+    (tmp_path / "one.txt").write_text("\n".join(lines))
+    text = _config(tmp_path / "one.txt", tokenizer=str(tmp_path / "tokenizer.json"),
+                   strategy="1x1: R0:L0-1; 1x1: R1:L0-1", global_batch=2)  # fmt: skip
+    named = rf"{tmp_path / 'one.txt'} \(tokenized by {tmp_path / 'tokenizer.json'}\)"
+    with pytest.raises(DataError, match=named + " has 1 usable document, fewer than the 2"):
+        next(step_documents(revise(text, step_tokens=256, seq_len=128), min_documents=2))
+    with pytest.raises(DataError, match=named + " holds 151 tokens, fewer than one step"):
+        check_data(revise(text, seq_len=128))
 
 
 def test_check_data_before_launch(token_file: Path, tmp_path: Path) -> None:

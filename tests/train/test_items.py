@@ -127,3 +127,16 @@ def test_step_k_drawn_alone_equals_the_streams_kth() -> None:
         assert [t.shape[0] for t in alone] == [16, 16]
         assert all(torch.equal(a, b) for a, b in zip(alone, every[2], strict=True))
         assert not torch.equal(every[2][0], every[1][0])
+
+
+def test_bf16_takes_floating_fields_in_bf16() -> None:
+    """Under ``--dtype bf16`` the module is captured in bf16 (``hspmd.models.module``), and
+    so are its floating fields, as the loop feeds them; integer fields stay as they are."""
+    model = _config("4x2: R0:L0-1", dtype="bf16").model_config()
+    assert [f.dtype for f in model.batch] == ["bfloat16", "int64"]  # type: ignore[attr-defined]
+    exe = build_executable(model, parse_strategy("4x2: R0:L0-1"), StrategyOptions(), 0,
+                           seq_len=1, seed=0)  # fmt: skip
+    exe.graph_module.to(torch.bfloat16)
+    image = torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    loss = exe.forward(image.bfloat16(), torch.tensor([1, 2]))
+    assert loss.dtype == torch.bfloat16 and 1.0 < loss.item() < 4.0, loss

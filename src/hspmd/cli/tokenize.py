@@ -89,7 +89,8 @@ def summary(written: Written) -> str:
         f"{written.tokens:,} tokens ({written.dtype}), vocabulary {written.vocab_size:,}, "
         f"end-of-document id {written.eod_id}; {written.seconds:.1f} s, {rate:,.0f} tokens/s\n"
         f"train on it: hspmd train --data {written.path}{eod} "
-        f"""--config '{{"vocab_size": {written.vocab_size}}}' ..."""
+        f"""--config '{{"vocab_size": {written.vocab_size}}}' ... (a preset's size; """
+        f"--model hf:DIR or your own needs a vocabulary of at least {written.vocab_size:,})"
     )
 
 

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 from hspmd.annotation import DUP, PARTIAL, Annotation, Region
 from hspmd.comm.plan import (
+    AllGather,
     AllReduce,
     Local,
     ReduceScatter,
@@ -51,7 +52,7 @@ def top_step(before: Annotation, after: Annotation, shape: Sequence[int]) -> Ste
             before, old, new, shape
         )
     if h1 >= 0 and h2 == DUP:
-        return _split_all_gather(old, new, shape)
+        return _as_all_gather(after, h1, old, new) or _split_all_gather(old, new, shape)
     if h1 == DUP and h2 == PARTIAL:
         first = before.groups[0].ranks
         zero = tuple(sorted(r for r in old if r not in first))
@@ -140,6 +141,18 @@ def _as_all_reduce(before: Annotation, regions: dict[int, Region]) -> AllReduce 
         hP: [0,1]{D:2} [2,3]{D:2} -> hD: ...    all-reduce over [0,2] and [1,3]
         hP: [0,1]{1:2} [2,3,4,5]{1:4}            None (split-all-reduce)
     """
+    paired = _paired(before, regions)
+    if paired is None:
+        return None
+    return AllReduce(tuple(sorted(tuple(sorted(g)) for gs in paired.values() for g in gs)))
+
+
+def _paired(
+    before: Annotation, regions: dict[int, Region]
+) -> dict[Region, list[tuple[int, ...]]] | None:
+    """Per summand region, its holders paired position by position across the subgroups
+    (each group in subgroup order); None where a region has more holders in one subgroup
+    than in another."""
     by_region: dict[Region, list[list[int]]] = {}
     for index, group in enumerate(before.groups):
         for rank in sorted(group.ranks):
@@ -147,52 +160,66 @@ def _as_all_reduce(before: Annotation, regions: dict[int, Region]) -> AllReduce 
             if holders is None:  # not setdefault: its default costs hsize lists per rank
                 holders = by_region[regions[rank]] = [[] for _ in before.groups]
             holders[index].append(rank)
-    groups: list[tuple[int, ...]] = []
-    for holders in by_region.values():
-        if len({len(ranks) for ranks in holders}) != 1:
-            return None
-        groups.extend(tuple(sorted(group)) for group in zip(*holders, strict=True))
-    return AllReduce(tuple(sorted(groups)))
+    if any(len({len(ranks) for ranks in holders}) != 1 for holders in by_region.values()):
+        return None
+    return {region: list(zip(*holders, strict=True)) for region, holders in by_region.items()}
 
 
 def _as_reduce_scatter(
     before: Annotation, dim: int, old: dict[int, Region], new: dict[int, Region]
 ) -> ReduceScatter | None:
-    """Plain reduce-scatters over disjoint groups, where the pieces line up.
-
-    As in ``_as_all_reduce``, ranks of one summand region are paired position by position
-    across the subgroups; where every group's new pieces are its region cut evenly along
-    ``dim`` in subgroup order, each group reduce-scatters its region (the chunk of group
-    member ``i`` is part ``i``). ZeRO's gradient reduce over identical replicas is this:
-    one collective per TP position, not a message per replica pair (a split collective
-    over 1024 replicas would list 8192 slices of 1024 ranks)::
+    """Plain reduce-scatters over disjoint groups, where the pieces line up (``_lined_up``).
+    ZeRO's gradient reduce over identical replicas is this: one collective per TP position,
+    not a message per replica pair (a split collective over 1024 replicas would list 8192
+    slices of 1024 ranks)::
 
         hP: [0,1]{1:2} [2,3]{1:2} -> h0: ...       reduce-scatter over [0,2] and [1,3]
         hP: [0,1]{1:2} [2,3,4,5]{1:4}               None (split-reduce-scatter)
     """
-    parts = len(before.groups)
-    by_region: dict[Region, list[list[int]]] = {}
-    for index, group in enumerate(before.groups):
-        for rank in sorted(group.ranks):
-            holders = by_region.get(old[rank])
-            if holders is None:
-                holders = by_region[old[rank]] = [[] for _ in before.groups]
-            holders[index].append(rank)
+    groups = _lined_up(before, dim, old, new)
+    return None if groups is None else ReduceScatter(groups, dim=dim)
+
+
+def _as_all_gather(
+    after: Annotation, dim: int, old: dict[int, Region], new: dict[int, Region]
+) -> AllGather | None:
+    """Plain all-gathers over disjoint groups, where the pieces line up: the reverse of
+    ``_as_reduce_scatter``. ZeRO's parameter gather from its shards::
+
+        h0: [0,1]{1:2} [2,3]{1:2} -> hD: ...       all-gather over [0,2] and [1,3]
+    """
+    groups = _lined_up(after, dim, new, old)
+    return None if groups is None else AllGather(groups, dim=dim)
+
+
+def _lined_up(
+    layout: Annotation, dim: int, whole: dict[int, Region], cut: dict[int, Region]
+) -> tuple[tuple[int, ...], ...] | None:
+    """Groups of ranks, one per subgroup of ``layout``, whose ``cut`` pieces are their
+    common ``whole`` region cut evenly along ``dim`` (the piece of member ``i`` is part
+    ``i``, members in subgroup order); None unless every rank of ``cut`` is in one.
+
+    As in ``_as_all_reduce``, the holders of each region are paired position by position
+    across the subgroups."""
+    parts = len(layout.groups)
+    paired = _paired(layout, whole)
+    if paired is None:
+        return None
     groups: list[tuple[int, ...]] = []
-    for region, holders in by_region.items():
+    for region, pairs in paired.items():
         lo, hi = region[dim]
-        if len({len(ranks) for ranks in holders}) != 1 or (hi - lo) % parts:
+        if (hi - lo) % parts:
             return None
         size = (hi - lo) // parts
-        for group in zip(*holders, strict=True):
+        for group in pairs:
             for i, rank in enumerate(group):
-                cut = (lo + i * size, lo + (i + 1) * size)
-                if new.get(rank) != (*region[:dim], cut, *region[dim + 1 :]):
+                part = (lo + i * size, lo + (i + 1) * size)
+                if cut.get(rank) != (*region[:dim], part, *region[dim + 1 :]):
                     return None
             groups.append(group)
-    if sum(len(g) for g in groups) != len(new):
+    if sum(len(g) for g in groups) != len(cut):
         return None
-    return ReduceScatter(tuple(sorted(groups)), dim=dim)
+    return tuple(sorted(groups))
 
 
 def _split_reduce_scatter(
@@ -215,7 +242,10 @@ def _split_all_gather(
     old: dict[int, Region], new: dict[int, Region], shape: Sequence[int]
 ) -> SplitAllGather:
     rows = holders_table(old, new, shape)
-    keyed: dict[tuple, list[Region]] = defaultdict(list)
+    # keyed by the needers tuple's identity (``holders_table`` shares one per set: hashing
+    # a tuple of 16,384 ranks per row was most of the time at scale)
+    keyed: dict[int, list[Region]] = defaultdict(list)
+    needers_of: dict[int, tuple[int, ...]] = {}
     owner_of: dict[Region, int] = {}
     for box, owners, needers in rows:
         if len(owners) > 1:
@@ -223,13 +253,16 @@ def _split_all_gather(
             owner_of[box] = min(inside or owners)
         else:
             owner_of[box] = owners[0]
-        keyed[(needers,)].append(box)
+        keyed[id(needers)].append(box)
+        needers_of[id(needers)] = needers
     slices = []
-    for box, (needers,) in _slices(keyed):
+    merged = sorted((box, key) for key, boxes in keyed.items() for box in merge_boxes(boxes))
+    for box, key in merged:  # the boxes of different needers are disjoint: sorted by box
         by_owner: dict[int, list[Region]] = defaultdict(list)
-        for row_box in keyed[(needers,)]:
+        for row_box in keyed[key]:
             if contains(box, row_box):
                 by_owner[owner_of[row_box]].append(row_box)
+        needers = needers_of[key]
         sources = tuple(
             (owner, part) for owner in sorted(by_owner) for part in merge_boxes(by_owner[owner])
         )

@@ -16,7 +16,9 @@ Each step is priced as the runtime issues it (``hspmd.runtime.collectives``,
 
 A plan's steps run one after another (their times add). ``batch_seconds`` prices plans
 started as one batch (ZeRO's buckets, ``start_plans``): the point-to-point ones share one
-exchange, so their messages are summed per peer pair before pricing; the others run alone.
+exchange, so their messages are summed per peer pair before pricing; reduce-scatters and
+all-gathers over the same groups are packed into one collective of their bytes; the others
+run alone.
 A collective's ``nbytes`` follows the cost lines' convention (``hspmd.cost.profile.bus_bytes``):
 the input piece for reductions and all-to-all, the gathered tensor for an all-gather. Every
 line is ``transfer_time`` (``hspmd.cost.link``); point-to-point messages are priced all at
@@ -26,6 +28,7 @@ every parameter of the same annotations and shape (every layer of a stage), so a
 strategy's thousands of plans are priced a few dozen times, and ``PlanPricer.of`` shares one
 pricer between the calls on the same cost (a planner search's ``predict`` calls).
 
+>>> import math
 >>> from hspmd.annotation import parse_annotation as A
 >>> from hspmd.comm.resolve import resolve
 >>> from hspmd.cost.cluster import load_cluster
@@ -37,8 +40,15 @@ pricer between the calls on the same cost (a planner search's ``predict`` calls)
 >>> plan_seconds(plan, cost, element_bytes=4) == cost.collective("all-reduce", 2 << 20, (0, 2), 2)
 True
 >>> scatter = resolve(A("hP: [0,1]{0:2} [2,3]{0:2}"), A("h1: [0,1]{0:2} [2,3]{0:2}"), (1024, 1024))
->>> scatter.kinds, plan_seconds(scatter, cost, element_bytes=4) == cost.send(1 << 20, 0, 2)
-(('split-reduce-scatter',), True)
+>>> scatter.kinds
+('reduce-scatter',)
+>>> plan_seconds(scatter, cost, element_bytes=4) == cost.collective("reduce-scatter", 2 << 20, (0, 2), 2)
+True
+>>> uneven = resolve(A("hP: [0,1]{0:2} [2,3]{0:2}"), A("h1(256,768): [0,1]{0:2} [2,3]{0:2}"), (1024, 1024))
+>>> uneven.kinds  # rank 0 sends 3/4 of its rows' sum to rank 2, which sends 1/4 back
+('split-reduce-scatter',)
+>>> math.isclose(plan_seconds(uneven, cost, element_bytes=4), cost.send(3 << 19, 0, 2))
+True
 """
 
 from __future__ import annotations
@@ -58,6 +68,7 @@ from hspmd.comm.plan import (
     CommPlan,
     GroupCollective,
     Local,
+    ReduceScatter,
     SendRecv,
     SplitAllGather,
     SplitAllReduce,
@@ -175,11 +186,17 @@ class PlanPricer:
         return self._prices[key][1]
 
     def batch(self, plans: Sequence[CommPlan], *, element_bytes: int) -> float:
-        """``plans`` started as one batch: the point-to-point ones' messages summed per pair."""
+        """``plans`` started as one batch: the point-to-point ones' messages summed per pair,
+        the reduce-scatters and all-gathers over the same groups as one collective of their
+        bytes (``start_plans`` packs them), the others alone."""
         p2p: dict[int, tuple[_Flows, int]] = {}
+        packed: dict[tuple[str, tuple[tuple[int, ...], ...]], list[CommPlan]] = {}
         alone = 0.0
         for plan in plans:
             step = plan.steps[0] if len(plan.steps) == 1 else None
+            if isinstance(step, ReduceScatter | AllGather):
+                packed.setdefault((step.kind, step.groups), []).append(plan)
+                continue
             if not isinstance(step, SplitReduceScatter | SplitAllGather):
                 alone += self.plan(plan, element_bytes=element_bytes)
                 continue
@@ -187,12 +204,13 @@ class PlanPricer:
                 self._flows[id(plan)] = (plan, self._flows_of(step, plan.layouts[0], plan.shape))
             flows, count = p2p.get(id(plan), (self._flows[id(plan)][1], 0))
             p2p[id(plan)] = (flows, count + 1)
+        alone += sum(_packed_seconds(group, self.cost, element_bytes) for group in packed.values())
         return alone + (self._p2p(p2p, element_bytes) if p2p else 0.0)
 
     def _flows_of(self, step: Step, before: Annotation, shape: tuple[int, ...]) -> _Flows:
         n = self.cost.num_ranks
         split = isinstance(step, SplitReduceScatter | SplitAllGather)
-        fans = fans_of(step) if split else ()
+        fans = fans_of(step) if isinstance(step, SplitReduceScatter | SplitAllGather) else ()
         table = np.zeros((0, 3), dtype=np.int64) if split else messages(step, before, shape)
         codes = table[:, 0] * n + table[:, 1]
         order = np.argsort(codes)  # integer sums below: any order of equal codes is exact
@@ -314,6 +332,20 @@ def _group_seconds(
             n *= len(group)  # the line's bytes are the gathered tensor's
         seconds = cost.collective(step.kind, n, group, len(step.groups))
         slowest = max(slowest, seconds)
+    return slowest
+
+
+def _packed_seconds(plans: Sequence[CommPlan], cost: CostModel, element_bytes: int) -> float:
+    """Single-step collectives of one kind over the same groups, packed into one: each
+    group's line for the sum of its members' pieces; the slowest group."""
+    first = plans[0].steps[0]
+    assert isinstance(first, GroupCollective)
+    slowest = 0.0
+    for group in first.groups:
+        n = sum(volume(p.src.piece(group[0], p.shape).region) for p in plans) * element_bytes
+        if isinstance(first, AllGather):
+            n *= len(group)  # the line's bytes are the gathered tensor's
+        slowest = max(slowest, cost.collective(first.kind, n, group, len(first.groups)))
     return slowest
 
 

@@ -46,9 +46,11 @@ import torch
 
 from hspmd.data.errors import DataError
 from hspmd.data.steps import LONG_DOCS, DocumentStep, document_steps_of
+from hspmd.data.tokens import token_format
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
+    "EMPTY_FIX",
     "ByteDocuments",
     "batches",
     "byte_batches",
@@ -58,6 +60,7 @@ __all__ = [
     "data_files",
     "jsonl_text",
     "load_documents",
+    "utf8_text",
     "split_documents",
 ]
 
@@ -66,6 +69,14 @@ DEFAULT_MAX_BYTES = 8 << 20
 
 SEPARATOR = 0
 """The byte between documents."""
+
+EMPTY_FIX = (
+    " (blank JSONL lines and empty files are skipped): give --data a file or folder with text"
+)
+"""What an error about a corpus without text adds: where text was skipped, and the fix."""
+
+BOM = "\ufeff"
+"""The byte-order mark some editors write at a UTF-8 file's start: not text, dropped."""
 
 
 def load_documents(path: str | Path | None = None, *, max_bytes: int = DEFAULT_MAX_BYTES) -> list[bytes]:  # fmt: skip
@@ -86,7 +97,9 @@ def load_documents(path: str | Path | None = None, *, max_bytes: int = DEFAULT_M
         if total >= max_bytes:
             break
     if not docs:
-        raise DataError(f"no text in {path or 'the standard library'}: the data is empty")
+        raise DataError(
+            f"no text in {path or 'the standard library'}: the data is empty{EMPTY_FIX}"
+        )
     return docs
 
 
@@ -106,7 +119,41 @@ def data_files(path: str | Path | None) -> list[Path]:
             '(one {"text": ...} per line), a directory of text files, or a token file '
             "(.bin, .idx, .npy)"
         )
-    return sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+    if not root.is_dir():
+        return [root]
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    tokens = [p for p in files if token_format(p) is not None]
+    if tokens:  # their ids would be read as text (small ids are valid UTF-8)
+        raise DataError(
+            f"--data {path} is a folder, read as text, but holds token files "
+            f"({', '.join(p.name for p in tokens[:3])}{', ...' if len(tokens) > 3 else ''}): "
+            f"give one token file as --data (e.g. --data {tokens[0]}), or move them out"
+        )
+    return files
+
+
+def utf8_text(raw: bytes, *, file: Path, number: int | None = None) -> str:
+    """``raw`` decoded as UTF-8 (a file's first line without its ``BOM``); bytes that are
+    not UTF-8 (a Latin-1 file, a binary file in a data directory) are one line naming the
+    file, its line (``number``, JSONL) and the offset, never replaced in silence.
+
+    >>> utf8_text(b"caf\\xc3\\xa9", file=Path("a.txt"))
+    'café'
+    >>> utf8_text(b"caf\\xe9", file=Path("a.txt"))
+    Traceback (most recent call last):
+    hspmd.data.errors.DataError: a.txt: byte 0xe9 at offset 3 is not UTF-8: hspmd reads text as UTF-8; convert the file (e.g. iconv -f LATIN1 -t UTF-8) or leave it out of the data
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        where = f"{file}:{number}" if number is not None else str(file)
+        within = "of the line " if number is not None else ""
+        raise DataError(
+            f"{where}: byte 0x{raw[error.start]:02x} at offset {error.start} {within}is not "
+            "UTF-8: hspmd reads text as UTF-8; convert the file (e.g. iconv -f LATIN1 -t "
+            "UTF-8) or leave it out of the data"
+        ) from None
+    return text.removeprefix(BOM) if number in (None, 1) else text  # a file's first text
 
 
 def jsonl_text(line: str, *, file: Path, number: int) -> str | None:
@@ -115,13 +162,29 @@ def jsonl_text(line: str, *, file: Path, number: int) -> str | None:
         return None
     try:
         record = json.loads(line)
-        text = record["text"]
-    except (json.JSONDecodeError, KeyError, TypeError):
+    except json.JSONDecodeError as error:
         raise DataError(
-            f'{file}:{number}: expected a JSON object with a "text" field, got {line[:60]!r}'
+            f"{file}:{number}: not JSON ({error.msg} at column {error.colno}): a .jsonl file "
+            'holds one {"text": ...} object per line; name a plain text file other than .jsonl'
         ) from None
+    if not isinstance(record, dict):
+        raise DataError(
+            f'{file}:{number}: expected a JSON object with a "text" field, got '
+            f'{line.strip()[:60]!r}: write each line as {{"text": ...}}'
+        )
+    if "text" not in record:
+        strings = [k for k, v in record.items() if isinstance(v, str)] or ["FIELD"]
+        raise DataError(
+            f'{file}:{number}: no "text" field (its fields: {", ".join(map(str, record))}): '
+            f'hspmd reads each line\'s "text"; rename the field, e.g. jq -c '
+            f"'{{text: .{strings[0]}}}' {file} > fixed.jsonl"
+        )
+    text = record["text"]
     if not isinstance(text, str):
-        raise DataError(f'{file}:{number}: "text" must be a string, not {type(text).__name__}')
+        raise DataError(
+            f'{file}:{number}: "text" must be a string, not {type(text).__name__}: give each '
+            "line's document as a JSON string"
+        )
     return text
 
 
@@ -131,10 +194,11 @@ def _read_file(file: Path) -> list[bytes]:
     except OSError as error:
         raise DataError(f"cannot read data file {str(file)!r}: {error}") from None
     if file.suffix != ".jsonl":
-        return [raw]
+        utf8_text(raw, file=file)  # the bytes are the tokens, but only of UTF-8 text
+        return [raw.removeprefix(BOM.encode())]
     docs = []
-    for number, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
-        text = jsonl_text(line, file=file, number=number)
+    for number, line in enumerate(raw.splitlines(), 1):
+        text = jsonl_text(utf8_text(line, file=file, number=number), file=file, number=number)
         if text is not None:
             docs.append(text.encode("utf-8"))
     return docs

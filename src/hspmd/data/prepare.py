@@ -29,16 +29,16 @@ from pathlib import Path
 
 import numpy as np
 
-from hspmd.data.corpus import data_files, jsonl_text
+from hspmd.data.corpus import EMPTY_FIX, data_files, jsonl_text, utf8_text
 from hspmd.data.errors import DataError
 from hspmd.data.megatron import IndexedWriter
-from hspmd.data.tokenizer import TextTokenizer, fingerprint, load_tokenizer
+from hspmd.data.tokenizer import EOD_TOKENS, TextTokenizer, fingerprint, load_tokenizer
 
 __all__ = ["FORMATS", "Written", "cache_root", "cached_tokens", "iter_texts", "write_tokens"]
 
 FORMATS = ("megatron", "flat", "npy")
 _BATCH_BYTES = 1 << 20  # text encoded per call of the tokenizer
-_VERSION = 1  # of the cache's layout and encoding rules
+_VERSION = 2  # of the cache's layout and encoding rules (2: text is strict UTF-8)
 
 Progress = Callable[[int, int], None]
 """``(bytes read, bytes in all)``."""
@@ -82,12 +82,12 @@ def iter_texts(path: str | Path | None, *, max_bytes: int | None = None) -> Iter
                     raw = handle.read()
                     done += len(raw)
                     if raw:
-                        yield raw.decode("utf-8", errors="replace"), done
+                        yield utf8_text(raw, file=file), done
                 else:
                     for number, line in enumerate(handle, 1):
                         done += len(line)
-                        text = jsonl_text(line.decode("utf-8", errors="replace"), file=file,
-                                          number=number)  # fmt: skip
+                        decoded = utf8_text(line, file=file, number=number)
+                        text = jsonl_text(decoded, file=file, number=number)
                         if text:
                             yield text, done
                         if max_bytes is not None and done >= max_bytes:
@@ -144,19 +144,25 @@ def write_tokens(
     dtype = (np.int32 if chosen == "megatron" else np.uint32) if wide else np.uint16
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     documents = tokens = 0
-    with IndexedWriter(tmp, dtype=dtype) as writer:
-        for batch, done in _batches(iter_texts(source, max_bytes=max_bytes)):
-            for ids in tokenizer.encode(batch):
-                if not ids or ids[-1] != eod:
-                    ids = [*ids, eod]
-                writer.add(np.asarray(ids))
-                documents += 1
-                tokens += len(ids)
-            if on_progress is not None:
-                on_progress(done, total)
+    try:
+        with IndexedWriter(tmp, dtype=dtype) as writer:
+            for batch, done in _batches(iter_texts(source, max_bytes=max_bytes)):
+                for ids in tokenizer.encode(batch):
+                    if not ids or ids[-1] != eod:
+                        ids = [*ids, eod]
+                    writer.add(np.asarray(ids))
+                    documents += 1
+                    tokens += len(ids)
+                if on_progress is not None:
+                    on_progress(done, total)
+    except BaseException:  # a bad line half-way (DataError), ^C: leave no partial files
+        _remove(tmp)
+        raise
     if documents == 0:
         _remove(tmp)
-        raise DataError(f"no text in {source or 'the standard library'}: the corpus is empty")
+        raise DataError(
+            f"no text in {source or 'the standard library'}: the corpus is empty{EMPTY_FIX}"
+        )
     _finish(tmp, out, chosen, np.dtype(dtype))
     return Written(str(out), chosen, documents, tokens, np.dtype(dtype).name,
                    tokenizer.vocab_size, eod, time.perf_counter() - start)  # fmt: skip
@@ -168,7 +174,7 @@ def resolve_eod(tokenizer: TextTokenizer, eod_id: int | None) -> int:
     if eod is None:
         raise DataError(
             f"tokenizer {tokenizer.path} has no end-of-document token (no eos_token, none of "
-            "<|endoftext|>, </s>): give --eod-id ID"
+            f"{', '.join(EOD_TOKENS)}): give --eod-id ID"
         )
     if not 0 <= eod < tokenizer.vocab_size:
         raise DataError(

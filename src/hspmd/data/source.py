@@ -44,7 +44,7 @@ from hspmd.data.tokens import (
 from hspmd.data.tokens import token_format as _token_format
 
 __all__ = [
-    "DataSpec", "check_tokens", "open_tokens", "spec_warnings", "token_documents", "tokenizer_vocab",
+    "DataSpec", "check_tokens", "corpus_name", "open_tokens", "spec_warnings", "token_documents", "tokenizer_vocab",
 ]  # fmt: skip
 
 
@@ -106,11 +106,24 @@ def open_tokens(spec: DataSpec, *, on_progress: Progress | None = None) -> Token
     return open_token_file(path)
 
 
+def corpus_name(spec: DataSpec, file: TokenFile) -> str:
+    """How errors name a tokenized corpus: the user's ``--data``, never the cache file that
+    holds its tokenization.
+
+    >>> spec = DataSpec(path="corpus.txt", tokenizer="tok.json")
+    >>> corpus_name(spec, TokenFile(Path("/cache/ab12.bin"), "megatron", np.zeros(1, np.uint16)))
+    'corpus.txt (tokenized by tok.json)'
+    """
+    if spec.kind == "text":
+        return f"{spec.path or 'the standard library sources'} (tokenized by {spec.tokenizer})"
+    return str(spec.path or file.path)
+
+
 def token_documents(spec: DataSpec, file: TokenFile) -> TokenDocuments:
     """The documents of ``file``: the Megatron index's, else split at the end-of-document id
     (``--eod-id``, else the tokenizer's), the split cached beside the tokenizations."""
     if file.bounds is not None:
-        return file.documents(eod_id=None)
+        return TokenDocuments(file.ids, *file.bounds, where=corpus_name(spec, file))
     eod = spec.eod_id
     if eod is None and spec.tokenizer is not None:
         eod = tokenizer_vocab(spec)[1]
@@ -129,7 +142,7 @@ def token_documents(spec: DataSpec, file: TokenFile) -> TokenDocuments:
             os.replace(partial, cached)
         except OSError:
             pass  # a read-only cache: the split is computed again next time
-    return TokenDocuments(file.ids, starts, ends, where=str(file.path))
+    return TokenDocuments(file.ids, starts, ends, where=corpus_name(spec, file))
 
 
 def tokenizer_vocab(spec: DataSpec) -> tuple[int, int | None]:
@@ -172,7 +185,7 @@ def check_tokens(
             "give the id the token file ends its documents with"
         )
     file = open_tokens(spec, on_progress=on_progress)
-    check_ids(file.ids, vocab_size=vocab_size, where=str(spec.path or file.path),
+    check_ids(file.ids, vocab_size=vocab_size, where=corpus_name(spec, file),
               known=tuple(_saved(spec, file, "id range", lambda: id_range(file.ids))))  # fmt: skip
     return file
 

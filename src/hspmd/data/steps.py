@@ -133,8 +133,10 @@ def document_steps_of(
     kept = len(lengths) - (len(long) if long_docs == "drop" else 0)
     if kept < min_documents:
         raise DataError(
-            f"{docs.where} has {kept} usable documents, fewer than the {min_documents} one step "
-            "needs (one per micro-batch): use more text or fewer micro-batches"
+            f"{docs.where} has {kept} usable document{'s' * (kept != 1)}, fewer than the "
+            f"{min_documents} one step needs (one per micro-batch): use more documents (a "
+            "JSONL line is one, so is a text file with --tokenizer; docs/data.md) or fewer "
+            "micro-batches"
         )
     return _steps(docs, tokens_per_step, seed, max_len, long_docs, min_documents)
 

@@ -23,10 +23,20 @@ from typing import Any
 
 from hspmd.data.errors import DataError
 
-__all__ = ["TextTokenizer", "fingerprint", "load_tokenizer", "tokenizer_files"]
+__all__ = [
+    "EOD_TOKENS",
+    "VOCABULARY_FILES",
+    "TextTokenizer",
+    "fingerprint",
+    "load_tokenizer",
+    "tokenizer_files",
+]
 
-# end-of-document tokens of common tokenizers, tried in order when none is configured
-_EOD_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>")
+EOD_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>")
+"""End-of-document tokens of common tokenizers, tried in order when none is configured."""
+VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                    "spiece.model", "sentencepiece.bpe.model", "tekken.json")  # fmt: skip
+"""Files that hold a Hugging Face tokenizer's vocabulary (one at least, or a ``.tiktoken``)."""
 # files in a model folder that are no part of its tokenizer
 _NOT_TOKENIZER = {".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf",
                   ".onnx", ".npz", ".npy"}  # fmt: skip
@@ -73,6 +83,7 @@ def load_tokenizer(path: str | Path) -> TextTokenizer:
     tokenizer_files(path)  # it exists
     path = Path(path)
     if path.is_dir():
+        _check_vocabulary_files(path)
         try:
             return _transformers(path)
         except ImportError:
@@ -83,6 +94,19 @@ def load_tokenizer(path: str | Path) -> TextTokenizer:
                 ) from None
             return _tokenizers(path / "tokenizer.json")
     return _tokenizers(path)
+
+
+def _check_vocabulary_files(folder: Path) -> None:
+    """A folder must hold a vocabulary (``VOCABULARY_FILES``): given a model folder without
+    one, transformers builds an empty tokenizer from config.json's model type, which
+    encodes every text as nothing."""
+    names = {p.name for p in folder.iterdir() if p.is_file()}
+    if not names & set(VOCABULARY_FILES) and not any(n.endswith(".tiktoken") for n in names):
+        raise DataError(
+            f"--tokenizer {folder} holds no tokenizer vocabulary (none of "
+            f"{', '.join(VOCABULARY_FILES)}): give the folder the tokenizer's save_pretrained "
+            "wrote, or its tokenizer.json"
+        )
 
 
 def _tokenizers(file: Path) -> TextTokenizer:
@@ -105,7 +129,7 @@ def _tokenizers(file: Path) -> TextTokenizer:
         return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=True)]
 
     eod = _configured_eod(file.parent) if file.name == "tokenizer.json" else None
-    ids = [tokenizer.token_to_id(t) for t in ([eod] if eod else []) + list(_EOD_TOKENS)]
+    ids = [tokenizer.token_to_id(t) for t in ([eod] if eod else []) + list(EOD_TOKENS)]
     eod_id = next((i for i in ids if i is not None), None)
     vocab = tokenizer.get_vocab_size(with_added_tokens=True)
     return TextTokenizer(str(file), vocab, eod_id, "tokenizers", encode)

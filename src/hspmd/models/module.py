@@ -45,6 +45,7 @@ import importlib.util
 import json
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,7 @@ from hspmd.models.spec import (
     Placement,
     kind_by_rules,
 )
+from hspmd.models.tp_structure import structural_kinds
 from hspmd.userfiles import import_file
 
 __all__ = [
@@ -97,6 +99,9 @@ __all__ = [
     "load_model",
     "on_meta",
 ]
+
+CAPTURE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+"""The compute dtypes a graph is captured in, by their ``--dtype`` names."""
 
 
 class FactoryError(ModelSpecError):
@@ -462,7 +467,29 @@ def _common_rules(module: nn.Module) -> tuple[tuple[str, str], ...]:
         fits = isinstance(owner, nn.Linear) or (kind == "vocab" and isinstance(owner, nn.Embedding))
         if kind != "replicate" and fits:
             found.append((name, kind))
+            bias = getattr(owner, "bias", None) if kind == "vocab" else None
+            if isinstance(bias, nn.Parameter):  # a vocab-parallel head's bias: split with it
+                found.append((f"{_prefix(name)}.bias", kind))
     return tuple(found)
+
+
+def _with_structure(
+    module: nn.Module, blocks: str, rules: tuple[tuple[str, str], ...], capture: tuple[Any, ...]
+) -> tuple[tuple[str, str], ...]:
+    """``rules`` (the common names) with the blocks' linears' kinds as the graph captured
+    with them shows Megatron's pairs (``hspmd.models.tp_structure``); a module's own
+    ``tp_rules`` as they are."""
+    if getattr(module, "tp_rules", None) is not None:
+        return rules
+    # the arguments of _load's own capture (its cache keys them as given, dtype included):
+    # where the graph confirms the names, that capture is this one
+    source, kwargs, items, packed, dtype = capture
+    gm = _capture(source, kwargs, rules, items, packed, dtype)[0]
+    found = structural_kinds(gm, module, blocks)
+    named = dict(rules)
+    kept = tuple((n, k) for n, k in rules if n not in found)
+    out = kept + tuple((n, k) for n, k in found.items() if k != "replicate" or n in named)
+    return rules if dict(out) == named else out  # the same kinds: the same capture
 
 
 def _checked(rules: tuple[tuple[str, str], ...], source: str) -> tuple[tuple[str, str], ...]:
@@ -556,13 +583,18 @@ def load_model(
     tp_rules: tuple[tuple[str, str], ...] | None = None,
     items: Items | None = None,
     packed: bool = False,
+    dtype: str = "fp32",
 ) -> ModuleModel:
     """Read the model ``source`` names (module docstring) into a ``ModuleModel``;
     ``tp_rules`` go before the module's own (a plan's per-parameter annotations);
     ``items``: it trains on a dataset's items (``--dataset``), not on tokens; ``packed``:
-    its graph (``model_graph``) takes packed documents' ``segments``."""
+    its graph (``model_graph``) takes packed documents' ``segments``; ``dtype``: the
+    compute dtype its graph is captured in (``--dtype``: ``_capture``)."""
     kwargs = dict(kwargs or {})
-    return _load(source, tuple(sorted(kwargs.items())), tp_rules, _items_key(items), packed)
+    if dtype not in CAPTURE_DTYPES:
+        raise ModelSpecError(f"dtype {dtype!r}: give one of {', '.join(CAPTURE_DTYPES)}")
+    items_key = _items_key(_in_dtype(items, dtype))
+    return _load(source, tuple(sorted(kwargs.items())), tp_rules, items_key, packed, dtype)
 
 
 def _items_key(items: Items | None) -> Items | None:
@@ -577,21 +609,20 @@ def _items_key(items: Items | None) -> Items | None:
 
 @functools.lru_cache(maxsize=16)
 def _load(
-    source: str,
-    kwargs: tuple[tuple[str, Any], ...],
-    override: tuple[tuple[str, str], ...] | None,
-    items: Items | None,
-    packed: bool,
-) -> ModuleModel:
+    source: str, kwargs: tuple[tuple[str, Any], ...],
+    override: tuple[tuple[str, str], ...] | None, items: Items | None, packed: bool, dtype: str,
+) -> ModuleModel:  # fmt: skip
     with on_meta():
         module = build_module(source, dict(kwargs))
     path, blocks = _blocks(module, source)
-    rules = _rules(module, source)
+    rules = _with_structure(
+        module, path, _rules(module, source), (source, kwargs, items, packed, dtype)
+    )
     if override is not None:
         rules = _checked(override, source) + rules
     names = [n for n, _ in module.named_parameters()]
     kinds = {n: kind_by_rules(n, rules) for n in names}
-    gm, own = _capture(source, kwargs, rules, items, packed)
+    gm, own = _capture(source, kwargs, rules, items, packed, dtype)
     num_layers = len(blocks)
     max_len = NO_LIMIT if items is not None else _max_len(module)
     rows = (2,) if items is not None else (2, min(8, max_len))
@@ -635,6 +666,7 @@ def _load(
         **_batch_fields(gm, items, num_layers, stream, source),
         ignore_index=_ignore_index(gm),
         packed=packed,
+        dtype=dtype,
     )
 
 
@@ -813,15 +845,33 @@ def _capture(
     rules: tuple[tuple[str, str], ...],
     items: Items | None = None,
     packed: bool = False,
+    dtype: str = "fp32",
 ) -> tuple[torch.fx.GraphModule, bool]:
+    """The graph of the module cast to the compute ``dtype`` on the meta device (no values:
+    initial weights stay the factory's fp32 ones, ``hspmd.models.initial``). A forward
+    that reads a tensor's dtype (Hugging Face's RMSNorm casts back to its input's) is
+    recorded as the run executes it: captured in fp32 and cast afterwards, the recorded
+    ``.to(float32)`` would stay and mix dtypes."""
     with on_meta():
-        module = build_module(source, dict(kwargs))
+        module = build_module(source, dict(kwargs)).to(CAPTURE_DTYPES[dtype])
     kinds = {n: kind_by_rules(n, rules) for n, _ in module.named_parameters()}
     return capture_model(module, kinds, source, items, packed=packed)
+
+
+def _in_dtype(items: Items | None, dtype: str) -> Items | None:
+    """``items`` with their floating fields in the compute ``dtype``: the graph takes them
+    as a run feeds them (``hspmd.train.loop``), and so does ``ModuleModel.batch``."""
+    if items is None or dtype == "fp32":
+        return items
+    name = str(CAPTURE_DTYPES[dtype]).removeprefix("torch.")
+    structure, fields = items
+    return structure, tuple(
+        replace(f, dtype=name) if getattr(torch, f.dtype).is_floating_point else f for f in fields
+    )
 
 
 def model_graph(model: ModuleModel) -> torch.fx.GraphModule:
     """The captured graph of ``model`` on the meta device, with its markers (shared: read
     only, docs/decisions.md "Shared caches"); with ``model.packed`` it takes ``segments``."""
     items = _items_key((model.structure, model.batch)) if model.batch else None
-    return _capture(model.source, model.kwargs, model.tp_rules, items, model.packed)[0]
+    return _capture(model.source, model.kwargs, model.tp_rules, items, model.packed, model.dtype)[0]

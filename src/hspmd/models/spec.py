@@ -284,6 +284,9 @@ class ModuleModel:
     stream: tuple[int, ...] = ()
     packed: bool = False  # its graph takes packed documents' segments (hspmd.models.module)
     ignore_index: int = -100  # the target its loss ignores (padding of packed rows)
+    # the compute dtype its graph is captured in ("fp32", "bf16": ``--dtype``): casts the
+    # forward derives from a tensor's dtype (``x.to(input_dtype)``) are recorded as they run
+    dtype: str = "fp32"
     _by_name: dict[str, ParamInfo] = field(
         default_factory=dict, init=False, compare=False, hash=False, repr=False
     )

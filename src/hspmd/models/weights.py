@@ -30,11 +30,13 @@ import torch
 from hspmd.models.spec import ModelSpecError
 from hspmd.tensorfiles import TensorFileError, TensorHeader, read_header
 
-__all__ = ["WeightFiles"]
+__all__ = ["FLOAT_DTYPES", "WeightFiles"]
 
 Region = tuple[tuple[int, int], ...]
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+"""safetensors' names of the dtypes a parameter may be stored in (read as fp32 masters)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +88,12 @@ class WeightFiles:
                     f"--model hf:{self.directory}: {self.files[found.name]} holds {found.name} "
                     f"as {list(found.shape)}, the config makes it {list(shape)}: the weights "
                     "and config.json (or --config) disagree"
+                )
+            if found.dtype not in FLOAT_DTYPES:
+                raise ModelSpecError(
+                    f"--model hf:{self.directory}: {self.files[found.name]} holds {found.name} "
+                    f"as {found.dtype}, not a floating-point dtype: hspmd starts from float "
+                    f"weights ({', '.join(FLOAT_DTYPES)}); dequantize the checkpoint first"
                 )
 
     def name_of(self, name: str, aliases: Mapping[str, str]) -> str | None:

@@ -170,7 +170,7 @@ def rank_memory(
     unit = largest_unit(config, tp, first=first, last=last)
     accumulates = not lock_step and micro_batches > 1
     weights, gradients, optimizer = zero_states(
-        p, zero=options.zero if replicas > 1 else 0, replicas=replicas, elt=elt,
+        p, zero=options.zero, replicas=replicas, elt=elt,
         unit=unit, accumulates=accumulates, per_layer=lock_step, prefetch=prefetch, share=share,
     )  # fmt: skip
     activations = _activations(

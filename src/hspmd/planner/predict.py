@@ -56,6 +56,8 @@ from hspmd.sim.engine import Result, Task, simulate
 from hspmd.sim.restrict import restricted
 from hspmd.specialize.schedule import make_schedule
 
+GRAD_BYTES = 4  # gradients are synced in fp32 (the masters' dtype)
+
 __all__ = ["Prediction", "Segment", "predict", "segments", "step_tasks"]
 
 

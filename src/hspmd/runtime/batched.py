@@ -3,9 +3,12 @@
 A plan whose only step is a split-reduce-scatter or a split-all-gather (point-to-point
 slices, ``hspmd.runtime.slices``: what resolution gives between the replicas of a parameter,
 even or uneven parts) is queued on one shared ``Exchange``, so a bucket of ``k`` plans costs
-one ``batch_isend_irecv`` with one packed buffer per peer instead of ``k``. Any other plan
-(a group collective, several steps, an identity) is started on its own (``start_plan``),
-in the same order on every rank::
+one ``batch_isend_irecv`` with one packed buffer per peer instead of ``k``. Plans whose only
+step is a reduce-scatter or an all-gather (ZeRO's reduce and gather over identical replicas)
+are packed per group into one collective, as FSDP2 packs a module's gradients and gathers
+its parameters. Any other plan (another collective,
+several steps, an identity) is started on its own (``start_plan``), in the same order on
+every rank::
 
     started = start_plans(plans, {0: g0, 1: g1}, world, tag=ZERO_REDUCE)
     ...                                  # compute meanwhile
@@ -24,7 +27,12 @@ from typing import Any
 
 import torch
 
-from hspmd.comm.plan import CommPlan, SplitAllGather, SplitReduceScatter
+from hspmd.comm.plan import AllGather, CommPlan, ReduceScatter, SplitAllGather, SplitReduceScatter
+from hspmd.runtime.collectives import (
+    issue_packed_all_gather,
+    issue_packed_reduce_scatter,
+    unpack_chunks,
+)
 from hspmd.runtime.context import StepContext
 from hspmd.runtime.execute import Started, start_plan
 from hspmd.runtime.p2p import Exchange
@@ -80,10 +88,16 @@ def start_plans(
     rank, outs = world.rank, outs or {}
     exchange = Exchange(world, tag=tag)
     started = StartedPlans(world, [], lambda: None)
+    packs: dict[tuple, list[tuple[int, Any, torch.Tensor]]] = {}
     for index, plan in enumerate(plans):
         if rank not in plan.src and rank not in plan.dst:
             continue
         x = local.get(index)
+        group = _packable(plan, rank)
+        if group is not None and x is not None:
+            step = plan.steps[0]
+            packs.setdefault((type(step), group, x.dtype), []).append((index, step, x))
+            continue
         if not batchable(plan):
             started.alone[index] = start_plan(plan, x, world, dtype=dtype)
             continue
@@ -101,7 +115,56 @@ def start_plans(
             started.batched[index] = _const(out)
     with comm_span(world, kind):
         started.works, started.unpack = exchange.start()
+        for (kind, group, _), items in packs.items():
+            indices = [index for index, _, _ in items]
+            steps, xs = [s for _, s, _ in items], [x for _, _, x in items]
+            if kind is ReduceScatter:
+                (works, flat), shapes = issue_packed_reduce_scatter(steps, xs, group, world)
+                then = _unpacked(flat, shapes)
+            else:
+                into = [outs.get(index) for index in indices]
+                works, then = issue_packed_all_gather(steps, xs, group, world, into)
+            started.works += works
+            results = _Once(then)
+            for i, index in enumerate(indices):
+                started.batched[index] = results.getter(i)
     return started
+
+
+def _packable(plan: CommPlan, rank: int) -> tuple[int, ...] | None:
+    """This rank's group where ``plan`` is one reduce-scatter or all-gather over more than
+    one rank."""
+    if len(plan.steps) != 1 or not isinstance(plan.steps[0], ReduceScatter | AllGather):
+        return None
+    group = next(g for g in plan.steps[0].groups if rank in g)
+    return group if len(group) > 1 else None
+
+
+def _unpacked(
+    flat: Callable[[], torch.Tensor | None], shapes: list[tuple[int, ...]]
+) -> Callable[[], list[torch.Tensor]]:
+    def then() -> list[torch.Tensor]:
+        value = flat()
+        assert value is not None
+        return unpack_chunks(value, shapes)
+
+    return then
+
+
+@dataclass(eq=False, slots=True)
+class _Once:
+    """A packed collective's tensors, made once, on first use."""
+
+    make: Callable[[], list[torch.Tensor]]
+    made: list[torch.Tensor] | None = None
+
+    def getter(self, i: int) -> Callable[[], torch.Tensor]:
+        def get() -> torch.Tensor:
+            if self.made is None:
+                self.made = self.make()
+            return self.made[i]
+
+        return get
 
 
 def _const(value: torch.Tensor | None) -> Callable[[], torch.Tensor | None]:

@@ -14,6 +14,9 @@ by permuting chunks: member ``i`` of the plan's group still gets chunk ``i``.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 
@@ -28,6 +31,7 @@ from hspmd.comm.plan import (
 )
 from hspmd.runtime.compat import all_gather_single, reduce_scatter_single
 from hspmd.runtime.context import Issued, StepContext, finish, held, nbytes
+from hspmd.runtime.world import World
 
 
 def _order(group: tuple[int, ...]) -> tuple[list[int], bool]:
@@ -93,6 +97,63 @@ def reduce_scatter(
     step: ReduceScatter, x: torch.Tensor | None, ctx: StepContext
 ) -> torch.Tensor | None:
     return finish(issue_reduce_scatter(step, x, ctx), ctx)
+
+
+def issue_packed_reduce_scatter(
+    steps: list[ReduceScatter], xs: list[torch.Tensor], group: tuple[int, ...], world: World
+) -> tuple[Issued, list[tuple[int, ...]]]:
+    """One reduce-scatter over ``group`` for many tensors, as FSDP2 does: each tensor cut
+    into its group's chunks (``step.dim``) and the chunks of member ``i`` laid side by side
+    in row ``i`` of one buffer, so a bucket costs one collective, not one per tensor. Gives
+    the issued collective (its result: every chunk of this rank, one flat tensor) and each
+    chunk's shape, for ``unpack_chunks``."""
+    order, _ = _order(group)
+    parts = len(group)
+    sources = [_stacked(x, s.dim, parts, order) for s, x in zip(steps, xs, strict=True)]
+    flat = torch.cat([s.reshape(parts, -1) for s in sources], dim=1)
+    out = flat.new_empty(flat.shape[1])
+    world.record("reduce_scatter", group=group, nbytes=nbytes(flat))
+    work = reduce_scatter_single(out, flat.view(-1), group=world.group(group), async_op=True)
+    return ([work], lambda: out), [tuple(s.shape[1:]) for s in sources]
+
+
+def unpack_chunks(flat: torch.Tensor, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
+    """``flat`` cut into tensors of ``shapes``, in order (views, no copies)."""
+    sizes = [math.prod(shape) for shape in shapes]
+    return [piece.view(shape) for piece, shape in zip(flat.split(sizes), shapes, strict=True)]
+
+
+def issue_packed_all_gather(
+    steps: list[AllGather], xs: list[torch.Tensor], group: tuple[int, ...], world: World,
+    outs: list[torch.Tensor | None],
+) -> tuple[list, Callable[[], list[torch.Tensor]]]:  # fmt: skip
+    """One all-gather over ``group`` for many tensors, as FSDP2 gathers a module: this
+    rank's chunks side by side in one buffer, gathered into one row per member, each
+    tensor's chunks then copied once into its place (``outs[i]`` where given: a ZeRO-3
+    parameter's storage, else a new tensor). Gives the issued collective and what gives
+    the gathered tensors once it is done."""
+    parts = len(group)
+    flat = torch.cat([x.reshape(-1) for x in xs])
+    rows = flat.new_empty(parts, flat.numel())
+    world.record("all_gather", group=group, nbytes=nbytes(flat))
+    work = all_gather_single(rows.view(-1), flat, group=world.group(group), async_op=True)
+    ranked = sorted(group)
+    member_rows = [ranked.index(r) for r in group]  # row of member i: by rank in the group
+
+    def then() -> list[torch.Tensor]:
+        got, offset = [], 0
+        ordered = rows if member_rows == list(range(parts)) else rows[member_rows]
+        for step, x, out in zip(steps, xs, outs, strict=True):
+            chunks = ordered[:, offset : offset + x.numel()].unflatten(1, x.shape)
+            offset += x.numel()
+            shape = list(x.shape)
+            shape[step.dim] *= parts
+            dest = out if out is not None else x.new_empty(shape)
+            dest.unflatten(step.dim, (parts, x.shape[step.dim])).movedim(step.dim, 0).copy_(chunks)
+            got.append(dest)
+        return got
+
+    return [work], then
 
 
 def all_gather(step: AllGather, x: torch.Tensor | None, ctx: StepContext) -> torch.Tensor:

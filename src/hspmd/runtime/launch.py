@@ -427,6 +427,10 @@ def _collect(
                     if members is None:
                         raise
                     waiting.pop(id(item))  # its exit (sentinel) publishes the death
+                except LaunchError as error:
+                    if members is None:
+                        raise _cause_of(error, procs, results, first) from None
+                    raise
         if members is not None:
             _watch_members(members, procs, conns, waiting, sentinels, results, first)
     return [results[r] for r in range(len(procs))]
@@ -458,6 +462,34 @@ def _watch_members(
         for rank in members.spares:
             drop(rank)
         members.spares.clear()
+
+
+# a peer's lost connection: a rank that died a moment ago is the cause (gloo reports "Connection
+# reset by peer" or "Connection closed by peer" on the survivors)
+_LOST = ("connection reset", "connection closed", "broken pipe")
+
+
+def _cause_of(
+    error: LaunchError, procs: list[Any], results: dict[int, Any], first: int
+) -> LaunchError:
+    """``error`` (a rank raised), or, where it is a lost connection and another rank exits
+    without a result within ``_GRACE_S``, that rank's death: the cause comes first, as when
+    both are seen at once (``_collect``)."""
+    if not any(word in str(error).lower() for word in _LOST):
+        return error
+    others = {
+        p.sentinel: r for r, p in enumerate(procs) if r not in results and r + first != error.rank
+    }
+    for sentinel in wait(list(others), timeout=_GRACE_S):
+        rank = others[sentinel]
+        procs[rank].join(_GRACE_S)
+        if procs[rank].exitcode:
+            return LaunchError(
+                f"rank {first + rank} died with exit code {procs[rank].exitcode} and no result "
+                f"(then {error})",
+                rank=first + rank,
+            )
+    return error
 
 
 def _take(

@@ -33,6 +33,7 @@ hspmd.train.sections.TrainError: unknown option 'learning_rate': give one of str
 
 from __future__ import annotations
 
+import difflib
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -45,6 +46,7 @@ from hspmd.train.config import (
     Device,
     EvalConfig,
     LengthPlans,
+    LrSchedule,
     Record,
     SwitchAlgo,
     SwitchMode,
@@ -73,7 +75,16 @@ class RunOptions(TypedDict, total=False):
     steps: int
     seed: int
     lr: float
-    adam: AdamConfig
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float  # the recipe's fields (docs/recipe.md) flat, as the CLI's flags
+    no_decay: Sequence[str] | None
+    lr_schedule: LrSchedule
+    warmup_steps: int
+    decay_steps: int | None
+    min_lr: float
+    adam: AdamConfig  # all of them at once (the flat names above win over it)
     evaluation: EvalConfig
     clip_grad_norm: float | None
     grad_accum: int
@@ -196,10 +207,14 @@ def revise(config: TrainConfig, **changes: Unpack[Changes]) -> TrainConfig:
 
 
 def _check_names(options: Mapping[str, Any], kind: Any, *, extra: Sequence[str] = ()) -> None:
-    unknown = sorted(set(options) - set(get_type_hints(kind)))
+    """An unknown keyword is one line: the closest known name if one is close (a typo, or
+    a CLI flag's spelling), then every allowed name."""
+    names = [*extra, *get_type_hints(kind)]
+    unknown = sorted(set(options) - set(names))
     if unknown:
-        allowed = ", ".join([*extra, *get_type_hints(kind)])
-        raise TrainError(f"unknown option {unknown[0]!r}: give one of {allowed}")
+        close = difflib.get_close_matches(unknown[0].replace("-", "_"), names, n=1, cutoff=0.7)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise TrainError(f"unknown option {unknown[0]!r}: {hint}give one of {', '.join(names)}")
 
 
 def _fields(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -217,7 +232,7 @@ def _fields(options: Mapping[str, Any]) -> dict[str, Any]:
         if fields.get("zero", 1) != 1:
             raise TrainError(f"zero1=True with zero={fields['zero']}: zero1 is zero=1; give one")
         fields["zero"] = 1
-    for name in ("slowdown", "grow", "zero_shares", "inject", "tp_rules"):
+    for name in ("slowdown", "grow", "zero_shares", "inject", "tp_rules", "no_decay"):
         if name in fields:
             fields[name] = _frozen(fields[name])
     return fields

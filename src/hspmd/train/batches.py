@@ -40,7 +40,7 @@ from hspmd.data.held_out import (
 )
 from hspmd.data.items import open_dataset
 from hspmd.data.prepare import Progress
-from hspmd.data.source import check_tokens, open_tokens, token_documents
+from hspmd.data.source import check_tokens, corpus_name, open_tokens, token_documents
 from hspmd.data.steps import document_steps_of
 from hspmd.data.windows import TokenWindows
 from hspmd.train.config import TrainConfig
@@ -89,7 +89,7 @@ def _windows(config: TrainConfig) -> TokenWindows:
     file = open_tokens(spec)
     ids, _ = split_ids(file.ids, config.evaluation.split)
     return TokenWindows(ids, config.batch.global_batch, config.batch.seq_len, config.seed,
-                        where=_where(config, str(spec.path or file.path)))  # fmt: skip
+                        where=_where(config, corpus_name(spec, file)))  # fmt: skip
 
 
 def _byte_texts(config: TrainConfig) -> list[bytes]:
@@ -113,7 +113,7 @@ def eval_batches(config: TrainConfig) -> list[tuple[torch.Tensor, torch.Tensor]]
     if spec.tokenized:
         file = open_tokens(spec)
         ids = file.ids if ev.data is not None else split_ids(file.ids, ev.split)[1]
-        where = _held_where(config, str(spec.path or file.path))
+        where = _held_where(config, corpus_name(spec, file))
         return token_eval_batches(ids, count=ev.batches, global_batch=size, seq_len=seq_len,
                                   where=where)  # fmt: skip
     docs = load_documents(spec.path, max_bytes=spec.max_bytes or DEFAULT_MAX_BYTES)
@@ -223,7 +223,8 @@ def _check_bytes(path: str | None, *, vocab: int, max_bytes: int | None) -> None
     largest = int(np.frombuffer(b"".join(docs), dtype=np.uint8).max())
     if largest >= vocab:
         raise DataError(
-            f"the byte corpus holds byte {largest}, not below the model's vocabulary "
-            f"of {vocab}: the byte corpus needs a vocabulary of 256 (--config "
-            """'{"vocab_size": 256}'), or give a token file (docs/data.md)"""
+            f"{path or 'the byte corpus'} is read as raw bytes (no --tokenizer) and holds byte "
+            f"{largest}, not below the model's vocabulary of {vocab}: give --tokenizer "
+            "(yours, to tokenize the text) or a token file, or a model with a vocabulary of "
+            """256 (--config '{"vocab_size": 256}'; docs/data.md)"""
         )

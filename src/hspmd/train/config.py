@@ -237,13 +237,15 @@ class TrainConfig:
 
     def model_config(self) -> ModelSpec:
         """The model as metadata: a Llama preset's config, or a user module read on the
-        meta device (``hspmd.models.module.load_model``)."""
+        meta device (``hspmd.models.module.load_model``), its graph captured in the run's
+        compute dtype."""
         model = self.model
         if model.user_module:
             from hspmd.models.module import load_model
 
             return load_model(model.source, dict(model.overrides), tp_rules=model.tp_rules,
-                              items=self.dataset_items(), packed=self.batch.packed)  # fmt: skip
+                              items=self.dataset_items(), packed=self.batch.packed,
+                              dtype=self.options.dtype)  # fmt: skip
         return get_config(model.source, **dict(model.overrides))
 
     @property

@@ -42,6 +42,7 @@ from hspmd.train.config import AdamConfig, EvalRecord, Record, StepRecord, Train
 from hspmd.train.device import reference_device
 from hspmd.train.evaluate import evaluate_reference
 from hspmd.train.lr import learning_rate
+from hspmd.train.noise_floor import NoiseFloor
 from hspmd.train.optim import decays
 from hspmd.train.packing import (
     PackedStep,
@@ -71,6 +72,9 @@ class TrainResult:
     evaluations: tuple[EvalRecord, ...] = ()
     # with measure_memory: each rank's peak training-state bytes (hspmd.train.meter)
     state_peak: dict[int, int] = field(default_factory=dict)
+    # the reference's: per parameter, the elements whose gradient was fp32 noise at every
+    # step (hspmd.train.noise_floor; boolean masks, only parameters that have any)
+    noise_only: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def losses(self) -> tuple[float, ...]:
@@ -103,6 +107,7 @@ def run_reference(
     )
     records, evals = [], []
     held = eval_batches(config) if config.evaluation.every else []
+    floor = NoiseFloor()
     start = time.perf_counter()
     for step, batch in enumerate(_batches(config), start=1):
         optimizer.zero_grad(set_to_none=True)
@@ -111,15 +116,8 @@ def run_reference(
             loss, fields = _packed_step(spec, model, batch, device), record_fields(batch)
         else:
             loss = _fixed_step(config, spec, model, batch, step=step, device=device)
-        if config.adam.clip_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(
-                model.parameters(), config.adam.clip_grad_norm, foreach=False
-            )
-            fields["grad_norm"] = float(norm)
-        fields["lr"] = learning_rate(a, step)
-        for group in optimizer.param_groups:
-            group["lr"] = fields["lr"]
-        optimizer.step()
+        floor.observe({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+        fields.update(_clip_and_step(config, model, optimizer, step))
         if cuda:  # the step's kernels are asynchronous: its time ends when they are done
             torch.cuda.synchronize(device)
         record = StepRecord(
@@ -139,8 +137,30 @@ def run_reference(
     params = {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
     peak = {0: torch.cuda.max_memory_allocated(device)} if cuda else {}
     return TrainResult(
-        records=tuple(records), params=params, peak_memory=peak, evaluations=tuple(evals)
+        records=tuple(records),
+        params=params,
+        peak_memory=peak,
+        evaluations=tuple(evals),
+        noise_only=floor.masks(),
     )
+
+
+def _clip_and_step(
+    config: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, step: int
+) -> dict[str, Any]:
+    """Clip the gradients (when the recipe does), set the step's learning rate and step
+    AdamW; the record's fields for them (``grad_norm``, ``lr``)."""
+    fields: dict[str, Any] = {}
+    if config.adam.clip_grad_norm is not None:
+        norm = torch.nn.utils.clip_grad_norm_(
+            model.parameters(), config.adam.clip_grad_norm, foreach=False
+        )
+        fields["grad_norm"] = float(norm)
+    fields["lr"] = learning_rate(config.optimizer, step)
+    for group in optimizer.param_groups:
+        group["lr"] = fields["lr"]
+    optimizer.step()
+    return fields
 
 
 def param_groups(model: nn.Module, adam: AdamConfig) -> list[dict[str, Any]]:

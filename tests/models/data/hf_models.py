@@ -28,3 +28,21 @@ def gpt2(**overrides):
         eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
     )  # fmt: skip
     return transformers.GPT2LMHeadModel(transformers.GPT2Config(**{**config, **overrides}))
+
+
+def phi(**overrides):
+    """Phi: biases on q, k and v, RoPE on half of each head's dimensions, sdpa."""
+    config = dict(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=64, attn_implementation="sdpa",
+    )  # fmt: skip
+    return transformers.PhiForCausalLM(transformers.PhiConfig(**{**config, **overrides}))
+
+
+def neox(**overrides):
+    """GPT-NeoX: one fused ``query_key_value``, viewed per head as ``q | k | v``."""
+    config = dict(
+        num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64,
+        vocab_size=256, max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0,
+    )  # fmt: skip
+    return transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**{**config, **overrides}))
