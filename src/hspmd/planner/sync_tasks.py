@@ -36,6 +36,8 @@ captured graph, which the simulator does not build).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -48,7 +50,13 @@ from hspmd.plan.strategy import Pipeline, Strategy, StrategyOptions
 from hspmd.planner.memory import layer_holders
 from hspmd.planner.shard_parts import shard_parts
 from hspmd.sim.engine import Task
-from hspmd.specialize.sync_plans import BUCKET_BYTES, grad_sync_plan, shard_buckets, zero1_plan
+from hspmd.specialize.sync_plans import (
+    BUCKET_BYTES,
+    ZeroItem,
+    grad_sync_plan,
+    shard_buckets,
+    zero1_plan,
+)
 
 __all__ = [
     "OVERLAP_PIECES", "PostPlans", "Segment", "busy_cores", "last_b_pieces", "post_plans",
@@ -154,7 +162,7 @@ def post_plans(
     if not (options.zero1 and len(strategy.pipelines) > 1):
         sync = grad_sync_plan(strategy, config, bucket_bytes=bucket_bytes)
         return PostPlans(tuple((i.names, (i.plan,)) for i in sync), (), False, element_bytes)
-    items = zero1_plan(strategy, config, shares=options.zero_shares)
+    items = _zero_items(strategy, config, options.zero_shares)
     gathers: Issued = ()
     if options.zero < 3:
         gathers = tuple(((n,), (i.gather,)) for n, i in items.items())
@@ -166,6 +174,32 @@ def post_plans(
     buckets = shard_buckets(items, bucket_bytes=bucket_bytes, layer_of=layer_of)
     reduces = tuple((b.names, b.plans) for b in buckets)
     return PostPlans(reduces, gathers, batched=True, gather_bytes=element_bytes)
+
+
+def _zero_items(
+    strategy: Strategy, config: ModelSpec, shares: tuple[float, ...]
+) -> dict[str, ZeroItem]:
+    """``zero1_plan``, kept for the last few layouts: the plans depend on the stages, not on
+    the micro-batches, and a planner search predicts the same pipelines with other
+    micro-batch counts and under each ZeRO stage (at 4096 ranks, 8 predictions of 4
+    layouts; at 65,536 ranks a build takes seconds). A model spec that cannot be hashed
+    is built each time."""
+    try:
+        hash(config)
+    except TypeError:
+        return zero1_plan(strategy, config, shares=shares)
+    stages_only = Strategy(
+        tuple(dataclasses.replace(p, num_micro_batches=1, micro_batch_size=1)
+              for p in strategy.pipelines)
+    )  # fmt: skip
+    return _zero_items_of_layout(stages_only, config, shares)
+
+
+@functools.lru_cache(maxsize=4)
+def _zero_items_of_layout(
+    strategy: Strategy, config: ModelSpec, shares: tuple[float, ...]
+) -> dict[str, ZeroItem]:
+    return zero1_plan(strategy, config, shares=shares)
 
 
 @dataclass(frozen=True, slots=True)
