@@ -63,10 +63,12 @@ def test_more_sharding_only_where_memory_binds(paper) -> None:  # type: ignore[n
     short = zero_predictions(strategy, config, cost, seq_len=4096, options=OPTS, stages=(1, 2, 3))
     assert [p.options.zero for p in short] == [1] and not short[0].options.recompute
     tight = zero_predictions(strategy, config, cost, seq_len=16384, options=OPTS, stages=(1, 2, 3))
-    # ZeRO-1 recomputes on the H800s; ZeRO-2 fits without, at ZeRO-1's price: it stops there
+    # ZeRO-1 recomputes on the H800s; ZeRO-2 fits without: it stops there. The runtime's
+    # ZeRO-2 Post is no dearer: its reduces go in batches and it gathers the compute dtype in
+    # one batch, where ZeRO-1 gathers each fp32 master alone (the plans the simulator prices)
     assert [(p.options.zero, p.options.recompute) for p in tight] == [(1, True), (2, False)]
     assert all(within_headroom(p, cost) for p in tight)
-    assert tight[1].step_time_s == pytest.approx(tight[0].step_time_s)
+    assert tight[1].step_time_s <= tight[0].step_time_s
     # a bound no plan without recompute could beat: the first prediction alone
     first = tight[0]
     assert 0 < most_saved(first) < first.step_time_s

@@ -293,6 +293,22 @@ class BatchedSendRecv(Step):
         return {"kind": self.kind, "transfers": [t.to_json() for t in self.transfers]}
 
 
+#: the step kinds the runtime issues without waiting (``hspmd.runtime.execute``'s issuers)
+ASYNC_KINDS = frozenset(
+    {"all-reduce", "reduce-scatter", "split-all-reduce", "split-reduce-scatter"}
+)
+
+
+def startable(plan: CommPlan) -> bool:
+    """Whether the runtime's ``start_plan`` returns without blocking on every rank: every
+    step but the last is local, and the last is local or of ``ASYNC_KINDS`` (so Post may
+    issue it inside a backward hook, ``hspmd.train.overlap``)."""
+    steps = plan.steps
+    return all(isinstance(s, Local) for s in steps[:-1]) and (
+        not steps or isinstance(steps[-1], Local) or steps[-1].kind in ASYNC_KINDS
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class CommPlan:
     """A resolved reshard of a tensor of global ``shape`` from ``src`` to ``dst``."""

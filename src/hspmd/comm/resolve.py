@@ -116,8 +116,7 @@ def _top(
 ) -> Steps | None:
     aligned = [a.without_partial() for a in axes_of(dst)]
     try:
-        first = layout(aligned, hdim=src.hdim, hsizes=src.hsizes)
-        second = layout(aligned, hdim=dst.hdim, hsizes=dst.hsizes)
+        first, second = _aligned_layouts(src, dst, aligned)
         first.check_shape(shape)
         second.check_shape(shape)
     except AnnotationError:
@@ -130,6 +129,23 @@ def _top(
     layouts.append(second)
     _zero_partials(steps, layouts, dst, start=src)
     return steps, layouts
+
+
+def _aligned_layouts(
+    src: Annotation, dst: Annotation, aligned: Sequence[Axes]
+) -> tuple[Annotation, Annotation]:
+    """``dst``'s subgroups with ``P`` read as ``D`` (``aligned``), under src's top tier and
+    under dst's. A DS lists each dim once, so where dst has no ``P`` its subgroups are
+    already what ``layout`` would make: dst itself, and src where their DSs agree (no new
+    annotation of thousands of subgroups, whose pieces would be worked out again)."""
+    if any(d == PARTIAL for states in dst.states for d, _ in states.entries):
+        return (
+            layout(aligned, hdim=src.hdim, hsizes=src.hsizes),
+            layout(aligned, hdim=dst.hdim, hsizes=dst.hsizes),
+        )
+    if src.states == dst.states and (src.hdim >= 0 or src.hsizes is None):
+        return src, dst
+    return layout(aligned, hdim=src.hdim, hsizes=src.hsizes), dst
 
 
 def _general(

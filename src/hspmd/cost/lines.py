@@ -129,11 +129,15 @@ class LinkCost:
         group size where the profile has several, else the one line."""
         if group_size <= 1 or nbytes <= 0:
             return 0.0
-        if op not in self.fits:
-            raise CostError(f"no cost line for {op!r} on link {self.name}")
-        fit = self.by_size[op].for_size(group_size) if op in self.by_size else self.fits[op]
+        fit = self.line(op, group_size)
         moved = bus_bytes(op, nbytes, group_size)
         return transfer_time(moved, per_byte=fit.per_unit_s, latency=fit.overhead_s)
+
+    def line(self, op: str, group_size: int) -> Fit:
+        """The fit ``seconds`` uses for ``op`` over ``group_size`` ranks (per bus byte)."""
+        if op not in self.fits:
+            raise CostError(f"no cost line for {op!r} on link {self.name}")
+        return self.by_size[op].for_size(group_size) if op in self.by_size else self.fits[op]
 
 
 @dataclass(frozen=True)

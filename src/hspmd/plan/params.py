@@ -158,6 +158,7 @@ def parameter_annotations(strategy: Strategy, config: ModelSpec) -> dict[str, Pa
     holders: dict[tuple[int, ...], tuple[Stage, ...]] = {}
     cache: dict[tuple[tuple[int, ...], str], Annotation] = {}
     parts: dict[tuple[Stage, int], tuple[DeviceGroup, DistributedStates]] = {}
+    checked: set[tuple[tuple[tuple[int, ...], str], tuple[int, ...]]] = set()
     specs = {}
     for name, shape in config.parameter_shapes().items():
         kind, layer = config.param_kind(name), config.param_layer(name)
@@ -172,7 +173,11 @@ def parameter_annotations(strategy: Strategy, config: ModelSpec) -> dict[str, Pa
         key = (tuple(map(id, holders[layers])), kind)  # the stages live as long as strategy
         if key not in cache:
             cache[key] = _annotation(holders[layers], kind, parts)
-        specs[name] = _spec(name, shape, cache[key])
+        if (key, shape) in checked:  # every layer of a stage: one check per shape
+            specs[name] = ParamSpec(name, shape, cache[key])
+        else:
+            specs[name] = _spec(name, shape, cache[key])
+            checked.add((key, shape))
     return specs
 
 
@@ -195,10 +200,12 @@ def share_sizes(length: int, weights: tuple[float, ...]) -> tuple[int, ...]:
 
 
 def state_annotations(
-    strategy: Strategy, config: ModelSpec, *, zero1: bool = False, shares: tuple[float, ...] = ()
-) -> dict[str, ParamSpec]:
+    strategy: Strategy, config: ModelSpec, *, zero1: bool = False, shares: tuple[float, ...] = (),
+    params: dict[str, ParamSpec] | None = None,
+) -> dict[str, ParamSpec]:  # fmt: skip
     """The annotation of each parameter's fp32 master and Adam moments (module docstring);
-    ``shares``: the pipelines' weights for uneven parts (``()``: even).
+    ``shares``: the pipelines' weights for uneven parts (``()``: even); ``params``: the
+    strategy's ``parameter_annotations`` where the caller has them.
 
     >>> from hspmd.models import get_config
     >>> from hspmd.plan.strategy import parse_strategy
@@ -206,7 +213,7 @@ def state_annotations(
     >>> str(state_annotations(s, get_config("llama-tiny"), zero1=True)["norm.weight"])
     'norm.weight [64] h0: [0,1]{D:2} [2]{}'
     """
-    params = parameter_annotations(strategy, config)
+    params = parameter_annotations(strategy, config) if params is None else params
     if not zero1 or len(strategy.pipelines) == 1:
         return params
     if shares and len(shares) != len(strategy.pipelines):
@@ -214,9 +221,16 @@ def state_annotations(
             f"zero_shares has {len(shares)} weights for {len(strategy.pipelines)} pipelines: "
             "give one weight per pipeline"
         )
-    return {
-        name: _zero1_spec(spec, config.param_kind(name), shares) for name, spec in params.items()
-    }
+    # every layer of a stage shares its parameters' annotations, so their states: built and
+    # checked once per (annotation, kind, shape)
+    made: dict[tuple[int, str, tuple[int, ...]], Annotation] = {}
+    out = {}
+    for name, spec in params.items():
+        key = (id(spec.annotation), config.param_kind(name), spec.shape)
+        if key not in made:
+            made[key] = _zero1_spec(spec, key[1], shares).annotation
+        out[name] = ParamSpec(name, spec.shape, made[key])
+    return out
 
 
 def lock_step(strategy: Strategy) -> bool:

@@ -5,12 +5,10 @@ same Pre/F/B/Post lists), one task per action, as a collective over the stage's 
 (they compute in lock step). Activations and gradients travel as tasks on the sender's
 ``send`` stream (non-blocking sends, as the runtime's ``isend``), holding the sender's
 ``out`` and the receiver's ``in`` port so one port carries one message at a time. After
-the last backward, the cross-pipeline gradient sync runs per *segment*: a run of layers
-held by the same stages in every pipeline (the embedding joins the first segment, the
-final norm and the head the last). A segment is an all-reduce of its fp32 gradient shard
-over its replicas (split-all-reduce where TP degrees differ, costed by the ranks that hold
-the biggest shards), or with ZeRO-1 a reduce-scatter, the optimizer on the shard, then an
-all-gather of the updated compute-dtype weights. Then each rank's Adam step.
+the last backward, Post runs the plans the trainer runs (``hspmd.specialize.sync_plans``:
+the gradient sync across pipelines, or ZeRO's reduces and gathers), priced by
+``hspmd.cost.comm_plans`` and grouped into tasks by segment (``hspmd.planner.sync_tasks``),
+and each rank's Adam step.
 
 With ZeRO-3 (``zero_gathers``) Post keeps the reduce-scatter and drops the all-gather: the
 weights are gathered where the runtime gathers them (docs/zero.md). Where the pipelines run
@@ -19,9 +17,9 @@ more) over the stage's replicas, the next one prefetched: the first gather is ex
 later one only by what it takes beyond the previous layer's compute; otherwise the stage is
 gathered once per step, its time spread over the F's. The reduce of every B but the last
 (lock step) is not priced: it overlaps backward. Under uneven shards (``--zero-shares``)
-every exchange between replicas takes ``hspmd.planner.shard_parts.exchange_factor`` times
-as long (the replica holding the most sets the pace) and each replica's Adam runs on its
-own part.
+each gather takes ``hspmd.planner.shard_parts.exchange_factor`` times as long (the replica
+holding the most sets the pace; the reduces' and ZeRO-1/2's gathers' plans carry the
+uneven parts themselves) and each replica's Adam runs on its own part.
 
 Durations come from ``hspmd.cost.lines`` via ``hspmd.cost.stage``; memory from
 ``hspmd.planner.memory``.
@@ -37,17 +35,23 @@ from typing import Any
 from hspmd.cost.lines import CostModel
 from hspmd.cost.stage import (
     StageWork,
-    embed_params,
-    head_params,
-    layer_params,
     stage_params,
     stage_work,
 )
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import lock_step
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
-from hspmd.planner.memory import RankMemory, layer_holders, strategy_memory
+from hspmd.planner.memory import RankMemory, strategy_memory
 from hspmd.planner.shard_parts import exchange_factor, shard_parts
+from hspmd.planner.sync_tasks import (
+    OVERLAP_PIECES,
+    Segment,
+    busy_cores,
+    last_b_pieces,
+    post_plans,
+    segments,
+    sync_tasks,
+)
 from hspmd.sim.engine import Result, Task, simulate
 from hspmd.sim.restrict import restricted
 from hspmd.specialize.schedule import make_schedule
@@ -55,51 +59,6 @@ from hspmd.specialize.schedule import make_schedule
 GRAD_BYTES = 4  # gradients are synced in fp32 (the masters' dtype)
 
 __all__ = ["Prediction", "Segment", "predict", "segments", "step_tasks"]
-
-
-@dataclass(frozen=True, slots=True)
-class Segment:
-    """Layers ``first..last`` held by the same stage of every pipeline (``holders``: one
-    ``(pipeline, stage)`` per pipeline, in pipeline order), with ``params`` parameters including the embedding
-    or head where the segment holds them."""
-
-    first: int
-    last: int
-    holders: tuple[tuple[int, int], ...]
-    params: int
-
-
-# The runtime issues the gradient sync item by item as the last backward finishes them
-# (hspmd.train.overlap); the simulator cuts each segment into this many runs of layers, so
-# that the sync of the last layers runs beside the backward of the first.
-OVERLAP_PIECES = 4
-
-
-def segments(strategy: Strategy, config: ModelSpec, *, pieces: int = 1) -> list[Segment]:
-    """The gradient-sync segments of ``strategy`` in layer order, each cut into up to
-    ``pieces`` runs of layers."""
-    cuts = {0, config.num_layers}
-    for _, _, stage in strategy.stages():
-        cuts |= {stage.first_layer, stage.last_layer + 1}
-    bounds = sorted(cuts)
-    if pieces > 1:
-        for a, b in zip(bounds, bounds[1:], strict=False):
-            n = min(pieces, b - a)
-            cuts |= {a + (b - a) * k // n for k in range(1, n)}
-        bounds = sorted(cuts)
-    out = []
-    for a, b in zip(bounds, bounds[1:], strict=False):
-        holders = []
-        for p, pipeline in enumerate(strategy.pipelines):
-            s = next(
-                i for i, st in enumerate(pipeline.stages) if st.first_layer <= a <= st.last_layer
-            )
-            holders.append((p, s))
-        params = (b - a) * layer_params(config)
-        params += embed_params(config) if a == 0 else 0
-        params += head_params(config) if b == config.num_layers else 0
-        out.append(Segment(a, b - 1, tuple(holders), params))
-    return out
 
 
 @dataclass(frozen=True)
@@ -166,14 +125,6 @@ class Prediction:
         }
 
 
-def _busy(cost: CostModel, ranks: Sequence[int]) -> float | None:
-    """The cores a stage's compute keeps busy in its host's pool: one per rank, unless its
-    kind is slowed (``slowdown`` F: an emulated slow device computes 1/F of the time and
-    sleeps the rest, ``hspmd train --slowdown``); None for the default, one per rank."""
-    factor = cost.device_of(ranks[0]).slowdown
-    return len(ranks) / factor if factor > 1 else None
-
-
 def _ports(src: Stage, dst: Stage) -> tuple[str, ...]:
     return (f"out:{src.ranks[0]}", f"in:{dst.ranks[0]}")
 
@@ -188,22 +139,12 @@ def _overlapped(cost: CostModel, strategy: Strategy) -> bool:
     return not any(cost.device_of(st.ranks[0]).cpu for _, _, st in strategy.stages())
 
 
-def _last_b_pieces(
-    p: int, s: int, pipe: Pipeline, segs: Sequence[Segment]
-) -> list[tuple[str, int]]:
-    """The last backward of stage ``s`` of pipeline ``p`` cut at its segments, in the
-    order backward runs them (last layers first): (task id, layers) per piece."""
-    # holders[p] is pipeline p's (segments): one lookup, not a scan of every pipeline's
-    mine = sorted((g for g in segs if g.holders[p] == (p, s)), key=lambda g: -g.first)
-    return [(_piece_of(p, s, pipe, g), g.last - g.first + 1) for g in mine]
-
-
 def _pipeline_tasks(
     p: int, pipeline: Pipeline, works: Sequence[StageWork], cost: CostModel, schedule: str,
     pieces: dict[int, list[tuple[str, int]]] | None = None,
 ) -> list[Task]:  # fmt: skip
     """``pieces``: per stage, its last backward cut so the gradient sync can start on the
-    layers it has finished (``_last_b_pieces``)."""
+    layers it has finished (``last_b_pieces``)."""
     tasks: list[Task] = []
     count, m = len(pipeline.stages), pipeline.num_micro_batches
     pieces = pieces or {}
@@ -211,7 +152,7 @@ def _pipeline_tasks(
         ranks, leader, work = stage.ranks, stage.ranks[0], works[s]
         # the same for every micro-batch: computed once per stage (65,536 ranks: 500k tasks)
         group = ranks if len(ranks) > 1 else ()
-        share, stage_busy = cost.share_of(leader), _busy(cost, ranks)
+        share, stage_busy = cost.share_of(leader), busy_cores(cost, ranks)
         sends: dict[str, float] = {}  # action kind -> the send after it
         for action in make_schedule(schedule, count, s, m):
             if action.kind not in ("F", "B"):
@@ -257,126 +198,6 @@ def _pipeline_tasks(
                                   category="comm", deps=(tid,), resources=_ports(stage, peer),
                                   label=f"{kind}{action}"))  # fmt: skip
     return tasks
-
-
-def _sync_tasks(
-    strategy: Strategy, config: ModelSpec, cost: CostModel, options: StrategyOptions,
-    segs: Sequence[Segment], overlap: bool,
-) -> list[Task]:  # fmt: skip
-    """Gradient sync per segment, the optimizer, and (ZeRO-1) the weight all-gather."""
-    last_b = {  # both schedules end every stage with the last micro-batch's backward
-        (p, s): f"p{p}s{s}B{pipe.num_micro_batches - 1}"
-        for p, pipe in enumerate(strategy.pipelines)
-        for s in range(len(pipe.stages))
-    }
-    zero = options.zero1 and len(strategy.pipelines) > 1
-    # uneven shards (--zero-shares): the replica holding the most sets each exchange's pace
-    parts = shard_parts(options.zero_shares) if zero and options.zero_shares else ()
-    synced: dict[int, list[str]] = {}
-    tasks = _cp_sync_tasks(strategy, config, cost, last_b, synced)
-    sync = _SegmentSync(strategy, cost, zero=zero, slower=exchange_factor(parts), overlap=overlap)
-    for seg in reversed(segs):  # issued in the order backward finishes them
-        tasks.append(sync.reduce(seg, last_b, synced))
-    tasks += _adam_tasks(strategy, config, cost, zero=zero, parts=parts, last_b=last_b,
-                         synced=synced)  # fmt: skip
-    if zero and options.zero < 3:  # ZeRO-3 gathers around each use instead (zero_gathers)
-        tasks += [sync.gather(seg) for seg in reversed(segs)]
-    return tasks
-
-
-def _cp_sync_tasks(
-    strategy: Strategy, config: ModelSpec, cost: CostModel,
-    last_b: dict[tuple[int, int], str], synced: dict[int, list[str]],
-) -> list[Task]:  # fmt: skip
-    """Context parallel: each stage's gradients, partial over its CP groups, summed."""
-    tasks = []
-    for p, s, stage in strategy.stages():
-        if stage.cp == 1:
-            continue
-        pipe = strategy.pipelines[p]
-        n = stage_params(config, len(stage.layers), stage.tp, first=s == 0,
-                         last=s == len(pipe.stages) - 1)  # fmt: skip
-        seconds = cost.collective("all-reduce", n * GRAD_BYTES, stage.cp_groups[0], stage.tp)
-        tid = f"cpsync p{p}s{s}"
-        tasks.append(Task(tid, stage.ranks[0], "comm", seconds, category="comm",
-                          deps=(last_b[(p, s)],), ranks=stage.ranks, label="CP grad sync"))  # fmt: skip
-        for r in stage.ranks:
-            synced.setdefault(r, []).append(tid)
-    return tasks
-
-
-class _SegmentSync:
-    """A segment's cross-pipeline sync: its ring of one rank per holder at the smallest TP
-    degree, an all-reduce (or under ZeRO a reduce-scatter, and the gather after Adam)."""
-
-    def __init__(
-        self, strategy: Strategy, cost: CostModel, *, zero: bool, slower: float, overlap: bool
-    ) -> None:
-        self.strategy, self.cost = strategy, cost
-        self.zero, self.slower, self.overlap = zero, slower, overlap
-
-    def _ring(self, seg: Segment) -> tuple[list[Stage], tuple[int, ...], tuple[int, ...], int]:
-        stages = [self.strategy.pipelines[p].stages[s] for p, s in seg.holders]
-        ranks = tuple(sorted({r for st in stages for r in st.ranks}))
-        return stages, ranks, tuple(st.ranks[0] for st in stages), min(st.tp for st in stages)
-
-    def reduce(
-        self, seg: Segment, last_b: dict[tuple[int, int], str], synced: dict[int, list[str]]
-    ) -> Task:
-        stages, ranks, ring, tmin = self._ring(seg)
-        shard = seg.params / tmin * GRAD_BYTES
-        if self.zero:
-            seconds = self.slower * self.cost.collective("reduce-scatter", shard, ring, tmin)
-        else:
-            seconds = self.cost.collective("all-reduce", shard, ring, tmin)
-        tid = f"sync{seg.first}-{seg.last}"
-        deps = tuple(last_b[h] for h in seg.holders)
-        if self.overlap and not (self.zero and len({st.tp for st in stages}) > 1):
-            # each holder's piece of its last backward that finishes these layers (ZeRO-1
-            # between unequal TP degrees is point-to-point: issued after backward)
-            deps = tuple(_piece_of(p, s, self.strategy.pipelines[p], seg) for p, s in seg.holders)
-        for r in ranks:
-            synced.setdefault(r, []).append(tid)
-        return Task(tid, ranks[0], "comm", seconds, category="comm", deps=deps,
-                    ranks=ranks if len(ranks) > 1 else (), label=f"sync L{seg.first}-{seg.last}")  # fmt: skip
-
-    def gather(self, seg: Segment) -> Task:
-        _, ranks, ring, tmin = self._ring(seg)
-        nbytes = seg.params / tmin * self.cost.element_bytes
-        seconds = self.slower * self.cost.collective("all-gather", nbytes, ring, tmin)
-        deps = tuple(f"adam p{p}s{s}" for p, s in seg.holders)
-        return Task(f"gather{seg.first}-{seg.last}", ranks[0], "comm", seconds, category="comm",
-                    deps=deps, ranks=ranks if len(ranks) > 1 else (), label=f"gather L{seg.first}-{seg.last}")  # fmt: skip
-
-
-def _adam_tasks(
-    strategy: Strategy, config: ModelSpec, cost: CostModel, *, zero: bool,
-    parts: Sequence[float], last_b: dict[tuple[int, int], str], synced: dict[int, list[str]],
-) -> list[Task]:  # fmt: skip
-    """Each stage's Adam on what its ranks hold: the whole parameters, or under ZeRO the
-    shard (``1 / replicas``, or the pipeline's part of uneven shares)."""
-    holders = layer_holders(strategy, config.num_layers)
-    tasks = []
-    for p, s, stage in strategy.stages():
-        pipe = strategy.pipelines[p]
-        n = stage_params(
-            config, len(stage.layers), stage.tp, first=s == 0, last=s == len(pipe.stages) - 1
-        )
-        part = 1 / min(holders[x] for x in stage.layers) if zero else 1.0
-        part = parts[p] if parts else part  # the part of the shard this replica holds
-        seconds = cost.device_of(stage.ranks[0]).seconds("optimizer", 4 * n * part)
-        deps = tuple(synced.get(stage.ranks[0], [])) or (last_b[(p, s)],)
-        tasks.append(Task(f"adam p{p}s{s}", stage.ranks[0], "compute", seconds, category="optimizer",
-                          deps=deps, ranks=stage.ranks if len(stage.ranks) > 1 else (), label="Adam",
-                          share=cost.share_of(stage.ranks[0]), weight=_busy(cost, stage.ranks)))  # fmt: skip
-    return tasks
-
-
-def _piece_of(p: int, s: int, pipe: Pipeline, seg: Segment) -> str:
-    """The id of the piece of stage ``(p, s)``'s last backward that finishes ``seg``'s
-    layers (``_last_b_pieces``: the piece of the stage's first layers is the whole task's)."""
-    tid = f"p{p}s{s}B{pipe.num_micro_batches - 1}"
-    return tid if seg.first == pipe.stages[s].first_layer else f"{tid}@L{seg.first}"
 
 
 def stage_works(
@@ -449,20 +270,22 @@ def step_tasks(
         strategy, config, cost, seq_len=seq_len, options=options, pipelines=pipelines
     )  # fmt: skip
     tasks: list[Task] = []
-    # the gradient sync's segments (none for one pipeline), cut where it overlaps backward
+    # Post's plans, and the segments their tasks group by (none without a sync), cut where
+    # the sync overlaps backward
+    plans = post_plans(strategy, config, options, element_bytes=cost.element_bytes)
     overlap = _overlapped(cost, strategy)
     cut = OVERLAP_PIECES if overlap else 1
-    segs = segments(strategy, config, pieces=cut) if len(strategy.pipelines) > 1 else []
+    segs = segments(strategy, config, pieces=cut) if plans.reduces else []
     for p in chosen:
         pipeline = strategy.pipelines[p]
         per_stage = [works[(p, s)] for s in range(len(pipeline.stages))]
         pieces = {
-            s: _last_b_pieces(p, s, pipeline, segs)
+            s: last_b_pieces(p, s, pipeline, segs)
             for s in range(len(pipeline.stages))
             if segs and overlap
         }
         tasks += _pipeline_tasks(p, pipeline, per_stage, cost, options.schedule, pieces)
-    tasks += _sync_tasks(strategy, config, cost, options, segs, overlap)
+    tasks += sync_tasks(strategy, config, cost, options, plans=plans, segs=segs, overlap=overlap)
     if pipelines is not None:
         tasks = restricted(tasks, {r for p in pipelines for r in strategy.pipelines[p].ranks})
     return tasks, works

@@ -12,7 +12,9 @@ model (``hspmd.planner.memory``), per parameter, over ``z`` replicas::
            every layer in every forward and backward
 
 So stage 1 is never slower than 0 where there are replicas, 2 costs what 1 costs, and 3
-costs gathers: more sharding pays only where memory binds, by what it lets the plan drop
+costs gathers (by the bytes: the simulator prices the runtime's plans, whose reduce-scatter
+is point to point, a message per replica pair; over many replicas their latencies can make
+1 dearer than 0, and 2, whose reduces go in buckets, cheaper than 1: docs/decisions.md): more sharding pays only where memory binds, by what it lets the plan drop
 (recompute) or hold at all. Per candidate strategy the planner therefore simulates the
 stages in the order of what they cost (``zero_predictions``, ``variants``), each with
 recompute trimmed to what that stage's memory needs (``hspmd.planner.trim``), and stops

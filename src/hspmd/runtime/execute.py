@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from hspmd.comm.plan import ASYNC_KINDS as PLAN_ASYNC_KINDS
 from hspmd.comm.plan import (
     AllGather,
     AllReduce,
@@ -43,6 +44,7 @@ from hspmd.comm.plan import (
     SplitAllReduce,
     SplitReduceScatter,
     Step,
+    startable,
 )
 from hspmd.errors import HspmdError
 from hspmd.runtime import collectives, slices
@@ -147,15 +149,6 @@ def start_plan(
 _untraced = nullcontext()
 
 
-def startable(plan: CommPlan) -> bool:
-    """Whether ``start_plan`` returns without blocking on every rank: every step but the
-    last is local, and the last is local or of ``ASYNC_KINDS``."""
-    steps = plan.steps
-    return all(isinstance(s, Local) for s in steps[:-1]) and (
-        not steps or isinstance(steps[-1], Local) or type(steps[-1]) in _ISSUERS
-    )
-
-
 def _participants(step: Step) -> frozenset[int]:
     """Ranks that issue something in ``step`` (owners of a split-all-gather included)."""
     if isinstance(step, SplitAllGather):
@@ -204,3 +197,5 @@ _ISSUERS: dict[type[Step], Callable[[Any, torch.Tensor | None, StepContext], Iss
 }
 
 ASYNC_KINDS = frozenset(step.kind for step in _ISSUERS)
+# ``startable`` (hspmd.comm.plan, torch-free: the simulator asks it too) names the same kinds
+assert ASYNC_KINDS == PLAN_ASYNC_KINDS, "hspmd.comm.plan.ASYNC_KINDS lists the issuers' kinds"

@@ -11,7 +11,8 @@ resolved reshards around a per-shard Adam, for every parameter the rank holds::
 
 Masters start as the state slice of the plan-free initial value (DESIGN decision 5), so
 training equals the single-device run; with fp32 compute they stay bitwise equal to the
-matching slice of the parameter.
+matching slice of the parameter. The plans (``ZeroItem``, ``zero1_plan``) are pure metadata in
+``hspmd.specialize.sync_plans``, re-exported here; the simulator prices the same ones.
 
 >>> from hspmd.models.llama import get_config
 >>> from hspmd.plan.strategy import parse_strategy
@@ -23,22 +24,16 @@ matching slice of the parameter.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-
 import torch
 
-from hspmd.annotation import PARTIAL
-from hspmd.comm.plan import CommPlan
-from hspmd.comm.resolve import resolve
 from hspmd.models.build import initial_piece
 from hspmd.models.spec import ModelSpec
-from hspmd.plan.params import ParamSpec, parameter_annotations, state_annotations
-from hspmd.plan.strategy import Strategy
+from hspmd.plan.params import ParamSpec
 from hspmd.runtime.batched import start_plans
 from hspmd.runtime.execute import run_plan
 from hspmd.runtime.world import World
 from hspmd.specialize.grad_sync import StageGradSync
+from hspmd.specialize.sync_plans import ZeroItem, zero1_plan
 from hspmd.switch.live import TrainState
 from hspmd.train.clip import owned_names
 from hspmd.train.config import AdamConfig
@@ -48,33 +43,6 @@ from hspmd.train.post import MasterAdam, load_adam
 from hspmd.train.sync import SyncItem
 
 __all__ = ["ZeroItem", "ZeroOne", "zero1_plan"]
-
-
-@dataclass(frozen=True, slots=True)
-class ZeroItem:
-    """One parameter's Post under ZeRO-1: its gradient's reduce and its parameter's gather."""
-
-    name: str
-    shape: tuple[int, ...]
-    reduce: CommPlan  # grad (hP) -> state shard
-    gather: CommPlan  # state shard -> param (hD)
-
-
-def zero1_plan(
-    strategy: Strategy, config: ModelSpec, *, shares: tuple[float, ...] = ()
-) -> dict[str, ZeroItem]:
-    """Every parameter's reduce and gather plans, in model order (pure metadata);
-    ``shares``: the pipelines' weights of uneven shards (``--zero-shares``)."""
-    params = parameter_annotations(strategy, config)
-    states = state_annotations(strategy, config, zero1=True, shares=shares)
-    items = {}
-    for name, spec in params.items():
-        param, state = spec.annotation, states[name].annotation
-        grad = dataclasses.replace(param, hdim=PARTIAL, hsizes=None) if param.hsize > 1 else param
-        items[name] = ZeroItem(
-            name, spec.shape, resolve(grad, state, spec.shape), resolve(state, param, spec.shape)
-        )
-    return items
 
 
 class ZeroOne(MasterAdam):

@@ -25,14 +25,11 @@ weights) are summed there first, per bucket (``cut_stage_sync``).
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
 import torch
 
-from hspmd.comm.plan import CommPlan
 from hspmd.models.build import initial_parameter
 from hspmd.models.spec import ModelSpec
 from hspmd.plan.params import ParamSpec
@@ -41,6 +38,7 @@ from hspmd.runtime.executable import run_stage_grad_sync
 from hspmd.runtime.world import World
 from hspmd.specialize.grad_sync import StageGradSync
 from hspmd.specialize.localize import local_slice
+from hspmd.specialize.sync_plans import ShardBucket, shard_buckets
 from hspmd.switch.live import TrainState
 from hspmd.train.clip import owned_names
 from hspmd.train.config import AdamConfig
@@ -53,51 +51,6 @@ from hspmd.train.zero_params import ParamStore
 from hspmd.train.zero_units import Unit
 
 __all__ = ["ShardBucket", "ShardReduce", "ShardedPost", "shard_buckets", "unit_buckets"]
-
-
-@dataclass(frozen=True, slots=True)
-class ShardBucket:
-    """Parameters whose gradients are reduced to their shards in one batch."""
-
-    names: tuple[str, ...]
-    plans: tuple[CommPlan, ...]  # each gradient (hP) -> its state shard
-
-    def __str__(self) -> str:
-        return f"{len(self.names)} params: {' + '.join(sorted({k for p in self.plans for k in p.kinds}))}"
-
-
-def shard_buckets(
-    items: Mapping[str, ZeroItem], *, bucket_bytes: int,
-    layer_of: Callable[[str], int] | None = None,
-) -> tuple[ShardBucket, ...]:  # fmt: skip
-    """Every rank's buckets (module docstring), in the order they are issued; with
-    ``layer_of`` (ZeRO-3) also cut where the layer changes, so that a bucket's full
-    gradients are one layer's at most, as its gathered parameters are.
-
-    >>> from hspmd.models.llama import get_config
-    >>> from hspmd.plan.strategy import parse_strategy
-    >>> from hspmd.train.zero import zero1_plan
-    >>> items = zero1_plan(parse_strategy("1x1: R0:L0-3; 1x1: R1:L0-3"), get_config("llama-tiny"))
-    >>> [len(b.names) for b in shard_buckets(items, bucket_bytes=1 << 17)]
-    [3, 8, 6, 7, 7, 7, 1]
-    >>> [len(b.names) for b in shard_buckets(items, bucket_bytes=1 << 30,
-    ...                                      layer_of=get_config("llama-tiny").param_layer)]
-    [11, 9, 9, 10]
-    """
-    out: list[ShardBucket] = []
-    run: list[ZeroItem] = []
-    size = 0
-    for item in reversed(list(items.values())):
-        nbytes = 4 * math.prod(item.shape)
-        other = layer_of is not None and bool(run) and layer_of(run[-1].name) != layer_of(item.name)
-        if run and (size + nbytes > bucket_bytes or other):
-            out.append(ShardBucket(tuple(i.name for i in run), tuple(i.reduce for i in run)))
-            run, size = [], 0
-        run.append(item)
-        size += nbytes
-    if run:
-        out.append(ShardBucket(tuple(i.name for i in run), tuple(i.reduce for i in run)))
-    return tuple(out)
 
 
 def unit_buckets(items: Mapping[str, ZeroItem], units: Sequence[Unit]) -> tuple[ShardBucket, ...]:
