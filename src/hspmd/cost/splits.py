@@ -151,7 +151,9 @@ def cp_splits(model: ModelSpec, probe: int, seq_len: int) -> Splits | None:
     if probe == 1 or seq_len % probe:
         return None
     last = model.num_layers - 1
-    strategy = parse_strategy(f"1x1: R0-{probe - 1}:L0-{last}:C{probe}")
+    # two sequences: a sequence split survives an op that merges (B, T) into one dim only
+    # where B is 1 (GPT-2's Conv1D), which a training micro-batch seldom is
+    strategy = parse_strategy(f"1x2: R0-{probe - 1}:L0-{last}:C{probe}")
     try:
         return _deduced(model, strategy, sp=False, seq_len=seq_len)
     except HspmdError:
@@ -173,7 +175,7 @@ def _deduced(model: ModelSpec, strategy: object, *, sp: bool, seq_len: int) -> S
             if any(_is_split(ag.annotations.get(n)) for n in names):
                 ops.add(node.name)
     parts = _with_inserted(ag.module, node_parts(model))
-    tokens = seq_len  # the deduction's micro-batch: 1 sequence of seq_len tokens
+    tokens = seq_len * pipeline.micro_batch_size  # the deduction's micro-batch
     comm: list[tuple[int, str, CommItem]] = []
     for site in ag.reshards:
         if _is_gather(site.src, site.dst):  # backward gathers it again: a shard is kept
@@ -181,9 +183,12 @@ def _deduced(model: ModelSpec, strategy: object, *, sp: bool, seq_len: int) -> S
         plans = [(False, site.src, site.dst)]
         if site.grad_out is not None and site.grad_in is not None:
             plans.append((True, site.grad_out, site.grad_in))
+        # the first block's input is where the pre part's whole rows meet the stage's
+        # layout (a CP stage's slice, its backward the embedding gradient's gather): the
+        # first stage's, as the pre part
+        part = PRE if site.name == "layers.0.input" else parts.get(site.node_name, POST)
         for backward, src, dst in plans:
-            comm += _collectives(parts.get(site.node_name, POST), site.node_name, backward,
-                                 sp, src, dst, site.shape, tokens)  # fmt: skip
+            comm += _collectives(part, site.node_name, backward, sp, src, dst, site.shape, tokens)
     for align in ag.alignments:
         comm += _collectives(parts.get(align.source, POST), align.source, True, sp,
                              align.grad_from, align.grad_to, align.shape, tokens)  # fmt: skip
