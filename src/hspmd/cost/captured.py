@@ -23,10 +23,13 @@ stage of TP ``probe`` (the smallest degree above 1 that the model's ``tp_sizes``
 without and with sequence parallelism: an op is split when one of its tensors, input or
 output, is split or partial there. The TP collectives are the deduced plans of the
 markers (all-reduce, or reduce-scatter and all-gather under sequence parallelism), plus
-the vocab-parallel loss's three all-reduces of one fp32 per token. Each node belongs to
-the pre part, a block (``{blocks}.{i}`` in its module stack, or its inputs' part), or the
-post part; the block figure is the mean over the blocks (the planner assumes the blocks
-alike). Parameters per part come from the protocol (``param_layer``, ``param_kind``).
+the vocab-parallel loss's three all-reduces of one fp32 per token. Which ops and
+collectives context parallelism splits and adds comes from deducing it as a TP 1 x CP
+stage, where the model has attention-head markers (``hspmd.cost.splits``). Each node
+belongs to the pre part, a block (``{blocks}.{i}`` in its module stack, or its inputs'
+part), or the post part; the block figure is the mean over the blocks (the planner
+assumes the blocks alike). Parameters per part come from the protocol (``param_layer``,
+``param_kind``).
 
 ``costed(model)`` returns a ``ModuleModel`` with these figures attached (``cost``), which
 the planner and the simulator read. A Llama preset keeps its formulas

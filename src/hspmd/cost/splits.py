@@ -148,7 +148,7 @@ def cp_probe(model: ModelSpec) -> int:
 def cp_splits(model: ModelSpec, probe: int, seq_len: int) -> Splits | None:
     """``Splits`` of ``model`` deduced as one stage of TP 1 x CP ``probe`` (module
     docstring); None where the model takes no CP (``probe`` 1, or deduction refuses it)."""
-    if probe == 1 or seq_len % probe:
+    if probe == 1 or seq_len < probe or seq_len % probe:
         return None
     last = model.num_layers - 1
     # two sequences: a sequence split survives an op that merges (B, T) into one dim only
