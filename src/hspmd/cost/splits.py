@@ -43,7 +43,7 @@ from hspmd.errors import HspmdError
 from hspmd.markers import is_reshard_node
 from hspmd.models.build import model_graph
 from hspmd.models.spec import HEADS, Amount, CommItem, ModelSpec, ModelSpecError
-from hspmd.plan.strategy import StrategyOptions, parse_strategy
+from hspmd.plan.strategy import Strategy, StrategyOptions, parse_strategy
 
 __all__ = ["POST", "PRE", "Splits", "cp_probe", "cp_splits", "node_parts", "tp_splits"]
 
@@ -160,11 +160,11 @@ def cp_splits(model: ModelSpec, probe: int, seq_len: int) -> Splits | None:
         return None
 
 
-def _deduced(model: ModelSpec, strategy: object, *, sp: bool, seq_len: int) -> Splits:
+def _deduced(model: ModelSpec, strategy: Strategy, *, sp: bool, seq_len: int) -> Splits:
     """The ``Splits`` of one deduction of ``model`` as the single pipeline of ``strategy``."""
     from hspmd.specialize.cut import deduce_pipeline
 
-    pipeline = strategy.pipelines[0]  # type: ignore[attr-defined]
+    pipeline = strategy.pipelines[0]
     ag = deduce_pipeline(model, pipeline, StrategyOptions(sequence_parallel=sp), seq_len=seq_len)
     ops, outputs = set(), set()
     for node in ag.module.graph.nodes:
