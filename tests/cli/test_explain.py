@@ -69,7 +69,9 @@ def test_tiny_tp_pp(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "pipeline 0 (2x2): [0,1] -> [2,3]" in out
     # Issue 17: peers and bytes. An activation is 2 x 16 x 64 fp32 = 8 KiB per micro-batch.
-    assert "F (per micro-batch): all-reduce x4 in [2,3] (32.0 KiB)" in out
+    # Two layers' row outputs, and the vocab-parallel loss's three all-reduces of one fp32
+    # value per token (2 x 16 x 4 B each): 4 x 8 KiB + 384 B.
+    assert "F (per micro-batch): all-reduce x7 in [2,3] (32.4 KiB)" in out
     assert "send-recv x1 from [0] (8.0 KiB)" in out
     assert "B (per micro-batch): all-reduce x5 in [2,3] (40.0 KiB)" in out
     assert "schedule: Pre F0 B0 F1 B1 Post" in out

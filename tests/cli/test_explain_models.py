@@ -143,3 +143,51 @@ def test_deduced_sites_equal_llama_formulas(sp: bool) -> None:
               "backward_traffic", "post_traffic", "num_params", "param_elements")  # fmt: skip
     for a, b in zip(got.ranks, want.ranks, strict=True):
         assert [getattr(a, f) for f in fields] == [getattr(b, f) for f in fields], a.rank
+
+
+HEAD_ONLY = MODEL.replace(
+    """tp_rules = {"layers.*.up.*": "column", "layers.*.down.weight": "row"}""",
+    """tp_rules = {"head.*": "vocab"}""",
+)
+TIED = HEAD_ONLY.replace(
+    """tp_rules = {"head.*": "vocab"}""", """tp_rules = {"embed.weight": "vocab"}"""
+).replace(
+    "self.head = nn.Linear(hidden, vocab)",
+    "self.head = nn.Linear(hidden, vocab, bias=False)\n        self.head.weight = self.embed.weight",
+)
+
+
+@pytest.mark.parametrize(
+    ("source", "strategy"),
+    [
+        (HEAD_ONLY, "1x2: R0-1:L0-1"),
+        (HEAD_ONLY, "1x2: R0:L0 R1-2:L1; 2x1: R3-4:L0-1"),
+        (TIED, "1x2: R0:L0 R1-2:L1"),  # the tied head alone splits on the second stage
+    ],
+)
+def test_vocab_parallel_loss_joins_its_stage(source: str, strategy: str, tmp_path: Path) -> None:
+    # A stage whose only TP split is the head communicates in its forward pass only inside
+    # the vocab-parallel loss. explain saw no collective there and found each rank a
+    # pipeline of its own ("the pipelines found ... differ") where train ran the strategy.
+    # Now explain lists the loss's three all-reduces over the groups the executable's loss
+    # uses.
+    from hspmd.models.module import load_model
+    from hspmd.plan.strategy import check_strategy
+    from hspmd.specialize.executable import build_executable
+    from hspmd.specialize.explain import Traffic
+
+    path = tmp_path / "head_only.py"
+    path.write_text(source)
+    model, parsed = load_model(f"{path}:make"), parse_strategy(strategy)
+    check_strategy(parsed, model, seq_len=8)  # a tied head's stage splits it (tp_sizes)
+    found = explain_strategy(model, parsed, StrategyOptions(), seq_len=8)
+    assert found.pipelines.to_json() == [
+        [list(stage.ranks) for stage in p.stages] for p in parsed.pipelines
+    ]
+    for summary in found.ranks:
+        exe = build_executable(model, parsed, StrategyOptions(), summary.rank, seq_len=8, seed=0)
+        loss = getattr(exe.graph_module, "vocab_parallel_loss", None)
+        tokens = 8 * parsed.pipelines[summary.pipeline].micro_batch_size  # one fp32 each
+        peers = "in [" + ",".join(map(str, loss.shard.group)) + "]" if loss else ""
+        want = [Traffic("all-reduce", peers, 3, 3 * 4 * tokens)] if loss else []
+        assert [t for t in summary.forward_traffic if t.kind == "all-reduce"] == want

@@ -101,3 +101,48 @@ def test_plan_data_plans_a_captured_model_that_train_plans_takes(
     argv[argv.index("32")] = "64"  # nanoGPT's block_size is 32
     assert main(argv) == 2
     assert "--max-seq-len 64 exceeds" in capsys.readouterr().err
+
+
+# TP cannot split it (a vocabulary of 255 beside a width of 36), so only PP, DP and context
+# parallelism (its fused c_attn leaves the heads whole under TP: `cp_heads`) remain
+NANOGPT_CP = '{"block_size": 256, "n_embd": 36, "n_head": 4, "vocab_size": 255}'
+
+
+@pytest.fixture(scope="module")
+def cp_plans(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A captured model's plans for 2 local ranks, a step of 256 tokens: many short
+    documents and a few that fill the step."""
+    folder = tmp_path_factory.mktemp("cp_plans")
+    data, out = folder / "docs.jsonl", folder / "plans.json"
+    lengths = [20] * 30 + [250] * 6
+    data.write_text("".join(json.dumps({"text": "x" * n}) + "\n" for n in lengths))
+    argv = ["plan", "--data", str(data), "--max-seq-len", "256", "--tokens-per-step", "256",
+            "--nproc", "2", "--model", NANOGPT, "--config", NANOGPT_CP, "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    return data, out
+
+
+def test_plan_data_gives_a_captured_model_cp_for_its_long_rows(cp_plans: tuple[Path, Path]) -> None:
+    # A 250-token document alone in a step: two one-rank pipelines leave one idle, a CP-2
+    # stage halves its layers' tokens and its attention's heads. Short documents: DP.
+    _, out = cp_plans
+    plans, _ = load_plans(json.loads(out.read_text()), str(out))
+    assert plans[-1].max_len == 256 and plans[0].max_len <= 128
+    assert [stage.cp for _, _, stage in plans[-1].strategy.stages()] == [2]
+    assert all(stage.cp == 1 for p in plans[:-1] for _, _, stage in p.strategy.stages())
+
+
+@pytest.mark.multiproc
+def test_a_planned_cp_strategy_of_a_captured_model_trains(
+    cp_plans: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    data, out = cp_plans
+    argv = ["train", "--plans", str(out), "--data", str(data), "--model", NANOGPT,
+            "--config", NANOGPT_CP, "--steps", "3", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    ours = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert main([*argv, "--reference"]) == 0
+    theirs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert any(r.get("strategy") == "2x1: R0-1:L0-2:C2" for r in ours)  # a long step: CP
+    for a, b in zip(ours, theirs, strict=True):
+        assert a["plan"] == b["plan"] and a["loss"] == pytest.approx(b["loss"], rel=1e-5)

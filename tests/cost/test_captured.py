@@ -88,6 +88,52 @@ def test_llama_seconds_and_memory_within_tolerance(
     assert 0.99 <= got_act / want_act <= 1.0
 
 
+@pytest.mark.parametrize("tp", [1, 4])
+def test_llama_cp_figures_agree_with_formulas(llama: tuple[object, Measured], tp: int) -> None:
+    # Deduced as a CP stage, the Llama's graph gives LlamaCost._ulysses's collectives: per
+    # layer and direction the all-to-alls of q, k, v and the output (one each: the formula
+    # prices them as one), TP-split; head_in's gather before the head, the embedding
+    # gradient's after the first block.
+    config, measured = llama
+    assert measured.cost.context_parallel and measured.cost.cp_probe == 2
+    q = config.num_heads * config.head_dim  # type: ignore[attr-defined]
+    kv = config.num_kv_heads * config.head_dim  # type: ignore[attr-defined]
+    H = config.hidden_size  # type: ignore[attr-defined]
+    cp_comm = {(part, c.kind, c.backward, c.calls, c.elements.per_token, c.split_tp)
+               for part in ("pre", "layer", "post") for c in getattr(measured.cost, part).comm
+               if c.cp}  # fmt: skip
+    assert cp_comm == {
+        ("layer", "all-to-all", False, 4.0, 2 * q + 2 * kv, True),
+        ("layer", "all-to-all", True, 4.0, 2 * q + 2 * kv, True),
+        ("post", "all-gather", False, 1.0, H, False),
+        ("pre", "all-gather", True, 1.0, H, False),
+    }
+    cost = CostModel.of(load_cluster("hetu-h800-h20"), dtype="bf16")
+    ranks = tuple(range(tp * 2))
+    for first, last in ((False, False), (True, False), (False, True)):
+        kw = dict(micro_batch_size=1, seq_len=4096, first=first, last=last, cp=2)
+        want = stage_work(cost, config, ranks, 2, **kw)  # type: ignore[arg-type]
+        got = stage_work(cost, measured, ranks, 2, **kw)  # type: ignore[arg-type]
+        compute = (got.forward_s + got.backward_s - got.tp_comm_s) / (
+            want.forward_s + want.backward_s - want.tp_comm_s
+        )
+        assert 1.0 <= compute < 1.2, (first, last)
+        assert got.activation_bytes == want.activation_bytes
+        # the same bytes; the runtime's four calls pay four latencies, and the formula's
+        # CP gathers count 1/cp of the gathered tensor
+        assert 1.0 <= got.tp_comm_s / want.tp_comm_s < 1.7, (first, last)
+
+
+def test_a_model_without_attention_takes_no_cp(user_model: str) -> None:
+    from hspmd.planner.length_model import pipe_configs
+    from hspmd.planner.local import local_cost
+
+    model = costed(load_model(user_model))
+    assert model.cost is not None and not model.cost.context_parallel
+    found = pipe_configs(model, local_cost(4), options=StrategyOptions(), max_len=64)
+    assert found and all(m.config.cp == 1 for m in found)
+
+
 MODEL = """
 import torch.nn.functional as F
 from torch import nn

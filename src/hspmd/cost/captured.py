@@ -23,10 +23,13 @@ stage of TP ``probe`` (the smallest degree above 1 that the model's ``tp_sizes``
 without and with sequence parallelism: an op is split when one of its tensors, input or
 output, is split or partial there. The TP collectives are the deduced plans of the
 markers (all-reduce, or reduce-scatter and all-gather under sequence parallelism), plus
-the vocab-parallel loss's three all-reduces of one fp32 per token. Each node belongs to
-the pre part, a block (``{blocks}.{i}`` in its module stack, or its inputs' part), or the
-post part; the block figure is the mean over the blocks (the planner assumes the blocks
-alike). Parameters per part come from the protocol (``param_layer``, ``param_kind``).
+the vocab-parallel loss's three all-reduces of one fp32 per token. Which ops and
+collectives context parallelism splits and adds comes from deducing it as a TP 1 x CP
+stage, where the model has attention-head markers (``hspmd.cost.splits``). Each node
+belongs to the pre part, a block (``{blocks}.{i}`` in its module stack, or its inputs'
+part), or the post part; the block figure is the mean over the blocks (the planner
+assumes the blocks alike). Parameters per part come from the protocol (``param_layer``,
+``param_kind``).
 
 ``costed(model)`` returns a ``ModuleModel`` with these figures attached (``cost``), which
 the planner and the simulator read. A Llama preset keeps its formulas
@@ -55,7 +58,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
-from hspmd.annotation import DUP, Annotation
+from hspmd.cost.splits import POST, PRE, Splits, cp_probe, cp_splits, node_parts, tp_splits
 from hspmd.errors import HspmdError
 from hspmd.graph.export import GraphInput
 from hspmd.markers import is_reshard_node
@@ -70,7 +73,6 @@ from hspmd.models.spec import (
     PartCost,
     WorkItem,
 )
-from hspmd.plan.strategy import StrategyOptions, parse_strategy
 
 __all__ = ["costed", "model_cost", "planning_model", "tp_probe"]
 
@@ -81,11 +83,8 @@ NORMS = (F.layer_norm, F.group_norm, F.batch_norm, F.instance_norm) + (
     aten.layer_norm.default, aten.rms_norm.default, aten.group_norm.default,
     aten.batch_norm.default, aten.instance_norm.default,
 )  # fmt: skip
-LOSSES = (F.cross_entropy, aten.cross_entropy_loss.default)
 CAUSAL = ("hspmd.attention", "causal_attention")  # hspmd's own, by name (the layering)
 RMS_NORM = ("hspmd.fused_ops", "rms_norm")
-COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all")
-PRE, POST = -1, -2  # parts that are not blocks
 
 
 def costed(model: ModuleModel) -> ModuleModel:
@@ -130,49 +129,83 @@ def model_cost(model: ModelSpec) -> ModelCost:
     not be measured and the fix."""
     probe = tp_probe(model)
     lengths = _lengths(model, probe)
-    gm = model_graph(model)
-    group = {name: _group(part) for name, part in _parts(gm, model).items()}
-    split = {sp: _split_nodes(model, probe, lengths[0], sp) for sp in (False, True)}
-    runs = len(lengths)
-    # (group, line, split, split under SP) -> per length [calls, units]; "saved" for memory
-    sums: dict[tuple[int, str, bool, bool], list[list[float]]] = defaultdict(
-        lambda: [[0.0, 0.0] for _ in range(runs)]
-    )
-    for i, s in enumerate(lengths):
-        ops, kept = _measure(gm, model, s)
-        for node, line, calls, units in ops:
-            key = (group[node], line, node in split[False][0], node in split[True][0])
-            sums[key][i][0] += calls
-            sums[key][i][1] += units
-        for consumer, producer, elements in kept:
-            # a kept tensor is a shard where its producer's output is split
-            key = (group[consumer], "saved", producer in split[False][3], producer in split[True][3])  # fmt: skip
-            sums[key][i][1] += elements
+    tp = {sp: tp_splits(model, probe, lengths[0], sp) for sp in (False, True)}
+    cp_degree = cp_probe(model)
+    cp = cp_splits(model, cp_degree, lengths[-1] - lengths[-1] % cp_degree)
+    sums = _sums(model, lengths, tp, cp)
+    comm = _comm(tp, cp)
     out: dict[int, PartCost] = {}
     for part in (PRE, 0, POST):
         share = 1 / model.num_layers if part == 0 else 1.0  # the mean block
         items = [
-            WorkItem(line, a, b, values[0][0] * share, _fit([u for _, u in values], lengths, share))
-            for (g, line, a, b), values in sorted(sums.items())
+            WorkItem(
+                line,
+                a,
+                b,
+                values[0][0] * share,
+                _fit([u for _, u in values], lengths, share),
+                split_cp=c,
+            )  # fmt: skip
+            for (g, line, a, b, c), values in sorted(sums.items())
             if g == part
         ]
-        comm = [
+        mine = [
             dataclasses.replace(c, calls=c.calls * share, elements=_scaled(c.elements, share))
-            for sp in (False, True)
-            for p, c in split[sp][1]
+            for p, c in comm
             if _group(p) == part
         ]
         out[part] = PartCost(
             work=tuple(w for w in items if w.line != "saved"),
-            comm=_merged_comm(comm),
+            comm=_merged_comm(mine),
             saved=tuple(w for w in items if w.line == "saved"),
             params_split=_params(model, part)[0],
             params_dup=_params(model, part)[1],
         )
     return ModelCost(
-        pre=out[PRE], layer=out[0], post=out[POST], vocab_split=split[False][2], probe=probe,
-        lengths=lengths, hidden_size=model.hidden_size,
+        pre=out[PRE], layer=out[0], post=out[POST], vocab_split=tp[False].vocab, probe=probe,
+        lengths=lengths, hidden_size=model.hidden_size, cp_probe=cp_degree if cp else 1,
     )  # fmt: skip
+
+
+Sums = dict[tuple[int, str, bool, bool, bool], list[list[float]]]
+"""(part, line, split under TP, under TP with SP, under CP) -> per length [calls, units]."""
+
+
+def _sums(
+    model: ModelSpec, lengths: tuple[int, ...], tp: dict[bool, Splits], cp: Splits | None
+) -> Sums:
+    """Every measured op's calls and units, and the elements autograd keeps (``saved``, by
+    whether their producer's output is a shard), by part and by what splits them."""
+    gm = model_graph(model)
+    group = {name: _group(part) for name, part in node_parts(model).items()}
+    on_cp = cp.ops if cp else frozenset()
+    sums: Sums = defaultdict(lambda: [[0.0, 0.0] for _ in lengths])
+    for i, s in enumerate(lengths):
+        ops, kept = _measure(gm, model, s)
+        for node, line, calls, units in ops:
+            key = (group[node], line, node in tp[False].ops, node in tp[True].ops, node in on_cp)
+            sums[key][i][0] += calls
+            sums[key][i][1] += units
+        for consumer, producer, elements in kept:
+            # a kept tensor is a shard where its producer's output is split (the planner's
+            # memory model divides a CP stage's activations by its own rule)
+            shard = (producer in tp[False].outputs, producer in tp[True].outputs)
+            sums[(group[consumer], "saved", *shard, False)][i][1] += elements
+    return sums
+
+
+def _comm(tp: dict[bool, Splits], cp: Splits | None) -> list[tuple[int, CommItem]]:
+    """The TP collectives (on ``1/cp`` of their tensor where CP splits it) and the CP
+    stage's own (on ``1/tp`` of theirs where TP splits it), by part."""
+    on_cp = cp.outputs if cp else frozenset()
+    out = [
+        (part, dataclasses.replace(c, split_cp=node in on_cp))
+        for sp in (False, True)
+        for part, node, c in tp[sp].comm
+    ]
+    for part, node, c in cp.comm if cp else ():
+        out.append((part, dataclasses.replace(c, cp=True, split_tp=node in tp[False].outputs)))
+    return out
 
 
 def _group(part: int) -> int:
@@ -210,9 +243,9 @@ def _scaled(amount: Amount, share: float) -> Amount:
 
 
 def _merged_comm(items: Iterable[CommItem]) -> tuple[CommItem, ...]:
-    merged: dict[tuple[str, bool, bool, bool], CommItem] = {}
+    merged: dict[tuple[str, bool, bool, bool, bool, bool, bool], CommItem] = {}
     for c in items:
-        key = (c.kind, c.backward, c.sequence_parallel, c.fp32)
+        key = (c.kind, c.backward, c.sequence_parallel, c.fp32, c.cp, c.split_cp, c.split_tp)
         if key in merged:
             m = merged[key]
             c = dataclasses.replace(
@@ -251,134 +284,6 @@ def _params(model: ModelSpec, part: int) -> tuple[float, float]:
 def _is_pre_param(model: ModelSpec, name: str) -> bool:
     """For a one-block model (layer 0 is also the last): does ``name`` feed the block?"""
     return str(name) in params_before_first_block(model_graph(model))
-
-
-# -- parts ---------------------------------------------------------------------------------------
-
-
-def _parts(gm: torch.fx.GraphModule, model: ModelSpec) -> dict[str, int]:
-    """Every node's part: a block index, PRE or POST (module docstring)."""
-    blocks = getattr(model, "blocks", "layers")  # a ModuleModel names its own
-    last = model.num_layers - 1
-    out: dict[str, int] = {}
-    current = PRE
-    for node in gm.graph.nodes:
-        if is_reshard_node(node) and str(node.args[1]).startswith("layers."):
-            name = str(node.args[1])
-            if name.endswith(".input") and name.split(".")[1].isdigit():
-                current = int(name.split(".")[1])
-                out[node.name] = current
-                continue
-        stack = node.meta.get("nn_module_stack") or {}
-        block = None
-        for path in stack:
-            head, _, index = str(path).rpartition(".")
-            if head == blocks and index.isdigit():
-                block = int(index)
-                break
-        if block is not None:
-            out[node.name] = block
-        elif stack:  # a module outside the blocks
-            out[node.name] = PRE if current == PRE else (POST if current == last else current)
-        else:  # code of the top module, or a node hspmd inserted: its inputs' part
-            known = {out[n.name] for n in node.all_input_nodes if n.name in out}
-            if node.op == "get_attr" or not known:
-                out[node.name] = PRE if current == PRE else POST if current == last else current
-            else:  # the post part reads the blocks, the blocks the pre part
-                out[node.name] = POST if POST in known else max(known)
-    return out
-
-
-# -- split: deduced at TP ``probe`` -----------------------------------------------------------------
-
-
-def _is_split(annotation: Annotation | None) -> bool:
-    if annotation is None:
-        return False
-    return any(deg > 1 and dim != DUP for ds in annotation.states for dim, deg in ds.entries)
-
-
-def _is_gather(src: Annotation, dst: Annotation) -> bool:
-    """A marker that gathers a tensor split over a real dimension into a duplicated one
-    (under sequence parallelism; ``hspmd.runtime.regather`` keeps the shard for backward)."""
-    real = any(deg > 1 and dim >= 0 for ds in src.states for dim, deg in ds.entries)
-    return real and not _is_split(dst)
-
-
-@functools.lru_cache(maxsize=16)
-def _split_nodes(
-    model: ModelSpec, probe: int, seq_len: int, sp: bool
-) -> tuple[frozenset[str], tuple[tuple[int, CommItem], ...], bool, frozenset[str]]:
-    """(nodes that run split, the TP collectives by part, whether the loss is vocab-parallel,
-    nodes whose output is split: what autograd keeps of them is a shard) from deducing the
-    graph as one stage of TP ``probe``."""
-    if probe == 1:
-        return frozenset(), (), False, frozenset()
-    from hspmd.specialize.cut import deduce_pipeline
-
-    last = model.num_layers - 1
-    strategy = parse_strategy(f"1x1: R0-{probe - 1}:L0-{last}")
-    options = StrategyOptions(sequence_parallel=sp)
-    try:
-        ag = deduce_pipeline(model, strategy.pipelines[0], options, seq_len=seq_len)
-    except HspmdError as error:
-        if sp:  # no sequence parallelism for this model: it splits as without
-            plain, plain_comm, plain_vocab, plain_out = _split_nodes(model, probe, seq_len, False)
-            as_sp = tuple(
-                (p, dataclasses.replace(c, sequence_parallel=True)) for p, c in plain_comm
-            )
-            return plain, as_sp, plain_vocab, plain_out
-        raise ModelSpecError(
-            f"{model.name}: hspmd cannot cost it, deducing it at TP {probe} failed: {error}"
-        ) from error
-    gm = ag.module
-    found, outputs = set(), set()
-    for node in gm.graph.nodes:
-        if _is_split(ag.annotations.get(node.name)):
-            outputs.add(node.name)
-        if node.op == "call_function" or node.op == "call_method" or node.op == "call_module":
-            names = [node.name, *(n.name for n in node.all_input_nodes)]
-            if any(_is_split(ag.annotations.get(n)) for n in names):
-                found.add(node.name)
-    parts = _parts(model_graph(model), model)
-    tokens = seq_len  # the deduction's micro-batch: 1 sequence of seq_len tokens
-    comm: list[tuple[int, CommItem]] = []
-    for site in ag.reshards:
-        if _is_gather(site.src, site.dst):  # backward gathers it again: a shard is kept
-            outputs.add(site.node_name)
-        part = parts.get(site.node_name, POST)
-        per_token = math.prod(site.shape) / tokens
-        plans = [(False, site.src, site.dst)]
-        if site.grad_out is not None and site.grad_in is not None:
-            plans.append((True, site.grad_out, site.grad_in))
-        for backward, src, dst in plans:
-            comm += _collectives(part, backward, sp, src, dst, site.shape, per_token)
-    for align in ag.alignments:
-        part = parts.get(align.source, POST)
-        per_token = math.prod(align.shape) / tokens
-        comm += _collectives(part, True, sp, align.grad_from, align.grad_to, align.shape, per_token)
-    vocab = False
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in LOSSES:
-            logits = node.args[0]
-            if isinstance(logits, torch.fx.Node) and _is_split(ag.annotations.get(logits.name)):
-                vocab = True
-                item = CommItem("all-reduce", False, sp, 3.0, Amount(1.0), fp32=True)
-                comm.append((POST, item))
-    return frozenset(found), tuple(comm), vocab, frozenset(outputs)
-
-
-def _collectives(
-    part: int, backward: bool, sp: bool, src: Annotation, dst: Annotation,
-    shape: tuple[int, ...], per_token: float,
-) -> list[tuple[int, CommItem]]:  # fmt: skip
-    from hspmd.comm.resolve import resolve
-
-    out = []
-    for kind in resolve(src, dst, shape).kinds:
-        if kind in COLLECTIVES:
-            out.append((part, CommItem(kind, backward, sp, 1.0, Amount(per_token))))
-    return out
 
 
 def _attention_kind(target: Any) -> str | None:

@@ -56,7 +56,8 @@ def trains_sequence_parallel(model: ModelSpec) -> bool:
 
 def trains_context_parallel(model: ModelSpec) -> bool:
     """Whether the planner may choose context parallelism for ``model``: its cost function
-    prices it (a captured model trains under CP, but its measured cost covers TP only)."""
+    prices it (a captured model's figures do where its graph deduces as a CP stage:
+    ``hspmd.cost.splits``)."""
     cost = model.cost
     return cost is not None and cost.context_parallel
 

@@ -151,20 +151,28 @@ class WorkItem:
     """Ops of one cost line (``matmul``, ``attention``: FLOPs; ``norm``, ``elementwise``:
     elements written; ``saved``: elements autograd keeps for the backward) in one part of
     the model: ``calls`` ops in all, ``split`` if they run on tensors split (or partial)
-    under TP, so each rank does ``1/t``; ``split_sp`` the same under sequence parallelism."""
+    under TP, so each rank does ``1/t``; ``split_sp`` the same under sequence parallelism;
+    ``split_cp`` under context parallelism (the sequence, or the heads after the
+    all-to-all: ``1/c`` each)."""
 
     line: str
     split: bool
     split_sp: bool
     calls: float
     units: Amount
+    split_cp: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class CommItem:
     """TP collectives of one part: ``calls`` of ``kind`` moving ``elements`` in all (the
     whole tensor, as ``LinkCost.seconds`` takes it), in the backward or the forward, with
-    or without sequence parallelism; ``fp32`` where they move fp32 whatever the dtype."""
+    or without sequence parallelism; ``fp32`` where they move fp32 whatever the dtype.
+
+    With ``cp`` they are a context-parallel stage's own, over its CP groups (``elements``:
+    the global tensor; an all-to-all moves a rank's ``1/c`` piece, a gather the whole),
+    on ``1/t`` of it where TP splits it too (``split_tp``); a TP collective on a tensor
+    CP splits (``split_cp``) moves ``1/c`` of it there."""
 
     kind: str
     backward: bool
@@ -172,6 +180,20 @@ class CommItem:
     calls: float
     elements: Amount
     fp32: bool = False
+    cp: bool = False
+    split_cp: bool = False
+    split_tp: bool = False
+
+    def seconds(
+        self, link: LinkLines, cp_link: LinkLines, *, b: int, s: int, tp: int, cp: int, elt: int
+    ) -> float:
+        """Seconds of one call on a stage of TP ``tp`` x CP ``cp`` (``link``: its TP
+        groups', ``cp_link`` its CP groups')."""
+        nbytes = self.elements.at(b, s) * (4 if self.fp32 else elt) / self.calls
+        if not self.cp:
+            return link.seconds(self.kind, nbytes / (cp if self.split_cp else 1), tp)
+        nbytes /= (tp if self.split_tp else 1) * (cp if self.kind == "all-to-all" else 1)
+        return cp_link.seconds(self.kind, nbytes, cp)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,28 +208,29 @@ class PartCost:
     params_dup: float = 0.0  # parameters every TP rank holds whole
 
     def seconds(
-        self, device: ComputeLines, link: LinkLines, *, b: int, s: int, tp: int, elt: int,
-        sp: bool,
+        self, device: ComputeLines, links: tuple[LinkLines, LinkLines], *, b: int, s: int,
+        tp: int, elt: int, sp: bool, cp: int = 1,
     ) -> tuple[float, float, float, float, float]:  # fmt: skip
         """(forward compute, backward compute, forward comm, backward comm, the forward's
         all-gathers under sequence parallelism: backward runs them again where the layer
         keeps its activations): each cost line's calls share its units evenly (the lines are
-        affine, so this is the sum of the calls), split lines divided by ``tp``, the
-        backward twice the forward."""
+        affine, so this is the sum of the calls), split lines divided by ``tp`` (and by
+        ``cp``), the backward twice the forward. ``links``: the TP groups' and the CP
+        groups' (``CommItem.seconds``)."""
         fwd = bwd = fwd_comm = bwd_comm = gathers = 0.0
         for w in self.work:
             if w.calls <= 0:
                 continue
             units = w.units.at(b, s) / (tp if (w.split_sp if sp else w.split) else 1)
+            units /= cp if w.split_cp else 1
             if w.line in ("norm", "elementwise"):
                 units *= elt  # elements -> bytes
             fwd += w.calls * device.seconds(w.line, units / w.calls)
             bwd += w.calls * device.seconds(w.line, 2 * units / w.calls)
         for c in self.comm:
-            if c.sequence_parallel != sp or c.calls <= 0:
+            if c.sequence_parallel != sp or c.calls <= 0 or (c.cp and cp == 1):
                 continue
-            nbytes = c.elements.at(b, s) * (4 if c.fp32 else elt)
-            seconds = c.calls * link.seconds(c.kind, nbytes / c.calls, tp)
+            seconds = c.calls * c.seconds(*links, b=b, s=s, tp=tp, cp=cp, elt=elt)
             if c.backward:
                 bwd_comm += seconds
             else:
@@ -220,12 +243,12 @@ class PartCost:
 class ModelCost:
     """What a model costs per micro-batch, part by part (docs/planner.md, "Any model"):
     measured from its graph on the meta device at ``lengths``, split by deducing it at
-    TP ``probe`` (1: nothing splits). ``vocab_split``: the loss reads vocab-split logits;
+    TP ``probe`` (1: nothing splits) and at CP ``cp_probe`` (1: the model takes no CP, and
+    the planner offers none). ``vocab_split``: the loss reads vocab-split logits;
     ``hidden_size``: the width of the stream between blocks (what a stage sends on).
 
     A captured model's runs keep the stream whole (``TrainConfig`` refuses sequence
-    parallelism for them), so the planner does not choose it, and the figures cover TP
-    only (``cp`` is not priced)."""
+    parallelism for them), so the planner does not choose it."""
 
     pre: PartCost
     layer: PartCost
@@ -234,6 +257,7 @@ class ModelCost:
     probe: int
     lengths: tuple[int, ...]
     hidden_size: int
+    cp_probe: int = 1
 
     @property
     def sequence_parallel(self) -> bool:
@@ -241,7 +265,7 @@ class ModelCost:
 
     @property
     def context_parallel(self) -> bool:
-        return False  # the figures cover TP only
+        return self.cp_probe > 1
 
     def part_params(self) -> tuple[int, int, int]:
         parts = (self.pre, self.layer, self.post)
@@ -266,19 +290,22 @@ class ModelCost:
     ) -> StageWork:
         """Per part from the measured figures (``PartCost.seconds``); the layers' forward
         again in backward for the recomputed share."""
-        b, s, tp, elt, sp = shape.b, shape.s, shape.tp, shape.element_bytes, shape.sequence_parallel
-        redo = shape.recomputed
-        lf, lb, lfc, lbc, lg = self.layer.seconds(device, link, b=b, s=s, tp=tp, elt=elt, sp=sp)
+        b, s, cp, redo, elt = shape.b, shape.s, shape.cp, shape.recomputed, shape.element_bytes
+
+        def priced(part: PartCost) -> tuple[float, float, float, float, float]:
+            return part.seconds(device, (link, cp_link), b=b, s=s, tp=shape.tp, elt=elt,
+                                sp=shape.sequence_parallel, cp=cp)  # fmt: skip
+
+        lf, lb, lfc, lbc, lg = priced(self.layer)
         fwd, bwd = shape.num_layers * lf, shape.num_layers * lb
         fwd_comm, bwd_comm = shape.num_layers * lfc, shape.num_layers * (lbc + (1 - redo) * lg)
         bwd += redo * fwd
         bwd_comm += redo * fwd_comm
         for part, here in ((self.pre, shape.first), (self.post, shape.last)):
             if here:
-                pf, pb, pfc, pbc, pg = part.seconds(device, link, b=b, s=s, tp=tp, elt=elt, sp=sp)
+                pf, pb, pfc, pbc, pg = priced(part)
                 fwd, bwd, fwd_comm = fwd + pf, bwd + pb, fwd_comm + pfc
                 bwd_comm += pbc + pg
         comm = fwd_comm + bwd_comm
-        return StageWork(
-            fwd + fwd_comm, bwd + bwd_comm, comm, b * s * self.hidden_size * elt, fwd_comm
-        )
+        sent = b * s * self.hidden_size * elt / cp  # the stream is split on the sequence
+        return StageWork(fwd + fwd_comm, bwd + bwd_comm, comm, sent, fwd_comm)

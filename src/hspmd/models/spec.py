@@ -322,11 +322,13 @@ class ModuleModel:
         return self.marker_specs
 
     def tp_sizes(self, first_layer: int, last_layer: int) -> dict[str, int]:
-        """The split dim of every column, row and vocab parameter of those layers."""
+        """The split dim of every column, row and vocab parameter those layers' stage holds
+        (a head tied to the embedding on the last layer's too: ``param_layers``)."""
         return {
             f"{p.name} dim {int(p.kind == 'row')}": p.shape[int(p.kind == "row")]
             for p in self.params
-            if p.kind != "replicate" and first_layer <= p.layer <= last_layer
+            if p.kind != "replicate"
+            and any(first_layer <= layer <= last_layer for layer in self.param_layers(p.name))
         }
 
     def config_digest(self) -> str:

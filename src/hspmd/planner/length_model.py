@@ -23,7 +23,7 @@ from typing import Any
 from hspmd.cost.lines import CostModel
 from hspmd.cost.stage import stage_params, stage_work, trains_context_parallel
 from hspmd.errors import HspmdError
-from hspmd.models.spec import ModelSpec
+from hspmd.models.spec import HEADS, ModelSpec
 from hspmd.plan.strategy import Pipeline, Stage, Strategy, StrategyOptions
 from hspmd.planner.closed_form import PLAN_HEADROOM, split_evenly
 from hspmd.planner.memory import rank_memory
@@ -253,20 +253,22 @@ def pipe_configs(
 
 def _tp_cp(config: ModelSpec, node: int, *, context_parallel: bool) -> list[tuple[int, int]]:
     """``(tp, cp)`` pairs of powers of two: ``tp`` dividing every size the model's TP must
-    divide (``tp_sizes``), ``tp * cp`` within ``node`` and, for ``cp > 1``, dividing the
-    heads of every attention tensor (the ``heads`` markers: split TP x CP ways there); a
-    model that states no heads takes no CP, nor one whose cost does not price it (a
-    captured module trains under CP, but its measured cost covers TP only)."""
+    divide (``tp_sizes``), ``tp * cp`` within ``node`` and, for ``cp > 1``, the heads of
+    every attention-head marker split as ``check_strategy`` splits them (``heads`` over
+    TP x CP, ``cp_heads``, which TP leaves whole, over CP). A model without such markers
+    takes no CP, nor one whose cost function does not price it (``context_parallel``)."""
     sizes = list(config.tp_sizes(0, config.num_layers - 1).values())
     priced = trains_context_parallel(config)
-    heads = [m.trailing[0] for m in config.markers() if m.placement == "heads" and priced]
+    heads = [(m.trailing[0], m.placement == "heads") for m in config.markers()
+             if m.placement in HEADS and priced]  # fmt: skip
     out = []
     tp = 1
     while tp <= node and all(n % tp == 0 for n in sizes):
         cp = 1
         while tp * cp <= node:
-            degree = tp * cp
-            if cp == 1 or (heads and all(n % degree == 0 for n in heads)):
+            if cp == 1 or (
+                heads and all(n % ((tp if by_tp else 1) * cp) == 0 for n, by_tp in heads)
+            ):
                 out.append((tp, cp))
             if not context_parallel:
                 break

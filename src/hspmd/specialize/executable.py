@@ -73,7 +73,7 @@ from hspmd.specialize.cut import ExecutableError, cut, deduce_pipeline, locate
 from hspmd.specialize.dropout import counter_call
 from hspmd.specialize.grad_sync import StageGradSync, stage_grad_sync
 from hspmd.specialize.localize import local_view_sizes, vocab_parallel_embedding
-from hspmd.specialize.loss import VocabParallelLoss, vocab_shard
+from hspmd.specialize.loss import CROSS_ENTROPY, VocabParallelLoss, vocab_shard
 from hspmd.specialize.recompute import checkpoint_layers, layer_of
 
 __all__ = [
@@ -308,7 +308,7 @@ class _Builder:
             self.embedding(node)
         elif node.target is aten.embedding.default:
             self.embedding(node, weight_first=True)
-        elif node.target in (F.cross_entropy, aten.cross_entropy_loss.default):
+        elif node.target in CROSS_ENTROPY:
             self.cross_entropy(node)
         else:
             self.env[node] = self.graph.node_copy(node, self.env.__getitem__)

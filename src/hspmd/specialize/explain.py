@@ -1,8 +1,9 @@
 """What each rank would run under a strategy, computed from metadata only.
 
 ``explain(config, strategy, options, seq_len=...)`` resolves every reshard site's forward
-and backward plan and every parameter's gradient sync, constructs the pipelines from the
-forward communication (checked against the strategy), and summarizes each rank: its
+and backward plan, the vocab-parallel loss's all-reduces (``loss_sites``) and every
+parameter's gradient sync, constructs the pipelines from the forward communication
+(checked against the strategy), and summarizes each rank: its
 pipeline and stage, op count, held parameters, communication ops by kind, and schedule.
 Nothing is allocated: the graph is traced on the meta device.
 
@@ -44,7 +45,13 @@ from hspmd.plan.params import lock_step, state_annotations
 from hspmd.plan.strategy import Strategy, StrategyOptions
 from hspmd.specialize.pipeline import PipelineLayout, check_pipelines, construct_pipelines
 from hspmd.specialize.schedule import make_schedule
-from hspmd.specialize.sites import ParamLayout, deduced_sites, marker_params, marker_sites
+from hspmd.specialize.sites import (
+    ParamLayout,
+    deduced_sites,
+    marker_loss_sites,
+    marker_params,
+    marker_sites,
+)
 
 __all__ = ["Explanation", "RankSummary", "Traffic", "explain", "steps_by_rank", "traffic"]
 
@@ -291,10 +298,10 @@ def explain(
     fallbacks: tuple[str, ...] = ()
     if config.markers_complete and not by_deduction:
         sites = marker_sites(strategy, config, options, seq_len=seq_len)
-        params = marker_params(strategy, config, options)
+        sites, params = sites + marker_loss_sites(sites), marker_params(strategy, config, options)
     else:
         found = deduced_sites(strategy, config, options, seq_len=seq_len)
-        sites, params, ops = found.sites, found.params, found.num_ops
+        sites, params, ops = found.sites + found.loss, found.params, found.num_ops
         fallbacks = found.fallbacks
     forward = [(s.name, s.forward_plan()) for s in sites]
     layout = construct_pipelines(forward, ranks=strategy.ranks)

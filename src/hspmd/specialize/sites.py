@@ -30,6 +30,12 @@ split on dim 2.) On a stage of context-parallel degree c every DS gains the CP a
 first block input and in the post part (whole rows); heads markers go from ``{2:t,1:c}``
 to ``{2:tc}`` (the all-to-all) and a split marker inside a layer back.
 
+A vocab-parallel cross-entropy (logits split on the classes) is no marker, but it
+communicates in the forward pass: three all-reduces of one value per token over the ranks
+sharing the tokens (``hspmd.specialize.loss``). ``loss_sites`` gives them as sites
+(``{P:g}`` to ``{D:g}`` over each such group, backward an identity), so that what explains
+a strategy sees every collective the executable runs, the pipelines' stages included.
+
 Across pipelines every activation is ``h0(b0,b1,..)``: dim 0 (batch) cut into the
 pipelines' micro-batch sizes, one subgroup per pipeline (the ranks of the stage holding
 that layer there). Parameters are ``hD`` over the pipelines, and their gradients ``hP``.
@@ -39,6 +45,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch.fx
+
 from hspmd.annotation import DUP, PARTIAL, Annotation, DeviceGroup, DistributedStates
 from hspmd.comm.plan import CommPlan
 from hspmd.comm.resolve import resolve
@@ -47,9 +55,11 @@ from hspmd.models.spec import MarkerSpec, ModelSpec
 from hspmd.plan.params import stage_states
 from hspmd.plan.schema import residual_dim
 from hspmd.plan.strategy import Stage, Strategy, StrategyOptions
+from hspmd.specialize.loss import CROSS_ENTROPY, vocab_loss_groups
 
 __all__ = [
-    "DeducedSites", "ParamLayout", "Site", "deduced_sites", "marker_params", "marker_sites",
+    "DeducedSites", "ParamLayout", "Site", "deduced_sites", "loss_sites", "marker_loss_sites",
+    "marker_params", "marker_sites",
 ]  # fmt: skip
 
 
@@ -194,6 +204,47 @@ def marker_params(
     return out
 
 
+LOSS_REDUCTIONS = ("max", "sum", "target")
+"""The vocab-parallel loss's all-reduces, in order: the max logit, the sum of the
+exponentials, the target's logit (``hspmd.runtime.vocab_loss``)."""
+
+
+def loss_sites(logits: Annotation, shape: tuple[int, ...], *, class_dim: int) -> tuple[Site, ...]:
+    """The all-reduces of the vocab-parallel cross-entropy of logits annotated ``logits``
+    (global ``shape``, classes on ``class_dim``) as sites named ``loss.max``, ``loss.sum``,
+    ``loss.target``: each group's per-token values (``(tokens,)``), partial to duplicate in
+    forward, nothing in backward (each rank's logits gradient is its own slice's). None
+    where every rank holds all the classes."""
+    out = []
+    for group, tokens in vocab_loss_groups(logits, shape, class_dim=class_dim).items():
+        ranks = (DeviceGroup(group),)
+        partial = Annotation(ranks, (_ds((PARTIAL, len(group))),))
+        whole = Annotation(ranks, (_ds((DUP, len(group))),))
+        out += [Site(f"loss.{r}", (tokens,), partial, whole, whole, whole) for r in LOSS_REDUCTIONS]
+    return tuple(out)
+
+
+def marker_loss_sites(sites: tuple[Site, ...]) -> tuple[Site, ...]:
+    """``loss_sites`` of a ``markers_complete`` model, whose last marker is the logits its
+    loss reads, classes last (the Llama's ``logits``, ``(B, T, V)``)."""
+    logits = sites[-1]
+    return loss_sites(logits.dst, logits.shape, class_dim=len(logits.shape) - 1)
+
+
+def _graph_loss_sites(ag: AnnotatedGraph) -> tuple[Site, ...]:
+    """``loss_sites`` of every cross-entropy of a deduced graph whose logits ``(tokens,
+    classes)`` are split on the classes: the executable's vocab-parallel losses."""
+    out: list[Site] = []
+    for node in ag.module.graph.nodes:
+        if node.target not in CROSS_ENTROPY or not isinstance(node.args[0], torch.fx.Node):
+            continue
+        logits = node.args[0].name
+        ann = ag.annotations.get(logits)
+        if ann is not None and len(ag.shape(logits)) == 2:
+            out += loss_sites(ann, ag.shape(logits), class_dim=1)
+    return tuple(out)
+
+
 @dataclass(frozen=True, slots=True)
 class DeducedSites:
     """What ``deduced_sites`` found: every pipeline's sites (forward order, pipeline after
@@ -203,6 +254,7 @@ class DeducedSites:
     params: dict[str, ParamLayout]
     num_ops: dict[tuple[int, int], int]
     fallbacks: tuple[str, ...] = ()  # one line per op computed whole on gathered inputs
+    loss: tuple[Site, ...] = ()  # the vocab-parallel losses' all-reduces (loss_sites)
 
 
 def deduced_sites(
@@ -219,9 +271,11 @@ def deduced_sites(
     inner: dict[tuple[str, tuple[int, ...]], DistributedStates] = {}
     num_ops: dict[tuple[int, int], int] = {}
     fallbacks: list[str] = []
+    loss: list[Site] = []
     for p, pipeline in enumerate(strategy.pipelines):
         ag = deduce_pipeline(config, pipeline, options, seq_len=seq_len)
         fallbacks += [fallback_line(ag, f, pipeline=p) for f in ag.fallbacks]
+        loss += _graph_loss_sites(ag)
         for site in ag.reshards:
             grad_out = site.dst if site.grad_out is None else site.grad_out
             grad_in = site.dst if site.grad_in is None else site.grad_in
@@ -245,7 +299,7 @@ def deduced_sites(
         )
         hdim = PARTIAL if ann.hsize > 1 else DUP
         params[name] = ParamLayout(name, spec.shape, ann, Annotation(ann.groups, states, hdim=hdim))
-    return DeducedSites(tuple(sites), params, num_ops, tuple(fallbacks))
+    return DeducedSites(tuple(sites), params, num_ops, tuple(fallbacks), tuple(loss))
 
 
 def fallback_line(ag: AnnotatedGraph, fallback: Fallback, *, pipeline: int) -> str:
