@@ -5,7 +5,9 @@ Which branch a pair takes, first match wins::
     src == dst                                   identity (no steps)
     same hsize, hdim and part sizes              bottom tier, per subgroup (bottom.py)
     same hsize and DG union, hdim differs        bottom steps to the dst DS (Figure 10),
-                                                 then one split collective (top.py)
+                                                 then one top-tier step (top.py): a plain
+                                                 collective where the subgroups' pieces
+                                                 line up, else a split collective
     anything else                                reduce partials (all-reduce, then
                                                  split-all-reduce for hP), BSR over the
                                                  finest slices, zero non-first summands
@@ -16,6 +18,8 @@ Collectives are preferred wherever they apply; BSR is the fallback. Examples::
     >>> resolve(A("[0,1,2,3]{0:4}"), A("[0,1,2,3]{D:4}"), (8, 4)).kinds
     ('all-gather',)
     >>> resolve(A("h0: [0,1]{1:2} [2,3]{1:2}"), A("hD: [0,1]{1:2} [2,3]{1:2}"), (8, 12)).kinds
+    ('all-gather',)
+    >>> resolve(A("h0(2,6): [0,1]{1:2} [2,3]{1:2}"), A("hD: [0,1]{1:2} [2,3]{1:2}"), (8, 12)).kinds
     ('split-all-gather',)
     >>> resolve(A("[0,1,2,3]{P:2,0:2}"), A("h0: [0,1]{D:2} [2,3]{1:2}"), (8, 12)).kinds
     ('all-reduce', 'bsr')
