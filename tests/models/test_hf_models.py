@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hspmd.models.build import plain_model, step_loss
 from hspmd.models.module import load_model
 from hspmd.plan.strategy import StrategyOptions, parse_strategy
 from hspmd.specialize.executable import build_executable
@@ -262,3 +263,22 @@ def test_bf16_runs_the_graph_captured_in_bf16_from_fp32_initial_weights(source: 
     want = exes["fp32"].forward(tokens, tokens.roll(-1, 1))
     assert abs(loss.item() - want.item()) < 0.05 * want.item(), (loss, want)
     assert all(p.grad is not None and p.grad.dtype == torch.bfloat16 for p in exe.params.values())
+
+
+def test_a_mixture_of_experts_captures_its_routing_and_its_routers_gradient() -> None:
+    """HF Mixtral on one rank: loss and every gradient equal to its eager step. Before: the
+    router's ``topk`` outputs read as constants (its weight had no gradient), and the
+    capture on meta took ``grouped_mm``'s GPU branch (``histc`` on ints, refused on CPU)."""
+    model = load_model(f"{HF}:mixtral")
+    strategy = parse_strategy("1x1: R0:L0-0")
+    exe = build_executable(model, strategy, StrategyOptions(), 0, seq_len=8, seed=0)
+    tokens = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(0))
+    loss = exe.forward(tokens, tokens.roll(-1, 1))
+    loss.backward()
+    plain = plain_model(model, seed=0)
+    want = step_loss(model, plain, tokens, tokens.roll(-1, 1))
+    want.backward()
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=0)
+    for name, param in plain.named_parameters():
+        torch.testing.assert_close(exe.params[name].grad, param.grad, rtol=1e-4, atol=1e-6)
+    assert exe.params["model.layers.0.mlp.gate.weight"].grad.abs().sum() > 0
