@@ -275,8 +275,8 @@ def forward_annotations(
             inputs[node.name] = (node.args[0].name,)
         elif (source := multi_output_source(node, info)) is not None:
             _refuse_seeded_random(source)
-            ann, data = _part(source, info, known, wholes, fallbacks)
-            inputs[node.name] = tuple(n.name for n in data)
+            ann, read = _part(source, info, known, wholes, fallbacks)
+            inputs[node.name] = tuple(n.name for n in read)
         else:
             _refuse_seeded_random(node)
             entry = lookup(node.target)
