@@ -282,3 +282,26 @@ def test_a_mixture_of_experts_captures_its_routing_and_its_routers_gradient() ->
     for name, param in plain.named_parameters():
         torch.testing.assert_close(exe.params[name].grad, param.grad, rtol=1e-4, atol=1e-6)
     assert exe.params["model.layers.0.mlp.gate.weight"].grad.abs().sum() > 0
+
+
+def test_kv_heads_repeated_for_a_masked_attention_are_marked_before_the_repeat() -> None:
+    """With a mask (a sliding window shorter than the longest sequence), transformers
+    repeats k and v to every head (``repeat_kv``) before SDPA; their markers stand on the
+    KV heads' view, before RoPE and the repeat. Before: after the repeat, so k's RoPE ran
+    on the sequence split and gathered k under CP (Mistral, Gemma-3)."""
+    from hspmd.markers import is_reshard_node
+    from hspmd.models.module import model_graph
+
+    gm = model_graph(load_model(f"{HF}:mistral", {"sliding_window": 8}))
+    aten = torch.ops.aten
+    assert any(n.target is aten.expand.default for n in gm.graph.nodes)  # repeat_kv is there
+    shapes = {
+        n.args[1].rsplit(".", 1)[1]: tuple(n.args[0].args[0].meta["val"].shape)
+        for n in gm.graph.nodes if is_reshard_node(n) and ".self_attn." in n.args[1]
+        and n.args[1].startswith("model.layers.0.")
+    }  # fmt: skip
+    assert shapes["q"][1] == 4 and shapes["k"][1] == shapes["v"][1] == 2, shapes
+    marker = next(
+        n for n in gm.graph.nodes if is_reshard_node(n) and n.args[1].endswith("0.self_attn.k")
+    )
+    assert marker.args[0].args[0].args[0].target is aten.view.default  # the entry, before RoPE
