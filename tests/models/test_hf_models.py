@@ -305,3 +305,18 @@ def test_kv_heads_repeated_for_a_masked_attention_are_marked_before_the_repeat()
         n for n in gm.graph.nodes if is_reshard_node(n) and n.args[1].endswith("0.self_attn.k")
     )
     assert marker.args[0].args[0].args[0].target is aten.view.default  # the entry, before RoPE
+
+
+def test_packed_documents_rotary_tables_run_after_the_head_markers() -> None:
+    """Packed, RoPE's tables come from positions restarting per document (from
+    ``segments``, an input every rank holds whole), not from sizes alone; the q and k
+    markers still stand before RoPE. Before: after it, and under CP RoPE gathered q and k
+    (8 fallbacks per step for HF Starcoder2 under ``:C2``)."""
+    from hspmd.markers import is_reshard_node
+    from hspmd.models.module import model_graph
+
+    gm = model_graph(load_model(f"{HF}:llama", packed=True))
+    for role in ("q", "k"):
+        marker = next(n for n in gm.graph.nodes
+                      if is_reshard_node(n) and n.args[1] == f"model.layers.0.self_attn.{role}")  # fmt: skip
+        assert marker.args[0].args[0].args[0].target is torch.ops.aten.view.default, role

@@ -55,11 +55,14 @@ def _shape(node: object) -> str | None:
 
 
 def _constants(graph: torch.fx.Graph) -> set[torch.fx.Node]:
-    """Nodes made from sizes and buffers only (RoPE's tables, ``arange(T)``): deduction's
-    constants (``hspmd.deduce.forward``)."""
+    """Nodes made from sizes, buffers and the step's inputs only (RoPE's tables, also from
+    packed documents' restarting positions; ``arange(T)``): what every rank of a stage
+    holds whole, the stream never mixed in."""
     out: set[torch.fx.Node] = set()
     for node in graph.nodes:
-        if node.op == "get_attr":
+        if node.op == "placeholder":  # tokens, targets, segments: whole on every rank
+            out.add(node)
+        elif node.op == "get_attr":
             if not isinstance(_attr(node), torch.nn.Parameter):
                 out.add(node)
         elif node.op == "call_function" and all(
