@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -47,3 +49,33 @@ def test_an_op_without_a_rule_gathers_its_split_input() -> None:
 def test_strict_deduction_refuses_instead() -> None:
     with pytest.raises(NoRuleError, match="cumsum"):
         _run(strict=True)
+
+
+class Router(nn.Module):
+    """A mixture-of-experts router: its weight's gradient flows through ``topk``'s values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Parameter(torch.ones(8, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        values, indices = torch.topk(F.linear(x, self.gate), 2)
+        return (values * indices).sum()
+
+
+def test_an_op_with_several_outputs_runs_whole_and_passes_gradients() -> None:
+    ag = deduce(
+        Router(),
+        input_annotations={"x": A("[0,1]{D:2}")},
+        param_annotations={"gate": A("[0,1]{0:2}")},  # the scores split over the experts
+        marker_annotations={},
+        input_shapes={"x": (3, 4)},
+        input_dtypes={"x": torch.float32},
+    )
+    (fallback,) = ag.fallbacks  # topk of a slice of the experts would pick other ones
+    assert fallback.op == "torch.topk" and fallback.gathered == ("linear",)
+    values, indices = (n.name for n in ag.module.graph.nodes if n.target is operator.getitem)
+    assert str(ag.annotations[values]) == str(ag.annotations[indices]) == "[0,1]{D:2}"
+    assert ag.inputs[values] == ("reshard",)  # the gather marker: the gradient reaches gate
+    gate = next(n for n, name in ag.params.items() if name == "gate")
+    assert str(ag.grads[gate]) == "[0,1]{0:2}"  # was none: topk's outputs read as constants

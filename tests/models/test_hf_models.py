@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hspmd.models.build import plain_model, step_loss
 from hspmd.models.module import load_model
 from hspmd.plan.strategy import StrategyOptions, parse_strategy
 from hspmd.specialize.executable import build_executable
@@ -262,3 +263,60 @@ def test_bf16_runs_the_graph_captured_in_bf16_from_fp32_initial_weights(source: 
     want = exes["fp32"].forward(tokens, tokens.roll(-1, 1))
     assert abs(loss.item() - want.item()) < 0.05 * want.item(), (loss, want)
     assert all(p.grad is not None and p.grad.dtype == torch.bfloat16 for p in exe.params.values())
+
+
+def test_a_mixture_of_experts_captures_its_routing_and_its_routers_gradient() -> None:
+    """HF Mixtral on one rank: loss and every gradient equal to its eager step. Before: the
+    router's ``topk`` outputs read as constants (its weight had no gradient), and the
+    capture on meta took ``grouped_mm``'s GPU branch (``histc`` on ints, refused on CPU)."""
+    model = load_model(f"{HF}:mixtral")
+    strategy = parse_strategy("1x1: R0:L0-0")
+    exe = build_executable(model, strategy, StrategyOptions(), 0, seq_len=8, seed=0)
+    tokens = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(0))
+    loss = exe.forward(tokens, tokens.roll(-1, 1))
+    loss.backward()
+    plain = plain_model(model, seed=0)
+    want = step_loss(model, plain, tokens, tokens.roll(-1, 1))
+    want.backward()
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=0)
+    for name, param in plain.named_parameters():
+        torch.testing.assert_close(exe.params[name].grad, param.grad, rtol=1e-4, atol=1e-6)
+    assert exe.params["model.layers.0.mlp.gate.weight"].grad.abs().sum() > 0
+
+
+def test_kv_heads_repeated_for_a_masked_attention_are_marked_before_the_repeat() -> None:
+    """With a mask (a sliding window shorter than the longest sequence), transformers
+    repeats k and v to every head (``repeat_kv``) before SDPA; their markers stand on the
+    KV heads' view, before RoPE and the repeat. Before: after the repeat, so k's RoPE ran
+    on the sequence split and gathered k under CP (Mistral, Gemma-3)."""
+    from hspmd.markers import is_reshard_node
+    from hspmd.models.module import model_graph
+
+    gm = model_graph(load_model(f"{HF}:mistral", {"sliding_window": 8}))
+    aten = torch.ops.aten
+    assert any(n.target is aten.expand.default for n in gm.graph.nodes)  # repeat_kv is there
+    shapes = {
+        n.args[1].rsplit(".", 1)[1]: tuple(n.args[0].args[0].meta["val"].shape)
+        for n in gm.graph.nodes if is_reshard_node(n) and ".self_attn." in n.args[1]
+        and n.args[1].startswith("model.layers.0.")
+    }  # fmt: skip
+    assert shapes["q"][1] == 4 and shapes["k"][1] == shapes["v"][1] == 2, shapes
+    marker = next(
+        n for n in gm.graph.nodes if is_reshard_node(n) and n.args[1].endswith("0.self_attn.k")
+    )
+    assert marker.args[0].args[0].args[0].target is aten.view.default  # the entry, before RoPE
+
+
+def test_packed_documents_rotary_tables_run_after_the_head_markers() -> None:
+    """Packed, RoPE's tables come from positions restarting per document (from
+    ``segments``, an input every rank holds whole), not from sizes alone; the q and k
+    markers still stand before RoPE. Before: after it, and under CP RoPE gathered q and k
+    (8 fallbacks per step for HF Starcoder2 under ``:C2``)."""
+    from hspmd.markers import is_reshard_node
+    from hspmd.models.module import model_graph
+
+    gm = model_graph(load_model(f"{HF}:llama", packed=True))
+    for role in ("q", "k"):
+        marker = next(n for n in gm.graph.nodes
+                      if is_reshard_node(n) and n.args[1] == f"model.layers.0.self_attn.{role}")  # fmt: skip
+        assert marker.args[0].args[0].args[0].target is torch.ops.aten.view.default, role

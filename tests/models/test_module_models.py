@@ -136,6 +136,23 @@ def test_a_bad_tp_rule_is_one_line(tmp_path: Path) -> None:
         load_model(_write(tmp_path, CUMSUM.replace("KIND", "colum"), "bad_rule"))
 
 
+SCAN = CUMSUM.replace(
+    "return x + torch.cumsum(self.up(x), dim=1)",
+    """state, states = torch.zeros_like(x[:, 0]), []
+            for t in range(x.shape[1]):  # a scan over positions, as Mamba's on CPU
+                state = 0.5 * state + self.up(x[:, t])
+                states.append(state)
+            return x + torch.stack(states, dim=1)""",
+)
+
+
+def test_a_forward_unrolled_over_positions_is_one_line(tmp_path: Path) -> None:
+    """Captured at one length, such a graph fails at another: refused naming the loop's
+    line (before: a torch traceback from the marker-shape run)."""
+    with pytest.raises(ModelSpecError, match=r"scan.py:15: .*a Python loop over positions"):
+        load_model(_write(tmp_path, SCAN.replace("KIND", "column"), "scan"))
+
+
 def _equal(model: str, strategy: str, kwargs: dict[str, object], batch: int) -> None:
     config = train_config(model=model, model_kwargs=tuple(kwargs.items()), strategy=strategy,
                          global_batch=batch, seq_len=16, steps=2)  # fmt: skip

@@ -28,6 +28,7 @@ from hspmd.deduce.axes import (
     common_degrees,
     merge_axes,
 )
+from hspmd.deduce.parts import TUPLE_WHY, multi_output_source, whole_part
 from hspmd.deduce.rules import (
     DeductionError,
     NoRuleError,
@@ -258,6 +259,7 @@ def forward_annotations(
     inputs: dict[str, tuple[str, ...]] = {}
     memo: dict[Any, Annotation] = {}
     fallbacks: list[Fallback] = []
+    wholes: dict[str, tuple[str, ...]] = {}  # ops with several outputs: inputs to gather
     for node in gm.graph.nodes:
         if node.name not in info.specs:
             continue  # sizes and other non-tensor values; the output node
@@ -271,6 +273,10 @@ def forward_annotations(
         elif is_align_node(node):  # identity: the output keeps the input's annotation
             ann = known[node.args[0].name]
             inputs[node.name] = (node.args[0].name,)
+        elif (source := multi_output_source(node, info)) is not None:
+            _refuse_seeded_random(source)
+            ann, read = _part(source, info, known, wholes, fallbacks)
+            inputs[node.name] = tuple(n.name for n in read)
         else:
             _refuse_seeded_random(node)
             entry = lookup(node.target)
@@ -294,6 +300,21 @@ def forward_annotations(
             _check_shape(node, ann, info)
         known[node.name] = ann
     return ForwardResult(known, params, inputs, tuple(fallbacks))
+
+
+def _part(
+    source: torch.fx.Node, info: ShapeInfo, known: Mapping[str, Annotation | None],
+    wholes: dict[str, tuple[str, ...]], fallbacks: list[Fallback],
+) -> tuple[Annotation | None, tuple[torch.fx.Node, ...]]:  # fmt: skip
+    """One output of an op with several outputs (``hspmd.deduce.parts``); its gathers
+    are one ``Fallback`` on the op."""
+    first = source.name not in wholes
+    ann, data = whole_part(source, info, known, wholes)
+    if first and wholes.get(source.name):
+        op = target_text(source.target).removeprefix("torch.ops.")
+        where = source_line(source)
+        fallbacks.append(Fallback(source.name, op, where, wholes[source.name], TUPLE_WHY))
+    return ann, data
 
 
 def _refuse_seeded_random(node: torch.fx.Node) -> None:

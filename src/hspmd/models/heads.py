@@ -55,11 +55,14 @@ def _shape(node: object) -> str | None:
 
 
 def _constants(graph: torch.fx.Graph) -> set[torch.fx.Node]:
-    """Nodes made from sizes and buffers only (RoPE's tables, ``arange(T)``): deduction's
-    constants (``hspmd.deduce.forward``)."""
+    """Nodes made from sizes, buffers and the step's inputs only (RoPE's tables, also from
+    packed documents' restarting positions; ``arange(T)``): what every rank of a stage
+    holds whole, the stream never mixed in."""
     out: set[torch.fx.Node] = set()
     for node in graph.nodes:
-        if node.op == "get_attr":
+        if node.op == "placeholder":  # tokens, targets, segments: whole on every rank
+            out.add(node)
+        elif node.op == "get_attr":
             if not isinstance(_attr(node), torch.nn.Parameter):
                 out.add(node)
         elif node.op == "call_function" and all(
@@ -85,6 +88,10 @@ def entry(x: torch.fx.Node, constants: set[torch.fx.Node]) -> torch.fx.Node:
         latest = max(frontier, key=order.__getitem__)
         if latest.op != "call_function" or is_reshard_node(latest):
             return best
+        repeated = _repeated_heads(latest) if len(frontier) == 1 else None
+        if repeated is not None:  # GQA's repeat_kv: the KV heads before it
+            frontier, best, shape = {repeated}, repeated, _shape(repeated)
+            continue
         frontier.remove(latest)
         frontier.update(
             n for n in latest.all_input_nodes
@@ -95,6 +102,32 @@ def entry(x: torch.fx.Node, constants: set[torch.fx.Node]) -> torch.fx.Node:
             if _shape(only) != shape:
                 return best
             best = only
+
+
+_REPEAT = (torch.ops.aten.unsqueeze.default, torch.ops.aten.expand.default)
+_MERGE = (torch.ops.aten.reshape.default, torch.ops.aten.view.default,
+          torch.ops.aten._unsafe_view.default)  # fmt: skip
+
+
+def _repeated_heads(node: torch.fx.Node) -> torch.fx.Node | None:
+    """``y`` if ``node`` is ``reshape(expand(unsqueeze(y, 2)), (B, heads * n, T, hd))``, the
+    ``repeat_kv`` of transformers' eager and masked attention: each of ``y``'s heads
+    repeated ``n`` times, in order, so a split of ``y``'s heads is a split of ``node``'s."""
+    chain = [node]
+    for target in (_MERGE, _REPEAT[1:], _REPEAT[:1]):
+        x = chain[-1]
+        if x.op != "call_function" or x.target not in target:
+            return None
+        chain.append(x.args[0])  # type: ignore[arg-type]
+    merge, expand, unsqueeze, y = chain
+    if unsqueeze.args[1] != 2 or not isinstance(y, torch.fx.Node):
+        return None
+    vals = [n.meta.get("val") for n in (merge, expand, y)]
+    if not all(isinstance(v, torch.Tensor) for v in vals):
+        return None
+    out, wide, kv = (tuple(v.shape) for v in vals)  # type: ignore[union-attr]
+    n = wide[2]
+    return y if len(kv) == 4 and out == (kv[0], kv[1] * n, *kv[2:]) else None
 
 
 def _tp_split(x: torch.fx.Node, kinds: Mapping[str, str]) -> bool:

@@ -127,4 +127,36 @@ def training_masks(*, causal_skip: bool) -> Iterator[None]:
         stack.enter_context(_replaced(masking, "find_packed_sequence_indices", lambda _: None))
         if causal_skip:
             stack.enter_context(_replaced(masking, "is_torchdynamo_exporting", lambda: False))
+        stack.enter_context(_portable_experts())
+        yield
+
+
+@contextmanager
+def _portable_experts() -> Iterator[None]:
+    """Within it, a mixture-of-experts layer that asks for transformers' default
+    ``grouped_mm`` runs ``batched_mm``: the same sums, none of its device branches.
+
+    ``grouped_mm`` counts the tokens per expert with ``histc`` on ints unless
+    ``device.type in ("cpu", "mps")``; hspmd captures on meta, so the graph kept the ints,
+    which the CPU's ``histc`` refuses at run time. ``batched_mm`` gathers each token's
+    experts' weights and runs one ``bmm``: no device test, no data-dependent sizes.
+    (Mixtral, Qwen2-MoE, OLMoE and every family on ``use_experts_implementation``.)"""
+    try:
+        from transformers.integrations import moe
+    except ImportError:
+        yield
+        return
+    grouped = getattr(moe, "grouped_mm_experts_forward", None)
+    batched = getattr(moe, "batched_mm_experts_forward", None)
+    interface = getattr(moe, "ALL_EXPERTS_FUNCTIONS", None)
+    if grouped is None or batched is None or interface is None:
+        yield  # another version of transformers
+        return
+    chosen = type(interface).get_interface
+
+    def portable(self: Any, implementation: str, default: Any) -> Any:
+        found = chosen(self, implementation, default)
+        return batched if found is grouped else found
+
+    with _replaced(type(interface), "get_interface", portable):
         yield

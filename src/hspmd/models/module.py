@@ -514,8 +514,32 @@ def _shapes(
                 found[str(args[1])] = tuple(out.shape)
             return out
 
-    Recorder(gm).run(*samples)
+        def run_node(self, n: torch.fx.Node) -> Any:
+            try:
+                return super().run_node(n)
+            except Exception as error:
+                raise _not_symbolic(n, samples, error) from error
+
+    recorder = Recorder(gm)
+    recorder.extra_traceback = False  # the error is one line of ours
+    recorder.run(*samples)
     return found
+
+
+def _not_symbolic(
+    node: torch.fx.Node, samples: tuple[torch.Tensor, ...], error: Exception
+) -> ModelSpecError:
+    """A graph captured at one length that fails at another: the forward's Python made
+    its shapes from the sample's sizes (a loop over positions, a scan unrolled)."""
+    where = source_line(node)
+    at = f" at {where}" if where else ""
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return ModelSpecError(
+        f"the captured forward fails on inputs of shape {list(samples[0].shape)}{at}: "
+        f"{first}. Its shapes follow the capture's sample sizes, not the batch and the "
+        "length (a Python loop over positions, such as an unrolled scan): write it with "
+        "tensor ops over the whole sequence"
+    )
 
 
 def _samples(

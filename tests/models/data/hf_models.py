@@ -46,3 +46,9 @@ def neox(**overrides):
         vocab_size=256, max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0,
     )  # fmt: skip
     return transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**{**config, **overrides}))
+
+
+def mixtral(**overrides):
+    """Mixtral: a top-2 router over 4 experts held as 3D parameters (``MixtralExperts``)."""
+    config = {**SMALL, "num_hidden_layers": 1, "num_local_experts": 4, **overrides}
+    return transformers.MixtralForCausalLM(transformers.MixtralConfig(**config))
