@@ -20,6 +20,7 @@ The file is written as ``.model.safetensors.partial`` and renamed when complete.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from collections.abc import Callable, Sequence
@@ -132,7 +133,7 @@ def write_streamed(
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, shape in tensors:
-        size = width * _numel(shape)
+        size = width * math.prod(shape)
         header[name] = {
             "dtype": code,
             "shape": list(shape),
@@ -176,13 +177,6 @@ def _assemble(entry: TensorEntry, folder: Path) -> torch.Tensor:
         del part
     assert out is not None, f"{entry.name} has no shards"
     return out
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for n in shape:
-        count *= n
-    return count
 
 
 def _copy_beside(source: str, folder: Path) -> tuple[str, ...]:

@@ -90,7 +90,7 @@ def grad_sync_plan(
     for annotation, members in buckets.items():
         grad = _partial(annotation)
         for chunk in _chunks(members, bucket_bytes):
-            plan = resolve(grad, annotation, (sum(_numel(s.shape) for s in chunk),))
+            plan = resolve(grad, annotation, (sum(math.prod(s.shape) for s in chunk),))
             items.append(SyncItem(tuple(s.name for s in chunk), plan, True))
     return tuple(sorted(items, key=lambda item: -max(position[n] for n in item.names)))
 
@@ -109,7 +109,7 @@ def _chunks(members: list[ParamSpec], bucket_bytes: int) -> list[list[ParamSpec]
     run: list[ParamSpec] = []
     size = 0
     for spec in reversed(members):
-        nbytes = 4 * _numel(spec.shape)
+        nbytes = 4 * math.prod(spec.shape)
         if run and size + nbytes > bucket_bytes:
             out.append(run[::-1])
             run, size = [], 0
@@ -118,13 +118,6 @@ def _chunks(members: list[ParamSpec], bucket_bytes: int) -> list[list[ParamSpec]
     if run:
         out.append(run[::-1])
     return out
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,14 +12,8 @@ resolved reshards around a per-shard Adam, for every parameter the rank holds::
 Masters start as the state slice of the plan-free initial value (DESIGN decision 5), so
 training equals the single-device run; with fp32 compute they stay bitwise equal to the
 matching slice of the parameter. The plans (``ZeroItem``, ``zero1_plan``) are pure metadata in
-``hspmd.specialize.sync_plans``, re-exported here; the simulator prices the same ones.
-
->>> from hspmd.models.llama import get_config
->>> from hspmd.plan.strategy import parse_strategy
->>> items = zero1_plan(parse_strategy("1x1: R0-1:L0-3; 1x1: R2:L0-3"), get_config("llama-tiny"))
->>> item = items["layers.0.attn.wq.weight"]
->>> item.reduce.kinds, item.gather.kinds
-(('split-reduce-scatter',), ('split-all-gather',))
+``hspmd.specialize.sync_plans``, re-exported here (its docstring shows them); the simulator
+prices the same ones.
 """
 
 from __future__ import annotations
