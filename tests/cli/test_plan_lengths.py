@@ -34,6 +34,8 @@ def test_plan_data_writes_versioned_plans(
     for p in plans:
         assert all(hi <= p.max_len for _, hi in p.intervals)
         assert max(p.strategy.ranks) < 4
+        assert p.predicted_s > 0  # a homogeneous pick said "predicted 0 s"
+    assert "predicted 0 s" not in text
 
 
 def test_plan_data_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -130,6 +132,7 @@ def test_plan_data_gives_a_captured_model_cp_for_its_long_rows(cp_plans: tuple[P
     assert plans[-1].max_len == 256 and plans[0].max_len <= 128
     assert [stage.cp for _, _, stage in plans[-1].strategy.stages()] == [2]
     assert all(stage.cp == 1 for p in plans[:-1] for _, _, stage in p.strategy.stages())
+    assert all(p.predicted_s > 0 for p in plans)
 
 
 @pytest.mark.multiproc
@@ -146,3 +149,23 @@ def test_a_planned_cp_strategy_of_a_captured_model_trains(
     assert any(r.get("strategy") == "2x1: R0-1:L0-2:C2" for r in ours)  # a long step: CP
     for a, b in zip(ours, theirs, strict=True):
         assert a["plan"] == b["plan"] and a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+
+
+def test_plan_data_predicts_every_chosen_strategy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Where the sample steps choose a homogeneous strategy (here CP 2 for rows of 512), its
+    predicted step is its mean over them (it had none of its own: "predicted 0 s")."""
+    import random
+
+    rng = random.Random(0)
+    path = tmp_path / "docs.jsonl"
+    lengths = [max(8, min(int(rng.lognormvariate(5, 1.2)), 4000)) for _ in range(300)]
+    path.write_text("".join(json.dumps({"text": "x" * n}) + "\n" for n in lengths))
+    out = tmp_path / "plans.json"
+    argv = ["plan", "--data", str(path), "--max-seq-len", "512", "--tokens-per-step", "2048",
+            "--nproc", "4", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    assert "predicted 0 s" not in capsys.readouterr().out
+    plans, _ = load_plans(json.loads(out.read_text()), str(out))
+    assert all(p.predicted_s > 0 for p in plans)

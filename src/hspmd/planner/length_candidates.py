@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import replace
 
 from hspmd.cost.lines import CostModel
 from hspmd.models.spec import ModelSpec
@@ -96,7 +97,8 @@ def pick(
 ) -> LengthStrategy | None:
     """The candidate with the least mean predicted time on the samples whose longest
     document is over ``low`` (the steps a strategy for this maximum serves; all that fit
-    if there are none); None if no candidate takes any."""
+    if there are none), that mean as its ``predicted_s`` (the homogeneous candidates carry
+    none of their own); None if no candidate takes any."""
     fit = [s for s in samples if s and max(s) <= candidates[0].max_len]
     served = [s for s in fit if max(s) > low] or fit
     if not served:
@@ -105,4 +107,4 @@ def pick(
     few = sorted(range(len(candidates)), key=lambda i: sampled_seconds(candidates[i], served[:3]))
     scored = [(sampled_seconds(candidates[i], served), i) for i in few[:FINALISTS]]
     seconds, index = min(scored)
-    return candidates[index] if seconds < math.inf else None
+    return replace(candidates[index], predicted_s=seconds) if seconds < math.inf else None

@@ -298,7 +298,8 @@ class PipeSpec:
 class LengthStrategy:
     """Pipelines (``PipeSpec``) serving steps whose longest document is at most
     ``max_len``; ``intervals[p]``: the length range the DP gave pipeline ``p``;
-    ``predicted_s``: the DP's step time on the expected step."""
+    ``predicted_s``: the DP's step time on the expected step, or, where sample steps chose
+    the strategy (``length_candidates.pick``), its mean predicted time over them."""
 
     max_len: int
     pipes: tuple[PipeSpec, ...]
