@@ -30,6 +30,24 @@ def test_resume_at_final_step_says_nothing_to_do(tmp_path, capsys) -> None:
     assert "nothing to do: checkpoint" in err and "is at step 10" in err
 
 
+def test_save_into_another_runs_checkpoints_is_refused(tmp_path, capsys) -> None:
+    # saving prunes all but the newest step-N: a new run there would lose one of the two
+    specs = {"w": ParamSpec("w", (2,), A("[0]{}"))}
+    save(tmp_path, step=4, model="llama-tiny", strategy="1x1: R0:L0-3", specs=specs,
+         tensors_by_rank={0: {"w": torch.zeros(2)}})  # fmt: skip
+    argv = ["train", "--strategy", "1x1: R0:L0-3", "--global-batch", "1", "--steps", "2"]
+    assert main([*argv, "--save", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--save {tmp_path} already holds checkpoint step-00000004 of another run" in err
+    assert f"--resume {tmp_path} to continue" in err and "Traceback" not in err
+    assert (tmp_path / "step-00000004" / "manifest.json").is_file()
+    # continuing it is allowed, from the folder or from its step folder
+    argv[-1] = "4"
+    assert main([*argv, "--save", str(tmp_path), "--resume", str(tmp_path)]) == 0
+    step = str(tmp_path / "step-00000004")
+    assert main([*argv, "--save", str(tmp_path), "--resume", step]) == 0
+
+
 def test_help_example_is_a_valid_run() -> None:
     # Issue 17: the --switch example used TP 4, which does not divide llama-tiny's 2 kv heads.
     doc = train_cli.__doc__ or ""

@@ -54,7 +54,7 @@ from typing import Any
 from hspmd.checkpoint.store import latest, read_manifest
 from hspmd.cli.flags import FLAGS, REFERENCE_BATCH, TRAIN_FLAGS, HelpFormatter, shares_of, zero_of
 from hspmd.cli.model_input import model_kwargs
-from hspmd.cli.paths import check_out_folder
+from hspmd.cli.paths import check_out_folder, check_save_folder
 from hspmd.cli.progress import PlainProgress, eval_line, switch_line
 from hspmd.cli.recipe import adam_from_args, eval_from_args
 from hspmd.cli.timeline import check_trace_flags, write_outputs
@@ -651,6 +651,8 @@ def planned_config(args: argparse.Namespace) -> TrainConfig:
 
 def run(args: argparse.Namespace) -> int:
     config = planned_config(args)
+    if not args.reference:
+        check_save_folder(config.checkpoint.save, config.checkpoint.resume)
     if args.compare:
         check_compare(args, config, node_of(args))
     if getattr(args, "save_plan", None):
