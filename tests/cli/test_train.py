@@ -157,6 +157,7 @@ def test_help_shows_defaults(capsys) -> None:
     [
         (["--save-every", "2"], "--save-every 2 without --save saves nothing"),
         (["--save", "d", "--save-every", "9"], "--save-every 9 is past --steps 5"),
+        (["--save", "d", "--save-every", "2"], "--save-every 2 does not divide --steps 5"),
         (["--switch", "7=1x1: R0:L0-3"], "--switch 7='1x1: R0:L0-3' never runs: step 7 is past"),
     ],
 )
@@ -169,6 +170,8 @@ def warning_tail(warning: str) -> str:
     return {
         "--save-every 2 without --save saves nothing": ": add --save DIR",
         "--save-every 9 is past --steps 5": ": nothing is saved",
+        "--save-every 2 does not divide --steps 5": ": the last checkpoint is step 4, the "
+        "steps after it are not saved (give --steps 6 or a --save-every that divides 5)",
     }.get(warning, " --steps 5")
 
 

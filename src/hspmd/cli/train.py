@@ -263,6 +263,14 @@ def warnings_of(args: argparse.Namespace, config: TrainConfig) -> list[str]:
             f"--save-every {config.checkpoint.every} is past --steps {config.steps}: nothing is "
             "saved"
         )
+    elif config.checkpoint.save and config.steps % config.checkpoint.every:
+        every = config.checkpoint.every
+        last = every * (config.steps // every)
+        out.append(
+            f"--save-every {every} does not divide --steps {config.steps}: the last checkpoint "
+            f"is step {last}, the steps after it are not saved (give --steps {last + every} "
+            f"or a --save-every that divides {config.steps})"
+        )
     spec = config.data
     out += spec_warnings(spec, step_tokens=config.tokens_per_step, steps=config.steps)
     if not spec.tokenized:
