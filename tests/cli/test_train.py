@@ -17,6 +17,7 @@ from hspmd.cli.train import config_from_args, progress, resume_warnings, warning
 from hspmd.plan.params import ParamSpec
 from hspmd.train.api import train_config
 from hspmd.train.config import StepRecord
+from hspmd.train.sections import TrainError
 from hspmd.train.trainer import check_config
 
 
@@ -215,3 +216,12 @@ def test_several_nodes_need_a_master_address(monkeypatch, capsys) -> None:
     argv = ["train", "--strategy", "2x1: R0:L0-1 R1:L2-3", "--steps", "1", "--nnodes", "2"]
     assert main(argv) == 2
     assert "--nnodes 2 needs --master-addr" in capsys.readouterr().err
+
+
+def test_a_sequence_longer_than_the_model_names_the_fix() -> None:
+    args = _args("--strategy", "1x1: R0:L0-3", "--seq-len", "1024")
+    with pytest.raises(TrainError, match=r"give --seq-len 512 or less, or a model with more"):
+        check_config(config_from_args(args))
+    args = _args("--strategy", "1x1: R0:L0-3", "--tokens-per-step", "2048", "--max-seq-len", "1024")
+    with pytest.raises(TrainError, match=r"give --max-seq-len 512 or less"):
+        check_config(config_from_args(args))
