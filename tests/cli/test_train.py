@@ -225,3 +225,21 @@ def test_a_sequence_longer_than_the_model_names_the_fix() -> None:
     args = _args("--strategy", "1x1: R0:L0-3", "--tokens-per-step", "2048", "--max-seq-len", "1024")
     with pytest.raises(TrainError, match=r"give --max-seq-len 512 or less"):
         check_config(config_from_args(args))
+
+
+def test_a_plan_sets_the_length_and_batch_flags_cannot_contradict_it(tmp_path) -> None:
+    # the plan's length used to be applied after the model was checked at the default 64
+    plan, model = (
+        str(tmp_path / "p.json"),
+        ["--model", "llama-tiny", "--config", '{"max_seq_len": 32}'],
+    )
+    argv = [*model, "--cluster", "h200x8", "--global-batch", "4", "--seq-len", "32", "--out", plan]
+    assert main(["plan", *argv]) == 0
+    config = train_cli.planned_config(_args(*model, "--plan", plan))
+    assert (config.batch.seq_len, config.batch.global_batch) == (32, 4)
+    assert train_cli.planned_config(_args(*model, "--plan", plan, "--seq-len", "32"))
+    for flag, value, planned in (("--seq-len", "16", 32), ("--global-batch", "8", 4)):
+        with pytest.raises(
+            TrainError, match=rf"^{flag} {value} differs from --plan .*'s {planned}"
+        ):
+            train_cli.planned_config(_args(*model, "--plan", plan, flag, value))

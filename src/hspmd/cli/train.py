@@ -158,9 +158,10 @@ def _packed_args(args: argparse.Namespace) -> tuple[int | None, int | None, Leng
     return step_tokens, max_seq_len, plans
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
+def config_from_args(args: argparse.Namespace, *, check_model: bool = True) -> TrainConfig:
     """The run's config from the parsed flags, section by section: every text (strategies,
-    plans, lists) parsed here, once."""
+    plans, lists) parsed here, once; the model checked against it unless ``check_model`` is
+    false (``--plan``: checked once the plan's length is in)."""
     step_tokens, max_seq_len, plans = _packed_args(args)
     strategy = None if args.strategy is None else parse_strategy(args.strategy)  # the edge
     config = TrainConfig(
@@ -206,7 +207,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         ),
         checkpoint=CheckpointConfig(save=args.save, every=args.save_every or 1, resume=args.resume),
     )
-    config.check_model()  # the model loads once here, at the edge
+    if check_model:
+        config.check_model()  # the model loads once here, at the edge
     if plans is None:
         return config
     from hspmd.cli.plan_lengths import apply_plans
@@ -652,9 +654,26 @@ def planned_config(args: argparse.Namespace) -> TrainConfig:
         raise TrainError("--plan carries the strategy: drop --strategy (or drop --plan)")
     plan = read_plan(args.plan)
     args.strategy = plan.strategy
-    config = config_from_plan(plan, config_from_args(args))
+    config = config_from_plan(plan, config_from_args(args, check_model=False))
+    check_plan_flags(args, config)
+    config.check_model()
     check_plan(plan, config)
     return config
+
+
+def check_plan_flags(args: argparse.Namespace, config: TrainConfig) -> None:
+    """``--seq-len`` or ``--global-batch`` given beside a ``--plan`` that sets another value
+    (the plan's would win, silently): one line."""
+    given = [
+        ("--seq-len", args.seq_len, config.batch.seq_len, args.seq_len != BatchConfig().seq_len),
+        ("--global-batch", args.global_batch, config.batch.global_batch, True),
+    ]
+    for flag, value, planned, explicit in given:
+        if value is not None and explicit and value != planned:
+            raise TrainError(
+                f"{flag} {value} differs from --plan {args.plan}'s {planned}: the plan carries "
+                f"it; drop {flag}, or plan for {value}"
+            )
 
 
 def run(args: argparse.Namespace) -> int:
