@@ -185,6 +185,12 @@ def seq_len_of(model: ModelSpec, given: int | None) -> int:
     if given is not None:
         if given < 1:
             raise ModelSpecError(f"--seq-len {given}: give a positive sequence length")
+        if given > model.max_seq_len:  # what train refuses is not planned, costed or explained
+            raise ModelSpecError(
+                f"--seq-len {given} exceeds {model.name}'s max_seq_len={model.max_seq_len} (its "
+                f"longest position): give --seq-len {model.max_seq_len} or less, or a model "
+                "with more positions"
+            )
         return given
     if model.max_seq_len >= NO_LIMIT:
         raise ModelSpecError(
