@@ -14,6 +14,7 @@ from hspmd.checkpoint.store import save
 from hspmd.cli import build_parser, main
 from hspmd.cli import train as train_cli
 from hspmd.cli.train import config_from_args, progress, resume_warnings, warnings_of
+from hspmd.errors import HspmdError
 from hspmd.plan.params import ParamSpec
 from hspmd.train.api import train_config
 from hspmd.train.config import StepRecord
@@ -243,3 +244,9 @@ def test_a_plan_sets_the_length_and_batch_flags_cannot_contradict_it(tmp_path) -
             TrainError, match=rf"^{flag} {value} differs from --plan .*'s {planned}"
         ):
             train_cli.planned_config(_args(*model, "--plan", plan, flag, value))
+
+
+def test_a_missing_config_file_is_named() -> None:
+    # it said "is not JSON (Expecting value: line 1 column 1)"
+    with pytest.raises(HspmdError, match=r"^--config 'missing.json': no such file"):
+        config_from_args(_args("--config", "missing.json"))

@@ -67,7 +67,12 @@ def model_kwargs(text: str | None) -> tuple[tuple[str, Any], ...]:
     """``--config``: a JSON object, inline or in a file, as sorted hashable items."""
     if text is None:
         return ()
-    source = Path(text).read_text() if text.endswith(".json") and Path(text).is_file() else text
+    if text.endswith(".json") and not Path(text).is_file():
+        raise ModelSpecError(
+            f"--config {text!r}: no such file: give an existing .json file, or the JSON object "
+            "itself, e.g. '{\"num_layers\": 2}'"
+        )
+    source = Path(text).read_text() if text.endswith(".json") else text
     try:
         data = json.loads(source)
     except json.JSONDecodeError as error:

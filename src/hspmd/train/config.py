@@ -205,9 +205,10 @@ class TrainConfig:
             )
         staged = self.strategy is not None and _staged(self.strategies)
         if model.tied and self.zero1 and staged:
+            zero = f"--zero {self.options.zero}"
             raise TrainError(
                 f"{model.name} ties {model.tied[0][0]} between its first and last stage, which "
-                "--zero1 does not shard yet: drop --zero1, or put each pipeline on one stage"
+                f"{zero} does not shard yet: drop {zero}, or put each pipeline on one stage"
             )
         return model
 
