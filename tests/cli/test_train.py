@@ -160,6 +160,7 @@ def test_help_shows_defaults(capsys) -> None:
         (["--save-every", "2"], "--save-every 2 without --save saves nothing"),
         (["--save", "d", "--save-every", "9"], "--save-every 9 is past --steps 5"),
         (["--save", "d", "--save-every", "2"], "--save-every 2 does not divide --steps 5"),
+        (["--zero", "3"], "--zero 3 shards over data-parallel replicas, and '1x1: R0:L0-3' has"),
         (["--switch", "7=1x1: R0:L0-3"], "--switch 7='1x1: R0:L0-3' never runs: step 7 is past"),
     ],
 )
@@ -172,6 +173,9 @@ def warning_tail(warning: str) -> str:
     return {
         "--save-every 2 without --save saves nothing": ": add --save DIR",
         "--save-every 9 is past --steps 5": ": nothing is saved",
+        "--zero 3 shards over data-parallel replicas, and '1x1: R0:L0-3' has": " one pipeline: "
+        "it shards nothing (give the strategy a second pipeline for it to shard over, or drop "
+        "--zero)",
         "--save-every 2 does not divide --steps 5": ": the last checkpoint is step 4, the "
         "steps after it are not saved (give --steps 6 or a --save-every that divides 5)",
     }.get(warning, " --steps 5")
@@ -250,3 +254,13 @@ def test_a_missing_config_file_is_named() -> None:
     # it said "is not JSON (Expecting value: line 1 column 1)"
     with pytest.raises(HspmdError, match=r"^--config 'missing.json': no such file"):
         config_from_args(_args("--config", "missing.json"))
+
+
+def test_zero_warns_only_without_replicas() -> None:
+    for strategy in ("1x1: R0:L0-3; 1x1: R1:L0-3", "1x2: R0-1:L0-3:C2"):
+        args = _args("--strategy", strategy, "--zero", "1")
+        assert warnings_of(args, config_from_args(args)) == []
+    args = _args(
+        "--strategy", "1x1: R0:L0-3", "--zero", "1", "--switch", "3=1x1: R0:L0-3; 1x1: R1:L0-3"
+    )
+    assert warnings_of(args, config_from_args(args)) == []

@@ -273,6 +273,7 @@ def warnings_of(args: argparse.Namespace, config: TrainConfig) -> list[str]:
             f"is step {last}, the steps after it are not saved (give --steps {last + every} "
             f"or a --save-every that divides {config.steps})"
         )
+    out += zero_warnings(config)
     spec = config.data
     out += spec_warnings(spec, step_tokens=config.tokens_per_step, steps=config.steps)
     if not spec.tokenized:
@@ -299,6 +300,22 @@ def warnings_of(args: argparse.Namespace, config: TrainConfig) -> list[str]:
                 f"{config.steps}"
             )
     return out
+
+
+def zero_warnings(config: TrainConfig) -> list[str]:
+    """``--zero N`` where no strategy of the run has a data-parallel replica to shard over
+    (one pipeline, no CP): it runs, sharding nothing."""
+    if config.strategy is None or not config.options.zero:
+        return []
+    if any(
+        len(s.pipelines) > 1 or any(t.cp > 1 for _, _, t in s.stages()) for s in config.strategies
+    ):
+        return []
+    return [
+        f"--zero {config.options.zero} shards over data-parallel replicas, and "
+        f"'{config.strategy}' has one pipeline: it shards nothing (give the strategy a "
+        "second pipeline for it to shard over, or drop --zero)"
+    ]
 
 
 def _eval_warnings(args: argparse.Namespace, config: TrainConfig) -> list[str]:
