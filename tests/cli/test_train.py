@@ -264,3 +264,12 @@ def test_zero_warns_only_without_replicas() -> None:
         "--strategy", "1x1: R0:L0-3", "--zero", "1", "--switch", "3=1x1: R0:L0-3; 1x1: R1:L0-3"
     )
     assert warnings_of(args, config_from_args(args)) == []
+
+
+@pytest.mark.parametrize("value", ["-1e-3", "-1E-3", "-.001", "-0.001"])
+def test_a_negative_value_in_exponent_notation_is_a_value(value: str) -> None:
+    # argparse took "-1e-3" for a flag: "argument --lr: expected one argument"
+    args = _args("--strategy", "1x1: R0:L0-3", "--lr", value)
+    assert args.lr == -0.001
+    with pytest.raises(HspmdError, match=r"^--lr -0.001: give a learning rate of at least 0"):
+        config_from_args(args)
