@@ -12,6 +12,7 @@ import pytest
 
 import hspmd
 import hspmd.api
+from hspmd.errors import HspmdError
 from hspmd.train.api import RunOptions
 from hspmd.train.config import SECTIONS, TrainConfig, TrainError
 
@@ -86,3 +87,15 @@ def test_the_recipe_by_flat_names_as_the_cli_flags() -> None:
         hspmd.train_config("llama-tiny", weight_decy=0.1)  # type: ignore[call-arg]
     with pytest.raises(TrainError, match="--lr-schedule 'cos': choose one of constant, cosine"):
         hspmd.train_config("llama-tiny", lr_schedule="cos")  # type: ignore[arg-type]
+
+
+def test_metadata_verbs_refuse_a_length_past_the_model() -> None:
+    # simulate and plan_strategy costed llama-tiny (512 positions) at any length; fit refused it
+    s = "1x1: R0:L0-3"
+    for verb in (
+        lambda: hspmd.explain("llama-tiny", s, seq_len=1024),
+        lambda: hspmd.simulate("llama-tiny", s, cluster="h200x8", seq_len=1024),
+        lambda: hspmd.plan_strategy("llama-tiny", cluster="h200x8", global_batch=8, seq_len=1024),
+    ):
+        with pytest.raises(HspmdError, match=r"seq_len=1024 exceeds .*max_seq_len=512"):
+            verb()
