@@ -99,3 +99,19 @@ def test_metadata_verbs_refuse_a_length_past_the_model() -> None:
     ):
         with pytest.raises(HspmdError, match=r"seq_len=1024 exceeds .*max_seq_len=512"):
             verb()
+
+
+def test_fit_refuses_to_save_into_another_runs_checkpoint(tmp_path: Path) -> None:
+    # saving prunes all but the newest step-N: the new run's steps, or the old one, were lost
+    import torch
+
+    from hspmd.annotation import parse_annotation
+    from hspmd.checkpoint.store import save
+    from hspmd.plan.params import ParamSpec
+
+    specs = {"w": ParamSpec("w", (2,), parse_annotation("[0]{}"))}
+    save(tmp_path, step=4, model="llama-tiny", strategy="1x1: R0:L0-3", specs=specs,
+         tensors_by_rank={0: {"w": torch.zeros(2)}})  # fmt: skip
+    with pytest.raises(TrainError, match=r"already holds checkpoint step-00000004 .* resume="):
+        hspmd.fit("llama-tiny", "1x1: R0:L0-3", steps=1, seq_len=16, save=str(tmp_path))
+    assert (tmp_path / "step-00000004" / "manifest.json").is_file()

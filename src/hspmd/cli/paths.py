@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from hspmd.checkpoint.store import MANIFEST
+from hspmd.checkpoint.store import foreign_checkpoint
 from hspmd.errors import HspmdError
 
 __all__ = ["check_out_folder", "check_save_folder", "write_out"]
@@ -26,9 +26,7 @@ def check_out_folder(path: str, flag: str) -> None:
 
 def check_save_folder(save: str | None, resume: str | None) -> None:
     """Refuse ``--save save`` when it already holds a complete checkpoint that this run does
-    not continue (``--resume`` into the same folder): saving prunes all but the newest
-    ``step-N``, so the new run would either delete that checkpoint or have its own older
-    steps deleted as they are written.
+    not continue (``hspmd.checkpoint.store.foreign_checkpoint``).
 
     >>> import tempfile; d = Path(tempfile.mkdtemp()); (d / "step-00000004").mkdir()
     >>> _ = (d / "step-00000004" / "manifest.json").write_text("{}")
@@ -37,20 +35,11 @@ def check_save_folder(save: str | None, resume: str | None) -> None:
     Traceback (most recent call last):
     hspmd.errors.HspmdError: --save ... already holds checkpoint step-00000004 of another run: ...
     """
-    if save is None:
+    held = None if save is None else foreign_checkpoint(save, resume)
+    if held is None:
         return
-    folder = Path(save)
-    held = sorted(p.name for p in folder.glob("step-*") if (p / MANIFEST).is_file())
-    if not held:
-        return
-    if resume is not None:
-        source = Path(resume).resolve()
-        if (source / MANIFEST).is_file():  # a step-N folder: its run's folder is the parent
-            source = source.parent
-        if source == folder.resolve():
-            return
     raise HspmdError(
-        f"--save {save} already holds checkpoint {held[-1]} of another run: saving there "
+        f"--save {save} already holds checkpoint {held} of another run: saving there "
         "would delete it, or delete this run's own steps as they are written; give --save "
         f"a new folder, or --resume {save} to continue that run"
     )
