@@ -273,3 +273,12 @@ def test_a_negative_value_in_exponent_notation_is_a_value(value: str) -> None:
     assert args.lr == -0.001
     with pytest.raises(HspmdError, match=r"^--lr -0.001: give a learning rate of at least 0"):
         config_from_args(args)
+
+
+@pytest.mark.parametrize("flag", ["--save", "--resume"])
+def test_the_reference_refuses_checkpoint_flags(flag: str, tmp_path, capsys) -> None:
+    # it trained from step 1 and saved nothing, silently
+    argv = ["train", "--reference", "--global-batch", "1", "--steps", "1", flag, str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--reference does not take {flag} {tmp_path}" in err and "Traceback" not in err

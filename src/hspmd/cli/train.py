@@ -695,7 +695,9 @@ def check_plan_flags(args: argparse.Namespace, config: TrainConfig) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = planned_config(args)
-    if not args.reference:
+    if args.reference:
+        check_reference(config)
+    else:
         check_save_folder(config.checkpoint.save, config.checkpoint.resume)
     if args.compare:
         check_compare(args, config, node_of(args))
@@ -778,6 +780,17 @@ def _print_summary(args: argparse.Namespace, config: TrainConfig, result: TrainR
             f"checkpoint of step {saved[-1]} saved in {latest(config.checkpoint.save)}",
             file=sys.stderr,
         )
+
+
+def check_reference(config: TrainConfig) -> None:
+    """``--reference`` beside ``--save`` or ``--resume``, which it does not take (it trained
+    from step 1 and saved nothing, silently): one line."""
+    for flag, value in (("--save", config.checkpoint.save), ("--resume", config.checkpoint.resume)):
+        if value is not None:
+            raise TrainError(
+                f"--reference does not take {flag} {value} (the reference trains from step 1 "
+                f"on one process and writes no checkpoint): drop {flag}, or drop --reference"
+            )
 
 
 def check_compare(args: argparse.Namespace, config: TrainConfig, node: NodeSpec | None) -> None:
