@@ -1,4 +1,4 @@
-"""Write a small Hugging Face Llama folder (config, random safetensors weights, a BPE
+"""Write a small Hugging Face Llama folder (config, random safetensors weights from seed 0, a BPE
 tokenizer trained on a generated corpus) and the corpus as JSONL: what a user brings to
 the README's three-command fine-tuning run, made locally, offline.
 
@@ -13,6 +13,7 @@ import random
 import sys
 from pathlib import Path
 
+import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -52,6 +53,7 @@ def main(out: Path) -> None:
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
         bos_token_id=1, eos_token_id=2,
     )  # fmt: skip
+    torch.manual_seed(0)  # the same weights on every run: the README's figures reproduce
     LlamaForCausalLM(config).save_pretrained(out / "llama")
     tokenizer.save_pretrained(out / "llama")
     print(f"wrote {out / 'llama'} and {out / 'corpus.jsonl'}")

@@ -12,6 +12,7 @@ import pytest
 
 import hspmd
 import hspmd.api
+from hspmd.errors import HspmdError
 from hspmd.train.api import RunOptions
 from hspmd.train.config import SECTIONS, TrainConfig, TrainError
 
@@ -86,3 +87,31 @@ def test_the_recipe_by_flat_names_as_the_cli_flags() -> None:
         hspmd.train_config("llama-tiny", weight_decy=0.1)  # type: ignore[call-arg]
     with pytest.raises(TrainError, match="--lr-schedule 'cos': choose one of constant, cosine"):
         hspmd.train_config("llama-tiny", lr_schedule="cos")  # type: ignore[arg-type]
+
+
+def test_metadata_verbs_refuse_a_length_past_the_model() -> None:
+    # simulate and plan_strategy costed llama-tiny (512 positions) at any length; fit refused it
+    s = "1x1: R0:L0-3"
+    for verb in (
+        lambda: hspmd.explain("llama-tiny", s, seq_len=1024),
+        lambda: hspmd.simulate("llama-tiny", s, cluster="h200x8", seq_len=1024),
+        lambda: hspmd.plan_strategy("llama-tiny", cluster="h200x8", global_batch=8, seq_len=1024),
+    ):
+        with pytest.raises(HspmdError, match=r"seq_len=1024 exceeds .*max_seq_len=512"):
+            verb()
+
+
+def test_fit_refuses_to_save_into_another_runs_checkpoint(tmp_path: Path) -> None:
+    # saving prunes all but the newest step-N: the new run's steps, or the old one, were lost
+    import torch
+
+    from hspmd.annotation import parse_annotation
+    from hspmd.checkpoint.store import save
+    from hspmd.plan.params import ParamSpec
+
+    specs = {"w": ParamSpec("w", (2,), parse_annotation("[0]{}"))}
+    save(tmp_path, step=4, model="llama-tiny", strategy="1x1: R0:L0-3", specs=specs,
+         tensors_by_rank={0: {"w": torch.zeros(2)}})  # fmt: skip
+    with pytest.raises(TrainError, match=r"already holds checkpoint step-00000004 .* resume="):
+        hspmd.fit("llama-tiny", "1x1: R0:L0-3", steps=1, seq_len=16, save=str(tmp_path))
+    assert (tmp_path / "step-00000004" / "manifest.json").is_file()

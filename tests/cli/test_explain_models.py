@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from hspmd.cli import explain
+from hspmd.cli import main as hspmd_main
 from hspmd.errors import HspmdError
 from hspmd.models.config import get_config
 from hspmd.plan.strategy import StrategyOptions, parse_strategy
@@ -128,6 +129,21 @@ def test_no_max_seq_len_needs_seq_len(tmp_path: Path, capsys: pytest.CaptureFixt
     path.write_text(MODEL.replace("    max_seq_len = 16\n", ""))
     assert main(["explain", "--model", f"{path}:make", "--strategy", "1x1: R0:L0-1"]) == 2
     assert "give --seq-len" in capsys.readouterr().err
+
+
+def test_a_sequence_past_the_model_is_refused(tmp_path: Path, capsys) -> None:
+    # explain, simulate and plan costed a length the model cannot run (train refuses it)
+    path = tmp_path / "m.py"
+    path.write_text(MODEL)
+    model = ["--model", f"{path}:make", "--seq-len", "32"]
+    for argv in (
+        ["explain", *model, "--strategy", "1x1: R0:L0-1"],
+        ["simulate", *model, "--strategy", "1x1: R0:L0-1", "--cluster", "h200x8"],
+        ["plan", *model, "--cluster", "h200x8", "--global-batch", "8"],
+    ):
+        assert hspmd_main(argv) == 2
+        err = capsys.readouterr().err
+        assert "--seq-len 32 exceeds" in err and "give --seq-len 16 or less" in err, argv
 
 
 @pytest.mark.parametrize("sp", [False, True])

@@ -14,9 +14,11 @@ from hspmd.checkpoint.store import save
 from hspmd.cli import build_parser, main
 from hspmd.cli import train as train_cli
 from hspmd.cli.train import config_from_args, progress, resume_warnings, warnings_of
+from hspmd.errors import HspmdError
 from hspmd.plan.params import ParamSpec
 from hspmd.train.api import train_config
 from hspmd.train.config import StepRecord
+from hspmd.train.sections import TrainError
 from hspmd.train.trainer import check_config
 
 
@@ -28,6 +30,24 @@ def test_resume_at_final_step_says_nothing_to_do(tmp_path, capsys) -> None:
     assert main([*argv, "--resume", str(tmp_path)]) == 0
     err = capsys.readouterr().err
     assert "nothing to do: checkpoint" in err and "is at step 10" in err
+
+
+def test_save_into_another_runs_checkpoints_is_refused(tmp_path, capsys) -> None:
+    # saving prunes all but the newest step-N: a new run there would lose one of the two
+    specs = {"w": ParamSpec("w", (2,), A("[0]{}"))}
+    save(tmp_path, step=4, model="llama-tiny", strategy="1x1: R0:L0-3", specs=specs,
+         tensors_by_rank={0: {"w": torch.zeros(2)}})  # fmt: skip
+    argv = ["train", "--strategy", "1x1: R0:L0-3", "--global-batch", "1", "--steps", "2"]
+    assert main([*argv, "--save", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--save {tmp_path} already holds checkpoint step-00000004 of another run" in err
+    assert f"--resume {tmp_path} to continue" in err and "Traceback" not in err
+    assert (tmp_path / "step-00000004" / "manifest.json").is_file()
+    # continuing it is allowed, from the folder or from its step folder
+    argv[-1] = "4"
+    assert main([*argv, "--save", str(tmp_path), "--resume", str(tmp_path)]) == 0
+    step = str(tmp_path / "step-00000004")
+    assert main([*argv, "--save", str(tmp_path), "--resume", step]) == 0
 
 
 def test_help_example_is_a_valid_run() -> None:
@@ -139,6 +159,8 @@ def test_help_shows_defaults(capsys) -> None:
     [
         (["--save-every", "2"], "--save-every 2 without --save saves nothing"),
         (["--save", "d", "--save-every", "9"], "--save-every 9 is past --steps 5"),
+        (["--save", "d", "--save-every", "2"], "--save-every 2 does not divide --steps 5"),
+        (["--zero", "3"], "--zero 3 shards over data-parallel replicas, and '1x1: R0:L0-3' has"),
         (["--switch", "7=1x1: R0:L0-3"], "--switch 7='1x1: R0:L0-3' never runs: step 7 is past"),
     ],
 )
@@ -151,6 +173,11 @@ def warning_tail(warning: str) -> str:
     return {
         "--save-every 2 without --save saves nothing": ": add --save DIR",
         "--save-every 9 is past --steps 5": ": nothing is saved",
+        "--zero 3 shards over data-parallel replicas, and '1x1: R0:L0-3' has": " one pipeline: "
+        "it shards nothing (give the strategy a second pipeline for it to shard over, or drop "
+        "--zero)",
+        "--save-every 2 does not divide --steps 5": ": the last checkpoint is step 4, the "
+        "steps after it are not saved (give --steps 6 or a --save-every that divides 5)",
     }.get(warning, " --steps 5")
 
 
@@ -194,3 +221,64 @@ def test_several_nodes_need_a_master_address(monkeypatch, capsys) -> None:
     argv = ["train", "--strategy", "2x1: R0:L0-1 R1:L2-3", "--steps", "1", "--nnodes", "2"]
     assert main(argv) == 2
     assert "--nnodes 2 needs --master-addr" in capsys.readouterr().err
+
+
+def test_a_sequence_longer_than_the_model_names_the_fix() -> None:
+    args = _args("--strategy", "1x1: R0:L0-3", "--seq-len", "1024")
+    with pytest.raises(TrainError, match=r"give --seq-len 512 or less, or a model with more"):
+        check_config(config_from_args(args))
+    args = _args("--strategy", "1x1: R0:L0-3", "--tokens-per-step", "2048", "--max-seq-len", "1024")
+    with pytest.raises(TrainError, match=r"give --max-seq-len 512 or less"):
+        check_config(config_from_args(args))
+
+
+def test_a_plan_sets_the_length_and_batch_flags_cannot_contradict_it(tmp_path) -> None:
+    # the plan's length used to be applied after the model was checked at the default 64
+    plan, model = (
+        str(tmp_path / "p.json"),
+        ["--model", "llama-tiny", "--config", '{"max_seq_len": 32}'],
+    )
+    argv = [*model, "--cluster", "h200x8", "--global-batch", "4", "--seq-len", "32", "--out", plan]
+    assert main(["plan", *argv]) == 0
+    config = train_cli.planned_config(_args(*model, "--plan", plan))
+    assert (config.batch.seq_len, config.batch.global_batch) == (32, 4)
+    assert train_cli.planned_config(_args(*model, "--plan", plan, "--seq-len", "32"))
+    for flag, value, planned in (("--seq-len", "16", 32), ("--global-batch", "8", 4)):
+        with pytest.raises(
+            TrainError, match=rf"^{flag} {value} differs from --plan .*'s {planned}"
+        ):
+            train_cli.planned_config(_args(*model, "--plan", plan, flag, value))
+
+
+def test_a_missing_config_file_is_named() -> None:
+    # it said "is not JSON (Expecting value: line 1 column 1)"
+    with pytest.raises(HspmdError, match=r"^--config 'missing.json': no such file"):
+        config_from_args(_args("--config", "missing.json"))
+
+
+def test_zero_warns_only_without_replicas() -> None:
+    for strategy in ("1x1: R0:L0-3; 1x1: R1:L0-3", "1x2: R0-1:L0-3:C2"):
+        args = _args("--strategy", strategy, "--zero", "1")
+        assert warnings_of(args, config_from_args(args)) == []
+    args = _args(
+        "--strategy", "1x1: R0:L0-3", "--zero", "1", "--switch", "3=1x1: R0:L0-3; 1x1: R1:L0-3"
+    )
+    assert warnings_of(args, config_from_args(args)) == []
+
+
+@pytest.mark.parametrize("value", ["-1e-3", "-1E-3", "-.001", "-0.001"])
+def test_a_negative_value_in_exponent_notation_is_a_value(value: str) -> None:
+    # argparse took "-1e-3" for a flag: "argument --lr: expected one argument"
+    args = _args("--strategy", "1x1: R0:L0-3", "--lr", value)
+    assert args.lr == -0.001
+    with pytest.raises(HspmdError, match=r"^--lr -0.001: give a learning rate of at least 0"):
+        config_from_args(args)
+
+
+@pytest.mark.parametrize("flag", ["--save", "--resume"])
+def test_the_reference_refuses_checkpoint_flags(flag: str, tmp_path, capsys) -> None:
+    # it trained from step 1 and saved nothing, silently
+    argv = ["train", "--reference", "--global-batch", "1", "--steps", "1", flag, str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--reference does not take {flag} {tmp_path}" in err and "Traceback" not in err

@@ -147,8 +147,10 @@ def test_a_tied_weight_lives_on_both_of_its_stages() -> None:
     assert model.tied == (("transformer.wte.weight", 2),)
     specs = parameter_annotations(parse_strategy("2x1: R0-1:L0-1 R2:L2; 1x2: R3:L0-2"), model)
     assert str(specs["transformer.wte.weight"].annotation) == "hD: [0,1]{0:2} [2]{} [3]{}"
-    for zero in (1, 3):  # the message names the flag given
-        with pytest.raises(TrainError, match=f"--zero {zero} does not shard yet"):
+    for zero in (1, 3):  # the line names the stage given (it said --zero1 for --zero 3)
+        with pytest.raises(
+            TrainError, match=f"--zero {zero} does not shard yet: drop --zero {zero}"
+        ):
             train_config(model=f"{NANOGPT}:make", strategy="2x1: R0:L0 R1:L1-2", global_batch=2,
                         seq_len=16, zero=zero).model_config()  # fmt: skip
 

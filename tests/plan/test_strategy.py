@@ -100,6 +100,9 @@ def test_uniform() -> None:
         ("4x1: R0-1:L0-3, 2x1: R2:L0-3", "separate pipelines with ';', not ','"),
         ("4x1: r0:L0-3", "write R and L in capitals: 'R0:L0-3'"),
         ("4x1: R0-1:l0-3", "write R and L in capitals: 'R0-1:L0-3'"),
+        # a zero count was refused later as "global_batch=0", naming no pipeline
+        ("1x1: R0:L0-3; 0x2: R1:L0-3", r"pipeline 0x2: runs 0 micro-batches of 2 at column 14"),
+        ("2x0: R0:L0-3", r"runs 2 micro-batches of 0(.|\n)*both numbers must be at least 1"),
     ],
 )
 def test_syntax_errors(text: str, message: str) -> None:

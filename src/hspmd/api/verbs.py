@@ -25,7 +25,7 @@ from hspmd.cost.cluster import load_cluster
 from hspmd.cost.lines import CostModel
 from hspmd.models import get_model
 from hspmd.models.config import LlamaConfig
-from hspmd.models.spec import ModelSpec
+from hspmd.models.spec import ModelSpec, ModelSpecError
 from hspmd.plan.strategy import Strategy, StrategyOptions, check_strategy, parse_strategy
 from hspmd.planner.predict import Prediction, predict
 from hspmd.planner.search import Plan, Zero1
@@ -54,6 +54,18 @@ def _strategy(strategy: Strategy | str) -> Strategy:
     return strategy if isinstance(strategy, Strategy) else parse_strategy(strategy)
 
 
+def _length(spec: ModelSpec, seq_len: int | None) -> int:
+    """``seq_len``, else the model's longest; one the model cannot run (past its positions)
+    is refused, as training refuses it."""
+    if seq_len is not None and seq_len > spec.max_seq_len:
+        raise ModelSpecError(
+            f"seq_len={seq_len} exceeds {spec.name}'s max_seq_len={spec.max_seq_len} (its "
+            f"longest position): give seq_len={spec.max_seq_len} or less, or a model with "
+            "more positions"
+        )
+    return seq_len or spec.max_seq_len
+
+
 def resolve(src: Annotation | str, dst: Annotation | str, shape: Sequence[int]) -> CommPlan:
     """The per-rank communication plan taking a tensor of ``shape`` from ``src`` to ``dst``
     (annotations or their text forms, docs/notation.md)."""
@@ -72,7 +84,7 @@ def explain(
     ``seq_len`` defaults to the model's maximum."""
     spec = model_spec(model, **(model_kwargs or {}))
     chosen, options = _strategy(strategy), options or StrategyOptions()
-    length = seq_len or spec.max_seq_len
+    length = _length(spec, seq_len)
     check_strategy(chosen, spec, options=options, seq_len=length)
     return _explain(spec, chosen, options, seq_len=length, ranks=ranks)
 
@@ -97,7 +109,7 @@ def simulate(
     spec = _costed(model_spec(model, **(model_kwargs or {})))
     chosen, options = _strategy(strategy), options or StrategyOptions(dtype="bf16")
     cost = CostModel.of(load_cluster(cluster), dtype=options.dtype)
-    length = seq_len or spec.max_seq_len
+    length = _length(spec, seq_len)
     check_strategy(chosen, spec, global_batch=global_batch, options=options, seq_len=length,
                    world_size=cost.num_ranks)  # fmt: skip
     return predict(chosen, spec, cost, seq_len=length, options=options)
@@ -114,6 +126,6 @@ def plan_strategy(
     spec = _costed(model_spec(model, **(model_kwargs or {})))
     cost = CostModel.of(load_cluster(cluster), dtype=dtype)
     return _plan(
-        spec, cost, global_batch=global_batch, seq_len=seq_len or spec.max_seq_len,
+        spec, cost, global_batch=global_batch, seq_len=_length(spec, seq_len),
         zero1=zero1, dtype=dtype, time_limit=time_limit, homogeneous=homogeneous,
     )  # fmt: skip

@@ -62,6 +62,7 @@ __all__ = [
     "Manifest",
     "TensorEntry",
     "commit",
+    "foreign_checkpoint",
     "latest",
     "load",
     "read_manifest",
@@ -316,6 +317,24 @@ def latest(directory: str | Path) -> Path:
             f"no complete checkpoint in {folder}: expected a step-N folder with {MANIFEST}"
         )
     return complete[-1]
+
+
+def foreign_checkpoint(save: str | Path, resume: str | Path | None) -> str | None:
+    """The newest complete ``step-N`` already in ``save`` when a run saving there would not
+    continue it (``resume`` is neither ``save`` nor one of its steps), else None. Saving
+    prunes all but the newest step, so such a run would delete that checkpoint, or have its
+    own older steps deleted as they are written."""
+    folder = Path(save)
+    held = sorted(p.name for p in folder.glob("step-*") if (p / MANIFEST).is_file())
+    if not held:
+        return None
+    if resume is not None:
+        source = Path(resume).resolve()
+        if (source / MANIFEST).is_file():  # a step-N folder: its run's folder is the parent
+            source = source.parent
+        if source == folder.resolve():
+            return None
+    return held[-1]
 
 
 def read_manifest(checkpoint: str | Path) -> Manifest:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from hspmd.errors import HspmdError
 
@@ -35,7 +36,13 @@ COMMANDS = (
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line usage errors (the subcommands' parsers are of this class too)."""
+    """argparse with one-line usage errors (the subcommands' parsers are of this class too).
+    A value in exponent notation such as ``--lr -1e-3`` is a value, not an unknown option
+    (argparse before Python 3.13 took it for a flag: "--lr: expected one argument")."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")

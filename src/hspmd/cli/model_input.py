@@ -67,7 +67,12 @@ def model_kwargs(text: str | None) -> tuple[tuple[str, Any], ...]:
     """``--config``: a JSON object, inline or in a file, as sorted hashable items."""
     if text is None:
         return ()
-    source = Path(text).read_text() if text.endswith(".json") and Path(text).is_file() else text
+    if text.endswith(".json") and not Path(text).is_file():
+        raise ModelSpecError(
+            f"--config {text!r}: no such file: give an existing .json file, or the JSON object "
+            "itself, e.g. '{\"num_layers\": 2}'"
+        )
+    source = Path(text).read_text() if text.endswith(".json") else text
     try:
         data = json.loads(source)
     except json.JSONDecodeError as error:
@@ -185,6 +190,12 @@ def seq_len_of(model: ModelSpec, given: int | None) -> int:
     if given is not None:
         if given < 1:
             raise ModelSpecError(f"--seq-len {given}: give a positive sequence length")
+        if given > model.max_seq_len:  # what train refuses is not planned, costed or explained
+            raise ModelSpecError(
+                f"--seq-len {given} exceeds {model.name}'s max_seq_len={model.max_seq_len} (its "
+                f"longest position): give --seq-len {model.max_seq_len} or less, or a model "
+                "with more positions"
+            )
         return given
     if model.max_seq_len >= NO_LIMIT:
         raise ModelSpecError(

@@ -6,9 +6,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from hspmd.checkpoint.store import foreign_checkpoint
 from hspmd.errors import HspmdError
 
-__all__ = ["check_out_folder", "write_out"]
+__all__ = ["check_out_folder", "check_save_folder", "write_out"]
 
 
 def check_out_folder(path: str, flag: str) -> None:
@@ -21,6 +22,27 @@ def check_out_folder(path: str, flag: str) -> None:
     folder = Path(path).parent
     if not folder.is_dir():
         raise HspmdError(f"{flag} {path!r}: folder {str(folder)!r} does not exist: create it first")
+
+
+def check_save_folder(save: str | None, resume: str | None) -> None:
+    """Refuse ``--save save`` when it already holds a complete checkpoint that this run does
+    not continue (``hspmd.checkpoint.store.foreign_checkpoint``).
+
+    >>> import tempfile; d = Path(tempfile.mkdtemp()); (d / "step-00000004").mkdir()
+    >>> _ = (d / "step-00000004" / "manifest.json").write_text("{}")
+    >>> check_save_folder(str(d), str(d))
+    >>> check_save_folder(str(d), None)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    hspmd.errors.HspmdError: --save ... already holds checkpoint step-00000004 of another run: ...
+    """
+    held = None if save is None else foreign_checkpoint(save, resume)
+    if held is None:
+        return
+    raise HspmdError(
+        f"--save {save} already holds checkpoint {held} of another run: saving there "
+        "would delete it, or delete this run's own steps as they are written; give --save "
+        f"a new folder, or --resume {save} to continue that run"
+    )
 
 
 def write_out(path: str, text: str, flag: str = "--out") -> None:

@@ -54,7 +54,7 @@ from typing import Any
 from hspmd.checkpoint.store import latest, read_manifest
 from hspmd.cli.flags import FLAGS, REFERENCE_BATCH, TRAIN_FLAGS, HelpFormatter, shares_of, zero_of
 from hspmd.cli.model_input import model_kwargs
-from hspmd.cli.paths import check_out_folder
+from hspmd.cli.paths import check_out_folder, check_save_folder
 from hspmd.cli.progress import PlainProgress, eval_line, switch_line
 from hspmd.cli.recipe import adam_from_args, eval_from_args
 from hspmd.cli.timeline import check_trace_flags, write_outputs
@@ -158,9 +158,10 @@ def _packed_args(args: argparse.Namespace) -> tuple[int | None, int | None, Leng
     return step_tokens, max_seq_len, plans
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
+def config_from_args(args: argparse.Namespace, *, check_model: bool = True) -> TrainConfig:
     """The run's config from the parsed flags, section by section: every text (strategies,
-    plans, lists) parsed here, once."""
+    plans, lists) parsed here, once; the model checked against it unless ``check_model`` is
+    false (``--plan``: checked once the plan's length is in)."""
     step_tokens, max_seq_len, plans = _packed_args(args)
     strategy = None if args.strategy is None else parse_strategy(args.strategy)  # the edge
     config = TrainConfig(
@@ -206,7 +207,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         ),
         checkpoint=CheckpointConfig(save=args.save, every=args.save_every or 1, resume=args.resume),
     )
-    config.check_model()  # the model loads once here, at the edge
+    if check_model:
+        config.check_model()  # the model loads once here, at the edge
     if plans is None:
         return config
     from hspmd.cli.plan_lengths import apply_plans
@@ -263,6 +265,15 @@ def warnings_of(args: argparse.Namespace, config: TrainConfig) -> list[str]:
             f"--save-every {config.checkpoint.every} is past --steps {config.steps}: nothing is "
             "saved"
         )
+    elif config.checkpoint.save and config.steps % config.checkpoint.every:
+        every = config.checkpoint.every
+        last = every * (config.steps // every)
+        out.append(
+            f"--save-every {every} does not divide --steps {config.steps}: the last checkpoint "
+            f"is step {last}, the steps after it are not saved (give --steps {last + every} "
+            f"or a --save-every that divides {config.steps})"
+        )
+    out += zero_warnings(config)
     spec = config.data
     out += spec_warnings(spec, step_tokens=config.tokens_per_step, steps=config.steps)
     if not spec.tokenized:
@@ -289,6 +300,22 @@ def warnings_of(args: argparse.Namespace, config: TrainConfig) -> list[str]:
                 f"{config.steps}"
             )
     return out
+
+
+def zero_warnings(config: TrainConfig) -> list[str]:
+    """``--zero N`` where no strategy of the run has a data-parallel replica to shard over
+    (one pipeline, no CP): it runs, sharding nothing."""
+    if config.strategy is None or not config.options.zero:
+        return []
+    if any(
+        len(s.pipelines) > 1 or any(t.cp > 1 for _, _, t in s.stages()) for s in config.strategies
+    ):
+        return []
+    return [
+        f"--zero {config.options.zero} shards over data-parallel replicas, and "
+        f"'{config.strategy}' has one pipeline: it shards nothing (give the strategy a "
+        "second pipeline for it to shard over, or drop --zero)"
+    ]
 
 
 def _eval_warnings(args: argparse.Namespace, config: TrainConfig) -> list[str]:
@@ -644,13 +671,34 @@ def planned_config(args: argparse.Namespace) -> TrainConfig:
         raise TrainError("--plan carries the strategy: drop --strategy (or drop --plan)")
     plan = read_plan(args.plan)
     args.strategy = plan.strategy
-    config = config_from_plan(plan, config_from_args(args))
+    config = config_from_plan(plan, config_from_args(args, check_model=False))
+    check_plan_flags(args, config)
+    config.check_model()
     check_plan(plan, config)
     return config
 
 
+def check_plan_flags(args: argparse.Namespace, config: TrainConfig) -> None:
+    """``--seq-len`` or ``--global-batch`` given beside a ``--plan`` that sets another value
+    (the plan's would win, silently): one line."""
+    given = [
+        ("--seq-len", args.seq_len, config.batch.seq_len, args.seq_len != BatchConfig().seq_len),
+        ("--global-batch", args.global_batch, config.batch.global_batch, True),
+    ]
+    for flag, value, planned, explicit in given:
+        if value is not None and explicit and value != planned:
+            raise TrainError(
+                f"{flag} {value} differs from --plan {args.plan}'s {planned}: the plan carries "
+                f"it; drop {flag}, or plan for {value}"
+            )
+
+
 def run(args: argparse.Namespace) -> int:
     config = planned_config(args)
+    if args.reference:
+        check_reference(config)
+    else:
+        check_save_folder(config.checkpoint.save, config.checkpoint.resume)
     if args.compare:
         check_compare(args, config, node_of(args))
     if getattr(args, "save_plan", None):
@@ -732,6 +780,17 @@ def _print_summary(args: argparse.Namespace, config: TrainConfig, result: TrainR
             f"checkpoint of step {saved[-1]} saved in {latest(config.checkpoint.save)}",
             file=sys.stderr,
         )
+
+
+def check_reference(config: TrainConfig) -> None:
+    """``--reference`` beside ``--save`` or ``--resume``, which it does not take (it trained
+    from step 1 and saved nothing, silently): one line."""
+    for flag, value in (("--save", config.checkpoint.save), ("--resume", config.checkpoint.resume)):
+        if value is not None:
+            raise TrainError(
+                f"--reference does not take {flag} {value} (the reference trains from step 1 "
+                f"on one process and writes no checkpoint): drop {flag}, or drop --reference"
+            )
 
 
 def check_compare(args: argparse.Namespace, config: TrainConfig, node: NodeSpec | None) -> None:

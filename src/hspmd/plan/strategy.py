@@ -476,6 +476,11 @@ def _parse_pipeline(text: str, part: str, offset: int) -> Pipeline:
             text, column, f"found {token!r} where a pipeline starts with COUNTxSIZE: (e.g. 33x1:)",
             hint=_head_hint(part),
         )  # fmt: skip
+    count, size = int(head.group(1)), int(head.group(2))
+    if count < 1 or size < 1:
+        column = offset + len(part) - len(part.lstrip())
+        raise _syntax_error(text, column, f"pipeline {count}x{size}: runs {count} micro-batches "
+                            f"of {size}", hint="both numbers must be at least 1")  # fmt: skip
     stages = []
     for found in re.finditer(r"\S+", part[head.end() :]):
         column = offset + head.end() + found.start()
@@ -510,7 +515,7 @@ def _parse_pipeline(text: str, part: str, offset: int) -> Pipeline:
         stages.append(Stage(ranks, first, last, cp, recompute))
     if not stages:
         raise _syntax_error(text, offset + head.end(), "pipeline without stages")
-    return Pipeline(int(head.group(1)), int(head.group(2)), tuple(stages))
+    return Pipeline(count, size, tuple(stages))
 
 
 def _head_hint(part: str) -> str:

@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypedDict, Unpack, get_type_hints
 
+from hspmd.checkpoint.store import foreign_checkpoint
 from hspmd.models.hf import HF_PREFIX, hf_source
 from hspmd.plan.strategy import Dtype, Schedule, Strategy, parse_strategy
 from hspmd.train.config import (
@@ -257,4 +258,12 @@ def fit(
     config = train_config(model, strategy, **options)
     if reference:
         return run_reference(config, on_step=on_step)
+    save = config.checkpoint.save
+    held = None if save is None else foreign_checkpoint(save, config.checkpoint.resume)
+    if held is not None:
+        raise TrainError(
+            f"save={save!r} already holds checkpoint {held} of another run: saving there would "
+            f"delete it, or delete this run's own steps as they are written; give save a new "
+            f"folder, or resume={save!r} to continue that run"
+        )
     return train(config, on_step=on_step)

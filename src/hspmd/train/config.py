@@ -197,15 +197,18 @@ class TrainConfig:
             )
         seq_len = self.batch.seq_len
         if seq_len > model.max_seq_len:
+            flag = "--seq-len" if self.batch.step_tokens is None else "--max-seq-len"
             raise TrainError(
-                f"seq_len={seq_len} exceeds the model's max_seq_len={model.max_seq_len}"
+                f"seq_len={seq_len} exceeds the model's max_seq_len={model.max_seq_len} (its "
+                f"longest position): give {flag} {model.max_seq_len} or less, or a model "
+                "with more positions"
             )
         staged = self.strategy is not None and _staged(self.strategies)
         if model.tied and self.zero1 and staged:
-            flag = f"--zero {self.options.zero}"
+            zero = f"--zero {self.options.zero}"
             raise TrainError(
                 f"{model.name} ties {model.tied[0][0]} between its first and last stage, which "
-                f"{flag} does not shard yet: drop {flag}, or put each pipeline on one stage"
+                f"{zero} does not shard yet: drop {zero}, or put each pipeline on one stage"
             )
         return model
 
