@@ -6,9 +6,8 @@ even or uneven parts) is queued on one shared ``Exchange``, so a bucket of ``k``
 one ``batch_isend_irecv`` with one packed buffer per peer instead of ``k``. Plans whose only
 step is a reduce-scatter or an all-gather (ZeRO's reduce and gather over identical replicas)
 are packed per group into one collective, as FSDP2 packs a module's gradients and gathers
-its parameters. Any other plan (another collective,
-several steps, an identity) is started on its own (``start_plan``), in the same order on
-every rank::
+its parameters. Any other plan (another collective, several steps, an identity) is started
+on its own (``start_plan``), in the same order on every rank::
 
     started = start_plans(plans, {0: g0, 1: g1}, world, tag=ZERO_REDUCE)
     ...                                  # compute meanwhile
