@@ -118,9 +118,9 @@ def _subgroup_steps(
 def _top(
     src: Annotation, dst: Annotation, shape: tuple[int, ...], topology: Topology | None
 ) -> Steps | None:
-    aligned = [a.without_partial() for a in axes_of(dst)]
+    aligned = None if _already_aligned(src, dst) else [a.without_partial() for a in axes_of(dst)]
     try:
-        first, second = _aligned_layouts(src, dst, aligned)
+        first, second = (src, dst) if aligned is None else _aligned_layouts(src, dst, aligned)
         first.check_shape(shape)
         second.check_shape(shape)
     except AnnotationError:
@@ -128,27 +128,35 @@ def _top(
     top = top_step(first, second, shape)
     if top is None:
         return None
-    steps, layouts = _subgroup_steps(src, aligned, shape, topology)
+    steps, layouts = ([], []) if aligned is None else _subgroup_steps(src, aligned, shape, topology)
     steps.append(top)
     layouts.append(second)
     _zero_partials(steps, layouts, dst, start=src)
     return steps, layouts
 
 
+def _already_aligned(src: Annotation, dst: Annotation) -> bool:
+    """Whether src's subgroups are dst's with ``P`` read as ``D`` already: then no bottom
+    step comes first and the layouts around the top step are src and dst themselves (no
+    new annotation of thousands of subgroups, whose pieces would be worked out again). A DS
+    lists each dim once, so without ``P`` a subgroup is what ``layout`` would make of it."""
+    return (
+        not any(d == PARTIAL for states in dst.states for d, _ in states.entries)
+        and src.states == dst.states
+        and (src.hdim >= 0 or src.hsizes is None)
+    )
+
+
 def _aligned_layouts(
     src: Annotation, dst: Annotation, aligned: Sequence[Axes]
 ) -> tuple[Annotation, Annotation]:
     """``dst``'s subgroups with ``P`` read as ``D`` (``aligned``), under src's top tier and
-    under dst's. A DS lists each dim once, so where dst has no ``P`` its subgroups are
-    already what ``layout`` would make: dst itself, and src where their DSs agree (no new
-    annotation of thousands of subgroups, whose pieces would be worked out again)."""
+    under dst's (dst itself where it has no ``P``: ``_already_aligned``)."""
     if any(d == PARTIAL for states in dst.states for d, _ in states.entries):
         return (
             layout(aligned, hdim=src.hdim, hsizes=src.hsizes),
             layout(aligned, hdim=dst.hdim, hsizes=dst.hsizes),
         )
-    if src.states == dst.states and (src.hdim >= 0 or src.hsizes is None):
-        return src, dst
     return layout(aligned, hdim=src.hdim, hsizes=src.hsizes), dst
 
 
