@@ -38,14 +38,11 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 ZERO_STRATEGY = "2x1: R0:L0-3"  # (e): one pipeline, one rank, 2 micro-batches of 1
-# (f): 8 layers of hidden 2048 (0.54 B parameters: 8.7 GB of fp32 state) at 1024 tokens
+# (f): 8 layers of hidden 2048 (0.54 B parameters: 8.7 GB of fp32 state) at 1024 tokens;
+# the dry run: gpu_check's toy shapes with 4 layers
 MEMORY_GPU = {
     "vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 5632, "num_layers": 8,
     "num_heads": 16, "num_kv_heads": 16, "max_seq_len": 1024,
-}  # fmt: skip
-MEMORY_DRY = {
-    "vocab_size": 512, "hidden_size": 64, "intermediate_size": 176, "num_layers": 4,
-    "num_heads": 4, "num_kv_heads": 4, "max_seq_len": 64,
 }  # fmt: skip
 MEMORY_STEPS = 4
 # (h): zero.py's arguments; 2 rounds (ABAB: FSDP2 last, then first) of 6 steps
@@ -96,12 +93,12 @@ def part_zero3(data: dict[str, Any], _out: Path, *, dry: bool) -> None:
 
 
 def part_zero_memory(data: dict[str, Any], _out: Path, *, dry: bool) -> None:
-    from gpu_check import DATA
+    from gpu_check import DATA, SHAPES_DRY
 
     from hspmd.train.api import train_config
     from hspmd.train.config import AdamConfig
 
-    shapes = MEMORY_DRY if dry else MEMORY_GPU
+    shapes = {**SHAPES_DRY, "num_layers": 4} if dry else MEMORY_GPU
     base = train_config(
         model="llama-tiny", model_kwargs=tuple(sorted(shapes.items())), strategy=ZERO_STRATEGY,
         global_batch=2, seq_len=shapes["max_seq_len"], steps=MEMORY_STEPS,

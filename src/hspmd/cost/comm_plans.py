@@ -174,7 +174,7 @@ class PlanPricer:
                     continue
                 if isinstance(step, GroupCollective):
                     before = plan.layouts[index]
-                    total += _group_seconds(step, before, plan.shape, self.cost, element_bytes)
+                    total += _group_seconds(step, [(before, plan.shape)], self.cost, element_bytes)
                 elif isinstance(step, SplitAllReduce):
                     total += _split_all_reduce_seconds(step, self.cost, element_bytes)
                 elif len(plan.steps) == 1:
@@ -204,7 +204,11 @@ class PlanPricer:
                 self._flows[id(plan)] = (plan, self._flows_of(step, plan.layouts[0], plan.shape))
             flows, count = p2p.get(id(plan), (self._flows[id(plan)][1], 0))
             p2p[id(plan)] = (flows, count + 1)
-        alone += sum(_packed_seconds(group, self.cost, element_bytes) for group in packed.values())
+        for same in packed.values():  # one-step collectives over the same groups
+            step = same[0].steps[0]
+            assert isinstance(step, GroupCollective)
+            pieces = [(p.src, p.shape) for p in same]
+            alone += _group_seconds(step, pieces, self.cost, element_bytes)
         return alone + (self._p2p(p2p, element_bytes) if p2p else 0.0)
 
     def _flows_of(self, step: Step, before: Annotation, shape: tuple[int, ...]) -> _Flows:
@@ -321,31 +325,18 @@ def _terms(line: Fit) -> tuple[float, float]:
 
 
 def _group_seconds(
-    step: GroupCollective, before: Annotation, shape: tuple[int, ...], cost: CostModel,
-    element_bytes: int,
+    step: GroupCollective, pieces: Sequence[tuple[Annotation, tuple[int, ...]]],
+    cost: CostModel, element_bytes: int,
 ) -> float:  # fmt: skip
-    """The slowest group: each runs the collective on its members' pieces."""
+    """The slowest group: each runs the collective on its members' pieces of every
+    ``(layout, shape)`` in ``pieces`` (one tensor, or the tensors ``start_plans`` packs
+    into one collective)."""
     slowest = 0.0
     for group in step.groups:
-        n = volume(before.piece(group[0], shape).region) * element_bytes
+        n = sum(volume(a.piece(group[0], shape).region) for a, shape in pieces) * element_bytes
         if isinstance(step, AllGather):
             n *= len(group)  # the line's bytes are the gathered tensor's
-        seconds = cost.collective(step.kind, n, group, len(step.groups))
-        slowest = max(slowest, seconds)
-    return slowest
-
-
-def _packed_seconds(plans: Sequence[CommPlan], cost: CostModel, element_bytes: int) -> float:
-    """Single-step collectives of one kind over the same groups, packed into one: each
-    group's line for the sum of its members' pieces; the slowest group."""
-    first = plans[0].steps[0]
-    assert isinstance(first, GroupCollective)
-    slowest = 0.0
-    for group in first.groups:
-        n = sum(volume(p.src.piece(group[0], p.shape).region) for p in plans) * element_bytes
-        if isinstance(first, AllGather):
-            n *= len(group)  # the line's bytes are the gathered tensor's
-        slowest = max(slowest, cost.collective(first.kind, n, group, len(first.groups)))
+        slowest = max(slowest, cost.collective(step.kind, n, group, len(step.groups)))
     return slowest
 
 

@@ -30,7 +30,6 @@ from hspmd.comm.plan import AllGather, CommPlan, ReduceScatter, SplitAllGather, 
 from hspmd.runtime.collectives import (
     issue_packed_all_gather,
     issue_packed_reduce_scatter,
-    unpack_chunks,
 )
 from hspmd.runtime.context import StepContext
 from hspmd.runtime.execute import Started, start_plan
@@ -118,8 +117,7 @@ def start_plans(
             indices = [index for index, _, _ in items]
             steps, xs = [s for _, s, _ in items], [x for _, _, x in items]
             if kind is ReduceScatter:
-                (works, flat), shapes = issue_packed_reduce_scatter(steps, xs, group, world)
-                then = _unpacked(flat, shapes)
+                works, then = issue_packed_reduce_scatter(steps, xs, group, world)
             else:
                 into = [outs.get(index) for index in indices]
                 works, then = issue_packed_all_gather(steps, xs, group, world, into)
@@ -137,17 +135,6 @@ def _packable(plan: CommPlan, rank: int) -> tuple[int, ...] | None:
         return None
     group = next(g for g in plan.steps[0].groups if rank in g)
     return group if len(group) > 1 else None
-
-
-def _unpacked(
-    flat: Callable[[], torch.Tensor | None], shapes: list[tuple[int, ...]]
-) -> Callable[[], list[torch.Tensor]]:
-    def then() -> list[torch.Tensor]:
-        value = flat()
-        assert value is not None
-        return unpack_chunks(value, shapes)
-
-    return then
 
 
 @dataclass(eq=False, slots=True)

@@ -101,12 +101,12 @@ def reduce_scatter(
 
 def issue_packed_reduce_scatter(
     steps: list[ReduceScatter], xs: list[torch.Tensor], group: tuple[int, ...], world: World
-) -> tuple[Issued, list[tuple[int, ...]]]:
+) -> tuple[list, Callable[[], list[torch.Tensor]]]:
     """One reduce-scatter over ``group`` for many tensors, as FSDP2 does: each tensor cut
     into its group's chunks (``step.dim``) and the chunks of member ``i`` laid side by side
     in row ``i`` of one buffer, so a bucket costs one collective, not one per tensor. Gives
-    the issued collective (its result: every chunk of this rank, one flat tensor) and each
-    chunk's shape, for ``unpack_chunks``."""
+    the issued collective and what gives this rank's chunk of each tensor once it is done
+    (views of one flat result)."""
     order, _ = _order(group)
     parts = len(group)
     sources = [_stacked(x, s.dim, parts, order) for s, x in zip(steps, xs, strict=True)]
@@ -114,13 +114,9 @@ def issue_packed_reduce_scatter(
     out = flat.new_empty(flat.shape[1])
     world.record("reduce_scatter", group=group, nbytes=nbytes(flat))
     work = reduce_scatter_single(out, flat.view(-1), group=world.group(group), async_op=True)
-    return ([work], lambda: out), [tuple(s.shape[1:]) for s in sources]
-
-
-def unpack_chunks(flat: torch.Tensor, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
-    """``flat`` cut into tensors of ``shapes``, in order (views, no copies)."""
+    shapes = [s.shape[1:] for s in sources]
     sizes = [math.prod(shape) for shape in shapes]
-    return [piece.view(shape) for piece, shape in zip(flat.split(sizes), shapes, strict=True)]
+    return [work], lambda: [p.view(sh) for p, sh in zip(out.split(sizes), shapes, strict=True)]
 
 
 def issue_packed_all_gather(
